@@ -1,0 +1,54 @@
+# Two commands set everything up: `make run` (the main job on bundled data) and `make test`.
+# Both create .venv when it is missing; a stamp keyed on the lock's hash makes later calls instant.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+# GPU=1 installs onnxruntime-gpu in place of onnxruntime (never both: they share one module).
+GPU    ?= 0
+LOCKHASH := $(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)-gpu$(GPU)
+STAMP  := $(VENV)/.installed-$(LOCKHASH)
+
+.PHONY: venv run test lint bench lock clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing the locked environment into $(VENV) (first time: 1-2 minutes)"
+ifeq ($(GPU),1)
+	grep -v '^onnxruntime==' requirements.lock > $(VENV)/lock-gpu.txt
+	echo 'onnxruntime-gpu==1.31.1' >> $(VENV)/lock-gpu.txt
+	$(BIN)/pip uninstall -q -y onnxruntime 2>/dev/null || true
+	$(BIN)/pip install -q --disable-pip-version-check -r $(VENV)/lock-gpu.txt 2>&1 | { grep -v "^WARNING: Location" || true; }
+else
+	$(BIN)/pip uninstall -q -y onnxruntime-gpu 2>/dev/null || true
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.lock 2>&1 | { grep -v "^WARNING: Location" || true; }
+endif
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1 | { grep -v "^WARNING: Location" || true; }
+	@$(BIN)/python -c "import pipeline, onnxruntime, torch" || (echo "environment is incomplete: see the pip output above" && exit 1)
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+run: venv
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pipe run models/digits-cnn.yaml
+
+test: venv
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check pipeline tests bench
+
+bench: venv
+	@for b in bench/*.py; do echo "== $$b"; PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python $$b || exit 1; done
+
+# Re-resolve the lock from pyproject.toml in a scratch environment.
+lock:
+	rm -rf /tmp/pipe-lock && $(PYTHON) -m venv /tmp/pipe-lock
+	/tmp/pipe-lock/bin/pip install -q "setuptools>=68" wheel -e ".[cpu,dev]"
+	/tmp/pipe-lock/bin/pip freeze --all --exclude-editable | grep -v '^pip==' | sed 's/+cpu$$//' > requirements.lock.new
+	mv requirements.lock.new requirements.lock
+
+clean:
+	rm -rf $(VENV) artifacts runs

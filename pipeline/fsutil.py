@@ -1,0 +1,59 @@
+"""Crash-safe file writes and content hashing, shared by every stage."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in chunks so large models stay out of memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    """Persist a directory entry (a rename or a new file) on filesystems that need it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; on success it is fsynced and renamed onto `path`.
+
+    Whoever writes the file (numpy, onnx, safetensors...) writes to the yielded path. A crash or an
+    exception before the rename leaves `path` as it was: never half written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old content or the new, never a mix."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)

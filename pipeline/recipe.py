@@ -1,0 +1,241 @@
+"""Recipes: one YAML file per model, declaring it end to end (DESIGN.md section 3).
+
+Every section is a strict schema: an unknown key or a wrong type is refused with the key's dotted
+path and what is allowed. The `model` section is a union keyed on `arch`: each built-in
+architecture has its own fields, and `arch: custom` names the user's `package.module:factory`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline.errors import RecipeError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- model ---------------------------------------------------------------------------------------
+
+
+class MLPSpec(_Strict):
+    arch: Literal["mlp"]
+    hidden: list[Annotated[int, Field(gt=0)]] = [128, 64]  # width of each hidden layer
+    dropout: float = Field(0.1, ge=0, lt=1)
+
+
+class CNNSpec(_Strict):
+    arch: Literal["cnn"]
+    channels: list[Annotated[int, Field(gt=0)]] = [32, 64]  # conv channels per stage (3x3, pool after each)
+    hidden: int = Field(128, gt=0)  # width of the classifier head
+    dropout: float = Field(0.1, ge=0, lt=1)
+
+
+class TransformerSpec(_Strict):
+    arch: Literal["transformer"]
+    d_model: int = Field(64, gt=0)
+    heads: int = Field(4, gt=0)
+    layers: int = Field(2, gt=0)
+    ff_mult: int = Field(4, gt=0)  # feed-forward width = ff_mult * d_model
+    max_len: int = Field(64, gt=0)  # longest token sequence the position embedding covers
+    vocab_size: int | None = Field(None, gt=0)  # None: taken from the data
+    dropout: float = Field(0.1, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TransformerSpec:
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
+        return self
+
+
+class MoESpec(TransformerSpec):
+    arch: Literal["moe"]  # type: ignore[assignment]
+    experts: int = Field(4, gt=1)  # feed-forward experts per block
+    top_k: int = Field(2, gt=0)  # experts each token is routed to
+
+    @model_validator(mode="after")
+    def _top_k_fits(self) -> MoESpec:
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")
+        return self
+
+
+class CustomSpec(_Strict):
+    arch: Literal["custom"]
+    factory: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # "package.module:function"
+    kwargs: dict[str, Any] = {}  # passed to the factory
+
+
+ModelSpec = Annotated[MLPSpec | CNNSpec | TransformerSpec | MoESpec | CustomSpec, Field(discriminator="arch")]
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+BUILTIN_DATASETS = ("digits", "iris", "wine", "breast_cancer")
+FILE_SOURCES = ("csv", "npz", "images", "tokens")
+
+
+class DataSpec(_Strict):
+    source: Literal["digits", "iris", "wine", "breast_cancer", "csv", "npz", "images", "tokens"]
+    path: str | None = None  # file or folder, relative to the recipe; file sources only
+    label_column: str | None = None  # csv: the column holding the target
+    feature_columns: list[str] | None = None  # csv: None means every other column
+    image_size: list[Annotated[int, Field(gt=0)]] | None = None  # images: [height, width]
+    as_image: bool = False  # digits: serve the 8x8 images as 1x8x8 (for CNNs) instead of 64 features
+    val_fraction: float = Field(0.15, gt=0, lt=0.5)
+    test_fraction: float = Field(0.15, gt=0, lt=0.5)
+    normalize: bool = True  # standardize features with train-split mean/std (recorded in the manifest)
+
+    @model_validator(mode="after")
+    def _path_when_needed(self) -> DataSpec:
+        if self.source in FILE_SOURCES and not self.path:
+            raise ValueError(f"source {self.source!r} reads a file: set data.path")
+        if self.source not in FILE_SOURCES and self.path:
+            raise ValueError(f"source {self.source!r} is a bundled dataset and takes no path; remove data.path")
+        if self.source == "csv" and not self.label_column:
+            raise ValueError("source 'csv' needs data.label_column (the column holding the target)")
+        return self
+
+
+# --- training ------------------------------------------------------------------------------------
+
+
+class TrainSpec(_Strict):
+    epochs: int = Field(10, gt=0)
+    batch_size: int = Field(64, gt=0)
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    momentum: float = Field(0.9, ge=0, lt=1)  # sgd only
+    warmup_steps: int = Field(0, ge=0)  # linear warmup, then cosine decay to min_lr_ratio * lr
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    grad_accum: int = Field(1, gt=0)  # micro-batches per optimizer step
+    grad_clip: float | None = Field(1.0, gt=0)  # max global grad norm; None disables clipping
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"  # auto: fp16 on CUDA, fp32 on CPU
+    grad_checkpointing: bool = False  # recompute transformer blocks in backward to save memory
+    early_stopping: int | None = Field(None, gt=0)  # epochs without val improvement before stopping
+    checkpoint_every: int = Field(200, gt=0)  # optimizer steps between checkpoints (and at epoch end)
+    seed: int = 0
+    deterministic: bool = True  # deterministic kernels, so a resumed run matches bit for bit on CPU
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # with --nproc > 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+# --- later stages --------------------------------------------------------------------------------
+
+
+class ExportSpec(_Strict):
+    opset: int = Field(18, ge=7)
+    dynamo: bool = True  # torch.onnx.export(dynamo=True); the TorchScript exporter is the fallback
+    atol: float = Field(1e-4, gt=0)  # per-output max abs difference against torch
+    rtol: float = Field(1e-3, ge=0)
+    metric_tolerance: float = Field(0.001, ge=0)  # task metric: |onnx - torch|
+
+
+class OptimizeSpec(_Strict):
+    quantize: list[Literal["dynamic", "static", "fp16"]] = ["dynamic", "static"]
+    max_accuracy_drop: float = Field(0.01, ge=0)  # variants losing more than this are rejected
+
+
+class EdgeSpec(_Strict):
+    enabled: bool = True
+    precisions: list[Literal["fp32", "fp16", "int8"]] = ["fp32", "fp16", "int8"]
+    max_accuracy_drop: float = Field(0.02, ge=0)
+
+
+class BudgetSpec(_Strict):
+    """What `pipe check` treats as a regression against the committed baseline."""
+
+    max_accuracy_drop: float = Field(0.005, ge=0)
+    max_latency_increase: float = Field(0.25, ge=0)  # fraction: 0.25 = 25% slower fails
+    max_size_increase: float = Field(0.10, ge=0)
+
+
+class Recipe(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")  # also the artifact directory name
+    task: Literal["classification", "regression", "embedding"] = "classification"
+    description: str = ""
+    model: ModelSpec
+    data: DataSpec
+    train: TrainSpec = TrainSpec()
+    export: ExportSpec = ExportSpec()
+    optimize: OptimizeSpec = OptimizeSpec()
+    edge: EdgeSpec = EdgeSpec()
+    budgets: BudgetSpec = BudgetSpec()
+
+    # Set by load_recipe, not by the YAML: where relative data paths start, and the file's digest.
+    base_dir: Path = Field(Path("."), exclude=True)
+    digest: str = Field("", exclude=True)
+
+    def data_path(self) -> Path | None:
+        """The data file or folder, resolved against the recipe's directory."""
+        return None if self.data.path is None else (self.base_dir / self.data.path)
+
+
+def _dotted(loc: tuple[Any, ...], raw: Any) -> str:
+    """Turn a pydantic location into the key path as written in the YAML.
+
+    The `model` union adds its tag (e.g. 'cnn') to the location; it is not a key in the file, so
+    walking the raw data alongside drops it.
+    """
+    parts: list[str] = []
+    node = raw
+    for item in loc:
+        if isinstance(node, dict) and item not in node and item == node.get("arch"):
+            continue  # the union tag
+        parts.append(f"[{item}]" if isinstance(item, int) else str(item))
+        if isinstance(node, dict):
+            node = node.get(item)
+        elif isinstance(node, list) and isinstance(item, int) and item < len(node):
+            node = node[item]
+        else:
+            node = None
+    return ".".join(parts).replace(".[", "[") or "<top level>"
+
+
+def format_errors(exc: ValidationError, raw: Any, source: str) -> str:
+    """One line per problem: the dotted key path, what was wrong, and what is allowed."""
+    lines = []
+    for err in exc.errors():
+        path = _dotted(tuple(err["loc"]), raw)
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{path}: unknown key; remove it or check its spelling")
+            continue
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] in ("literal_error", "union_tag_invalid"):
+            msg += f" (got {err['input']!r})"
+        elif err["type"] not in ("missing",):
+            msg += f" (got {err.get('input')!r})"
+        lines.append(f"{path}: {msg}")
+    return f"recipe {source} is invalid:\n  " + "\n  ".join(lines)
+
+
+def parse_recipe(raw: Any, source: str = "<recipe>", base_dir: Path = Path(".")) -> Recipe:
+    """Validate an already-parsed recipe mapping."""
+    if not isinstance(raw, dict):
+        raise RecipeError(f"recipe {source} must be a mapping of sections, got {type(raw).__name__}")
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as exc:
+        raise RecipeError(format_errors(exc, raw, source)) from None
+    return recipe.model_copy(update={"base_dir": base_dir})
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a recipe YAML file."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe {path} not found; recipes live in models/*.yaml")
+    text = path.read_bytes()
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"recipe {path} is not valid YAML: {exc}") from None
+    recipe = parse_recipe(raw, str(path), path.parent)
+    return recipe.model_copy(update={"digest": hashlib.sha256(text).hexdigest()})

@@ -1,0 +1,164 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.artifact import (
+    MANIFEST_NAME,
+    Artifact,
+    Manifest,
+    Variant,
+    allocate_version,
+    resolve_artifact,
+    versions,
+)
+from pipeline.errors import ArtifactError
+from tests.conftest import build_artifact
+
+
+def test_round_trip(toy_artifact: Artifact) -> None:
+    toy_artifact.manifest.stages["export"] = {"opset": 18}
+    toy_artifact.save()
+    loaded = Artifact.load(toy_artifact.root)
+    assert loaded.manifest == toy_artifact.manifest
+    assert loaded.manifest.inputs[0].shape == ["batch", 4]
+    assert loaded.manifest.files["model.onnx"].size == 340
+
+
+def test_variant_is_recorded_with_its_size(toy_artifact: Artifact) -> None:
+    (toy_artifact.root / "variants").mkdir()
+    (toy_artifact.root / "variants" / "model.int8.onnx").write_bytes(b"q" * 100)
+    toy_artifact.add_variant("int8", Variant("variants/model.int8.onnx", "int8", "onnx", {"accuracy": 0.96}))
+    toy_artifact.save()
+    loaded = Artifact.load(toy_artifact.root)
+    assert loaded.manifest.variants["int8"].size == 100
+    assert "variants/model.int8.onnx" in loaded.manifest.files
+
+
+def test_tampered_file_is_refused_by_name(toy_artifact: Artifact) -> None:
+    path = toy_artifact.root / "model.onnx"
+    data = bytearray(path.read_bytes())
+    data[5] ^= 0xFF  # same size, different content
+    path.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"model\.onnx: sha256 does not match"):
+        Artifact.load(toy_artifact.root)
+
+
+def test_truncated_file_is_refused_by_name(toy_artifact: Artifact) -> None:
+    path = toy_artifact.root / "reports" / "train.json"
+    path.write_bytes(path.read_bytes()[:4])
+    with pytest.raises(ArtifactError, match=r"reports/train\.json: size 4 bytes, manifest says 13"):
+        Artifact.load(toy_artifact.root)
+
+
+def test_missing_file_and_every_problem_listed(toy_artifact: Artifact) -> None:
+    (toy_artifact.root / "model.onnx").unlink()
+    (toy_artifact.root / "reports" / "train.json").write_bytes(b"x")
+    with pytest.raises(ArtifactError) as err:
+        Artifact.load(toy_artifact.root)
+    assert "model.onnx: missing" in str(err.value)
+    assert "reports/train.json: size" in str(err.value)
+
+
+@pytest.mark.parametrize("bad", ["../outside.bin", "/etc/passwd", "reports/../../x"])
+def test_path_escape_in_manifest_is_refused(toy_artifact: Artifact, bad: str) -> None:
+    data = json.loads((toy_artifact.root / MANIFEST_NAME).read_text())
+    data["files"][bad] = {"sha256": "0" * 64, "size": 1}
+    (toy_artifact.root / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match="escapes the artifact directory"):
+        Artifact.load(toy_artifact.root)
+
+
+def test_symlink_out_of_the_artifact_is_refused(toy_artifact: Artifact, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"outside")
+    (toy_artifact.root / "link.bin").symlink_to(secret)
+    with pytest.raises(ArtifactError, match="outside the artifact"):
+        toy_artifact.add_file("link.bin")
+    data = json.loads((toy_artifact.root / MANIFEST_NAME).read_text())
+    data["files"]["link.bin"] = {"sha256": "0" * 64, "size": 7}
+    (toy_artifact.root / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=r"link\.bin.*outside the artifact"):
+        Artifact.load(toy_artifact.root)
+
+
+def test_unknown_and_missing_manifest_keys_are_named(toy_artifact: Artifact) -> None:
+    path = toy_artifact.root / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data["colour"] = "blue"
+    del data["task"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=r"unknown key\(s\) \['colour'\]; missing key\(s\) \['task'\]"):
+        Artifact.load(toy_artifact.root)
+
+
+def test_newer_schema_is_refused(toy_artifact: Artifact) -> None:
+    path = toy_artifact.root / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data["schema_version"] = 99
+    path.write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match="schema_version 99 is not supported"):
+        Artifact.load(toy_artifact.root)
+
+
+def test_corrupt_json_is_refused(toy_artifact: Artifact) -> None:
+    (toy_artifact.root / MANIFEST_NAME).write_text('{"name": ')
+    with pytest.raises(ArtifactError, match="not valid JSON"):
+        Artifact.load(toy_artifact.root)
+
+
+CRASH_DURING_SAVE = """
+import os, signal, sys
+from pipeline.artifact import Artifact
+artifact = Artifact.load(sys.argv[1])
+artifact.manifest.metrics["accuracy"] = 0.5
+def die(fd):
+    # The new manifest is written to its temp file but not yet renamed: the worst moment.
+    os.kill(os.getpid(), signal.SIGKILL)
+os.fsync = die
+artifact.save()
+"""
+
+
+def test_crash_during_save_keeps_the_previous_manifest(toy_artifact: Artifact) -> None:
+    before = (toy_artifact.root / MANIFEST_NAME).read_bytes()
+    proc = subprocess.run([sys.executable, "-c", CRASH_DURING_SAVE, str(toy_artifact.root)], check=False)
+    assert proc.returncode == -9
+    assert (toy_artifact.root / MANIFEST_NAME).read_bytes() == before
+    assert Artifact.load(toy_artifact.root).manifest.metrics["accuracy"] == 0.97
+    leftovers = [p.name for p in toy_artifact.root.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers  # the killed writer's temp file is there, and loading ignores it
+
+
+def test_identity_digest_ignores_what_later_stages_add(toy_artifact: Artifact) -> None:
+    before = toy_artifact.manifest.identity_digest()
+    toy_artifact.manifest.metrics["latency_ms"] = 1.0
+    toy_artifact.manifest.stages["optimize"] = {}
+    assert toy_artifact.manifest.identity_digest() == before
+    toy_artifact.manifest.labels = ["x", "y", "z"]
+    assert toy_artifact.manifest.identity_digest() != before
+
+
+def test_versions_allocate_and_resolve(tmp_path: Path) -> None:
+    root = tmp_path / "m"
+    first = allocate_version(root)
+    second = allocate_version(root)
+    assert (first.name, second.name) == ("1", "2")
+    build_artifact(first, "m", 1)
+    build_artifact(second, "m", 2)
+    os.mkdir(root / "3")  # a version still being written has no manifest: not listed
+    assert versions(root) == [1, 2]
+    assert resolve_artifact(root) == second
+    assert resolve_artifact(first) == first
+    with pytest.raises(ArtifactError, match="does not exist"):
+        resolve_artifact(tmp_path / "nope")
+
+
+def test_manifest_from_dict_requires_an_object() -> None:
+    with pytest.raises(ArtifactError, match="expected a JSON object"):
+        Manifest.from_dict([], "m.json")  # type: ignore[arg-type]

@@ -1,0 +1,316 @@
+"""The ASGI application: routing, body limit, API key, error mapping and lifespan.
+
+A plain ASGI callable on purpose: a framework's per-request validation costs more than the model
+for small networks (see bench/bench_serve.py). Every handler returns `(status, body, headers)`;
+a `RequestError` becomes `{"error": "..."}` with its 4xx/503, and anything else is logged with its
+traceback and answered 500 (a real server fault), never a dropped connection.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+
+from pipeline import __version__
+from pipeline.errors import InputError
+from pipeline.serve.config import ServeConfig
+from pipeline.serve.errors import NotFound, RequestError
+from pipeline.serve.metrics import Metrics
+from pipeline.serve.openapi import document
+from pipeline.serve.protocols import tfserving, v2
+from pipeline.serve.repository import LoadedVersion, Repository
+
+log = logging.getLogger("pipe.serve")
+
+Response = tuple[int, bytes, dict[str, str]]
+EXTENSIONS = ["binary_tensor_data", "model_repository_versions"]
+_JSON = {"content-type": "application/json"}
+_PUBLIC = {"/v2/health/live", "/v2/health/ready"}  # probes work without the API key
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return status, orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY), _JSON
+
+
+class ServeApp:
+    """`pipe serve` as an ASGI app; the repository loads on lifespan startup."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.repository: Repository | None = None
+        self.ready = False
+        self._api_key: bytes | None = None
+        if config.http.api_key_env:
+            key = os.environ.get(config.http.api_key_env, "")
+            if not key:
+                raise InputError(
+                    f"--api-key-env {config.http.api_key_env} names an empty or unset environment variable; "
+                    "export it with the token clients must send as 'Authorization: Bearer <token>'"
+                )
+            self._api_key = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            status, body, headers = await self._handle(scope, receive)
+            self.metrics.count_response(status)
+            raw_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
+            raw_headers.append((b"content-length", str(len(body)).encode()))
+            await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+            await send({"type": "http.response.body", "body": body})
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self._start()
+                except Exception as exc:  # report why startup failed instead of a bare traceback
+                    log.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self.ready = False
+                if self.repository:
+                    await self.repository.stop()
+                self._executor.shutdown(wait=True)
+                log.info("stopped: every accepted request was answered")
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _start(self) -> None:
+        c = self.config
+        # Compute threads: batches of different models run side by side; onnxruntime parallelizes
+        # inside each run with its own intra-op threads.
+        self._executor = ThreadPoolExecutor(max_workers=max(4, c.batching.instances * 2), thread_name_prefix="ort")
+        self.repository = Repository(c.repository, c.session, c.batching, self.metrics, self._executor)
+        await self.repository.start()
+        served = {name: sorted(vs) for name, vs in self.repository.models.items()}
+        log.info("serving %s on http://%s:%d", served or "no models yet", c.http.host, c.http.port)
+        self.ready = True
+
+    async def _read_body(self, scope: dict[str, Any], receive: Any) -> bytes:
+        limit = self.config.http.max_body_bytes
+        for key, value in scope["headers"]:
+            if key == b"content-length" and value.isdigit() and int(value) > limit:
+                raise RequestError(f"the body is {int(value)} bytes, over the {limit}-byte limit (--max-body)", 413)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestError("the client disconnected before sending the whole body", 400)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(f"the body is over the {limit}-byte limit (--max-body)", 413)
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def _handle(self, scope: dict[str, Any], receive: Any) -> Response:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        try:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            if self._api_key is not None and path not in _PUBLIC:
+                given = headers.get("authorization", "").encode("latin-1")
+                if not hmac.compare_digest(given, self._api_key):
+                    raise RequestError(
+                        "missing or wrong API key; send 'Authorization: Bearer <token>'",
+                        401,
+                        {"www-authenticate": "Bearer"},
+                    )
+            if headers.get("content-encoding", "identity") != "identity":
+                encoding = headers["content-encoding"]
+                raise RequestError(f"Content-Encoding {encoding!r} is not supported; send the body uncompressed", 415)
+            body = await self._read_body(scope, receive) if method in ("POST", "PUT", "PATCH") else b""
+            return await self._route(method, path, headers, body)
+        except RequestError as exc:
+            return exc.status, orjson.dumps({"error": str(exc)}), {**_JSON, **exc.headers}
+        except Exception:
+            log.exception("internal error on %s %s", method, path)
+            return _json({"error": "internal server error; the server log has the traceback"}, 500)
+
+    async def _route(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Response:
+        parts = path.strip("/").split("/")
+        root = parts[0]
+        if root == "v2" and len(parts) >= 3 and parts[1] == "models":
+            return await self._v2_model(method, parts[2:], headers, body)
+        if root == "v1" and len(parts) >= 3 and parts[1] == "models":
+            return await self._v1_model(method, parts[2:], body)
+        fixed = {
+            "/v2": self._server_metadata,
+            "/v2/health/live": self._live,
+            "/v2/health/ready": self._ready,
+            "/metrics": self._metrics,
+            "/openapi.json": self._openapi,
+        }
+        handler = fixed.get(path.rstrip("/") or "/")
+        if handler is None:
+            raise NotFound(f"no route {path!r}; see GET /openapi.json for the API")
+        _allow(method, "GET")
+        return handler()
+
+    # -- fixed routes ------------------------------------------------------------------------------
+
+    def _server_metadata(self) -> Response:
+        return _json({"name": "pipe", "version": __version__, "extensions": EXTENSIONS})
+
+    def _live(self) -> Response:
+        return _json({"live": True})
+
+    def _ready(self) -> Response:
+        if not self.ready:
+            raise RequestError("not ready: starting up or shutting down", 503, {"retry-after": "1"})
+        return _json({"ready": True})
+
+    def _metrics(self) -> Response:
+        text = self.metrics.render(self._repo().ready_map())
+        return 200, text.encode(), {"content-type": "text/plain; version=0.0.4; charset=utf-8"}
+
+    def _openapi(self) -> Response:
+        return _json(document(sorted(self._repo().models)))
+
+    def _repo(self) -> Repository:
+        if self.repository is None:
+            raise RequestError("the server is still starting", 503, {"retry-after": "1"})
+        return self.repository
+
+    # -- KServe V2 ---------------------------------------------------------------------------------
+
+    async def _v2_model(self, method: str, parts: list[str], headers: dict[str, str], body: bytes) -> Response:
+        name, version, action = _model_path(parts)
+        repo = self._repo()
+        if action is None:
+            _allow(method, "GET")
+            return _json(self._v2_metadata(repo, name, version))
+        if action == "ready":
+            _allow(method, "GET")
+            repo.get(name, version)
+            return _json({"name": name, "ready": True})
+        if action == "infer":
+            _allow(method, "POST")
+            return await self._v2_infer(repo.get(name, version), headers, body)
+        raise NotFound(f"no route for {action!r} under /v2/models/{name}; use ready or infer")
+
+    def _v2_metadata(self, repo: Repository, name: str, version: str | None) -> dict[str, Any]:
+        model = repo.get(name, version)
+        versions = [str(v) for v in repo.models[name]] if version is None else [str(model.version)]
+
+        def tensors(specs: list[Any]) -> list[dict[str, Any]]:
+            return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
+
+        return {
+            "name": name,
+            "versions": versions,
+            "platform": "onnxruntime_onnx",
+            "inputs": tensors(model.session.inputs),
+            "outputs": tensors(model.session.outputs),
+            "parameters": {
+                "version": str(model.version),
+                "variant": model.variant,
+                "file": model.file,
+                "providers": model.session.providers,
+                "max_batch_size": self.config.batching.max_batch_size if model.session.batchable else 0,
+            },
+        }
+
+    async def _v2_infer(self, model: LoadedVersion, headers: dict[str, str], body: bytes) -> Response:
+        started = time.perf_counter()
+        stats = self.metrics.model(model.name, model.version)
+        try:
+            request = v2.decode_infer(body, headers)
+            if request.outputs is not None:
+                _check_outputs(model, request.outputs)
+            rows = model.session.check_inputs(request.inputs)
+            results = await model.batcher.infer(request.inputs, rows)
+            if request.outputs is not None:
+                results = {k: results[k] for k in request.outputs}
+            payload, out_headers = v2.encode_infer(model.name, model.version, request, results)
+        except RequestError:
+            stats.failure += 1
+            raise
+        stats.success += 1
+        stats.request_seconds += time.perf_counter() - started
+        return 200, payload, out_headers
+
+    # -- TF Serving REST ---------------------------------------------------------------------------
+
+    async def _v1_model(self, method: str, parts: list[str], body: bytes) -> Response:
+        predict = parts[-1].endswith(":predict")
+        if predict:
+            parts = [*parts[:-1], parts[-1].removesuffix(":predict")]
+        name, version, action = _model_path(parts)
+        repo = self._repo()
+        if predict and action is None:
+            _allow(method, "POST")
+            return await self._v1_predict(repo.get(name, version), body)
+        if action is None:
+            _allow(method, "GET")
+            states = repo.states(name)
+            if version is not None:
+                if not version.isdigit() or int(version) not in states:
+                    raise NotFound(f"model {name!r} has no version {version}; known: {sorted(states)}")
+                states = {int(version): states[int(version)]}
+            return _json(tfserving.status(states))
+        if action == "metadata":
+            _allow(method, "GET")
+            model = repo.get(name, version)
+            return _json(tfserving.metadata(name, model.version, model.session.inputs, model.session.outputs))
+        raise NotFound(f"no route for {action!r} under /v1/models/{name}; use :predict or metadata")
+
+    async def _v1_predict(self, model: LoadedVersion, body: bytes) -> Response:
+        started = time.perf_counter()
+        stats = self.metrics.model(model.name, model.version)
+        try:
+            feeds, row_form = tfserving.decode_predict(body, model.session.inputs)
+            rows = model.session.check_inputs(feeds)
+            results = await model.batcher.infer(feeds, rows)
+            payload = tfserving.encode_predict(results, row_form)
+        except RequestError:
+            stats.failure += 1
+            raise
+        stats.success += 1
+        stats.request_seconds += time.perf_counter() - started
+        return 200, payload, _JSON
+
+
+def _model_path(parts: list[str]) -> tuple[str, str | None, str | None]:
+    """`[m]`, `[m, action]`, `[m, versions, v]`, `[m, versions, v, action]` -> (m, v, action)."""
+    name, rest = parts[0], parts[1:]
+    version = None
+    if rest[:1] == ["versions"]:
+        if len(rest) < 2 or not rest[1]:
+            raise NotFound(f"missing version number after /models/{name}/versions/")
+        version, rest = rest[1], rest[2:]
+    if len(rest) > 1:
+        raise NotFound(f"no route /{'/'.join(parts)}; see GET /openapi.json for the API")
+    return name, version, rest[0] if rest else None
+
+
+def _allow(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise RequestError(f"method {method} is not allowed here; use {allowed}", 405, {"allow": allowed})
+
+
+def _check_outputs(model: LoadedVersion, outputs: dict[str, bool]) -> None:
+    unknown = sorted(set(outputs) - set(model.session.output_by_name))
+    if unknown:
+        valid = [s.name for s in model.session.outputs]
+        raise RequestError(f"unknown output(s) {unknown} requested; the model's outputs are {valid}")
+
+
+def create_app() -> ServeApp:
+    """uvicorn factory for worker processes: the config arrives in PIPE_SERVE_CONFIG."""
+    config = ServeConfig.from_env()
+    logging.basicConfig(level=config.http.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return ServeApp(config)

@@ -1,0 +1,193 @@
+"""Dynamic batching: requests for one model that arrive together run as one onnxruntime call.
+
+While a batch computes, new requests queue; the next batch takes everything queued (up to
+`max_batch_size` rows), waiting at most `max_queue_delay_ms` for more. Requests of different sizes
+are concatenated along dim 0 and the outputs split back by each request's row count. The queue is
+bounded: a full queue is a 503 with Retry-After, not unbounded memory. onnxruntime releases the
+GIL, so batches run in a thread pool while the event loop keeps parsing requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.serve.errors import RequestError, Unavailable
+from pipeline.serve.metrics import ModelStats
+from pipeline.serve.session import ORT_ERRORS
+
+log = logging.getLogger("pipe.serve")
+
+Feeds = dict[str, np.ndarray]
+RunFn = Callable[[Feeds], Feeds]
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """Per-model batching and queueing limits."""
+
+    max_batch_size: int = 64  # rows per onnxruntime call; a larger single request is refused
+    max_queue_delay_ms: float = 1.0  # how long a batch may wait for more requests before running
+    max_queue: int = 256  # requests waiting per model; more are refused with 503 + Retry-After
+    timeout_s: float = 30.0  # per request, queue + compute; past it the request gets a 503
+    instances: int = 1  # batches of one model that may compute at the same time
+
+
+@dataclass(eq=False)
+class _Pending:
+    feeds: Feeds
+    rows: int
+    key: tuple  # inputs' names, dtypes and non-batch dims: only equal keys can be concatenated
+    future: asyncio.Future[Feeds]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+def _batch_key(feeds: Feeds) -> tuple:
+    return tuple((name, a.dtype.str, a.shape[1:]) for name, a in sorted(feeds.items()))
+
+
+class Batcher:
+    """Queue and batch requests for one loaded model version."""
+
+    def __init__(
+        self, run: RunFn, batchable: bool, settings: BatchSettings, executor: Executor, stats: ModelStats
+    ) -> None:
+        self._run = run
+        self._batchable = batchable
+        self.settings = settings
+        self._executor = executor
+        self._stats = stats
+        self._items: collections.deque[_Pending] = collections.deque()
+        self._wake = asyncio.Event()
+        self._slots = asyncio.Semaphore(settings.instances)
+        self._running: set[asyncio.Task] = set()
+        self._closing = False
+        self._loop_task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def infer(self, feeds: Feeds, rows: int) -> Feeds:
+        """Queue one request (already checked against the model) and wait for its outputs."""
+        if self._closing:
+            raise Unavailable("this model version is being unloaded; retry to reach the one that replaces it")
+        if self._batchable and rows > self.settings.max_batch_size:
+            raise RequestError(
+                f"the request holds {rows} rows, more than this model's max batch size "
+                f"{self.settings.max_batch_size}; split it into smaller requests"
+            )
+        if len(self._items) >= self.settings.max_queue:
+            raise Unavailable(f"the queue for this model is full ({self.settings.max_queue} requests); retry shortly")
+        pending = _Pending(feeds, rows, _batch_key(feeds), asyncio.get_running_loop().create_future())
+        self._items.append(pending)
+        self._wake.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending.future), self.settings.timeout_s)
+        except TimeoutError:
+            pending.future.cancel()  # a batch not yet formed skips it; a running one drops its result
+            raise Unavailable(
+                f"the request did not finish within the {self.settings.timeout_s:g}s timeout; the server is overloaded"
+            ) from None
+
+    async def close(self) -> None:
+        """Finish every queued and running request, then stop."""
+        self._closing = True
+        while self._items or self._running:
+            await asyncio.sleep(0.01)
+        self._loop_task.cancel()
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        delay = self.settings.max_queue_delay_ms / 1000
+        while True:
+            await self._slots.acquire()
+            while not self._items:
+                self._wake.clear()
+                await self._wake.wait()
+            batch = self._take()
+            if self._batchable and delay > 0 and self._room(batch) > 0:
+                deadline = loop.time() + delay
+                while self._room(batch) > 0 and (remaining := deadline - loop.time()) > 0:
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), remaining)
+                    except TimeoutError:
+                        pass
+                    batch += self._take(batch)
+            if not batch:
+                self._slots.release()
+                continue
+            task = loop.create_task(self._dispatch(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    def _room(self, batch: list[_Pending]) -> int:
+        return self.settings.max_batch_size - sum(p.rows for p in batch)
+
+    def _take(self, batch: list[_Pending] | None = None) -> list[_Pending]:
+        """Move queued requests that fit the batch (same key, rows left) out of the queue."""
+        taken: list[_Pending] = []
+        kept: collections.deque[_Pending] = collections.deque()
+        current = list(batch or [])
+        while self._items:
+            item = self._items.popleft()
+            if item.future.done():  # timed out while queued
+                continue
+            if not current and not taken:
+                taken.append(item)
+                if not self._batchable:
+                    break
+                continue
+            head = (current or taken)[0]
+            fits = item.rows <= self._room(current + taken)
+            if self._batchable and item.key == head.key and fits:
+                taken.append(item)
+            else:
+                kept.append(item)
+        kept.extend(self._items)
+        self._items = kept
+        return taken
+
+    async def _dispatch(self, batch: list[_Pending]) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            results = await loop.run_in_executor(self._executor, self._execute, batch)
+        finally:
+            self._slots.release()
+        compute = time.perf_counter() - started
+        self._stats.executions += 1
+        self._stats.compute_seconds += compute
+        for pending, result in zip(batch, results, strict=True):
+            self._stats.queue_seconds += started - pending.enqueued
+            if pending.future.done():
+                continue
+            if isinstance(result, Exception):
+                pending.future.set_exception(result)
+            else:
+                self._stats.inferences += pending.rows
+                pending.future.set_result(result)
+
+    def _execute(self, batch: list[_Pending]) -> list[Feeds | Exception]:
+        """Run in a worker thread: concatenate, run once, split back by rows."""
+        if len(batch) == 1:
+            return [self._run_one(batch[0].feeds)]
+        feeds = {name: np.concatenate([p.feeds[name] for p in batch]) for name in batch[0].feeds}
+        try:
+            merged = self._run(feeds)
+        except ORT_ERRORS:  # one bad request must not fail its batch-mates: rerun each alone
+            return [self._run_one(p.feeds) for p in batch]
+        bounds = np.cumsum([p.rows for p in batch])[:-1]
+        split = {name: np.split(array, bounds) for name, array in merged.items()}
+        return [{name: parts[i] for name, parts in split.items()} for i in range(len(batch))]
+
+    def _run_one(self, feeds: Feeds) -> Feeds | Exception:
+        try:
+            return self._run(feeds)
+        except ORT_ERRORS as exc:  # onnxruntime refused the data (e.g. an index out of range)
+            log.info("model rejected a request: %s", exc)
+            return RequestError(f"the model could not run on this input: {exc}")

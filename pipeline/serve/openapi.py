@@ -1,0 +1,112 @@
+"""The OpenAPI 3 document of the HTTP API, written by hand beside the routes it describes.
+
+`tests/serve/test_openapi.py` checks that every route `app` answers is documented and that every
+documented operation answers. Model names are listed as an enum of what is being served, so a
+fuzzer exploring the document reaches real models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline import __version__
+
+_ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
+_TENSOR_IN = {
+    "type": "object",
+    "required": ["name", "shape", "datatype"],
+    "properties": {
+        "name": {"type": "string"},
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "datatype": {"type": "string", "enum": ["BOOL", "UINT8", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES"]},
+        "parameters": {"type": "object", "properties": {"binary_data_size": {"type": "integer", "minimum": 0}}},
+        "data": {"type": "array", "items": {}},
+    },
+}
+_INFER_REQUEST = {
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {
+        "id": {"type": "string"},
+        "parameters": {"type": "object", "properties": {"binary_data_output": {"type": "boolean"}}},
+        "inputs": {"type": "array", "items": _TENSOR_IN},
+        "outputs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "parameters": {"type": "object", "properties": {"binary_data": {"type": "boolean"}}},
+                },
+            },
+        },
+    },
+}
+_PREDICT_REQUEST = {
+    "type": "object",
+    "properties": {"signature_name": {"type": "string"}, "instances": {"type": "array"}, "inputs": {}},
+}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {400: "bad request", 401: "missing or wrong API key", 404: "unknown model or version",
+            413: "body too large", 503: "overloaded or not ready"}  # fmt: skip
+    return {str(c): _json(_ERROR, text[c]) for c in codes}
+
+
+def _get(summary: str, ok: str, *errors: int) -> dict[str, Any]:
+    return {"get": {"summary": summary, "responses": {"200": _json({"type": "object"}, ok), **_errors(*errors)}}}
+
+
+def _post(summary: str, schema: dict[str, Any], *errors: int) -> dict[str, Any]:
+    body = {"required": True, "content": {"application/json": {"schema": schema}}}
+    responses = {"200": _json({"type": "object"}, "outputs"), **_errors(*errors)}
+    return {"post": {"summary": summary, "requestBody": body, "responses": responses}}
+
+
+def document(models: list[str]) -> dict[str, Any]:
+    """The OpenAPI document, with `model_name` limited to the served models."""
+    model = {"name": "model_name", "in": "path", "required": True, "schema": {"type": "string", "enum": models or [""]}}
+    version = {"name": "version", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[0-9]+$"}}
+
+    def with_params(item: dict[str, Any], *params: dict[str, Any]) -> dict[str, Any]:
+        return {"parameters": list(params), **item}
+
+    paths: dict[str, Any] = {
+        "/v2": _get("Server metadata: name, version, supported extensions", "server metadata"),
+        "/v2/health/live": _get("Liveness", "live"),
+        "/v2/health/ready": _get("Readiness: models loaded and not shutting down", "ready", 503),
+        "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {
+            "description": "text exposition format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        "/openapi.json": _get("This document", "OpenAPI document"),
+    }  # fmt: skip
+    for prefix, params in (
+        ("/v2/models/{model_name}", (model,)),
+        ("/v2/models/{model_name}/versions/{version}", (model, version)),
+    ):
+        paths[prefix] = with_params(_get("V2 model metadata", "model metadata", 400, 404), *params)
+        paths[f"{prefix}/ready"] = with_params(_get("V2 model readiness", "ready", 400, 404), *params)
+        paths[f"{prefix}/infer"] = with_params(
+            _post("V2 inference (JSON, or binary tensors with Inference-Header-Content-Length)",
+                  _INFER_REQUEST, 400, 404, 413, 503), *params)  # fmt: skip
+    for prefix, params in (
+        ("/v1/models/{model_name}", (model,)),
+        ("/v1/models/{model_name}/versions/{version}", (model, version)),
+    ):
+        paths[prefix] = with_params(_get("TF Serving model status", "version states", 400, 404), *params)
+        paths[f"{prefix}/metadata"] = with_params(_get("TF Serving model metadata", "signature", 400, 404), *params)
+        paths[f"{prefix}:predict"] = with_params(
+            _post("TF Serving predict (instances or inputs)", _PREDICT_REQUEST, 400, 404, 413, 503), *params
+        )
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "pipe serve", "version": __version__,
+                 "description": "KServe V2 (Open Inference Protocol) with binary tensors, and TF Serving REST."},
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "paths": paths,
+    }  # fmt: skip

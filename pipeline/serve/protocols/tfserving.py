@@ -1,0 +1,135 @@
+"""TF Serving REST: `:predict` in row (`instances`) and columnar (`inputs`) form, status, metadata.
+
+The JSON carries no dtypes, so values are read with the model's input dtypes. Row form lists one
+value per example (or one object per example when the model has several inputs); columnar form
+gives each input whole. Responses mirror the request's form: `predictions` or `outputs`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from pipeline.serve.errors import RequestError
+from pipeline.serve.protocols.datatypes import V2_TO_TF
+from pipeline.serve.protocols.v2 import parse_json
+from pipeline.serve.session import IOSpec
+
+SIGNATURE = "serving_default"
+_KEYS = {"signature_name", "instances", "inputs"}
+
+
+def decode_predict(body: bytes, specs: list[IOSpec]) -> tuple[dict[str, np.ndarray], bool]:
+    """Body -> named arrays, and whether the request used the row form."""
+    request = parse_json(body)
+    if not isinstance(request, dict):
+        raise RequestError(f"the predict request must be a JSON object, got {type(request).__name__}")
+    unknown = sorted(set(request) - _KEYS)
+    if unknown:
+        raise RequestError(f"unknown key(s) {unknown} in the predict request; valid keys are {sorted(_KEYS)}")
+    signature = request.get("signature_name", SIGNATURE)
+    if signature != SIGNATURE:
+        raise RequestError(f"signature_name {signature!r} does not exist; the only signature is {SIGNATURE!r}")
+    if ("instances" in request) == ("inputs" in request):
+        raise RequestError("send exactly one of 'instances' (row form) or 'inputs' (columnar form)")
+    names = [s.name for s in specs]
+    if "instances" in request:
+        instances = request["instances"]
+        if not isinstance(instances, list) or not instances:
+            raise RequestError(f"instances must be a non-empty list, got {instances!r:.80}")
+        if len(specs) == 1 and not all(isinstance(x, dict) for x in instances):
+            columns = {names[0]: instances}
+        else:
+            if not all(isinstance(x, dict) and sorted(x) == sorted(names) for x in instances):
+                raise RequestError(f"each instance must be an object with exactly the inputs {names}")
+            columns = {n: [x[n] for x in instances] for n in names}
+        return {s.name: _array(columns[s.name], s) for s in specs}, True
+    inputs = request["inputs"]
+    if len(specs) == 1 and not isinstance(inputs, dict):
+        inputs = {names[0]: inputs}
+    if not isinstance(inputs, dict):
+        raise RequestError(f"inputs must be an object keyed by input name {names}")
+    return {name: _array(value, _spec(specs, name)) for name, value in inputs.items()}, False
+
+
+def _spec(specs: list[IOSpec], name: str) -> IOSpec:
+    for spec in specs:
+        if spec.name == name:
+            return spec
+    raise RequestError(f"unknown input {name!r}; the model expects {[s.describe() for s in specs]}")
+
+
+def _array(value: Any, spec: IOSpec) -> np.ndarray:
+    try:
+        if spec.datatype == "BYTES":
+            array = np.asarray(value, dtype=object)
+            flat = array.ravel()
+            if not all(isinstance(x, str) for x in flat):
+                raise TypeError("string inputs take JSON strings")
+            encoded = np.empty(flat.size, dtype=object)
+            encoded[:] = [x.encode() for x in flat]
+            return encoded.reshape(array.shape)
+        return np.asarray(value, dtype=spec.dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise RequestError(
+            f"input {spec.name!r}: values do not form a {spec.datatype} tensor ({exc}); the model expects "
+            f"{spec.describe()}"
+        ) from None
+
+
+def encode_predict(results: dict[str, np.ndarray], row_form: bool) -> bytes:
+    """Outputs -> `{"predictions": ...}` (row form) or `{"outputs": ...}` (columnar)."""
+    results = {k: _jsonable(v) for k, v in results.items()}
+    if row_form:
+        if len(results) == 1:
+            body: dict[str, Any] = {"predictions": next(iter(results.values()))}
+        else:
+            rows = len(next(iter(results.values())))
+            body = {"predictions": [{k: v[i] for k, v in results.items()} for i in range(rows)]}
+    else:
+        body = {"outputs": next(iter(results.values())) if len(results) == 1 else results}
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _jsonable(array: np.ndarray) -> Any:
+    if array.dtype.kind in "OSU":
+        return np.vectorize(lambda x: x.decode(errors="replace") if isinstance(x, bytes) else str(x), otypes=[object])(
+            array
+        ).tolist()
+    return np.ascontiguousarray(array)
+
+
+def status(versions: dict[int, str | None]) -> dict[str, Any]:
+    """Model status: each version AVAILABLE, or UNAVAILABLE with the load error."""
+    return {
+        "model_version_status": [
+            {
+                "version": str(v),
+                "state": "AVAILABLE" if error is None else "UNAVAILABLE",
+                "status": {"error_code": "OK" if error is None else "UNKNOWN", "error_message": error or ""},
+            }
+            for v, error in sorted(versions.items())
+        ]
+    }
+
+
+def metadata(name: str, version: int, inputs: list[IOSpec], outputs: list[IOSpec]) -> dict[str, Any]:
+    """Model metadata in TF Serving's shape: one `serving_default` signature."""
+
+    def tensors(specs: list[IOSpec]) -> dict[str, Any]:
+        return {
+            s.name: {
+                "dtype": V2_TO_TF[s.datatype],
+                "tensor_shape": {"dim": [{"size": str(d), "name": ""} for d in s.shape], "unknown_rank": False},
+                "name": s.name,
+            }
+            for s in specs
+        }
+
+    signature = {"inputs": tensors(inputs), "outputs": tensors(outputs), "method_name": "tensorflow/serving/predict"}
+    return {
+        "model_spec": {"name": name, "signature_name": "", "version": str(version)},
+        "metadata": {"signature_def": {"signature_def": {SIGNATURE: signature}}},
+    }

@@ -1,0 +1,154 @@
+"""One onnxruntime session: provider choice, thread settings, and the model's I/O specs.
+
+CUDA is used when onnxruntime-gpu is installed and a GPU really loads; onnxruntime lists CUDA as
+available even where it cannot load and then silently runs on CPU (DESIGN.md section 5), so the
+provider in use is read back from `session.get_providers()` and reported, never assumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from pipeline.errors import ArtifactError
+from pipeline.serve.errors import RequestError
+from pipeline.serve.protocols.datatypes import ORT_TO_V2, V2_TO_NUMPY
+
+log = logging.getLogger("pipe.serve")
+
+_state = ort.capi.onnxruntime_pybind11_state
+# What onnxruntime raises for a model it cannot load or an input it cannot run (none share a base).
+ORT_ERRORS: tuple[type[Exception], ...] = (
+    _state.Fail,
+    _state.InvalidArgument,
+    _state.InvalidGraph,
+    _state.InvalidProtobuf,
+    _state.NoSuchFile,
+    _state.NotImplemented,
+    _state.RuntimeException,
+)
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    """A model input or output as the protocols expose it. Dynamic dims are -1."""
+
+    name: str
+    datatype: str  # V2 datatype: FP32, INT64, ...
+    shape: tuple[int, ...]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return V2_TO_NUMPY[self.datatype]
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.datatype}{list(self.shape)}"
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """How sessions are created; one per server, shared by every model."""
+
+    provider: str = "auto"  # auto (CUDA if usable, else CPU) | cpu | cuda
+    intra_op_threads: int = 0  # threads inside one operator; 0 lets onnxruntime decide
+    inter_op_threads: int = 0  # threads across independent operators; 0 lets onnxruntime decide
+
+
+def _providers(choice: str) -> list[str]:
+    available = ort.get_available_providers()
+    if choice == "cpu":
+        return ["CPUExecutionProvider"]
+    if choice == "cuda":
+        if "CUDAExecutionProvider" not in available:
+            raise ArtifactError(
+                f"--provider cuda was asked for but onnxruntime offers only {available}; install "
+                "onnxruntime-gpu (make GPU=1) or use --provider auto"
+            )
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    if "CUDAExecutionProvider" in available:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def _spec(arg: ort.NodeArg) -> IOSpec:
+    datatype = ORT_TO_V2.get(arg.type)
+    if datatype is None:
+        raise ArtifactError(f"model {arg.name!r} has type {arg.type}, which the server cannot carry over HTTP")
+    shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or []))
+    return IOSpec(arg.name, datatype, shape)
+
+
+class ModelSession:
+    """An onnxruntime InferenceSession plus the facts the server needs about it."""
+
+    def __init__(self, path: Path, options: SessionOptions) -> None:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = options.intra_op_threads
+        so.inter_op_num_threads = options.inter_op_threads
+        so.log_severity_level = 3  # errors only: keep provider fallback chatter out of the logs
+        wanted = _providers(options.provider)
+        try:
+            self.session = ort.InferenceSession(str(path), sess_options=so, providers=wanted)
+        except ORT_ERRORS as exc:
+            raise ArtifactError(f"{path}: onnxruntime cannot load the model ({exc})") from exc
+        self.providers: list[str] = self.session.get_providers()
+        if wanted[0] not in self.providers:
+            log.warning("%s: asked for %s but onnxruntime runs it on %s", path, wanted[0], self.providers)
+        self.inputs = [_spec(a) for a in self.session.get_inputs()]
+        self.outputs = [_spec(a) for a in self.session.get_outputs()]
+        self.input_by_name = {s.name: s for s in self.inputs}
+        self.output_by_name = {s.name: s for s in self.outputs}
+        # Batching concatenates requests along dim 0, so every input and output must have a dynamic
+        # first dim; a model with a fixed batch runs each request alone.
+        self.batchable = all(s.shape and s.shape[0] == -1 for s in (*self.inputs, *self.outputs))
+
+    def check_inputs(self, feeds: dict[str, np.ndarray]) -> int:
+        """Refuse inputs that do not match the model (name, dtype, shape); return the batch size."""
+        unknown = sorted(set(feeds) - set(self.input_by_name))
+        missing = sorted(set(self.input_by_name) - set(feeds))
+        expected = ", ".join(s.describe() for s in self.inputs)
+        if unknown or missing:
+            parts = [f"unknown input(s) {unknown}" if unknown else "", f"missing input(s) {missing}" if missing else ""]
+            raise RequestError(f"{'; '.join(p for p in parts if p)}; the model expects {expected}")
+        rows = set()
+        for name, array in feeds.items():
+            spec = self.input_by_name[name]
+            if array.dtype != spec.dtype and not (spec.datatype == "BYTES" and array.dtype.kind in "OSU"):
+                raise RequestError(
+                    f"input {name!r} has datatype {_v2_name(array.dtype)}, the model expects {spec.describe()}"
+                )
+            fits = array.ndim == len(spec.shape) and all(
+                w in (-1, g) for w, g in zip(spec.shape, array.shape, strict=True)
+            )
+            if not fits:
+                raise RequestError(
+                    f"input {name!r} has shape {list(array.shape)}, the model expects {spec.describe()} (-1: any size)"
+                )
+            if array.ndim:
+                rows.add(array.shape[0])
+        if self.batchable and len(rows) > 1:
+            raise RequestError(f"inputs disagree on the batch size (first dim): {sorted(rows)}")
+        return rows.pop() if rows else 1
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Run the model; `outputs` selects which (all when None)."""
+        names = list(outputs) if outputs else [s.name for s in self.outputs]
+        results = self.session.run(names, feeds)
+        return dict(zip(names, results, strict=True))
+
+
+def element_count(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+def _v2_name(dtype: np.dtype) -> str:
+    for name, candidate in V2_TO_NUMPY.items():
+        if candidate == dtype:
+            return name
+    return str(dtype)

@@ -6,6 +6,7 @@ directories with the artifact API, with golden.npz holding onnxruntime's outputs
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ def mlp(sizes: list[int], seed: int = 0, batch: str | int = "batch", scale: floa
     """x FP32 [batch, sizes[0]] -> logits FP32 [batch, sizes[-1]]: MatMul + Add + Relu layers."""
     rng = np.random.default_rng(seed)
     nodes, inits, current = [], [], "x"
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         w = (rng.standard_normal((fan_in, fan_out)) * scale / np.sqrt(fan_in)).astype(np.float32)
         b = (rng.standard_normal(fan_out) * 0.1).astype(np.float32)
         inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
@@ -129,4 +130,3 @@ def write_artifact(
         artifact.add_variant(variant_name, Variant(file=rel, precision="fp32", format="onnx"))
     artifact.save()
     return artifact
-

@@ -1,0 +1,211 @@
+"""Data sources: each reads one kind of input into the same shape, a `RawData`.
+
+A source returns every sample at once (these datasets fit in memory many times over) as numpy
+arrays: float32 features `[n, F]`, float32 images `[n, C, H, W]` in 0..1 or raw pixel units, or
+int64 token ids `[n, T]` with 0 as padding; and int64 class indices `[n]` with their label names.
+Every problem with a file is an InputError that names the file, what was found, and the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import InputError
+from pipeline.recipe import BUILTIN_DATASETS, Recipe
+
+KINDS = ("features", "image", "tokens")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+@dataclass
+class RawData:
+    """All samples of a dataset before splitting."""
+
+    x: np.ndarray  # [n, F] float32 | [n, C, H, W] float32 | [n, T] int64 tokens (0 = padding)
+    y: np.ndarray  # [n] int64 class index
+    labels: list[str]  # class names; y indexes into this list
+    kind: str  # one of KINDS
+
+
+def read_source(recipe: Recipe) -> RawData:
+    """Read the dataset the recipe names, checking what the recipe asks of it."""
+    data = recipe.data
+    if data.source in BUILTIN_DATASETS:
+        raw = _builtin(data.source, data.as_image)
+    else:
+        path = recipe.data_path() or Path(".")  # the recipe schema requires data.path for file sources
+        if not path.exists():
+            raise InputError(
+                f"data file {path} does not exist (data.path: {data.path!r}, relative to the recipe's "
+                f"folder {recipe.base_dir}); fix data.path or create the file"
+            )
+        readers = {"csv": _csv, "npz": _npz, "images": _images, "tokens": _tokens}
+        raw = readers[data.source](path, recipe)
+    if data.as_image and data.source != "digits":
+        raise InputError(f"data.as_image applies to the digits dataset only (source is {data.source!r}); remove it")
+    _check(raw, str(recipe.data_path() or data.source))
+    return raw
+
+
+def _builtin(name: str, as_image: bool) -> RawData:
+    """sklearn's bundled datasets: shipped with the package, never downloaded."""
+    from sklearn import datasets
+
+    bunch = getattr(datasets, f"load_{name}")()
+    x = np.asarray(bunch.data, dtype=np.float32)
+    if name == "digits" and as_image:
+        x = x.reshape(-1, 1, 8, 8)  # 8x8 grey images, one channel, values 0..16
+    labels = [str(t) for t in bunch.target_names]
+    return RawData(x, np.asarray(bunch.target, dtype=np.int64), labels, "image" if x.ndim == 4 else "features")
+
+
+def _classes(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Map raw label values (numbers or strings) to class indices 0..k-1, sorted by value."""
+    classes, index = np.unique(values, return_inverse=True)
+    return index.astype(np.int64), [_label_name(c) for c in classes]
+
+
+def _label_name(value: object) -> str:
+    if isinstance(value, float | np.floating) and float(value).is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _csv(path: Path, recipe: Recipe) -> RawData:
+    """A CSV with a header row: numeric feature columns and one label column."""
+    spec = recipe.data
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        raise InputError(f"{path} is empty; a CSV needs a header row and data rows")
+    header, body = [h.strip() for h in rows[0]], rows[1:]
+    if spec.label_column not in header:
+        raise InputError(
+            f"label column {spec.label_column!r} is not in {path}; its columns are {header}. "
+            "Set data.label_column to one of them"
+        )
+    features = spec.feature_columns or [h for h in header if h != spec.label_column]
+    missing = [c for c in features if c not in header]
+    if missing:
+        raise InputError(f"feature column(s) {missing} are not in {path}; its columns are {header}")
+    if spec.label_column in features:
+        raise InputError(f"data.feature_columns includes the label column {spec.label_column!r}; remove it")
+    if not body:
+        raise InputError(f"{path} has a header but no data rows")
+    columns = [header.index(c) for c in features]
+    x = np.empty((len(body), len(columns)), dtype=np.float32)
+    for r, row in enumerate(body, start=2):
+        if len(row) != len(header):
+            raise InputError(f"{path} line {r}: {len(row)} fields, the header has {len(header)}")
+        for j, c in enumerate(columns):
+            try:
+                x[r - 2, j] = float(row[c])
+            except ValueError:
+                raise InputError(
+                    f"{path} line {r}: column {header[c]!r} holds {row[c]!r}, not a number; feature "
+                    "columns must be numeric (list the numeric ones in data.feature_columns)"
+                ) from None
+    raw_labels = np.array([row[header.index(spec.label_column)].strip() for row in body])
+    try:
+        raw_labels = raw_labels.astype(np.float64)  # numeric labels sort numerically
+    except ValueError:
+        pass
+    y, labels = _classes(raw_labels)
+    return RawData(x, y, labels, "features")
+
+
+def _load_npz(path: Path, required: tuple[str, ...]) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path} is not a readable .npz file ({exc}); write it with numpy.savez") from None
+    missing = [k for k in required if k not in arrays]
+    if missing:
+        raise InputError(f"{path} lacks array(s) {missing}; it holds {sorted(arrays)}. Save it with keys {required}")
+    return arrays
+
+
+def _npz_labels(arrays: dict[str, np.ndarray], y: np.ndarray, path: Path) -> tuple[np.ndarray, list[str]]:
+    """Integer targets 0..k-1 with optional `labels` names; anything else is mapped to classes."""
+    if "labels" in arrays:
+        labels = [str(v) for v in arrays["labels"]]
+        if y.dtype.kind not in "iu" or y.min() < 0 or y.max() >= len(labels):
+            raise InputError(f"{path}: y must hold class indices 0..{len(labels) - 1} to match its `labels` array")
+        return y.astype(np.int64), labels
+    return _classes(y)
+
+
+def _npz(path: Path, recipe: Recipe) -> RawData:
+    """Arrays X ([n, F] features or [n, C, H, W] images) and y ([n] labels)."""
+    arrays = _load_npz(path, ("X", "y"))
+    x = arrays["X"]
+    if x.dtype.kind not in "fiub" or x.ndim not in (2, 4):
+        raise InputError(
+            f"{path}: X has dtype {x.dtype} and shape {list(x.shape)}; it must be numeric, [n, features] "
+            "or [n, channels, height, width]"
+        )
+    y, labels = _npz_labels(arrays, arrays["y"].reshape(-1), path)
+    return RawData(x.astype(np.float32), y, labels, "image" if x.ndim == 4 else "features")
+
+
+def _images(path: Path, recipe: Recipe) -> RawData:
+    """A folder with one subfolder per class, images inside; resized to data.image_size, RGB, 0..1."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not path.is_dir():
+        raise InputError(f"{path} is not a folder; source 'images' needs a folder with one subfolder per class")
+    classes = sorted(p.name for p in path.iterdir() if p.is_dir())
+    if len(classes) < 2:
+        raise InputError(f"{path} has {len(classes)} class subfolder(s); an image classifier needs at least 2")
+    size = recipe.data.image_size
+    images, targets = [], []
+    for index, name in enumerate(classes):
+        files = sorted(p for p in (path / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise InputError(f"class folder {path / name} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+        for file in files:
+            try:
+                with Image.open(file) as img:
+                    rgb = img.convert("RGB")
+            except (UnidentifiedImageError, OSError) as exc:
+                raise InputError(f"{file} is not a readable image ({exc}); remove or replace it") from None
+            if size is not None:
+                rgb = rgb.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+            images.append(np.asarray(rgb, dtype=np.float32).transpose(2, 0, 1) / 255.0)  # HWC -> CHW
+            targets.append(index)
+    shapes = {a.shape for a in images}
+    if len(shapes) > 1:
+        raise InputError(
+            f"images under {path} have different sizes {sorted(s[1:] for s in shapes)[:4]}; "
+            "set data.image_size: [height, width] to resize them"
+        )
+    return RawData(np.stack(images), np.asarray(targets, dtype=np.int64), classes, "image")
+
+
+def _tokens(path: Path, recipe: Recipe) -> RawData:
+    """Arrays `tokens` ([n, T] integer ids, 0 = padding) and `y` ([n] labels), optional `labels`."""
+    arrays = _load_npz(path, ("tokens", "y"))
+    tokens = arrays["tokens"]
+    if tokens.dtype.kind not in "iu" or tokens.ndim != 2:
+        raise InputError(
+            f"{path}: tokens has dtype {tokens.dtype} and shape {list(tokens.shape)}; it must be integer "
+            "ids shaped [n, sequence] (0 = padding)"
+        )
+    if tokens.min() < 0:
+        raise InputError(f"{path}: tokens holds negative ids (min {tokens.min()}); ids start at 0 (padding)")
+    y, labels = _npz_labels(arrays, arrays["y"].reshape(-1), path)
+    return RawData(tokens.astype(np.int64), y, labels, "tokens")
+
+
+def _check(raw: RawData, source: str) -> None:
+    if len(raw.x) != len(raw.y):
+        raise InputError(f"{source}: {len(raw.x)} samples but {len(raw.y)} labels; they must match one to one")
+    if raw.x.dtype.kind == "f" and not np.isfinite(raw.x).all():
+        raise InputError(f"{source}: features hold NaN or infinite values; clean or impute them first")
+    if len(raw.labels) < 2:
+        raise InputError(f"{source}: only {len(raw.labels)} class found ({raw.labels}); a classifier needs 2 or more")

@@ -1,0 +1,126 @@
+"""Deterministic train/val/test splits, the dataset fingerprint, and what a model needs to know.
+
+`load_splits(recipe)` is what training and export share: the same recipe and seed always give the
+same three splits. `DataInfo` is the data-shape record that `build_model` consumes and that the
+manifest keeps (under `stages.train.data`) so a model can be rebuilt from the artifact alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipeline.data.sources import RawData, read_source
+from pipeline.errors import InputError
+from pipeline.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """The shape of one sample and the facts a model is built from."""
+
+    kind: str  # features | image | tokens
+    sample_shape: list[int]  # one sample without the batch dim: [64], [1, 8, 8], [32] (longest sequence)
+    num_classes: int
+    labels: list[str] = field(default_factory=list)
+    vocab_size: int | None = None  # tokens: largest id + 1
+    mean: list[float] | None = None  # train-split mean per feature (features) or per channel (images)
+    std: list[float] | None = None  # matching std; 1.0 where a feature is constant
+
+    @property
+    def input_name(self) -> str:
+        return "tokens" if self.kind == "tokens" else "input"
+
+    @property
+    def dtype(self) -> str:
+        return "int64" if self.kind == "tokens" else "float32"
+
+    @property
+    def layout(self) -> str:
+        return {"features": "NC", "image": "NCHW", "tokens": "NT"}[self.kind]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DataInfo:
+        return cls(**data)
+
+
+@dataclass
+class Split:
+    """One split: model inputs by name (as the manifest names them) and the class targets."""
+
+    inputs: dict[str, np.ndarray]
+    target: np.ndarray  # [n] int64
+
+    def __len__(self) -> int:
+        return len(self.target)
+
+
+@dataclass
+class Splits:
+    train: Split
+    val: Split
+    test: Split
+    info: DataInfo
+    fingerprint: str  # sha256 of the whole dataset's content (features and labels), before splitting
+
+
+def load_splits(recipe: Recipe) -> Splits:
+    """Read the recipe's data and split it with `train.seed`; the same recipe gives the same splits."""
+    raw = read_source(recipe)
+    train_idx, val_idx, test_idx = split_indices(
+        len(raw.y), recipe.data.val_fraction, recipe.data.test_fraction, recipe.train.seed
+    )
+    mean = std = None
+    if recipe.data.normalize and raw.kind != "tokens":
+        mean, std = _stats(raw.x[train_idx], raw.kind)
+    info = DataInfo(
+        kind=raw.kind,
+        sample_shape=[int(d) for d in raw.x.shape[1:]],
+        num_classes=len(raw.labels),
+        labels=raw.labels,
+        vocab_size=int(raw.x.max()) + 1 if raw.kind == "tokens" else None,
+        mean=mean,
+        std=std,
+    )
+
+    def take(idx: np.ndarray) -> Split:
+        return Split({info.input_name: np.ascontiguousarray(raw.x[idx])}, raw.y[idx])
+
+    return Splits(take(train_idx), take(val_idx), take(test_idx), info, fingerprint(raw))
+
+
+def split_indices(n: int, val_fraction: float, test_fraction: float, seed: int) -> tuple[np.ndarray, ...]:
+    """Shuffle 0..n-1 with `seed` and cut it into train, val and test index arrays."""
+    n_test, n_val = round(n * test_fraction), round(n * val_fraction)
+    if n - n_test - n_val < 1 or n_val < 1 or n_test < 1:
+        raise InputError(
+            f"the dataset has {n} samples: too few for a train/val/test split with val_fraction "
+            f"{val_fraction} and test_fraction {test_fraction}; add data (a few dozen samples at least)"
+        )
+    order = np.random.default_rng(seed).permutation(n)
+    return order[n_test + n_val :], order[n_test : n_test + n_val], order[:n_test]
+
+
+def fingerprint(raw: RawData) -> str:
+    """sha256 over the features and labels, their dtypes and shapes: identical data, identical digest."""
+    digest = hashlib.sha256()
+    for array in (raw.x, raw.y):
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    digest.update("\0".join(raw.labels).encode())
+    return digest.hexdigest()
+
+
+def _stats(x: np.ndarray, kind: str) -> tuple[list[float], list[float]]:
+    """Per-feature ([n, F]) or per-channel ([n, C, H, W]) mean and std of the train split."""
+    axes = (0,) if kind == "features" else (0, 2, 3)
+    mean = x.astype(np.float64).mean(axis=axes)
+    std = x.astype(np.float64).std(axis=axes)
+    std[std < 1e-6] = 1.0  # constant features (digits' blank border pixels) are left unscaled
+    return mean.astype(np.float32).tolist(), std.astype(np.float32).tolist()

@@ -1,0 +1,175 @@
+"""Several processes, one model: torchrun launching, DDP and FSDP wrapping, full state dicts for rank 0.
+
+`pipe train RECIPE --nproc N` launches `torchrun` on this machine (127.0.0.1, a free port); the
+same training code also runs under a user's own `torchrun` across machines, because everything
+here reads the standard torchrun environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR...).
+Only rank 0 writes files. gloo on CPU, nccl on CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.errors import PipelineError
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the training processes."""
+
+    rank: int = 0
+    local_rank: int = 0
+    size: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+def under_torchrun() -> bool:
+    """True in a process started by torchrun (pipe's own launch or the user's)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init_world(device_type: str) -> World:
+    """Join the process group torchrun set up; a single process needs none."""
+    if not under_torchrun():
+        return World()
+    import torch.distributed as dist
+
+    world = World(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+    if world.distributed and not dist.is_initialized():
+        if device_type == "cuda":
+            torch.cuda.set_device(world.local_rank)
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    return world
+
+
+def close_world(world: World) -> None:
+    if world.distributed:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def broadcast(world: World, value: Any) -> Any:
+    """Rank 0's `value` on every rank (a path, a decision); identity with one process."""
+    if not world.distributed:
+        return value
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def wrap(model: nn.Module, world: World, strategy: str, device: torch.device) -> nn.Module:
+    """DDP replicates the model and all-reduces gradients; FSDP shards parameters and optimizer state.
+
+    FSDP2 (`fully_shard`) shards each transformer block separately, then the rest of the model, so
+    only one block's full parameters exist at a time (ZeRO-3).
+    """
+    if not world.distributed:
+        return model
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for module in model.modules():
+            if type(module).__name__ == "Block":
+                fully_shard(module)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module as built by the zoo (DDP keeps it as `.module`; FSDP2 shards it in place)."""
+    return getattr(model, "module", model)
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: str, world: World) -> tuple[dict, dict]:
+    """Unsharded model and optimizer state dicts, on CPU. Every rank must call it (FSDP gathers)."""
+    if world.distributed and strategy == "fsdp":
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
+    return unwrap(model).state_dict(), optimizer.state_dict()
+
+
+def load_full_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict, optim_state: dict, strategy: str, world: World
+) -> None:
+    """Put full (unsharded) state back; under FSDP every rank reads it and keeps its own shard."""
+    if world.distributed and strategy == "fsdp":
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, weights, options=options)
+        set_optimizer_state_dict(model, optimizer, optim_state, options=options)
+        return
+    unwrap(model).load_state_dict(weights)
+    optimizer.load_state_dict(optim_state)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(nproc: int, worker_args: list[str], threads_per_process: int) -> None:
+    """Run `python -m pipeline.train.worker ARGS` in `nproc` processes under torchrun, on 127.0.0.1."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1", "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        "-m", "pipeline.train.worker", *worker_args,
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_process), PIPE_TRAIN_THREADS=str(threads_per_process))
+    env.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+    proc = subprocess.run(cmd, env=env, check=False)
+    if proc.returncode != 0:
+        raise PipelineError(
+            f"training with --nproc {nproc} failed: torchrun exited with {proc.returncode} (the workers' "
+            "error is printed above); fix it and run again, or add --resume to continue from the last checkpoint"
+        )
+
+
+def _loopback_interface() -> str:
+    """The loopback interface's name, so gloo talks over 127.0.0.1 only."""
+    names = {name for _, name in socket.if_nameindex()}
+    return "lo" if "lo" in names or not names else sorted(names)[0]
+
+
+def worker_threads(nproc: int) -> int:
+    """CPU threads per process: the cores shared out, at least one."""
+    return max(1, (os.cpu_count() or 1) // nproc)
+
+
+def package_root() -> Path:
+    return Path(__file__).resolve().parents[2]

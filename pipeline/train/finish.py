@@ -1,0 +1,112 @@
+"""Turn a finished training run into a complete artifact: test metrics, golden.npz, reports, manifest.
+
+Runs on rank 0 after the loop. The trained (best-validation) weights are loaded into a fresh fp32
+model on the CPU, the way every later stage will load them, so the test metrics and the golden
+outputs are what `restore.load_trained_model` reproduces. The manifest is saved last.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from pipeline.artifact import Artifact, Lineage, Manifest, TensorSpec
+from pipeline.data import DataInfo, Splits
+from pipeline.fsutil import atomic_path
+from pipeline.golden import Golden, save_golden
+from pipeline.recipe import Recipe
+from pipeline.train.checkpoint import CHECKPOINT_DIR, FINAL_WEIGHTS
+from pipeline.train.loop import FitResult, evaluate
+from pipeline.train.zoo import build_model
+
+GOLDEN_WHOLE_SPLIT_MAX = 1000  # test splits up to this size go into golden.npz whole
+GOLDEN_SAMPLES = 512  # otherwise the first this many test samples
+
+
+def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResult, *, plan: Any, world: Any) -> None:
+    info = splits.info
+    weights_rel = f"{CHECKPOINT_DIR}/{FINAL_WEIGHTS}"
+    with atomic_path(root / weights_rel) as tmp:
+        save_file({k: v.contiguous() for k, v in result.best_weights.items()}, tmp)
+
+    model = build_model(recipe.model, info)
+    model.load_state_dict(result.best_weights)
+    model = model.float().eval()
+    name = info.input_name
+    test_x = torch.from_numpy(splits.test.inputs[name])
+    test_loss, test_acc = evaluate(model, test_x, torch.from_numpy(splits.test.target))
+
+    manifest = Manifest(
+        name=recipe.name,
+        version=int(root.name),
+        task=recipe.task,
+        inputs=[input_spec(info, getattr(recipe.model, "max_len", info.sample_shape[0]))],
+        outputs=[TensorSpec("logits", "float32", ["batch", info.num_classes], "NC")],
+        labels=info.labels,
+        lineage=Lineage(
+            recipe_digest=recipe.digest, dataset_fingerprint=splits.fingerprint, backend="torch", seed=recipe.train.seed
+        ),
+        metrics={"accuracy": test_acc, "loss": test_loss},
+    )
+    artifact = Artifact(root, manifest)
+
+    # golden.npz: real test inputs, this model's outputs on them, and the targets.
+    whole = len(splits.test) <= GOLDEN_WHOLE_SPLIT_MAX
+    count = len(splits.test) if whole else GOLDEN_SAMPLES
+    with torch.no_grad():
+        logits = model(test_x[:count]).numpy()
+    golden_inputs = {name: splits.test.inputs[name][:count]}
+    save_golden(artifact, Golden(golden_inputs, {"logits": logits.astype(np.float32)}, splits.test.target[:count]))
+
+    p = result.progress
+    summary = {
+        "test": {"accuracy": test_acc, "loss": test_loss},
+        "best_epoch": p.best_epoch,
+        "best_val_accuracy": p.best_metric,
+        "epochs_run": p.epoch,
+        "steps": p.step,
+        "stopped_early": p.stopped_early,
+        "wall_s": result.wall_s,
+        "samples_per_s": result.samples_per_s,
+        "history": p.history,
+    }
+    artifact.write_file("reports/train.json", (json.dumps(summary, indent=2) + "\n").encode())
+    for path in sorted(q for q in (root / CHECKPOINT_DIR).rglob("*") if q.is_file()):
+        artifact.add_file(path.relative_to(root).as_posix())
+    for path in sorted(q for q in (root / "reports").rglob("*") if q.is_file()):
+        artifact.add_file(path.relative_to(root).as_posix())
+
+    manifest.stages["train"] = {
+        "recipe": recipe.model_dump(mode="json"),  # the full validated recipe: enough to rebuild the model
+        "data": info.to_dict(),  # the data-shape record build_model takes
+        "checkpoint": {
+            "weights": weights_rel,  # final weights: the best validation epoch
+            "state": result.checkpoint.relative_to(root).as_posix() if result.checkpoint else None,
+        },
+        "golden": {"split": "test", "samples": count, "whole_split": whole, "split_size": len(splits.test)},
+        "splits": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
+        "device": plan.device,
+        "precision": plan.precision,
+        "world_size": world.size,
+        "strategy": recipe.train.strategy if world.size > 1 else "single",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        **{k: summary[k] for k in ("best_epoch", "epochs_run", "steps", "stopped_early", "wall_s", "samples_per_s")},
+    }
+    artifact.save()
+
+
+def input_spec(info: DataInfo, max_len: int) -> TensorSpec:
+    """The model input as the manifest states it; normalization is recorded but applied inside the model."""
+    if info.kind == "tokens":
+        return TensorSpec("tokens", "int64", ["batch", "sequence"], "NT", {"padding_id": 0, "max_len": max_len})
+    preprocessing: dict[str, Any] = {}
+    if info.mean is not None:
+        preprocessing = {"mean": info.mean, "std": info.std, "applied_in_model": True}
+    return TensorSpec("input", "float32", ["batch", *info.sample_shape], info.layout, preprocessing)

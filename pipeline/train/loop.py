@@ -1,0 +1,258 @@
+"""The training loop, top to bottom: batches -> loss -> backward -> clip -> step -> evaluate -> checkpoint.
+
+One function, `fit`, in the style of nanoGPT's train.py. The whole dataset lives on the device as
+tensors (these datasets are small), so a batch is an index into them: no DataLoader workers, and
+the data order is a pure function of (seed, epoch), which is what makes resuming exact.
+
+Exact resume: a checkpoint records the optimizer step, the epoch, the next micro-batch within it,
+the optimizer/scaler state, every RNG state (python, numpy, torch; per rank), the best weights
+and the early-stopping counters. Restoring all of it and replaying the same deterministic
+kernels gives the same weights, bit for bit, as a run that was never interrupted (CPU, same
+thread count, `train.deterministic: true`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from pipeline.data import Splits
+from pipeline.errors import PipelineError
+from pipeline.recipe import Recipe
+from pipeline.train import distributed as dist_
+from pipeline.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from pipeline.train.observe import Monitor
+
+FAULT_ENV = "PIPE_TRAIN_FAULT_STEP"  # test-only fault injection: SIGKILL this process after step K
+EVAL_BATCH = 512
+
+
+class TrainingDiverged(PipelineError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+@dataclass
+class Progress:
+    """Where the run is, saved in every checkpoint."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # the epoch in progress (or the next one, after its checkpoint)
+    batch: int = 0  # the next micro-batch of this epoch on this rank
+    best_metric: float = -math.inf  # best validation accuracy so far
+    best_epoch: int = -1
+    stale_epochs: int = 0  # epochs since best_metric improved (early stopping)
+    stopped_early: bool = False
+    history: list[dict[str, float]] = field(default_factory=list)  # one validation record per epoch
+
+
+@dataclass
+class Run:
+    """What `fit` needs besides the model and the data."""
+
+    recipe: Recipe
+    root: Path  # the version directory (rank 0 writes into it)
+    world: dist_.World
+    device: torch.device
+    precision: str  # fp32 | bf16 | fp16 (resolved, never auto)
+    monitor: Monitor
+    resume_from: Path | None = None  # a checkpoint folder to continue from
+
+
+@dataclass
+class FitResult:
+    best_weights: dict[str, torch.Tensor]  # full state dict on CPU (rank 0; other ranks may hold {})
+    progress: Progress
+    wall_s: float
+    samples_per_s: float
+    checkpoint: Path | None  # the last checkpoint folder written
+
+
+def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
+    cfg, world, device = run.recipe.train, run.world, run.device
+    name = splits.info.input_name
+    # The dataset on the device: x [N, ...], y [N].
+    x_train = torch.from_numpy(splits.train.inputs[name]).to(device)
+    y_train = torch.from_numpy(splits.train.target).to(device)
+    x_val = torch.from_numpy(splits.val.inputs[name]).to(device)
+    y_val = torch.from_numpy(splits.val.target).to(device)
+
+    model.to(device)
+    if cfg.grad_checkpointing:
+        for module in model.modules():
+            if hasattr(module, "grad_checkpointing"):
+                module.grad_checkpointing = True
+    model = dist_.wrap(model, world, cfg.strategy, device)
+    optimizer = make_optimizer(model, cfg)
+    scaler = torch.amp.GradScaler(device.type, enabled=run.precision == "fp16")
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run.precision)
+
+    # Each rank takes every world.size-th sample of a permutation seeded by (seed, epoch).
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(
+        range(len(y_train)), num_replicas=world.size, rank=world.rank, shuffle=True, seed=cfg.seed
+    )
+    batches_per_epoch = math.ceil(len(sampler) / cfg.batch_size)
+    steps_per_epoch = math.ceil(batches_per_epoch / cfg.grad_accum)
+    total_steps = cfg.epochs * steps_per_epoch
+
+    progress = Progress()
+    best_weights: dict[str, torch.Tensor] = {}
+    if run.resume_from is not None:
+        weights, best_weights, state = load_checkpoint(run.resume_from)
+        dist_.load_full_state(model, optimizer, weights, state["optimizer"], cfg.strategy, world)
+        if state["scaler"]:
+            scaler.load_state_dict(state["scaler"])
+        set_rng_state(state["rng"][world.rank])
+        progress = Progress(**state["progress"])
+        if progress.best_epoch < 0:
+            best_weights = {}  # saved before the first evaluation: there is no best yet
+        run.monitor.message(f"resumed from {run.resume_from} at step {progress.step}")
+
+    def checkpoint() -> Path | None:
+        """Every rank takes part (FSDP gathers shards, RNG states are collected); rank 0 writes."""
+        weights, optim_state = dist_.full_state(model, optimizer, cfg.strategy, world)
+        rngs = _gather(world, rng_state())
+        if not world.main:
+            return None
+        state = {
+            "recipe_digest": run.recipe.digest,  # resume refuses another recipe
+            "epochs": cfg.epochs,
+            "progress": asdict(progress),
+            "optimizer": optim_state,
+            "scaler": scaler.state_dict(),
+            "rng": rngs,
+        }
+        return save_checkpoint(run.root, progress.step, weights, best_weights or weights, state)
+
+    fault_step = int(os.environ.get(FAULT_ENV, "0"))
+    last_ckpt, samples, first_step, t0 = run.resume_from, 0, progress.step, time.perf_counter()
+    while progress.epoch < cfg.epochs and not progress.stopped_early:
+        sampler.set_epoch(progress.epoch)
+        order = torch.tensor(list(sampler), device=device)  # this rank's sample indices for the epoch
+        batches = order.split(cfg.batch_size)
+        model.train()
+        step_loss = 0.0
+        for b in range(progress.batch, len(batches)):
+            idx = batches[b]
+            last_micro = (b + 1) % cfg.grad_accum == 0 or b + 1 == len(batches)
+            # DDP all-reduces gradients only on the micro-batch that ends an accumulation group.
+            no_sync = not last_micro and hasattr(model, "no_sync")
+            with model.no_sync() if no_sync else contextlib.nullcontext():
+                with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                    logits = model(x_train[idx])  # [B, classes]
+                    loss = F.cross_entropy(logits.float(), y_train[idx])
+                value = loss.item()
+                if not math.isfinite(value):
+                    raise TrainingDiverged(
+                        f"loss became {value} at epoch {progress.epoch + 1}, step {progress.step + 1} "
+                        f"(lr {lr_at(progress.step, cfg, total_steps):.3g}, precision {run.precision}); the last "
+                        f"good checkpoint is kept in {last_ckpt or 'nothing: none was written yet'}. Lower "
+                        "train.lr, set train.grad_clip, or use precision fp32, then train again"
+                    )
+                scaler.scale(loss / cfg.grad_accum).backward()
+            step_loss += value / cfg.grad_accum
+            samples += len(idx)
+            if not last_micro:
+                continue
+
+            lr = lr_at(progress.step, cfg, total_steps)  # warmup, then cosine decay
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            if cfg.grad_clip is not None:
+                scaler.unscale_(optimizer)
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            progress.step += 1
+            progress.batch = b + 1
+
+            rate = samples * world.size / max(time.perf_counter() - t0, 1e-9)
+            run.monitor.log({"kind": "train", "epoch": progress.epoch + 1, "step": progress.step,
+                             "loss": step_loss, "lr": lr, "samples_per_s": rate})  # fmt: skip
+            eta = (total_steps - progress.step) * (time.perf_counter() - t0) / (progress.step - first_step)
+            run.monitor.progress(epoch=progress.epoch, epochs=cfg.epochs, step=progress.step,
+                                 total_steps=total_steps, loss=step_loss, rate=rate, eta=eta)  # fmt: skip
+            step_loss = 0.0
+            if progress.step % cfg.checkpoint_every == 0:
+                last_ckpt = checkpoint() or last_ckpt
+            if progress.step == fault_step and world.main:
+                os.kill(os.getpid(), signal.SIGKILL)  # documented fault-injection hook (docs/training.md)
+
+        # End of epoch: evaluate on the validation split, keep the best weights, maybe stop early.
+        val_loss, val_acc = evaluate(dist_.unwrap(model) if cfg.strategy == "ddp" else model, x_val, y_val)
+        record = {"epoch": progress.epoch + 1, "loss": val_loss, "accuracy": val_acc}
+        progress.history.append(record)
+        run.monitor.log({"kind": "val", "step": progress.step, **record})
+        run.monitor.message(f"epoch {progress.epoch + 1}/{cfg.epochs}: val loss {val_loss:.4f} accuracy {val_acc:.4f}")
+        if val_acc > progress.best_metric:
+            progress.best_metric, progress.best_epoch, progress.stale_epochs = val_acc, progress.epoch + 1, 0
+            best_weights = {k: v.detach().to("cpu").clone() for k, v in dist_.full_state(
+                model, optimizer, cfg.strategy, world)[0].items()}  # fmt: skip
+        else:
+            progress.stale_epochs += 1
+        progress.epoch, progress.batch = progress.epoch + 1, 0
+        if cfg.early_stopping is not None and progress.stale_epochs >= cfg.early_stopping:
+            progress.stopped_early = True
+            run.monitor.message(f"early stop: no val improvement for {cfg.early_stopping} epochs")
+        last_ckpt = checkpoint() or last_ckpt
+
+    wall = time.perf_counter() - t0
+    return FitResult(best_weights, progress, wall, samples * world.size / max(wall, 1e-9), last_ckpt)
+
+
+def make_optimizer(model: nn.Module, cfg: Any) -> torch.optim.Optimizer:
+    """AdamW or SGD; weight decay on matrices and embeddings only, not on biases and norms."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+    return torch.optim.AdamW(groups, lr=cfg.lr)
+
+
+def lr_at(step: int, cfg: Any, total_steps: int) -> float:
+    """Linear warmup over warmup_steps, then cosine decay from lr to min_lr_ratio * lr at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    decay = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + 0.5 * (1.0 + math.cos(math.pi * min(decay, 1.0))) * (cfg.lr - floor)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy over a whole split, in fp32 (every rank sees all of it)."""
+    model.eval()
+    total_loss, correct = 0.0, 0
+    for start in range(0, len(y), EVAL_BATCH):
+        logits = model(x[start : start + EVAL_BATCH]).float()  # [B, classes]
+        target = y[start : start + EVAL_BATCH]
+        total_loss += F.cross_entropy(logits, target, reduction="sum").item()
+        correct += int((logits.argmax(dim=1) == target).sum().item())
+    model.train()
+    return total_loss / len(y), correct / len(y)
+
+
+def _gather(world: dist_.World, value: Any) -> list[Any]:
+    """Every rank's `value`, in rank order (a one-element list with one process)."""
+    if not world.distributed:
+        return [value]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world.size
+    dist.all_gather_object(out, value)
+    return out

@@ -1,0 +1,134 @@
+"""What a training run tells the outside world: metrics.jsonl, TensorBoard, a progress display, MLflow.
+
+Only rank 0 observes; other ranks get a `Monitor` with `enabled=False` whose calls do nothing.
+MLflow is optional: used only when the package is installed and MLFLOW_TRACKING_URI is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+METRICS_FILE = "reports/metrics.jsonl"
+TENSORBOARD_DIR = "reports/tensorboard"
+
+
+def plain_output(stream: TextIO = sys.stderr) -> bool:
+    """Plain progress lines (no redrawn bar) when the stream is not a terminal or CI is set."""
+    return not stream.isatty() or os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+class Monitor:
+    """Fan-out of one run's metrics to every sink; call `close()` at the end."""
+
+    def __init__(self, root: Path, *, enabled: bool, resume_step: int = 0, quiet: bool = False) -> None:
+        self.enabled = enabled
+        self.quiet = quiet
+        self._jsonl: TextIO | None = None
+        self._tb: Any = None
+        self._mlflow: Any = None
+        self._bar: Any = None
+        self._last_line = 0.0
+        if not enabled:
+            return
+        path = root / METRICS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _truncate_after(path, resume_step)  # a resumed run rewrites the steps it repeats
+        self._jsonl = open(path, "a", buffering=1)  # line-buffered: each record is on disk when written
+        SummaryWriter = _summary_writer()
+
+        self._tb = SummaryWriter(log_dir=str(root / TENSORBOARD_DIR), purge_step=resume_step or None)
+        self._mlflow = _mlflow_or_none()
+
+    def log(self, record: dict[str, Any]) -> None:
+        """One metrics record: {"kind": "train"|"val"|"test", "step": n, ...numbers}."""
+        if self._jsonl is None:
+            return
+        self._jsonl.write(json.dumps(record) + "\n")
+        step, kind = record["step"], record["kind"]
+        for key, value in record.items():
+            if key not in ("kind", "step", "epoch") and isinstance(value, int | float):
+                self._tb.add_scalar(f"{kind}/{key}", value, step)
+                if self._mlflow is not None:
+                    self._mlflow.log_metric(f"{kind}_{key}", value, step=step)
+
+    def progress(
+        self, *, epoch: int, epochs: int, step: int, total_steps: int, loss: float, rate: float, eta: float
+    ) -> None:
+        """Epoch, step, loss, throughput and ETA: a redrawn bar on a terminal, a line every ~5 s otherwise."""
+        if not self.enabled or self.quiet:
+            return
+        text = (
+            f"epoch {epoch + 1}/{epochs} step {step}/{total_steps} loss {loss:.4f} {rate:,.0f} samples/s ETA {eta:.0f}s"
+        )
+        if plain_output():
+            now = time.monotonic()
+            if now - self._last_line >= 5.0 or step == total_steps:
+                print(text, file=sys.stderr, flush=True)
+                self._last_line = now
+            return
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=step, unit="step", dynamic_ncols=True, leave=False)
+        self._bar.n = step
+        self._bar.set_description_str(f"epoch {epoch + 1}/{epochs}")
+        self._bar.set_postfix_str(f"loss {loss:.4f} {rate:,.0f} samples/s ETA {eta:.0f}s")
+
+    def message(self, text: str) -> None:
+        """An event worth a line of its own (epoch summary, early stop, checkpoint)."""
+        if not self.enabled or self.quiet:
+            return
+        if self._bar is not None:
+            self._bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._mlflow is not None:
+            self._mlflow.end_run()
+
+
+def _summary_writer() -> Any:
+    """torch's SummaryWriter, without TensorFlow.
+
+    TensorBoard's writer imports TensorFlow when it is installed (3 s and hundreds of MB, for file
+    I/O it has a built-in stub for). Its own switch for the stub is the presence of the module
+    `tensorboard.compat.notf` (what its Bazel target `no_tensorflow` adds); we register that marker.
+    """
+    import types
+
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Keep only records up to `step` (all of them when starting fresh at 0 and the file is new)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def _mlflow_or_none() -> Any:
+    """The mlflow module with a started run, when installed and configured; otherwise None."""
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        return None
+    try:
+        import mlflow  # optional: never a dependency
+    except ImportError:
+        return None
+    mlflow.start_run()
+    return mlflow

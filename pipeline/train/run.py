@@ -1,0 +1,219 @@
+"""The train stage: recipe in, complete artifact version out.
+
+    train_recipe("models/digits-cnn.yaml") -> Path("artifacts/digits-cnn/3")
+
+Order matters for "nothing written on bad input": the recipe, the data, the device and the model's
+fit to the data are all checked before a version directory is created. The manifest is written
+last, so a run that dies leaves `checkpoint/` and no `manifest.json`: every reader ignores it and
+`--resume` continues it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.artifact import MANIFEST_NAME, allocate_version
+from pipeline.data import Splits, load_splits
+from pipeline.errors import InputError
+from pipeline.recipe import Recipe, load_recipe
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Settings resolved from the recipe and the command line, shared with torchrun workers."""
+
+    recipe_path: str
+    epochs: int | None
+    device: str  # cpu | cuda (resolved)
+    precision: str  # fp32 | bf16 | fp16 (resolved)
+    quiet: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+
+def train_recipe(
+    recipe_path: str | Path,
+    *,
+    resume: bool = False,
+    epochs: int | None = None,
+    device: str | None = None,
+    nproc: int = 1,
+    out_root: Path = Path("artifacts"),
+    quiet: bool = False,
+) -> Path:
+    """Train the recipe's model and return the new version directory `out_root/<name>/<version>`.
+
+    With `nproc > 1`, launches torchrun on this machine; under a torchrun the caller started, joins
+    its process group. `resume` continues the newest unfinished version instead of starting one.
+    """
+    recipe = _with_epochs(load_recipe(recipe_path), epochs)
+    resolved = resolve_device(device or recipe.train.device)
+    plan = Plan(str(recipe_path), epochs, resolved, resolve_precision(recipe.train.precision, resolved), quiet)
+    from pipeline.train.distributed import under_torchrun
+
+    if nproc < 1:
+        raise InputError(f"--nproc must be 1 or more (got {nproc})")
+    if nproc > 1 and under_torchrun():
+        raise InputError("--nproc launches torchrun itself; under your own torchrun, leave --nproc out")
+    splits = load_splits(recipe)
+    check_model_fits(recipe, splits)  # everything above raises before anything is written
+
+    model_root = Path(out_root) / recipe.name
+    if nproc > 1:
+        from pipeline.train.distributed import launch, worker_threads
+
+        root = choose_version(model_root, recipe, resume)
+        launch(nproc, [plan.to_json(), str(root)], worker_threads(nproc))
+        if not (root / MANIFEST_NAME).is_file():
+            raise InputError(f"torchrun finished but {root} holds no manifest; see the worker output above")
+        return root
+    return train_in_process(plan, recipe, splits, model_root, resume=resume)
+
+
+def train_in_process(
+    plan: Plan, recipe: Recipe, splits: Splits, model_root: Path, *, resume: bool, root: Path | None = None
+) -> Path:
+    """Run the loop in this process (one of several under torchrun, or alone) and finish the artifact."""
+    import torch
+
+    from pipeline.train import distributed as dist_
+    from pipeline.train.checkpoint import latest_checkpoint
+    from pipeline.train.finish import finish_artifact
+    from pipeline.train.loop import Run, fit
+    from pipeline.train.observe import Monitor
+    from pipeline.train.zoo import build_model
+
+    _configure_torch(recipe)
+    world = dist_.init_world(plan.device)
+    try:
+        if root is None:  # rank 0 picks (or creates) the version directory, the others follow
+            root = Path(dist_.broadcast(world, str(choose_version(model_root, recipe, resume)) if world.main else None))
+        resume_from = latest_checkpoint(root) if resume else None
+        device = torch.device(plan.device, world.local_rank if plan.device == "cuda" else None)
+        torch.manual_seed(recipe.train.seed)  # identical initial weights on every rank
+        model = build_model(recipe.model, splits.info)
+        torch.manual_seed(recipe.train.seed + world.rank)  # distinct dropout masks per rank
+        step = int(json.loads((resume_from.parent / "latest.json").read_text())["step"]) if resume_from else 0
+        monitor = Monitor(root, enabled=world.main, resume_step=step, quiet=plan.quiet)
+        try:
+            run = Run(recipe, root, world, device, plan.precision, monitor, resume_from)
+            result = fit(run, model, splits)
+        finally:
+            monitor.close()
+        if world.main:
+            finish_artifact(root, recipe, splits, result, plan=plan, world=world)
+        return root
+    finally:
+        dist_.close_world(world)
+
+
+def choose_version(model_root: Path, recipe: Recipe, resume: bool) -> Path:
+    """A new version directory, or with `resume` the newest unfinished one (checkpoint, no manifest)."""
+    if not resume:
+        return allocate_version(model_root)
+    unfinished = sorted(
+        (p for p in model_root.glob("[0-9]*") if p.name.isdigit() and not (p / MANIFEST_NAME).exists()),
+        key=lambda p: int(p.name),
+    )
+    candidates = [p for p in unfinished if (p / "checkpoint" / "latest.json").is_file()]
+    if not candidates:
+        raise InputError(
+            f"nothing to resume: {model_root} holds no unfinished run of {recipe.name!r} (a version folder with "
+            "checkpoint/latest.json and no manifest.json); run without --resume to start a new one"
+        )
+    root = candidates[-1]
+    from pipeline.train.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(root)
+    saved = json.loads((ckpt / "state.json").read_text()) if ckpt else {}
+    digest, epochs = _find(saved, "recipe_digest"), _find(saved, "epochs")
+    if digest != recipe.digest or epochs != recipe.train.epochs:
+        raise InputError(
+            f"cannot resume {root}: it was started from another recipe or --epochs (recipe digest "
+            f"{str(digest)[:12]}, epochs {epochs}; now {recipe.digest[:12]}, epochs {recipe.train.epochs}); "
+            "resume with the same recipe file and --epochs, or start a new run without --resume"
+        )
+    return root
+
+
+def _find(skeleton: Any, key: str) -> Any:
+    """A plain value stored under `key` at the top level of a checkpoint's state.json."""
+    return None if not isinstance(skeleton, dict) else dict(skeleton.get("__dict__", [])).get(key)
+
+
+def check_model_fits(recipe: Recipe, splits: Splits) -> None:
+    """Build the model and run two training samples through it: a shape mismatch fails here, with nothing written."""
+    import torch
+
+    from pipeline.train.zoo import build_model
+
+    model = build_model(recipe.model, splits.info).eval()
+    sample = torch.from_numpy(splits.train.inputs[splits.info.input_name][:2])
+    given = f"{splits.info.dtype} {['batch', *splits.info.sample_shape]}"
+    try:
+        with torch.no_grad():
+            out = model(sample)
+    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(
+            f"model arch {recipe.model.arch!r} cannot take the data's {given} input ({first}); change the "
+            "model so its input matches the data, or the data (data.source, data.as_image, data.image_size)"
+        ) from None
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, splits.info.num_classes):
+        shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise InputError(
+            f"model arch {recipe.model.arch!r} returned {shape} for 2 samples; a classifier must return logits "
+            f"[batch, {splits.info.num_classes}] ({splits.info.num_classes} classes in the data)"
+        )
+
+
+def resolve_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise InputError(
+            f"device 'cuda' requested but this torch ({torch.__version__}) sees no CUDA GPU; "
+            "use --device cpu (or train.device: auto)"
+        )
+    if requested not in ("cpu", "cuda"):
+        raise InputError(f"unknown device {requested!r}; valid choices: auto, cpu, cuda")
+    return requested
+
+
+def resolve_precision(requested: str, device: str) -> str:
+    if requested == "auto":
+        return "fp16" if device == "cuda" else "fp32"
+    if requested == "fp16" and device != "cuda":
+        raise InputError("train.precision fp16 needs a CUDA device (it uses a grad scaler); on CPU use bf16 or fp32")
+    return requested
+
+
+def _with_epochs(recipe: Recipe, epochs: int | None) -> Recipe:
+    if recipe.task != "classification":
+        raise InputError(
+            f"pipe train trains classifiers; task {recipe.task!r} is not supported yet (set task: classification)"
+        )
+    if epochs is None:
+        return recipe
+    if epochs < 1:
+        raise InputError(f"--epochs must be 1 or more (got {epochs})")
+    return recipe.model_copy(update={"train": recipe.train.model_copy(update={"epochs": epochs})})
+
+
+def _configure_torch(recipe: Recipe) -> None:
+    """Fixed thread count and deterministic kernels, so a resumed run replays the same arithmetic."""
+    import torch
+
+    threads = int(os.environ.get("PIPE_TRAIN_THREADS", "0"))
+    if threads > 0:
+        torch.set_num_threads(threads)
+    if recipe.train.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
+        torch.use_deterministic_algorithms(True)

@@ -1,0 +1,33 @@
+"""Entry point of one torchrun worker started by `pipe train --nproc N` (not a user-facing command).
+
+python -m torch.distributed.run ... -m pipeline.train.worker PLAN_JSON VERSION_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+
+
+def main(argv: list[str]) -> int:
+    from pipeline.data import load_splits
+    from pipeline.recipe import load_recipe
+    from pipeline.train.run import Plan, _with_epochs, train_in_process
+
+    plan = Plan(**json.loads(argv[0]))
+    root = Path(argv[1])
+    try:
+        recipe = _with_epochs(load_recipe(plan.recipe_path), plan.epochs)
+        resume = (root / "checkpoint" / "latest.json").is_file()  # the launcher chose this folder to resume
+        train_in_process(plan, recipe, load_splits(recipe), root.parent, resume=resume, root=root)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

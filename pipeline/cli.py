@@ -35,6 +35,37 @@ def main() -> None:
 
 
 @main.command()
+@click.argument("recipe", type=click.Path())
+@click.option("--resume", is_flag=True, help="Continue the newest unfinished run of this recipe from its checkpoint.")
+@click.option("--epochs", type=int, help="Override train.epochs.")
+@click.option(
+    "--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Override train.device (auto: CUDA if present)."
+)
+@click.option(
+    "--nproc", default=1, show_default=True, type=int, help="Processes on this machine (torchrun; DDP or FSDP)."
+)
+@click.option("--out", "out_root", default="artifacts", show_default=True, type=click.Path(), help="Model repository.")
+@click.option("--quiet", is_flag=True, help="No progress display (metrics still go to reports/).")
+def train(
+    recipe: str, resume: bool, epochs: int | None, device: str | None, nproc: int, out_root: str, quiet: bool
+) -> None:
+    """Train RECIPE (models/NAME.yaml) into a new artifact version: artifacts/NAME/VERSION.
+
+    Also runs under your own torchrun (e.g. `torchrun --nnodes 2 ... -m pipeline train RECIPE`).
+    """
+    import os
+    import pathlib
+
+    from pipeline.train.run import train_recipe
+
+    root = train_recipe(
+        recipe, resume=resume, epochs=epochs, device=device, nproc=nproc, out_root=pathlib.Path(out_root), quiet=quiet
+    )
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone reports
+        click.echo(f"trained {root}")
+
+
+@main.command()
 @click.argument("artifact", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON instead of a table.")
 @click.option("--no-verify", is_flag=True, help="Skip checking file hashes (inspect a damaged artifact).")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -145,3 +146,84 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
             ),
         )
     )
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option(
+    "--target",
+    type=click.Choice(["server", "triton"]),
+    default="server",
+    show_default=True,
+    help="server: model.onnx in the artifact, parity-gated against torch; triton: a Triton model repository "
+    "from the already exported model.onnx (needs --out).",
+)
+@click.option("--opset", type=click.IntRange(min=7), default=None, help="ONNX opset [default: recipe export.opset]")
+@click.option(
+    "--exporter",
+    type=click.Choice(["dynamo", "torchscript"]),
+    default=None,
+    help="dynamo falls back to torchscript and logs why [default: the recipe's export.dynamo]",
+)
+@click.option("--out", type=click.Path(), default=None, help="Triton: the model repository directory to write into.")
+@click.option("--max-batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Triton batching.")
+def export(
+    artifact: str, target: str, opset: int | None, exporter: str | None, out: str | None, max_batch_size: int
+) -> None:
+    """Export a trained ARTIFACT to ONNX through the parity gate (exit 1 when it drifts)."""
+    if target == "triton":
+        from pipeline.artifact import Artifact, resolve_artifact
+        from pipeline.errors import InputError
+        from pipeline.export.triton import write_repository
+
+        if out is None:
+            raise InputError("--target triton writes a model repository: pass --out DIR (e.g. --out triton-models)")
+        model_dir = write_repository(Artifact.load(resolve_artifact(artifact)), Path(out), max_batch_size)
+        click.echo(f"Triton model repository: {model_dir} (config.pbtxt + version directory)")
+        return
+    from pipeline.export.stage import export_artifact
+
+    outcome = export_artifact(artifact, opset=opset, exporter=exporter)
+    result = outcome.result
+    via = result.exporter + (f" (fallback: {result.fallback_reason})" if result.fallback_reason else "")
+    click.echo(outcome.report.table())
+    click.echo(f"exported {outcome.artifact.root / 'model.onnx'}: opset {result.opset}, exporter {via}")
+
+
+@main.command("import")
+@click.argument("model", type=click.Path())
+@click.option("--name", required=True, help="Artifact name: artifacts/NAME/<next version>/.")
+@click.option("--eval-data", type=click.Path(), default=None, help="NPZ: one array per input name, optional 'target'.")
+@click.option("--labels", default=None, help="Class names, comma separated: --labels cat,dog.")
+@click.option("--labels-file", type=click.Path(), default=None, help="Class names, one per line.")
+@click.option(
+    "--task",
+    type=click.Choice(["classification", "regression", "embedding"]),
+    default="classification",
+    show_default=True,
+)
+@click.option("--repository", type=click.Path(), default="artifacts", show_default=True, help="Where artifacts live.")
+def import_cmd(
+    model: str,
+    name: str,
+    eval_data: str | None,
+    labels: str | None,
+    labels_file: str | None,
+    task: str,
+    repository: str,
+) -> None:
+    """Make an artifact from an ONNX MODEL produced elsewhere (JAX, TensorFlow, Paddle, ...)."""
+    from pipeline.errors import InputError
+    from pipeline.export.importer import import_onnx
+
+    if labels and labels_file:
+        raise InputError("pass --labels or --labels-file, not both")
+    names = [s.strip() for s in labels.split(",")] if labels else []
+    if labels_file:
+        path = Path(labels_file)
+        if not path.is_file():
+            raise InputError(f"labels file {path} not found; pass a text file with one class name per line")
+        names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    artifact = import_onnx(Path(model), name, Path(repository), Path(eval_data) if eval_data else None, names, task)
+    golden = artifact.manifest.stages["import"]["golden"]
+    click.echo(f"imported {model} -> {artifact.root} (golden outputs from {golden} inputs)")

@@ -71,11 +71,11 @@ def missing_operators(model: onnx.ModelProto, opset: int) -> list[OpsetGap]:
     return gaps
 
 
-def opset_advice(gaps: list[OpsetGap], requested: int) -> str:
-    """One message for every gap, ending with the smallest opset that has them all."""
+def opset_advice(gaps: list[OpsetGap], requested: int, fix: str = "choose --opset {opset} or later") -> str:
+    """One message for every gap, with `fix` naming the smallest opset that has them all."""
     lines = [str(g) for g in gaps]
     needed = max((g.since for g in gaps if g.since is not None), default=None)
-    fix = f"; choose --opset {needed} or later" if needed is not None and needed > requested else ""
+    fix = "; " + fix.format(opset=needed) if needed is not None and needed > requested else ""
     return f"the model needs operators ONNX opset {requested} lacks{fix}:\n  " + "\n  ".join(lines)
 
 

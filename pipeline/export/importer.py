@@ -1,0 +1,267 @@
+"""`pipe import`: make an artifact from an ONNX model produced elsewhere (JAX, TensorFlow, Paddle...).
+
+The graph's inputs and outputs, with their dtypes and symbolic dims, become the manifest's specs;
+the model runs in onnxruntime (a file that does not load is refused); golden outputs are recorded
+on the user's evaluation data or, without it, on generated inputs of the right dtype and shape;
+the parity gate then checks structure and that batched runs equal per-sample runs. External data
+is copied in, and a location that escapes the model's directory is refused. Nothing is left behind
+on failure: the new version directory is removed.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+
+from pipeline.artifact import TASKS, Artifact, Lineage, Manifest, TensorSpec, allocate_version
+from pipeline.errors import InputError
+from pipeline.export.metadata import stamp
+from pipeline.export.opset import default_opset, missing_operators, opset_advice
+from pipeline.export.parity import Arrays, Reference, Tolerance, ort_session, session_reference, task_metric, verify
+from pipeline.fsutil import sha256_file
+from pipeline.golden import Golden, save_golden
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+GENERATED_BATCH = 16  # samples generated when no evaluation data is given
+GENERATED_DIM = 4  # size chosen for any other symbolic dim (e.g. "sequence")
+
+
+def load_graph(path: Path) -> onnx.ModelProto:
+    """Parse an ONNX file without its weights, refusing anything that is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"ONNX model {path} not found; pass the path of a .onnx file")
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, OSError) as exc:
+        raise InputError(f"{path} is not an ONNX model ({exc}); pass a file written by an ONNX exporter") from exc
+
+
+def external_files(model: onnx.ModelProto, model_dir: Path) -> list[str]:
+    """Relative locations of the external data files, refusing any outside the model's directory."""
+    locations = set()
+    for tensor in _all_tensors(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            entry = {e.key: e.value for e in tensor.external_data}
+            locations.add(entry.get("location", ""))
+    real_dir = model_dir.resolve()
+    for location in sorted(locations):
+        rel = PurePosixPath(location)
+        full = (model_dir / location).resolve()
+        if not location or rel.is_absolute() or ".." in rel.parts or real_dir not in full.parents:
+            raise InputError(
+                f"external data location {location!r} escapes the model's directory {model_dir}; "
+                "refusing to read it. Keep the weights file beside the model and re-save it with a relative location"
+            )
+        if not full.is_file():
+            raise InputError(f"external data file {location!r} is missing from {model_dir}; copy it beside the model")
+    return sorted(locations)
+
+
+def _all_tensors(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
+    tensors = list(graph.initializer)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                tensors.append(attr.t)
+            if attr.type == onnx.AttributeProto.GRAPH:
+                tensors += _all_tensors(attr.g)
+            for sub in attr.graphs:
+                tensors += _all_tensors(sub)
+    return tensors
+
+
+def graph_specs(model: onnx.ModelProto) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Inputs (minus initializers, which old IR versions also list as inputs) and outputs as specs."""
+    weights = {t.name for t in model.graph.initializer}
+    inputs = [_spec(v) for v in model.graph.input if v.name not in weights]
+    outputs = [_spec(v) for v in model.graph.output]
+    return inputs, outputs
+
+
+def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
+    tensor = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not tensor.HasField("shape"):
+        raise InputError(f"graph value {value.name!r} is not a tensor of known rank; pipe imports tensor models only")
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
+    shape: list[int | str] = []
+    for axis, dim in enumerate(tensor.shape.dim):
+        if dim.HasField("dim_value"):
+            shape.append(int(dim.dim_value))
+        else:  # a named symbolic dim, or an anonymous one we name after its tensor and axis
+            shape.append(dim.dim_param or f"{value.name}_dim{axis}")
+    layout = {2: "NT" if dtype.startswith("int") else "NC", 4: "NCHW"}.get(len(shape), "NC")
+    return TensorSpec(value.name, dtype, shape, layout)
+
+
+def generated_inputs(specs: list[TensorSpec], seed: int = 0) -> Arrays:
+    """Inputs of the right dtype and shape: symbolic batch -> 16, other symbolic dims -> 4."""
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for spec in specs:
+        shape = [
+            d if isinstance(d, int) else (GENERATED_BATCH if i == 0 else GENERATED_DIM)
+            for i, d in enumerate(spec.shape)
+        ]
+        dtype = np.dtype(spec.dtype)
+        if dtype == np.bool_:
+            arrays[spec.name] = rng.integers(0, 2, shape).astype(bool)
+        elif np.issubdtype(dtype, np.integer):
+            arrays[spec.name] = rng.integers(0, 8, shape).astype(dtype)  # small ids: valid for any vocabulary
+        else:
+            arrays[spec.name] = rng.standard_normal(shape).astype(dtype)
+    return arrays
+
+
+def read_eval_data(path: Path, specs: list[TensorSpec]) -> tuple[Arrays, np.ndarray | None]:
+    """Evaluation inputs from an NPZ (keys = input names, optional `target`), checked against the specs."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"evaluation data {path} not found; pass an .npz with one array per model input")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (ValueError, OSError) as exc:
+        raise InputError(f"{path} is not a readable .npz ({exc})") from exc
+    missing = [s.name for s in specs if s.name not in arrays]
+    if missing:
+        raise InputError(f"{path} lacks arrays for model inputs {missing}; it has {sorted(arrays)}")
+    inputs = {}
+    for spec in specs:
+        array = arrays[spec.name]
+        fixed = [(i, d) for i, d in enumerate(spec.shape) if isinstance(d, int)]
+        if array.ndim != len(spec.shape) or any(array.shape[i] != d for i, d in fixed):
+            raise InputError(f"{path}: {spec.name!r} has shape {list(array.shape)}, the model expects {spec.shape}")
+        if not np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
+            raise InputError(f"{path}: {spec.name!r} is {array.dtype}, the model expects {spec.dtype}")
+        inputs[spec.name] = array.astype(spec.dtype)
+    counts = {len(a) for a in inputs.values()}
+    target = arrays.get("target")
+    if target is not None:
+        counts.add(len(target))
+    if len(counts) != 1:
+        raise InputError(f"{path}: arrays disagree on the number of samples: {sorted(counts)}")
+    return inputs, target
+
+
+def import_onnx(
+    source: Path,
+    name: str,
+    repository: Path = Path("artifacts"),
+    eval_data: Path | None = None,
+    labels: list[str] | None = None,
+    task: str = "classification",
+) -> Artifact:
+    """Create `repository/<name>/<next version>/` from the ONNX file `source` and return it."""
+    source = Path(source)
+    if not NAME.match(name):
+        raise InputError(f"name {name!r} is not valid: use lowercase letters, digits, '.', '_' and '-'")
+    if task not in TASKS:
+        raise InputError(f"task {task!r} is not one of {', '.join(TASKS)}")
+    model = load_graph(source)
+    declared = default_opset(model)
+    if declared is not None and (gaps := missing_operators(model, declared)):
+        raise InputError(
+            f"{source} declares opset {declared} but "
+            + opset_advice(gaps, declared, "re-export it at opset {opset} or later")
+        )
+    extra = external_files(model, source.parent)
+    inputs, outputs = graph_specs(model)
+    evaluation = read_eval_data(eval_data, inputs) if eval_data is not None else None
+    root = allocate_version(Path(repository) / name)
+    try:
+        return _build(root, source, model, extra, inputs, outputs, evaluation, eval_data, labels or [], task)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)  # nothing half-written
+        raise
+
+
+def _build(
+    root: Path,
+    source: Path,
+    model: onnx.ModelProto,
+    extra: list[str],
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    evaluation: tuple[Arrays, np.ndarray | None] | None,
+    eval_data: Path | None,
+    labels: list[str],
+    task: str,
+) -> Artifact:
+    manifest = Manifest(
+        name=root.parent.name,
+        version=int(root.name),
+        task=task,
+        inputs=inputs,
+        outputs=outputs,
+        labels=labels,
+        lineage=Lineage(backend="import", dataset_fingerprint=sha256_file(eval_data) if eval_data else None),
+    )
+    artifact = Artifact(root, manifest)
+    shutil.copyfile(source, root / "model.onnx")
+    for rel in extra:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source.parent / rel, root / rel)
+    stamp(root / "model.onnx", manifest)
+    try:
+        session = ort_session(root / "model.onnx")
+    except Exception as exc:  # onnxruntime's own exception types: the model does not load
+        raise InputError(f"onnxruntime cannot load {source}: {exc}") from exc
+    run = session_reference(session)
+    samples, target = evaluation if evaluation is not None else (generated_inputs(inputs), None)
+    try:
+        golden_out = run(samples)
+    except Exception as exc:  # the model loads but does not run on inputs of its declared shape
+        raise InputError(f"onnxruntime cannot run {source} on inputs shaped like its graph inputs: {exc}") from exc
+    _check_labels(labels, outputs, golden_out, task)
+    report = verify(root / "model.onnx", _one_at_a_time(run, inputs), samples, inputs, outputs, Tolerance(), task)
+    report.raise_on_failure(f"imported model {source}")
+    save_golden(artifact, Golden(samples, golden_out, target))
+    for rel in ["model.onnx", *extra]:
+        artifact.add_file(rel)
+    if target is not None and outputs and (metric := _metric(task, golden_out[outputs[0].name], target)):
+        manifest.metrics.update(metric)
+    manifest.stages["import"] = {
+        "source": str(source),
+        "source_sha256": sha256_file(source),
+        "producer": f"{model.producer_name} {model.producer_version}".strip(),
+        "ir_version": model.ir_version,
+        "opset": default_opset(model),
+        "golden": "eval-data" if evaluation is not None else "generated",
+        "eval_data": str(eval_data) if eval_data is not None else None,
+        "parity": report.to_dict(),
+    }
+    artifact.save()
+    return artifact
+
+
+def _one_at_a_time(run: Reference, inputs: list[TensorSpec]) -> Reference:
+    """Reference for the gate: each sample run alone, so a batched run must match per-sample runs."""
+    batched = all(spec.shape and isinstance(spec.shape[0], str) for spec in inputs)
+
+    def reference(arrays: Arrays) -> Arrays:
+        if not batched:
+            return run(arrays)
+        count = len(next(iter(arrays.values())))
+        parts = [run({k: v[i : i + 1] for k, v in arrays.items()}) for i in range(count)]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    return reference
+
+
+def _check_labels(labels: list[str], outputs: list[TensorSpec], golden: Arrays, task: str) -> None:
+    if not labels or task != "classification":
+        return
+    classes = golden[outputs[0].name].shape[-1]
+    if len(labels) != classes:
+        raise InputError(f"{len(labels)} labels given ({labels}) but output {outputs[0].name!r} has {classes} classes")
+
+
+def _metric(task: str, logits: np.ndarray, target: np.ndarray) -> dict[str, float]:
+    measured = task_metric(task, logits, target)
+    return {measured[0]: measured[1]} if measured else {}

@@ -1,0 +1,122 @@
+"""`pipe export --target triton`: the same model.onnx as a Triton Inference Server model repository.
+
+    OUT/<name>/config.pbtxt          platform onnxruntime_onnx, inputs/outputs/dims, batching
+    OUT/<name>/labels.txt            class names (classification), referenced by the first output
+    OUT/<name>/<version>/model.onnx  byte-for-byte the artifact's verified model (+ external data)
+
+A model whose inputs and outputs all lead with a symbolic batch dim gets `max_batch_size` and
+dynamic batching, and its dims are written without the batch axis (Triton's convention); other
+symbolic dims become -1. The text is Triton's protobuf text format; the tests parse it with the
+ModelConfig message shipped in tritonclient.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from pipeline.artifact import Artifact, TensorSpec
+from pipeline.errors import ArtifactError, InputError
+from pipeline.export.importer import external_files, load_graph
+from pipeline.export.metadata import identity
+from pipeline.fsutil import atomic_write_bytes
+
+MODEL_FILE = "model.onnx"
+DEFAULT_MAX_BATCH = 64
+TRITON_TYPES = {
+    "bool": "TYPE_BOOL",
+    "uint8": "TYPE_UINT8",
+    "uint16": "TYPE_UINT16",
+    "uint32": "TYPE_UINT32",
+    "uint64": "TYPE_UINT64",
+    "int8": "TYPE_INT8",
+    "int16": "TYPE_INT16",
+    "int32": "TYPE_INT32",
+    "int64": "TYPE_INT64",
+    "float16": "TYPE_FP16",
+    "float32": "TYPE_FP32",
+    "float64": "TYPE_FP64",
+    "bfloat16": "TYPE_BF16",
+    "str": "TYPE_STRING",
+    "object": "TYPE_STRING",
+}
+
+
+def batchable(artifact: Artifact) -> bool:
+    """True when every input and output leads with a symbolic (batch) dim."""
+    specs = [*artifact.manifest.inputs, *artifact.manifest.outputs]
+    return all(s.shape and isinstance(s.shape[0], str) for s in specs)
+
+
+def _tensor(spec: TensorSpec, batched: bool, label_file: str | None = None) -> str:
+    if spec.dtype not in TRITON_TYPES:
+        raise InputError(
+            f"{spec.name!r} has dtype {spec.dtype!r}, which Triton has no type for; Triton takes {sorted(TRITON_TYPES)}"
+        )
+    dims = spec.shape[1:] if batched else spec.shape
+    text = ", ".join(str(d) if isinstance(d, int) else "-1" for d in dims)
+    lines = [f'    name: "{spec.name}"', f"    data_type: {TRITON_TYPES[spec.dtype]}", f"    dims: [ {text} ]"]
+    if label_file:
+        lines.append(f'    label_filename: "{label_file}"')
+    return "  {\n" + "\n".join(lines) + "\n  }"
+
+
+def config_text(artifact: Artifact, max_batch_size: int = DEFAULT_MAX_BATCH) -> str:
+    """config.pbtxt for the artifact's model.onnx."""
+    manifest = artifact.manifest
+    batched = batchable(artifact)
+    labels = "labels.txt" if manifest.labels and manifest.task == "classification" else None
+    inputs = ",\n".join(_tensor(s, batched) for s in manifest.inputs)
+    outputs = ",\n".join(_tensor(s, batched, labels if i == 0 else None) for i, s in enumerate(manifest.outputs))
+    parameters = "".join(
+        f'parameters {{\n  key: "{key}"\n  value {{ string_value: {json.dumps(value)} }}\n}}\n'
+        for key, value in identity(manifest).items()
+    )
+    return (
+        f'name: "{manifest.name}"\n'
+        'platform: "onnxruntime_onnx"\n'
+        f'default_model_filename: "{MODEL_FILE}"\n'
+        f"max_batch_size: {max_batch_size if batched else 0}\n"
+        f"input [\n{inputs}\n]\n"
+        f"output [\n{outputs}\n]\n"
+        + ("dynamic_batching {\n  max_queue_delay_microseconds: 100\n}\n" if batched else "")
+        + "instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]\n"
+        + parameters
+    )
+
+
+def write_repository(artifact: Artifact, out: Path, max_batch_size: int = DEFAULT_MAX_BATCH) -> Path:
+    """Write (or update) `out/<name>/` for the artifact's model.onnx; returns the model directory.
+
+    The version directory is assembled beside its final place and renamed in, so Triton polling the
+    repository never sees half a model; an existing copy of the same version is replaced.
+    """
+    if max_batch_size < 1:
+        raise InputError(f"max batch size must be at least 1, got {max_batch_size}")
+    if MODEL_FILE not in artifact.manifest.files:
+        raise ArtifactError(
+            f"artifact {artifact.root} has no {MODEL_FILE} yet; run `pipe export {artifact.root}` first "
+            "(or `pipe import` for an ONNX model made elsewhere)"
+        )
+    model_dir = Path(out) / artifact.name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    config = config_text(artifact, max_batch_size)
+    staging = Path(tempfile.mkdtemp(prefix=f".{artifact.version}.", dir=model_dir))
+    try:
+        weights = external_files(load_graph(artifact.path(MODEL_FILE)), artifact.root)
+        for rel in [MODEL_FILE, *weights]:
+            target = staging / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(artifact.path(rel), target)
+        final = model_dir / str(artifact.version)
+        if final.exists():
+            shutil.rmtree(final)
+        staging.rename(final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if artifact.manifest.labels and artifact.manifest.task == "classification":
+        atomic_write_bytes(model_dir / "labels.txt", ("\n".join(artifact.manifest.labels) + "\n").encode())
+    atomic_write_bytes(model_dir / "config.pbtxt", config.encode())
+    return model_dir

@@ -103,7 +103,7 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
               "for every model or as MODEL=VARIANT; repeatable.")  # fmt: skip
 @click.option("--poll", default=2.0, show_default=True, help="Seconds between scans for new versions (0: no reload).")
 @click.option("--max-batch-size", default=64, show_default=True, help="Rows per onnxruntime run (dynamic batching).")
-@click.option("--max-queue-delay-ms", default=1.0, show_default=True, help="How long a batch waits to fill up.")
+@click.option("--max-queue-delay-ms", default=0.0, show_default=True, help="How long a batch waits to fill up.")
 @click.option("--max-queue", default=256, show_default=True, help="Queued requests per model before 503.")
 @click.option("--timeout", default=30.0, show_default=True, help="Per-request limit in seconds (queue + compute).")
 @click.option("--instances", default=1, show_default=True, help="Batches of one model computing at once.")
@@ -111,6 +111,7 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
               help="onnxruntime provider; auto uses CUDA when onnxruntime-gpu and a GPU are usable.")  # fmt: skip
 @click.option("--intra-op-threads", default=0, show_default=True, help="onnxruntime threads per operator (0: auto).")
 @click.option("--inter-op-threads", default=0, show_default=True, help="onnxruntime threads across ops (0: auto).")
+@click.option("--spin/--no-spin", default=True, show_default=True, help="Let idle onnxruntime threads busy-wait.")
 @click.option("--max-body-mb", default=64.0, show_default=True, help="Largest request body accepted (413 beyond).")
 @click.option("--api-key-env", help="Env var holding a token; requests must send 'Authorization: Bearer <token>'.")
 @click.option("--graceful-timeout", default=30.0, show_default=True, help="Seconds accepted requests get on SIGTERM.")
@@ -140,7 +141,7 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
                 graceful_s=o["graceful_timeout"],
                 log_level=o["log_level"],
             ),
-            session=SessionOptions(o["provider"], o["intra_op_threads"], o["inter_op_threads"]),
+            session=SessionOptions(o["provider"], o["intra_op_threads"], o["inter_op_threads"], o["spin"]),
             batching=BatchSettings(
                 o["max_batch_size"], o["max_queue_delay_ms"], o["max_queue"], o["timeout"], o["instances"]
             ),

@@ -34,7 +34,7 @@ class BatchSettings:
     """Per-model batching and queueing limits."""
 
     max_batch_size: int = 64  # rows per onnxruntime call; a larger single request is refused
-    max_queue_delay_ms: float = 1.0  # how long a batch may wait for more requests before running
+    max_queue_delay_ms: float = 0.0  # how long a batch may wait for more requests; 0: take what is queued
     max_queue: int = 256  # requests waiting per model; more are refused with 503 + Retry-After
     timeout_s: float = 30.0  # per request, queue + compute; past it the request gets a 503
     instances: int = 1  # batches of one model that may compute at the same time

@@ -58,6 +58,8 @@ class SessionOptions:
     provider: str = "auto"  # auto (CUDA if usable, else CPU) | cpu | cuda
     intra_op_threads: int = 0  # threads inside one operator; 0 lets onnxruntime decide
     inter_op_threads: int = 0  # threads across independent operators; 0 lets onnxruntime decide
+    spin: bool = True  # idle onnxruntime threads busy-wait: lower latency, but they burn CPU the
+    # event loop could use when cores are few
 
 
 def _providers(choice: str) -> list[str]:
@@ -91,6 +93,9 @@ class ModelSession:
         so = ort.SessionOptions()
         so.intra_op_num_threads = options.intra_op_threads
         so.inter_op_num_threads = options.inter_op_threads
+        if not options.spin:
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            so.add_session_config_entry("session.inter_op.allow_spinning", "0")
         so.log_severity_level = 3  # errors only: keep provider fallback chatter out of the logs
         wanted = _providers(options.provider)
         try:

@@ -17,13 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.artifact import Artifact, resolve_artifact
 from pipeline.errors import ArtifactError
 from pipeline.export.metadata import stamp
 from pipeline.export.onnx_export import ExportResult, export_module, torch_reference
 from pipeline.export.parity import GateReport, Tolerance, verify
 from pipeline.fsutil import fsync_dir
-from pipeline.golden import load_golden
+from pipeline.golden import Golden, load_golden
 from pipeline.recipe import Recipe, parse_recipe
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,6 @@ def training_recipe(artifact: Artifact) -> Recipe:
 
 def export_artifact(path: str | Path, opset: int | None = None, exporter: str | None = None) -> ExportOutcome:
     """Export a trained artifact's model to model.onnx through the parity gate; see the module doc."""
-    from pipeline.data import load_splits
     from pipeline.train.restore import example_inputs, load_trained_model
 
     artifact = Artifact.load(resolve_artifact(path))
@@ -62,7 +63,7 @@ def export_artifact(path: str | Path, opset: int | None = None, exporter: str | 
     tol = Tolerance(recipe.export.atol, recipe.export.rtol, recipe.export.metric_tolerance)
     module = load_trained_model(artifact)
     golden = load_golden(artifact)
-    test = load_splits(recipe).test
+    evaluation = _evaluation_split(artifact, recipe, golden)
 
     scratch = Path(tempfile.mkdtemp(prefix=".export-", dir=artifact.root))
     try:
@@ -79,7 +80,7 @@ def export_artifact(path: str | Path, opset: int | None = None, exporter: str | 
             manifest.outputs,
             tol,
             manifest.task,
-            evaluation=(test.inputs, test.target),
+            evaluation=evaluation,
             recorded=golden.outputs,
             scratch=scratch,
         )
@@ -94,6 +95,17 @@ def export_artifact(path: str | Path, opset: int | None = None, exporter: str | 
     manifest.stages["export"] = _record(result, tol, report, opset)
     artifact.save()
     return ExportOutcome(artifact, result, report)
+
+
+def _evaluation_split(artifact: Artifact, recipe: Recipe, golden: Golden) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The whole test split with its targets: golden.npz when training stored the split whole, else re-read."""
+    record = artifact.manifest.stages.get("train", {}).get("golden", {})
+    if record.get("whole_split") and golden.target is not None:
+        return golden.inputs, golden.target
+    from pipeline.data import load_splits
+
+    test = load_splits(recipe).test
+    return test.inputs, test.target
 
 
 def _exported_files(root: Path, result: ExportResult) -> list[str]:

@@ -177,3 +177,58 @@ def test_bad_inputs_are_refused_with_the_value_and_nothing_left_behind(tmp_path:
         assert message in result.output, (args, result.output)
     leftovers = [p for p in repo.rglob("*")] if repo.exists() else []
     assert not [p for p in leftovers if p.is_file()], leftovers
+
+
+@pytest.mark.slow
+def test_imported_artifact_is_served_by_pipe_serve_to_a_triton_client(tmp_path: Path) -> None:
+    """Servable for real: `pipe serve` on 127.0.0.1 answers tritonclient with the golden numbers."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    import tritonclient.http as triton
+
+    source = tmp_path / "linear.onnx"
+    onnx.save(linear_model(), source)
+    repo = tmp_path / "artifacts"
+    assert (
+        invoke("import", str(source), "--name", "linear", "--labels", "a,b,c", "--repository", str(repo)).exit_code == 0
+    )
+    golden = load_golden(Artifact.load(repo / "linear" / "1"))
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "pipeline", "serve", str(repo), "--port", str(port), "--poll", "0"]
+    command += ["--intra-op-threads", "1", "--inter-op-threads", "1"]
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"pipe serve did not become ready:\n{log.read_text()}")
+        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        x = golden.inputs["x"][:5]
+        request = triton.InferInput("x", list(x.shape), "FP32")
+        request.set_data_from_numpy(x)
+        response = client.infer("linear", [request])
+        np.testing.assert_allclose(response.as_numpy("y"), golden.outputs["y"][:5], rtol=1e-6, atol=1e-6)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

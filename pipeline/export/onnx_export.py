@@ -8,9 +8,10 @@ torch is imported inside the functions: importing this module stays cheap.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,6 +148,18 @@ def _quiet() -> warnings.catch_warnings:
     return warnings.catch_warnings(record=True)
 
 
+@contextlib.contextmanager
+def _torch_onnx_logs_quiet() -> Iterator[None]:
+    """torch.onnx logs notes such as 'torchvision is not installed' at WARNING; pipe reports what matters."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _log_warnings(caught: list[warnings.WarningMessage]) -> None:
     for w in caught:
         log.debug("exporter warning: %s: %s", w.category.__name__, w.message)
@@ -166,7 +179,7 @@ def _export_dynamo(
     axes = dynamic_axes(inputs)
     # One {axis: name} per positional input; torch.onnx turns string names into dynamic dims of that name.
     shapes = tuple(axes[s.name] or None for s in inputs)
-    with _quiet() as caught, torch.no_grad():
+    with _quiet() as caught, _torch_onnx_logs_quiet(), torch.no_grad():
         warnings.simplefilter("always")
         program = torch.onnx.export(
             module,

@@ -228,3 +228,14 @@ def import_cmd(
     artifact = import_onnx(Path(model), name, Path(repository), Path(eval_data) if eval_data else None, names, task)
     golden = artifact.manifest.stages["import"]["golden"]
     click.echo(f"imported {model} -> {artifact.root} (golden outputs from {golden} inputs)")
+
+
+@main.command("run")
+@click.argument("recipe", type=click.Path())
+@click.option("--out", "out_root", default="artifacts", show_default=True, type=click.Path(), help="Model repository.")
+@click.option("--force", is_flag=True, help="Run every stage even when its output is up to date.")
+def run_cmd(recipe: str, out_root: str, force: bool) -> None:
+    """Run every stage for RECIPE (train, export), skipping those already up to date."""
+    from pipeline.run import run_recipe
+
+    run_recipe(recipe, out_root=Path(out_root), force=force, echo=click.echo)

@@ -235,7 +235,11 @@ def lr_at(step: int, cfg: Any, total_steps: int) -> float:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy over a whole split, in fp32 (every rank sees all of it)."""
+    """Mean cross-entropy and accuracy over a whole split, in fp32 (every rank sees all of it).
+
+    Leaves the model in the mode it found it: the caller may be mid-training or finishing up.
+    """
+    was_training = model.training
     model.eval()
     total_loss, correct = 0.0, 0
     for start in range(0, len(y), EVAL_BATCH):
@@ -243,7 +247,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float,
         target = y[start : start + EVAL_BATCH]
         total_loss += F.cross_entropy(logits, target, reduction="sum").item()
         correct += int((logits.argmax(dim=1) == target).sum().item())
-    model.train()
+    model.train(was_training)
     return total_loss / len(y), correct / len(y)
 
 

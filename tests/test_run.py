@@ -1,0 +1,54 @@
+"""`pipe run`: the whole chain on bundled data, and nothing redone when nothing changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from pipeline.artifact import Artifact, versions
+from pipeline.cli import main
+
+TINY = {
+    "name": "run-tiny",
+    "model": {"arch": "mlp", "hidden": [32]},
+    "data": {"source": "digits"},
+    "train": {"epochs": 3, "batch_size": 64, "lr": 0.01},
+}
+
+
+@pytest.mark.slow
+def test_run_trains_exports_then_skips_what_is_up_to_date(tmp_path: Path) -> None:
+    recipe = tmp_path / "run-tiny.yaml"
+    recipe.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "artifacts"
+    runner = CliRunner()
+
+    first = runner.invoke(main, ["run", str(recipe), "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    assert "[train] done" in first.output and "[export] done" in first.output
+    artifact = Artifact.load(out / "run-tiny" / "1")
+    assert "model.onnx" in artifact.manifest.files and "export" in artifact.manifest.stages
+    assert artifact.manifest.metrics["accuracy"] > 0.8
+
+    again = runner.invoke(main, ["run", str(recipe), "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    assert "[train] up to date" in again.output and "[export] up to date" in again.output
+    assert versions(out / "run-tiny") == [1]
+
+    recipe.write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"], "epochs": 2}}))
+    changed = runner.invoke(main, ["run", str(recipe), "--out", str(out)])
+    assert changed.exit_code == 0, changed.output
+    assert "[train] done" in changed.output
+    assert versions(out / "run-tiny") == [1, 2]
+
+
+def test_run_on_a_bad_recipe_exits_2_and_writes_nothing(tmp_path: Path) -> None:
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(yaml.safe_dump({**TINY, "model": {"arch": "mlp", "widths": [3]}}))
+    result = CliRunner().invoke(main, ["run", str(recipe), "--out", str(tmp_path / "artifacts")])
+    assert result.exit_code == 2
+    assert "model.widths: unknown key" in result.output
+    assert not (tmp_path / "artifacts").exists()

@@ -1,7 +1,10 @@
 """Dynamic batching: requests for one model that arrive together run as one onnxruntime call.
 
 While a batch computes, new requests queue; the next batch takes everything queued (up to
-`max_batch_size` rows), waiting at most `max_queue_delay_ms` for more. Requests of different sizes
+`max_batch_size` rows), waiting at most `max_queue_delay_ms` for more. For a model whose runs take a
+millisecond or more, the batcher also keeps filling while requests are still streaming in (none
+for 0.3 ms ends it), for at most half a run's time: clients answered together come back together,
+and without this their requests would be split into several small batches. Requests of different sizes
 are concatenated along dim 0 and the outputs split back by each request's row count. The queue is
 bounded: a full queue is a 503 with Retry-After, not unbounded memory. onnxruntime releases the
 GIL, so batches run in a thread pool while the event loop keeps parsing requests.
@@ -40,6 +43,13 @@ class BatchSettings:
     instances: int = 1  # batches of one model that may compute at the same time
 
 
+# Adaptive filling (see the module docstring): only for runs slower than this ...
+ADAPTIVE_MIN_RUN_S = 1e-3
+# ... and it stops at the first lull this long, or after this share of a run's time.
+ADAPTIVE_LULL_S = 3e-4
+ADAPTIVE_SHARE = 0.5
+
+
 @dataclass(eq=False)
 class _Pending:
     feeds: Feeds
@@ -69,6 +79,7 @@ class Batcher:
         self._slots = asyncio.Semaphore(settings.instances)
         self._running: set[asyncio.Task] = set()
         self._closing = False
+        self._run_s = 0.0  # moving average of one onnxruntime run's time, for adaptive filling
         self._loop_task = asyncio.get_running_loop().create_task(self._loop())
 
     async def infer(self, feeds: Feeds, rows: int) -> Feeds:
@@ -85,13 +96,22 @@ class Batcher:
         pending = _Pending(feeds, rows, _batch_key(feeds), asyncio.get_running_loop().create_future())
         self._items.append(pending)
         self._wake.set()
+        # One timer per request (cheaper than wait_for's extra task); on expiry the future fails,
+        # a batch not yet formed skips it, and a running batch drops its result.
+        timer = asyncio.get_running_loop().call_later(self.settings.timeout_s, self._expire, pending.future)
         try:
-            return await asyncio.wait_for(asyncio.shield(pending.future), self.settings.timeout_s)
-        except TimeoutError:
-            pending.future.cancel()  # a batch not yet formed skips it; a running one drops its result
-            raise Unavailable(
-                f"the request did not finish within the {self.settings.timeout_s:g}s timeout; the server is overloaded"
-            ) from None
+            return await pending.future
+        finally:
+            timer.cancel()
+
+    def _expire(self, future: asyncio.Future[Feeds]) -> None:
+        if not future.done():
+            future.set_exception(
+                Unavailable(
+                    f"the request did not finish within the {self.settings.timeout_s:g}s timeout; "
+                    "the server is overloaded"
+                )
+            )
 
     async def close(self) -> None:
         """Finish every queued and running request, then stop."""
@@ -109,14 +129,18 @@ class Batcher:
                 self._wake.clear()
                 await self._wake.wait()
             batch = self._take()
-            if self._batchable and delay > 0 and self._room(batch) > 0:
-                deadline = loop.time() + delay
+            adaptive = self._run_s >= ADAPTIVE_MIN_RUN_S
+            window = max(delay, ADAPTIVE_SHARE * self._run_s if adaptive else 0.0)
+            if self._batchable and window > 0 and self._room(batch) > 0:
+                deadline = loop.time() + window
                 while self._room(batch) > 0 and (remaining := deadline - loop.time()) > 0:
                     self._wake.clear()
+                    lull = remaining if delay >= window else min(remaining, ADAPTIVE_LULL_S)
                     try:
-                        await asyncio.wait_for(self._wake.wait(), remaining)
+                        await asyncio.wait_for(self._wake.wait(), lull)
                     except TimeoutError:
-                        pass
+                        if lull < remaining:
+                            break  # requests stopped arriving: run what we have
                     batch += self._take(batch)
             if not batch:
                 self._slots.release()
@@ -160,6 +184,7 @@ class Batcher:
         finally:
             self._slots.release()
         compute = time.perf_counter() - started
+        self._run_s = compute if not self._run_s else 0.8 * self._run_s + 0.2 * compute
         self._stats.executions += 1
         self._stats.compute_seconds += compute
         for pending, result in zip(batch, results, strict=True):

@@ -116,3 +116,18 @@ def test_unknown_exporter_is_refused(tmp_path: Path) -> None:
     spec, _ = CASES["mlp"][1], None
     with pytest.raises(InputError, match="'jit' is not one of dynamo, torchscript"):
         export_module(MLP(), (torch.zeros(2, 6),), [spec], LOGITS, tmp_path / "m.onnx", exporter="jit")
+
+
+def test_weights_go_to_external_data_only_past_the_protobuf_limit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from pipeline.export import onnx_export
+
+    big = torch.nn.Linear(30_000, 20_000, device="meta")  # 2.4 GB of fp32 weights, no memory used
+    assert onnx_export.needs_external_data(big) and not onnx_export.needs_external_data(MLP())
+    # The external-data path itself, on a small model: lower the threshold instead of allocating gigabytes.
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 100)
+    factory, spec, make = CASES["mlp"]
+    result, report = export_and_verify(factory(), spec, make(), tmp_path / "model.onnx")
+    assert result.external_data and (tmp_path / "model.onnx.data").stat().st_size > 0
+    assert report.passed, report.table()

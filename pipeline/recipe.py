@@ -125,6 +125,7 @@ class TrainSpec(_Strict):
     deterministic: bool = True  # deterministic kernels, so a resumed run matches bit for bit on CPU
     strategy: Literal["ddp", "fsdp"] = "ddp"  # with --nproc > 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int = Field(1, ge=0)  # CPU threads per process; 0: the cores shared out among processes
 
 
 # --- later stages --------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -150,26 +149,12 @@ def launch(nproc: int, worker_args: list[str], threads_per_process: int) -> None
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
         "-m", "pipeline.train.worker", *worker_args,
     ]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_process), PIPE_TRAIN_THREADS=str(threads_per_process))
-    env.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_process))
+    if "lo" in {name for _, name in socket.if_nameindex()}:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo talks over the loopback interface only
     proc = subprocess.run(cmd, env=env, check=False)
     if proc.returncode != 0:
         raise PipelineError(
             f"training with --nproc {nproc} failed: torchrun exited with {proc.returncode} (the workers' "
             "error is printed above); fix it and run again, or add --resume to continue from the last checkpoint"
         )
-
-
-def _loopback_interface() -> str:
-    """The loopback interface's name, so gloo talks over 127.0.0.1 only."""
-    names = {name for _, name in socket.if_nameindex()}
-    return "lo" if "lo" in names or not names else sorted(names)[0]
-
-
-def worker_threads(nproc: int) -> int:
-    """CPU threads per process: the cores shared out, at least one."""
-    return max(1, (os.cpu_count() or 1) // nproc)
-
-
-def package_root() -> Path:
-    return Path(__file__).resolve().parents[2]

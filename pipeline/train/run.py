@@ -10,8 +10,10 @@ last, so a run that dies leaves `checkpoint/` and no `manifest.json`: every read
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,10 +67,10 @@ def train_recipe(
 
     model_root = Path(out_root) / recipe.name
     if nproc > 1:
-        from pipeline.train.distributed import launch, worker_threads
+        from pipeline.train.distributed import launch
 
         root = choose_version(model_root, recipe, resume)
-        launch(nproc, [plan.to_json(), str(root)], worker_threads(nproc))
+        launch(nproc, [plan.to_json(), str(root)], threads_per_process(recipe, nproc))
         if not (root / MANIFEST_NAME).is_file():
             raise InputError(f"torchrun finished but {root} holds no manifest; see the worker output above")
         return root
@@ -88,26 +90,26 @@ def train_in_process(
     from pipeline.train.observe import Monitor
     from pipeline.train.zoo import build_model
 
-    _configure_torch(recipe)
     world = dist_.init_world(plan.device)
     try:
-        if root is None:  # rank 0 picks (or creates) the version directory, the others follow
-            root = Path(dist_.broadcast(world, str(choose_version(model_root, recipe, resume)) if world.main else None))
-        resume_from = latest_checkpoint(root) if resume else None
-        device = torch.device(plan.device, world.local_rank if plan.device == "cuda" else None)
-        torch.manual_seed(recipe.train.seed)  # identical initial weights on every rank
-        model = build_model(recipe.model, splits.info)
-        torch.manual_seed(recipe.train.seed + world.rank)  # distinct dropout masks per rank
-        step = int(json.loads((resume_from.parent / "latest.json").read_text())["step"]) if resume_from else 0
-        monitor = Monitor(root, enabled=world.main, resume_step=step, quiet=plan.quiet)
-        try:
-            run = Run(recipe, root, world, device, plan.precision, monitor, resume_from)
-            result = fit(run, model, splits)
-        finally:
-            monitor.close()
-        if world.main:
-            finish_artifact(root, recipe, splits, result, plan=plan, world=world)
-        return root
+        with _torch_settings(recipe):
+            if root is None:  # rank 0 picks (or creates) the version directory, the others follow
+                picked = str(choose_version(model_root, recipe, resume)) if world.main else None
+                root = Path(dist_.broadcast(world, picked))
+            resume_from = latest_checkpoint(root) if resume else None
+            device = torch.device(plan.device, world.local_rank if plan.device == "cuda" else None)
+            torch.manual_seed(recipe.train.seed)  # identical initial weights on every rank
+            model = build_model(recipe.model, splits.info)
+            torch.manual_seed(recipe.train.seed + world.rank)  # distinct dropout masks per rank
+            step = int(json.loads((resume_from.parent / "latest.json").read_text())["step"]) if resume_from else 0
+            monitor = Monitor(root, enabled=world.main, resume_step=step, quiet=plan.quiet)
+            try:
+                result = fit(Run(recipe, root, world, device, plan.precision, monitor, resume_from), model, splits)
+            finally:
+                monitor.close()
+            if world.main:
+                finish_artifact(root, recipe, splits, result, plan=plan, world=world)
+            return root
     finally:
         dist_.close_world(world)
 
@@ -207,13 +209,26 @@ def _with_epochs(recipe: Recipe, epochs: int | None) -> Recipe:
     return recipe.model_copy(update={"train": recipe.train.model_copy(update={"epochs": epochs})})
 
 
-def _configure_torch(recipe: Recipe) -> None:
-    """Fixed thread count and deterministic kernels, so a resumed run replays the same arithmetic."""
+def threads_per_process(recipe: Recipe, processes: int) -> int:
+    """train.threads, or with 0 the machine's cores shared out (small models run fastest on one thread)."""
+    return recipe.train.threads or max(1, (os.cpu_count() or 1) // processes)
+
+
+@contextlib.contextmanager
+def _torch_settings(recipe: Recipe) -> Iterator[None]:
+    """Fixed thread count and deterministic kernels, so a resumed run replays the same arithmetic.
+
+    Restored afterwards: a caller in the same process (a test, `pipe run`) keeps its own settings.
+    """
     import torch
 
-    threads = int(os.environ.get("PIPE_TRAIN_THREADS", "0"))
-    if threads > 0:
-        torch.set_num_threads(threads)
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads_per_process(recipe, int(os.environ.get("WORLD_SIZE", "1"))))
     if recipe.train.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
         torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)

@@ -1,0 +1,47 @@
+"""Checkpoints: state round trips without pickle, and the latest pointer only moves to complete ones."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+
+
+def test_optimizer_and_rng_state_round_trip(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.8, 0.9))
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    state = {"optimizer": opt.state_dict(), "rng": [rng_state()], "progress": {"step": 7, "best": -float("inf")}}
+    expected = (random.random(), np.random.rand(), torch.rand(3))
+
+    path = save_checkpoint(tmp_path, 7, model.state_dict(), model.state_dict(), state)
+    assert latest_checkpoint(tmp_path) == path
+    assert not list(path.glob("*.pt")) and not list(path.glob("*.pkl"))  # nothing pickled
+    weights, best, loaded = load_checkpoint(path)
+    assert torch.equal(best["bias"], model.bias)
+    assert torch.equal(weights["weight"], model.weight)
+
+    fresh = torch.optim.AdamW(torch.nn.Linear(4, 3).parameters())
+    fresh.load_state_dict(loaded["optimizer"])
+    assert fresh.param_groups[0]["betas"] == (0.8, 0.9)
+    assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    set_rng_state(loaded["rng"][0])
+    assert (random.random(), np.random.rand()) == expected[:2]
+    assert torch.equal(torch.rand(3), expected[2])
+    assert loaded["progress"] == {"step": 7, "best": -float("inf")}
+
+
+def test_a_newer_checkpoint_replaces_the_older(tmp_path: Path) -> None:
+    weights = {"w": torch.ones(2)}
+    save_checkpoint(tmp_path, 1, weights, weights, {"progress": {}})
+    (tmp_path / "checkpoint" / ".step-000002.leftover").mkdir()  # what a SIGKILL mid-write leaves
+    second = save_checkpoint(tmp_path, 2, {"w": torch.zeros(2)}, weights, {"progress": {}})
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["latest.json", "step-000002"]
+    assert json.loads((tmp_path / "checkpoint" / "latest.json").read_text())["dir"] == second.name

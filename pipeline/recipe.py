@@ -214,6 +214,8 @@ def format_errors(exc: ValidationError, raw: Any, source: str) -> str:
         elif err["type"] not in ("missing",):
             msg += f" (got {err.get('input')!r})"
         lines.append(f"{path}: {msg}")
+    if len(lines) == 1:  # one problem: one line
+        return f"recipe {source} is invalid: {lines[0]}"
     return f"recipe {source} is invalid:\n  " + "\n  ".join(lines)
 
 

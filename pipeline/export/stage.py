@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.artifact import Artifact, resolve_artifact
-from pipeline.errors import ArtifactError
+from pipeline.errors import ArtifactError, InputError
 from pipeline.export.metadata import stamp
 from pipeline.export.onnx_export import ExportResult, export_module, torch_reference
 from pipeline.export.parity import GateReport, Tolerance, verify
@@ -104,7 +104,14 @@ def _evaluation_split(artifact: Artifact, recipe: Recipe, golden: Golden) -> tup
         return golden.inputs, golden.target
     from pipeline.data import load_splits
 
-    test = load_splits(recipe).test
+    try:
+        test = load_splits(recipe).test
+    except InputError as exc:
+        raise InputError(
+            f"the gate measures the metric on the whole test split, which golden.npz holds only part of, and the "
+            f"data could not be read again: {exc}. A relative data.path is resolved against the recipe's "
+            "directory (recorded as stages.train.recipe_dir when present) or else the current directory"
+        ) from exc
     return test.inputs, test.target
 
 

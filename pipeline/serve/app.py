@@ -29,7 +29,7 @@ from pipeline.serve.repository import LoadedVersion, Repository
 log = logging.getLogger("pipe.serve")
 
 Response = tuple[int, bytes, dict[str, str]]
-EXTENSIONS = ["binary_tensor_data", "model_repository_versions"]
+EXTENSIONS = ["binary_tensor_data"]  # the V2 extensions implemented here, by their Triton names
 _JSON = {"content-type": "application/json"}
 _PUBLIC = {"/v2/health/live", "/v2/health/ready"}  # probes work without the API key
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.artifact import MANIFEST_NAME, Artifact
-from pipeline.errors import ArtifactError, InputError
+from pipeline.errors import ArtifactError, InputError, PipelineError
 from pipeline.serve.batching import Batcher, BatchSettings
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.metrics import Metrics
@@ -120,7 +120,7 @@ class Repository:
             await asyncio.sleep(self.settings.poll_s)
             try:
                 await self.refresh()
-            except OSError as exc:  # a directory vanished mid-scan: try again next tick
+            except (OSError, PipelineError) as exc:  # e.g. a directory vanished mid-scan: try again next tick
                 log.warning("repository scan failed: %s", exc)
 
     async def refresh(self) -> None:
@@ -153,7 +153,7 @@ class Repository:
             return None  # failed before and unchanged since: do not retry every tick
         try:
             artifact, variant, file, session = await asyncio.to_thread(self._load, name, version, root)
-        except (ArtifactError, InputError) as exc:
+        except (ArtifactError, InputError, OSError) as exc:  # OSError: unreadable files
             self.failed[(name, version)] = (stamp, str(exc))
             log.error("refused %s v%d from %s: %s", name, version, root, exc)
             return None

@@ -8,7 +8,6 @@ provider in use is read back from `session.get_providers()` and reported, never 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ import onnxruntime as ort
 
 from pipeline.errors import ArtifactError
 from pipeline.serve.errors import RequestError
-from pipeline.serve.protocols.datatypes import ORT_TO_V2, V2_TO_NUMPY
+from pipeline.serve.protocols.datatypes import ORT_TO_V2, V2_TO_NUMPY, v2_datatype
 
 log = logging.getLogger("pipe.serve")
 
@@ -117,8 +116,8 @@ class ModelSession:
         """Refuse inputs that do not match the model (name, dtype, shape); return the batch size."""
         unknown = sorted(set(feeds) - set(self.input_by_name))
         missing = sorted(set(self.input_by_name) - set(feeds))
-        expected = ", ".join(s.describe() for s in self.inputs)
         if unknown or missing:
+            expected = ", ".join(s.describe() for s in self.inputs)
             parts = [f"unknown input(s) {unknown}" if unknown else "", f"missing input(s) {missing}" if missing else ""]
             raise RequestError(f"{'; '.join(p for p in parts if p)}; the model expects {expected}")
         rows = set()
@@ -126,7 +125,7 @@ class ModelSession:
             spec = self.input_by_name[name]
             if array.dtype != spec.dtype and not (spec.datatype == "BYTES" and array.dtype.kind in "OSU"):
                 raise RequestError(
-                    f"input {name!r} has datatype {_v2_name(array.dtype)}, the model expects {spec.describe()}"
+                    f"input {name!r} has datatype {v2_datatype(array.dtype)}, the model expects {spec.describe()}"
                 )
             fits = array.ndim == len(spec.shape) and all(
                 w in (-1, g) for w, g in zip(spec.shape, array.shape, strict=True)
@@ -146,14 +145,3 @@ class ModelSession:
         names = list(outputs) if outputs else [s.name for s in self.outputs]
         results = self.session.run(names, feeds)
         return dict(zip(names, results, strict=True))
-
-
-def element_count(shape: Sequence[int]) -> int:
-    return math.prod(shape)
-
-
-def _v2_name(dtype: np.dtype) -> str:
-    for name, candidate in V2_TO_NUMPY.items():
-        if candidate == dtype:
-            return name
-    return str(dtype)

@@ -113,7 +113,11 @@ class ModelSession:
         self.batchable = all(s.shape and s.shape[0] == -1 for s in (*self.inputs, *self.outputs))
 
     def check_inputs(self, feeds: dict[str, np.ndarray]) -> int:
-        """Refuse inputs that do not match the model (name, dtype, shape); return the batch size."""
+        """Refuse inputs that do not match the model (name, dtype, shape); return the batch size.
+
+        BYTES inputs are decoded to `str` in place: onnxruntime turns a `bytes` object into its
+        repr ("b'..'") instead of its content, so string tensors must arrive as UTF-8 text.
+        """
         unknown = sorted(set(feeds) - set(self.input_by_name))
         missing = sorted(set(self.input_by_name) - set(feeds))
         if unknown or missing:
@@ -134,6 +138,8 @@ class ModelSession:
                 raise RequestError(
                     f"input {name!r} has shape {list(array.shape)}, the model expects {spec.describe()} (-1: any size)"
                 )
+            if spec.datatype == "BYTES":
+                feeds[name] = _as_text(name, array)
             if array.ndim:
                 rows.add(array.shape[0])
         if self.batchable and len(rows) > 1:
@@ -145,3 +151,14 @@ class ModelSession:
         names = list(outputs) if outputs else [s.name for s in self.outputs]
         results = self.session.run(names, feeds)
         return dict(zip(names, results, strict=True))
+
+
+def _as_text(name: str, array: np.ndarray) -> np.ndarray:
+    text = np.empty(array.shape, dtype=object)
+    try:
+        text.flat[:] = [x.decode() if isinstance(x, bytes) else str(x) for x in array.flat]
+    except UnicodeDecodeError as exc:
+        raise RequestError(
+            f"input {name!r}: BYTES element is not UTF-8 ({exc}); onnxruntime string tensors hold UTF-8 text"
+        ) from None
+    return text

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_models import embed, mlp, two_in_two_out, write_artifact
+from serve_models import embed, mlp, strings, two_in_two_out, write_artifact
 
 READY_TIMEOUT_S = 60
 
@@ -79,12 +79,13 @@ def start_server(paths: list[Path], log: Path, *args: str, env: dict[str, str] |
 
 @pytest.fixture(scope="session")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """artifacts/: mlp v1 and v2 (different weights, v2 with an `opt` variant), pair, embed."""
+    """artifacts/: mlp v1 and v2 (different weights, v2 with an `opt` variant), pair, embed, strings."""
     repo = tmp_path_factory.mktemp("serve") / "artifacts"
     write_artifact(repo, "mlp", 1, mlp([4, 8, 3], seed=1))
     write_artifact(repo, "mlp", 2, mlp([4, 8, 3], seed=2), variants={"opt": mlp([4, 8, 3], seed=2, scale=2.0)})
     write_artifact(repo, "pair", 1, two_in_two_out())
     write_artifact(repo, "embed", 1, embed())
+    write_artifact(repo, "strings", 1, strings())
     return repo
 
 

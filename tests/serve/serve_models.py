@@ -17,7 +17,7 @@ from pipeline.artifact import Artifact, Manifest, TensorSpec, Variant
 from pipeline.golden import Golden, save_golden
 
 OPSET = [helper.make_opsetid("", 18)]
-_NP = {TensorProto.FLOAT: "float32", TensorProto.INT64: "int64"}
+_NP = {TensorProto.FLOAT: "float32", TensorProto.INT64: "int64", TensorProto.STRING: "str"}
 
 
 def _model(nodes: list, inputs: list, outputs: list, inits: list) -> onnx.ModelProto:
@@ -77,6 +77,16 @@ def embed(vocab: int = 10, dim: int = 3) -> onnx.ModelProto:
     )
 
 
+def strings() -> onnx.ModelProto:
+    """text STRING [batch] -> echo STRING [batch] (Identity): exercises BYTES end to end."""
+    return _model(
+        [helper.make_node("Identity", ["text"], ["echo"])],
+        [helper.make_tensor_value_info("text", TensorProto.STRING, ["batch"])],
+        [helper.make_tensor_value_info("echo", TensorProto.STRING, ["batch"])],
+        [],
+    )
+
+
 def _specs(values: list) -> list[TensorSpec]:
     specs = []
     for v in values:
@@ -91,7 +101,9 @@ def sample_inputs(model: onnx.ModelProto, rows: int = 8, seed: int = 1) -> dict[
     feeds = {}
     for spec in _specs(list(model.graph.input)):
         shape = [rows if isinstance(d, str) else d for d in spec.shape]
-        if spec.dtype == "int64":
+        if spec.dtype == "str":
+            feeds[spec.name] = np.array([f"text {i}" for i in range(int(np.prod(shape)))], dtype=object).reshape(shape)
+        elif spec.dtype == "int64":
             feeds[spec.name] = rng.integers(0, 10, shape).astype(np.int64)
         else:
             feeds[spec.name] = rng.standard_normal(shape).astype(np.float32)

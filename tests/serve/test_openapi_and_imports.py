@@ -19,7 +19,12 @@ TF_BODY = {"instances": [[0.1, 0.2, 0.3, 0.4]]}
 def test_every_documented_operation_answers(server) -> None:
     document = httpx.get(f"{server.url}/openapi.json").json()
     assert document["openapi"].startswith("3.")
-    assert document["paths"]["/v2/models/{model_name}"]["parameters"][0]["schema"]["enum"] == ["embed", "mlp", "pair"]
+    assert document["paths"]["/v2/models/{model_name}"]["parameters"][0]["schema"]["enum"] == [
+        "embed",
+        "mlp",
+        "pair",
+        "strings",
+    ]
     for template, item in document["paths"].items():
         path = template.replace("{model_name}", "mlp").replace("{version}", "1")
         for method in ("get", "post"):

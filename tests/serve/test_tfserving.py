@@ -79,3 +79,9 @@ def test_bad_json_and_wrong_method(http: httpx.Client) -> None:
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
     r = http.get("/v1/models/mlp:predict")
     assert r.status_code == 405 and r.headers["allow"] == "POST"
+
+
+def test_predict_strings(http: httpx.Client) -> None:
+    r = http.post("/v1/models/strings:predict", json={"instances": ["héllo", "x"]})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"predictions": ["héllo", "x"]}

@@ -119,3 +119,17 @@ def test_errors_are_4xx_with_a_reason(client: triton.InferenceServerClient) -> N
 
 def test_server_log_names_provider(server, repository: Path) -> None:
     assert "on ['CPUExecutionProvider']" in server.logs()
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_bytes_tensors(client: triton.InferenceServerClient, binary: bool) -> None:
+    text = np.array(["héllo".encode(), b"", b"a b c"], dtype=object)
+    inp = triton.InferInput("text", [3], "BYTES")
+    inp.set_data_from_numpy(text, binary_data=binary)
+    result = client.infer("strings", [inp], outputs=[triton.InferRequestedOutput("echo", binary_data=binary)])
+    got = [x.decode() if isinstance(x, bytes) else x for x in result.as_numpy("echo")]  # JSON gives str
+    assert got == ["héllo", "", "a b c"]
+    not_utf8 = triton.InferInput("text", [1], "BYTES")
+    not_utf8.set_data_from_numpy(np.array([b"\xff"], dtype=object), binary_data=True)
+    with pytest.raises(InferenceServerException, match="not UTF-8"):
+        client.infer("strings", [not_utf8])

@@ -2,12 +2,14 @@
 
 While a batch computes, new requests queue; the next batch takes everything queued (up to
 `max_batch_size` rows), waiting at most `max_queue_delay_ms` for more. For a model whose runs take a
-millisecond or more, the batcher also keeps filling while requests are still streaming in (none
-for 0.3 ms ends it), for at most half a run's time: clients answered together come back together,
-and without this their requests would be split into several small batches. Requests of different sizes
-are concatenated along dim 0 and the outputs split back by each request's row count. The queue is
+millisecond or more, and when the last batch held several requests (a lone client gains nothing
+from waiting), the batcher also keeps filling while requests are still streaming in (none for
+0.3 ms ends it), for at most half a run's time: clients answered together come back together,
+and without this their requests would be split into several small batches. Requests of different
+sizes are concatenated along dim 0 and the outputs split back by each request's row count. The queue is
 bounded: a full queue is a 503 with Retry-After, not unbounded memory. onnxruntime releases the
-GIL, so batches run in a thread pool while the event loop keeps parsing requests.
+GIL, so batches run in a thread pool while the event loop keeps parsing requests; runs shorter than
+0.3 ms run on the event loop itself, where the thread hand-off would cost more than the run.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class Batcher:
         self._running: set[asyncio.Task] = set()
         self._closing = False
         self._run_s = 0.0  # moving average of one onnxruntime run's time, for adaptive filling
+        self._last_requests = 0  # requests in the previous batch: more than one means concurrent clients
         self._loop_task = asyncio.get_running_loop().create_task(self._loop())
 
     async def infer(self, feeds: Feeds, rows: int) -> Feeds:
@@ -132,7 +135,7 @@ class Batcher:
                 self._wake.clear()
                 await self._wake.wait()
             batch = self._take()
-            adaptive = self._run_s >= ADAPTIVE_MIN_RUN_S
+            adaptive = self._run_s >= ADAPTIVE_MIN_RUN_S and max(len(batch), self._last_requests) > 1
             window = max(delay, ADAPTIVE_SHARE * self._run_s if adaptive else 0.0)
             if self._batchable and window > 0 and self._room(batch) > 0:
                 deadline = loop.time() + window
@@ -148,6 +151,7 @@ class Batcher:
             if not batch:
                 self._slots.release()
                 continue
+            self._last_requests = len(batch)
             task = loop.create_task(self._dispatch(batch))
             self._running.add(task)
             task.add_done_callback(self._running.discard)

@@ -1,39 +1,36 @@
-"""Training checkpoints: weights as safetensors, the rest of the state as safetensors + JSON.
+"""Training checkpoints: one safetensors file per checkpoint holding weights, best weights and state.
 
 Layout inside the version directory::
 
-    checkpoint/step-000120/weights.safetensors  model weights at that optimizer step
-                           best.safetensors     weights of the best validation epoch so far
-                           state.safetensors    every tensor of the optimizer and RNG states
-                           state.json           step, epoch, position, schedule, history, and the
-                                                structure that puts the tensors back together
-    checkpoint/latest.json                      {"dir": "step-000120"}: the checkpoint to resume
-    checkpoint/model.safetensors                the final weights (written when training completes)
+    checkpoint/step-000120.safetensors   tensors `weights.*` (the model at that optimizer step),
+                                         `best.*` (the best validation epoch so far) and `state.*`
+                                         (optimizer moments, RNG states); its metadata holds the
+                                         rest of the state as JSON (step, epoch, position in the
+                                         epoch, schedule, early-stopping counters, history)
+    checkpoint/model.safetensors         the final weights (written when training completes)
 
-A checkpoint is written into a hidden temporary folder and renamed into place, then `latest.json`
-is replaced atomically: a SIGKILL at any moment leaves the previous complete checkpoint current.
-Nothing is pickled; loading runs no code from the file.
+A checkpoint is written to a hidden temporary file, fsynced and renamed into place, so a file named
+step-*.safetensors is always complete; the newest one is the checkpoint to resume. A SIGKILL at any
+moment leaves the previous one current. Nothing is pickled; loading runs no code from the file.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from pipeline.errors import ArtifactError
-from pipeline.fsutil import atomic_write_bytes, fsync_dir
+from pipeline.fsutil import atomic_path
 
 CHECKPOINT_DIR = "checkpoint"
-LATEST = "latest.json"
 FINAL_WEIGHTS = "model.safetensors"
 
 
@@ -49,10 +46,12 @@ def flatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
         return {"__ndarray__": key, "dtype": obj.dtype.str}
     if isinstance(obj, dict):
         return {"__dict__": [[flatten(k, tensors), flatten(v, tensors)] for k, v in obj.items()]}
-    if isinstance(obj, tuple):
-        return {"__tuple__": [flatten(v, tensors) for v in obj]}
-    if isinstance(obj, list):
-        return [flatten(v, tensors) for v in obj]
+    if isinstance(obj, tuple | list):
+        if all(type(v) is int for v in obj):  # fast path: python's RNG state is 625 ints
+            items = list(obj)
+        else:
+            items = [flatten(v, tensors) for v in obj]
+        return {"__tuple__": items} if isinstance(obj, tuple) else items
     if isinstance(obj, np.generic):
         return obj.item()
     if obj is None or isinstance(obj, bool | int | float | str):
@@ -95,37 +94,84 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class CheckpointWriter:
+    """Writes checkpoints on a background thread: the loop pays for copying the tensors, not for the disk.
+
+    At most one write is in flight; `submit` waits for the previous one, `wait` for the last one.
+    Until a write completes, latest.json still names the previous checkpoint.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.last: Path | None = None  # the newest complete checkpoint written by this writer
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(
+        self, step: int, weights: dict[str, torch.Tensor], best: dict[str, torch.Tensor], state: dict[str, Any]
+    ) -> None:
+        self.wait()
+        tensors: dict[str, torch.Tensor] = {}
+        skeleton = flatten(state, tensors)  # copies every tensor now: training may change them next step
+        weights, best = _plain(weights), _plain(best)
+
+        def write() -> None:
+            try:
+                self.last = _write(self.root, step, weights, best, tensors, skeleton)
+            except BaseException as exc:  # handed to the training thread by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=write, name="pipe-checkpoint")
+        self._thread.start()
+
+    def wait(self) -> Path | None:
+        """Block until the write in flight is on disk; re-raise its error, if any."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise ArtifactError(f"writing a checkpoint under {self.root / CHECKPOINT_DIR} failed: {error}") from error
+        return self.last
+
+
 def save_checkpoint(
     root: Path, step: int, weights: dict[str, torch.Tensor], best: dict[str, torch.Tensor], state: dict[str, Any]
 ) -> Path:
-    """Write checkpoint/step-<step>/ completely, then point latest.json at it; drop older ones."""
-    ckpt = root / CHECKPOINT_DIR
-    ckpt.mkdir(parents=True, exist_ok=True)
-    name = f"step-{step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=ckpt))
-    try:
-        tensors: dict[str, torch.Tensor] = {}
-        skeleton = flatten(state, tensors)
-        save_file(_plain(weights), tmp / "weights.safetensors")
-        save_file(_plain(best), tmp / "best.safetensors")
-        save_file(tensors, tmp / "state.safetensors")
-        (tmp / "state.json").write_text(json.dumps(skeleton))
-        for f in tmp.iterdir():
-            with open(f, "rb") as handle:
-                os.fsync(handle.fileno())
-        final = ckpt / name
-        if final.exists():  # the same step saved twice (a step boundary at epoch end)
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        fsync_dir(ckpt)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    atomic_write_bytes(ckpt / LATEST, json.dumps({"dir": name, "step": step}).encode())
-    for old in ckpt.iterdir():
-        if old.is_dir() and old.name != name:
-            shutil.rmtree(old)  # superseded checkpoints and temp folders left by a killed run
-    return final
+    """Write checkpoint/step-<step>.safetensors (synchronously) and return its path."""
+    writer = CheckpointWriter(root)
+    writer.submit(step, weights, best, state)
+    writer.wait()
+    return checkpoint_path(root, step)
+
+
+def checkpoint_path(root: Path, step: int) -> Path:
+    return root / CHECKPOINT_DIR / f"step-{step:06d}.safetensors"
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.name.removeprefix("step-").removesuffix(".safetensors"))
+
+
+def _write(
+    root: Path,
+    step: int,
+    weights: dict[str, torch.Tensor],
+    best: dict[str, torch.Tensor],
+    tensors: dict[str, torch.Tensor],
+    skeleton: Any,
+) -> Path:
+    """One file, written atomically; then older checkpoints and leftovers of killed writes go."""
+    path = checkpoint_path(root, step)
+    everything = {f"weights.{k}": v for k, v in weights.items()}
+    everything |= {f"best.{k}": v for k, v in best.items()}
+    everything |= {f"state.{k}": v for k, v in tensors.items()}
+    with atomic_path(path) as tmp:
+        save_file(everything, tmp, metadata={"state": json.dumps(skeleton)})
+    for old in path.parent.glob("*step-*"):
+        if old != path:
+            old.unlink()  # superseded checkpoints and temp files left by a killed run
+    return path
 
 
 def _plain(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -134,20 +180,26 @@ def _plain(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    """The complete checkpoint latest.json points at, or None when there is none."""
-    pointer = root / CHECKPOINT_DIR / LATEST
-    if not pointer.is_file():
-        return None
-    try:
-        found = root / CHECKPOINT_DIR / json.loads(pointer.read_text())["dir"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ArtifactError(f"{pointer} is corrupt ({exc}); start a fresh run without --resume") from None
-    if not (found / "state.json").is_file():
-        raise ArtifactError(f"{pointer} points at {found}, which is incomplete; start a fresh run without --resume")
-    return found
+    """The newest complete checkpoint file, or None when there is none."""
+    found = sorted((root / CHECKPOINT_DIR).glob("step-*.safetensors"), key=checkpoint_step)
+    return found[-1] if found else None
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """The JSON part of a checkpoint's state (no tensors): cheap, for checks before resuming."""
+    with safe_open(path, "pt") as f:
+        return json.loads(f.metadata()["state"])
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
-    """(weights, best weights, state) from a checkpoint folder written by save_checkpoint."""
-    state = unflatten(json.loads((path / "state.json").read_text()), load_file(path / "state.safetensors"))
-    return load_file(path / "weights.safetensors"), load_file(path / "best.safetensors"), state
+    """(weights, best weights, state) from a checkpoint file written by CheckpointWriter."""
+    try:
+        tensors = load_file(path)
+        skeleton = read_state(path)
+    except (OSError, KeyError, ValueError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"checkpoint {path} is unreadable ({exc}); start a fresh run without --resume") from None
+    parts: dict[str, dict[str, torch.Tensor]] = {"weights": {}, "best": {}, "state": {}}
+    for key, value in tensors.items():
+        part, _, name = key.partition(".")
+        parts[part][name] = value
+    return parts["weights"], parts["best"], unflatten(skeleton, parts["state"])

@@ -73,6 +73,7 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
         "steps": p.step,
         "stopped_early": p.stopped_early,
         "wall_s": result.wall_s,
+        "cpu_s": result.cpu_s,
         "samples_per_s": result.samples_per_s,
         "history": p.history,
     }
@@ -97,7 +98,10 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
         "strategy": recipe.train.strategy if world.size > 1 else "single",
         "torch": torch.__version__,
         "python": platform.python_version(),
-        **{k: summary[k] for k in ("best_epoch", "epochs_run", "steps", "stopped_early", "wall_s", "samples_per_s")},
+        **{
+            k: summary[k]
+            for k in ("best_epoch", "epochs_run", "steps", "stopped_early", "wall_s", "cpu_s", "samples_per_s")
+        },
     }
     artifact.save()
 

@@ -30,7 +30,7 @@ from pipeline.data import Splits
 from pipeline.errors import PipelineError
 from pipeline.recipe import Recipe
 from pipeline.train import distributed as dist_
-from pipeline.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from pipeline.train.checkpoint import CheckpointWriter, load_checkpoint, rng_state, set_rng_state
 from pipeline.train.observe import Monitor
 
 FAULT_ENV = "PIPE_TRAIN_FAULT_STEP"  # test-only fault injection: SIGKILL this process after step K
@@ -73,6 +73,7 @@ class FitResult:
     best_weights: dict[str, torch.Tensor]  # full state dict on CPU (rank 0; other ranks may hold {})
     progress: Progress
     wall_s: float
+    cpu_s: float  # process CPU time over the loop: steadier than wall time on a shared machine
     samples_per_s: float
     checkpoint: Path | None  # the last checkpoint folder written
 
@@ -119,12 +120,14 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
             best_weights = {}  # saved before the first evaluation: there is no best yet
         run.monitor.message(f"resumed from {run.resume_from} at step {progress.step}")
 
-    def checkpoint() -> Path | None:
+    writer = CheckpointWriter(run.root)
+
+    def checkpoint() -> None:
         """Every rank takes part (FSDP gathers shards, RNG states are collected); rank 0 writes."""
         weights, optim_state = dist_.full_state(model, optimizer, cfg.strategy, world)
         rngs = _gather(world, rng_state())
         if not world.main:
-            return None
+            return
         state = {
             "recipe_digest": run.recipe.digest,  # resume refuses another recipe
             "epochs": cfg.epochs,
@@ -133,83 +136,95 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
             "scaler": scaler.state_dict(),
             "rng": rngs,
         }
-        return save_checkpoint(run.root, progress.step, weights, best_weights or weights, state)
+        run.monitor.flush()  # the metrics of every step this checkpoint covers are on disk first
+        writer.submit(progress.step, weights, best_weights or weights, state)  # written in the background
 
     fault_step = int(os.environ.get(FAULT_ENV, "0"))
-    last_ckpt, samples, first_step, t0 = run.resume_from, 0, progress.step, time.perf_counter()
-    while progress.epoch < cfg.epochs and not progress.stopped_early:
-        sampler.set_epoch(progress.epoch)
-        order = torch.tensor(list(sampler), device=device)  # this rank's sample indices for the epoch
-        batches = order.split(cfg.batch_size)
-        model.train()
-        step_loss = 0.0
-        for b in range(progress.batch, len(batches)):
-            idx = batches[b]
-            last_micro = (b + 1) % cfg.grad_accum == 0 or b + 1 == len(batches)
-            # DDP all-reduces gradients only on the micro-batch that ends an accumulation group.
-            no_sync = not last_micro and hasattr(model, "no_sync")
-            with model.no_sync() if no_sync else contextlib.nullcontext():
-                with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                    logits = model(x_train[idx])  # [B, classes]
-                    loss = F.cross_entropy(logits.float(), y_train[idx])
-                value = loss.item()
-                if not math.isfinite(value):
-                    raise TrainingDiverged(
-                        f"loss became {value} at epoch {progress.epoch + 1}, step {progress.step + 1} "
-                        f"(lr {lr_at(progress.step, cfg, total_steps):.3g}, precision {run.precision}); the last "
-                        f"good checkpoint is kept in {last_ckpt or 'nothing: none was written yet'}. Lower "
-                        "train.lr, set train.grad_clip, or use precision fp32, then train again"
-                    )
-                scaler.scale(loss / cfg.grad_accum).backward()
-            step_loss += value / cfg.grad_accum
-            samples += len(idx)
-            if not last_micro:
-                continue
-
-            lr = lr_at(progress.step, cfg, total_steps)  # warmup, then cosine decay
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            if cfg.grad_clip is not None:
-                scaler.unscale_(optimizer)
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            progress.step += 1
-            progress.batch = b + 1
-
-            rate = samples * world.size / max(time.perf_counter() - t0, 1e-9)
-            run.monitor.log({"kind": "train", "epoch": progress.epoch + 1, "step": progress.step,
-                             "loss": step_loss, "lr": lr, "samples_per_s": rate})  # fmt: skip
-            eta = (total_steps - progress.step) * (time.perf_counter() - t0) / (progress.step - first_step)
-            run.monitor.progress(epoch=progress.epoch, epochs=cfg.epochs, step=progress.step,
-                                 total_steps=total_steps, loss=step_loss, rate=rate, eta=eta)  # fmt: skip
+    samples, first_step, t0, cpu0 = 0, progress.step, time.perf_counter(), time.process_time()
+    try:
+        while progress.epoch < cfg.epochs and not progress.stopped_early:
+            sampler.set_epoch(progress.epoch)
+            order = torch.tensor(list(sampler), device=device)  # this rank's sample indices for the epoch
+            batches = order.split(cfg.batch_size)
+            model.train()
             step_loss = 0.0
-            if progress.step % cfg.checkpoint_every == 0:
-                last_ckpt = checkpoint() or last_ckpt
-            if progress.step == fault_step and world.main:
-                os.kill(os.getpid(), signal.SIGKILL)  # documented fault-injection hook (docs/training.md)
+            for b in range(progress.batch, len(batches)):
+                idx = batches[b]
+                last_micro = (b + 1) % cfg.grad_accum == 0 or b + 1 == len(batches)
+                # DDP all-reduces gradients only on the micro-batch that ends an accumulation group.
+                no_sync = not last_micro and hasattr(model, "no_sync")
+                with model.no_sync() if no_sync else contextlib.nullcontext():
+                    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                        logits = model(x_train[idx])  # [B, classes]
+                        loss = F.cross_entropy(logits.float(), y_train[idx])
+                    value = loss.item()
+                    if not math.isfinite(value):
+                        kept = writer.wait() or run.resume_from
+                        raise _diverged(value, progress, lr_at(progress.step, cfg, total_steps), run.precision, kept)
+                    scaler.scale(loss / cfg.grad_accum).backward()
+                step_loss += value / cfg.grad_accum
+                samples += len(idx)
+                if not last_micro:
+                    continue
 
-        # End of epoch: evaluate on the validation split, keep the best weights, maybe stop early.
-        val_loss, val_acc = evaluate(dist_.unwrap(model) if cfg.strategy == "ddp" else model, x_val, y_val)
-        record = {"epoch": progress.epoch + 1, "loss": val_loss, "accuracy": val_acc}
-        progress.history.append(record)
-        run.monitor.log({"kind": "val", "step": progress.step, **record})
-        run.monitor.message(f"epoch {progress.epoch + 1}/{cfg.epochs}: val loss {val_loss:.4f} accuracy {val_acc:.4f}")
-        if val_acc > progress.best_metric:
-            progress.best_metric, progress.best_epoch, progress.stale_epochs = val_acc, progress.epoch + 1, 0
-            best_weights = {k: v.detach().to("cpu").clone() for k, v in dist_.full_state(
-                model, optimizer, cfg.strategy, world)[0].items()}  # fmt: skip
-        else:
-            progress.stale_epochs += 1
-        progress.epoch, progress.batch = progress.epoch + 1, 0
-        if cfg.early_stopping is not None and progress.stale_epochs >= cfg.early_stopping:
-            progress.stopped_early = True
-            run.monitor.message(f"early stop: no val improvement for {cfg.early_stopping} epochs")
-        last_ckpt = checkpoint() or last_ckpt
+                lr = lr_at(progress.step, cfg, total_steps)  # warmup, then cosine decay
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                if cfg.grad_clip is not None:
+                    scaler.unscale_(optimizer)
+                    nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                progress.step += 1
+                progress.batch = b + 1
+
+                rate = samples * world.size / max(time.perf_counter() - t0, 1e-9)
+                run.monitor.log({"kind": "train", "epoch": progress.epoch + 1, "step": progress.step,
+                                 "loss": step_loss, "lr": lr, "samples_per_s": rate})  # fmt: skip
+                eta = (total_steps - progress.step) * (time.perf_counter() - t0) / (progress.step - first_step)
+                run.monitor.progress(epoch=progress.epoch, epochs=cfg.epochs, step=progress.step,
+                                     total_steps=total_steps, loss=step_loss, rate=rate, eta=eta)  # fmt: skip
+                step_loss = 0.0
+                if progress.step % cfg.checkpoint_every == 0:
+                    checkpoint()
+                if progress.step == fault_step and world.main:
+                    writer.wait()  # a reproducible kill point: the last checkpoint is on disk
+                    os.kill(os.getpid(), signal.SIGKILL)  # documented fault-injection hook (docs/training.md)
+
+            # End of epoch: evaluate on the validation split, keep the best weights, maybe stop early.
+            val_loss, val_acc = evaluate(dist_.unwrap(model) if cfg.strategy == "ddp" else model, x_val, y_val)
+            record = {"epoch": progress.epoch + 1, "loss": val_loss, "accuracy": val_acc}
+            progress.history.append(record)
+            run.monitor.log({"kind": "val", "step": progress.step, **record})
+            run.monitor.message(
+                f"epoch {progress.epoch + 1}/{cfg.epochs}: val loss {val_loss:.4f} accuracy {val_acc:.4f}"
+            )
+            if val_acc > progress.best_metric:
+                progress.best_metric, progress.best_epoch, progress.stale_epochs = val_acc, progress.epoch + 1, 0
+                best_weights = {k: v.detach().to("cpu").clone() for k, v in dist_.full_state(
+                    model, optimizer, cfg.strategy, world)[0].items()}  # fmt: skip
+            else:
+                progress.stale_epochs += 1
+            progress.epoch, progress.batch = progress.epoch + 1, 0
+            if cfg.early_stopping is not None and progress.stale_epochs >= cfg.early_stopping:
+                progress.stopped_early = True
+                run.monitor.message(f"early stop: no val improvement for {cfg.early_stopping} epochs")
+            checkpoint()
+    finally:
+        last = writer.wait() or run.resume_from  # every checkpoint on disk before returning or raising
 
     wall = time.perf_counter() - t0
-    return FitResult(best_weights, progress, wall, samples * world.size / max(wall, 1e-9), last_ckpt)
+    cpu = time.process_time() - cpu0  # all threads of this process: writer threads count too
+    return FitResult(best_weights, progress, wall, cpu, samples * world.size / max(wall, 1e-9), last)
+
+
+def _diverged(value: float, progress: Progress, lr: float, precision: str, kept: Path | None) -> TrainingDiverged:
+    return TrainingDiverged(
+        f"loss became {value} at epoch {progress.epoch + 1}, step {progress.step + 1} (lr {lr:.3g}, precision "
+        f"{precision}); the last good checkpoint is kept in {kept or 'none: none was written yet'}. Lower "
+        "train.lr, set train.grad_clip, or use precision fp32, then train again"
+    )
 
 
 def make_optimizer(model: nn.Module, cfg: Any) -> torch.optim.Optimizer:

@@ -84,7 +84,7 @@ def train_in_process(
     import torch
 
     from pipeline.train import distributed as dist_
-    from pipeline.train.checkpoint import latest_checkpoint
+    from pipeline.train.checkpoint import checkpoint_step, latest_checkpoint
     from pipeline.train.finish import finish_artifact
     from pipeline.train.loop import Run, fit
     from pipeline.train.observe import Monitor
@@ -101,7 +101,7 @@ def train_in_process(
             torch.manual_seed(recipe.train.seed)  # identical initial weights on every rank
             model = build_model(recipe.model, splits.info)
             torch.manual_seed(recipe.train.seed + world.rank)  # distinct dropout masks per rank
-            step = int(json.loads((resume_from.parent / "latest.json").read_text())["step"]) if resume_from else 0
+            step = checkpoint_step(resume_from) if resume_from else 0
             monitor = Monitor(root, enabled=world.main, resume_step=step, quiet=plan.quiet)
             try:
                 result = fit(Run(recipe, root, world, device, plan.precision, monitor, resume_from), model, splits)
@@ -122,18 +122,17 @@ def choose_version(model_root: Path, recipe: Recipe, resume: bool) -> Path:
         (p for p in model_root.glob("[0-9]*") if p.name.isdigit() and not (p / MANIFEST_NAME).exists()),
         key=lambda p: int(p.name),
     )
-    candidates = [p for p in unfinished if (p / "checkpoint" / "latest.json").is_file()]
+    from pipeline.train.checkpoint import latest_checkpoint, read_state
+
+    candidates = [p for p in unfinished if latest_checkpoint(p) is not None]
     if not candidates:
         raise InputError(
             f"nothing to resume: {model_root} holds no unfinished run of {recipe.name!r} (a version folder with "
-            "checkpoint/latest.json and no manifest.json); run without --resume to start a new one"
+            "checkpoint/step-*.safetensors and no manifest.json); run without --resume to start a new one"
         )
     root = candidates[-1]
-    from pipeline.train.checkpoint import latest_checkpoint
-
-    ckpt = latest_checkpoint(root)
-    saved = json.loads((ckpt / "state.json").read_text()) if ckpt else {}
-    digest, epochs = _find(saved, "recipe_digest"), _find(saved, "epochs")
+    saved = unflatten_top(read_state(sorted(root.glob("checkpoint/step-*.safetensors"))[-1]))
+    digest, epochs = saved.get("recipe_digest"), saved.get("epochs")
     if digest != recipe.digest or epochs != recipe.train.epochs:
         raise InputError(
             f"cannot resume {root}: it was started from another recipe or --epochs (recipe digest "
@@ -143,9 +142,9 @@ def choose_version(model_root: Path, recipe: Recipe, resume: bool) -> Path:
     return root
 
 
-def _find(skeleton: Any, key: str) -> Any:
-    """A plain value stored under `key` at the top level of a checkpoint's state.json."""
-    return None if not isinstance(skeleton, dict) else dict(skeleton.get("__dict__", [])).get(key)
+def unflatten_top(skeleton: Any) -> dict[str, Any]:
+    """The top level of a checkpoint's state skeleton as a dict (values may still be skeletons)."""
+    return dict(skeleton.get("__dict__", [])) if isinstance(skeleton, dict) else {}
 
 
 def check_model_fits(recipe: Recipe, splits: Splits) -> None:

@@ -15,13 +15,14 @@ from pipeline.errors import PipelineError
 def main(argv: list[str]) -> int:
     from pipeline.data import load_splits
     from pipeline.recipe import load_recipe
+    from pipeline.train.checkpoint import latest_checkpoint
     from pipeline.train.run import Plan, _with_epochs, train_in_process
 
     plan = Plan(**json.loads(argv[0]))
     root = Path(argv[1])
     try:
         recipe = _with_epochs(load_recipe(plan.recipe_path), plan.epochs)
-        resume = (root / "checkpoint" / "latest.json").is_file()  # the launcher chose this folder to resume
+        resume = latest_checkpoint(root) is not None  # the launcher chose this folder to resume
         train_in_process(plan, recipe, load_splits(recipe), root.parent, resume=resume, root=root)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)

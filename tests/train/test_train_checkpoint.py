@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -23,7 +22,7 @@ def test_optimizer_and_rng_state_round_trip(tmp_path: Path) -> None:
 
     path = save_checkpoint(tmp_path, 7, model.state_dict(), model.state_dict(), state)
     assert latest_checkpoint(tmp_path) == path
-    assert not list(path.glob("*.pt")) and not list(path.glob("*.pkl"))  # nothing pickled
+    assert [p.name for p in path.parent.iterdir()] == ["step-000007.safetensors"]  # one file, nothing pickled
     weights, best, loaded = load_checkpoint(path)
     assert torch.equal(best["bias"], model.bias)
     assert torch.equal(weights["weight"], model.weight)
@@ -41,7 +40,9 @@ def test_optimizer_and_rng_state_round_trip(tmp_path: Path) -> None:
 def test_a_newer_checkpoint_replaces_the_older(tmp_path: Path) -> None:
     weights = {"w": torch.ones(2)}
     save_checkpoint(tmp_path, 1, weights, weights, {"progress": {}})
-    (tmp_path / "checkpoint" / ".step-000002.leftover").mkdir()  # what a SIGKILL mid-write leaves
+    (tmp_path / "checkpoint" / ".step-000002.safetensors.x1.tmp").write_bytes(b"half")  # a SIGKILL mid-write
+    assert latest_checkpoint(tmp_path).name == "step-000001.safetensors"  # a temp file is never a checkpoint
     second = save_checkpoint(tmp_path, 2, {"w": torch.zeros(2)}, weights, {"progress": {}})
-    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["latest.json", "step-000002"]
-    assert json.loads((tmp_path / "checkpoint" / "latest.json").read_text())["dir"] == second.name
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["step-000002.safetensors"]
+    assert latest_checkpoint(tmp_path) == second
+    assert torch.equal(load_checkpoint(second)[0]["w"], torch.zeros(2))

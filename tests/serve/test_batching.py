@@ -108,3 +108,25 @@ def test_oversized_request_is_refused(mlp_session: ModelSession) -> None:
                 await batcher.close()
 
     asyncio.run(main())
+
+
+def test_fixed_batch_model_runs_each_request_alone(tmp_path: Path) -> None:
+    path = tmp_path / "fixed.onnx"
+    path.write_bytes(mlp([4, 8, 3], seed=4, batch=1).SerializeToString())
+    session = ModelSession(path, OPTIONS)
+    assert not session.batchable
+    with pytest.raises(RequestError, match=r"shape \[2, 4\], the model expects x: FP32\[1, 4\]"):
+        session.check_inputs({"x": np.zeros((2, 4), np.float32)})
+    xs = [np.full((1, 4), i, np.float32) for i in range(5)]
+    stats = ModelStats()
+
+    async def main() -> list:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(session.run, False, BatchSettings(max_queue_delay_ms=20), pool, stats)
+            results = await asyncio.gather(*(batcher.infer({"x": x}, 1) for x in xs))
+            await batcher.close()
+            return results
+
+    for x, result in zip(xs, asyncio.run(main()), strict=True):
+        np.testing.assert_allclose(result["logits"], run_reference(mlp([4, 8, 3], seed=4, batch=1), {"x": x})["logits"])
+    assert stats.executions == 5 and stats.inferences == 5

@@ -53,7 +53,7 @@ def train_recipe(
     With `nproc > 1`, launches torchrun on this machine; under a torchrun the caller started, joins
     its process group. `resume` continues the newest unfinished version instead of starting one.
     """
-    recipe = _with_epochs(load_recipe(recipe_path), epochs)
+    recipe = effective_recipe(load_recipe(recipe_path), epochs)
     resolved = resolve_device(device or recipe.train.device)
     plan = Plan(str(recipe_path), epochs, resolved, resolve_precision(recipe.train.precision, resolved), quiet)
     from pipeline.train.distributed import under_torchrun
@@ -196,7 +196,8 @@ def resolve_precision(requested: str, device: str) -> str:
     return requested
 
 
-def _with_epochs(recipe: Recipe, epochs: int | None) -> Recipe:
+def effective_recipe(recipe: Recipe, epochs: int | None) -> Recipe:
+    """The recipe as this run trains it (`--epochs` applied), refusing tasks the trainer lacks."""
     if recipe.task != "classification":
         raise InputError(
             f"pipe train trains classifiers; task {recipe.task!r} is not supported yet (set task: classification)"

@@ -16,12 +16,12 @@ def main(argv: list[str]) -> int:
     from pipeline.data import load_splits
     from pipeline.recipe import load_recipe
     from pipeline.train.checkpoint import latest_checkpoint
-    from pipeline.train.run import Plan, _with_epochs, train_in_process
+    from pipeline.train.run import Plan, effective_recipe, train_in_process
 
     plan = Plan(**json.loads(argv[0]))
     root = Path(argv[1])
     try:
-        recipe = _with_epochs(load_recipe(plan.recipe_path), plan.epochs)
+        recipe = effective_recipe(load_recipe(plan.recipe_path), plan.epochs)
         resume = latest_checkpoint(root) is not None  # the launcher chose this folder to resume
         train_in_process(plan, recipe, load_splits(recipe), root.parent, resume=resume, root=root)
     except PipelineError as exc:

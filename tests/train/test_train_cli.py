@@ -135,3 +135,29 @@ def test_diverging_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(tmp_pa
     assert not (root / "manifest.json").exists()  # not an artifact: no reader will pick it up
     kept = latest_checkpoint(root)
     assert kept is not None and checkpoint_step(kept) >= 1 and str(kept) in output
+
+
+def test_bf16_autocast_trains_on_cpu_and_fp16_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "a"
+    code, output = pipe_train(
+        str(write_recipe(tmp_path, train={"epochs": 2, "lr": 0.01, "precision": "bf16"})), "--out", str(out)
+    )
+    assert code == 0, output
+    manifest = Artifact.load(out / "tiny" / "1").manifest
+    assert manifest.stages["train"]["precision"] == "bf16" and manifest.metrics["accuracy"] > 0.3
+    code, output = pipe_train(
+        str(write_recipe(tmp_path, train={"precision": "fp16"})), "--out", str(out), "--device", "cpu"
+    )
+    assert code == 2 and "fp16 needs a CUDA device" in output and "use bf16 or fp32" in output
+
+
+def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
+    from pipeline.recipe import TrainSpec
+    from pipeline.train.loop import lr_at
+
+    cfg = TrainSpec(lr=0.1, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_at(0, cfg, 100) == pytest.approx(0.01)
+    assert lr_at(9, cfg, 100) == pytest.approx(0.1)
+    assert lr_at(55, cfg, 100) == pytest.approx(0.055)  # halfway through the cosine
+    assert lr_at(100, cfg, 100) == pytest.approx(0.01)
+    assert all(lr_at(s, cfg, 100) >= lr_at(s + 1, cfg, 100) for s in range(10, 100))

@@ -87,8 +87,10 @@ def wrap(model: nn.Module, world: World, strategy: str, device: torch.device) ->
     if strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
+        from pipeline.train.zoo import Block
+
         for module in model.modules():
-            if type(module).__name__ == "Block":
+            if isinstance(module, Block):
                 fully_shard(module)
         fully_shard(model)
         return model

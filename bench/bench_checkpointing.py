@@ -10,10 +10,9 @@ without `grad_checkpointing`, side by side in one run:
   - saved activations: the bytes autograd keeps for the backward pass after the forward pass,
     counted with torch.autograd.graph.saved_tensors_hooks (checkpointed blocks keep only their
     inputs, and recompute the rest in backward);
-  - peak memory: ru_maxrss of a fresh process doing one forward + backward, minus its RSS before
-    the forward (what the allocator really took, on CPU). This peak also holds the backward pass's
-    own temporaries (attention-score gradients, the recomputed block), so it falls by less than the
-    saved activations do;
+  - peak memory: the peak RSS (Linux VmHWM, reset just before) of a fresh process doing one
+    forward + backward, minus its RSS before the forward: what the allocator really took, on CPU,
+    including the backward pass's own temporaries and the recomputed block;
   - time: forward + backward seconds (the price: blocks run their forward twice).
 Ratios (with / without) are printed and written as JSON.
 """
@@ -103,18 +102,24 @@ def saved_bytes_and_time(arch: str, checkpointing: bool) -> tuple[int, float]:
 
 
 PEAK = """
-import resource, sys, psutil
+import sys, psutil
+from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 from bench_checkpointing import build, batch
 from torch.nn import functional as F
+
+def high_water():  # VmHWM: this process's peak RSS (ru_maxrss would include the parent's, kept across exec)
+    line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmHWM"))
+    return int(line.split()[1]) * 1024
+
 model = build(sys.argv[1], sys.argv[2] == "1")
 tokens, target = batch()
 F.cross_entropy(model(tokens[:2]), target[:2]).backward()  # warm up allocator and kernels
 model.zero_grad()
+Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark to the current RSS
 before = psutil.Process().memory_info().rss
 F.cross_entropy(model(tokens), target).backward()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(peak - before)
+print(high_water() - before)
 """
 
 

@@ -45,7 +45,9 @@ class Monitor:
         self._jsonl = open(path, "a")
         SummaryWriter = _summary_writer()
 
-        self._tb = SummaryWriter(log_dir=str(root / TENSORBOARD_DIR), purge_step=resume_step or None, max_queue=1000)
+        self._tb = SummaryWriter(
+            log_dir=str(root / TENSORBOARD_DIR), purge_step=resume_step + 1 if resume_step else None, max_queue=1000
+        )  # a resumed run hides the events logged after its checkpoint, then logs them again
         self._mlflow = _mlflow_or_none()
 
     def log(self, record: dict[str, Any]) -> None:

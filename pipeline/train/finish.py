@@ -85,6 +85,7 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
 
     manifest.stages["train"] = {
         "recipe": recipe.model_dump(mode="json"),  # the full validated recipe: enough to rebuild the model
+        "recipe_dir": str(recipe.base_dir.resolve()),  # where its relative data.path starts (export re-reads data)
         "data": info.to_dict(),  # the data-shape record build_model takes
         "checkpoint": {
             "weights": weights_rel,  # final weights: the best validation epoch

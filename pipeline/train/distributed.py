@@ -57,6 +57,14 @@ def init_world(device_type: str) -> World:
     return world
 
 
+def barrier(world: World) -> None:
+    """Wait for every rank; a no-op with one process."""
+    if world.distributed:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
 def close_world(world: World) -> None:
     if world.distributed:
         import torch.distributed as dist

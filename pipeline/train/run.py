@@ -109,6 +109,10 @@ def train_in_process(
                 monitor.close()
             if world.main:
                 finish_artifact(root, recipe, splits, result, plan=plan, world=world)
+            # Tear the process group down together: a rank that destroys it and exits while rank 0
+            # is still writing the artifact was seen to abort in gloo ("terminate called without an
+            # active exception").
+            dist_.barrier(world)
             return root
     finally:
         dist_.close_world(world)

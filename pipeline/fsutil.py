@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,13 +35,14 @@ def atomic_path(path: Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success it is fsynced and renamed onto `path`.
 
     Whoever writes the file (numpy, onnx, safetensors...) writes to the yielded path. A crash or an
-    exception before the rename leaves `path` as it was: never half written.
+    exception before the rename leaves `path` as it was: never half written. The file gets the
+    permissions any new file gets (0666 less the umask), not mkstemp's owner-only 0600: a server
+    or a Triton container running as another user must be able to read the artifact.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # O_EXCL: never someone else's file
     try:
         yield tmp
         with open(tmp, "rb+") as f:

@@ -135,6 +135,14 @@ def test_crash_during_save_keeps_the_previous_manifest(toy_artifact: Artifact) -
     assert leftovers  # the killed writer's temp file is there, and loading ignores it
 
 
+def test_written_files_get_the_usual_permissions(toy_artifact: Artifact) -> None:
+    # a server or a Triton container running as another user reads these: not mkstemp's 0600
+    umask = os.umask(0)
+    os.umask(umask)
+    for rel in (MANIFEST_NAME, "model.onnx"):
+        assert (toy_artifact.root / rel).stat().st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_identity_digest_ignores_what_later_stages_add(toy_artifact: Artifact) -> None:
     before = toy_artifact.manifest.identity_digest()
     toy_artifact.manifest.metrics["latency_ms"] = 1.0

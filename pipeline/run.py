@@ -1,7 +1,8 @@
 """`pipe run RECIPE`: every stage in order, skipping those whose output is already up to date.
 
 A trained version is up to date when its manifest records the same recipe digest and dataset
-fingerprint as the recipe and data on disk now; its export is up to date when the manifest records
+fingerprint as the recipe and data on disk now, and was trained from the recipe as written (not
+with `pipe train --epochs N`, which keeps the file's digest); its export is up to date when the manifest records
 an export stage and lists model.onnx (the export stage only records both after the parity gate
 passed). Each stage is the same function its own command calls, so `pipe run` adds no behaviour
 of its own beyond choosing what to run.
@@ -40,9 +41,14 @@ def up_to_date_version(recipe: Recipe, out_root: Path) -> Path | None:
     if not found:
         return None
     data_fingerprint = fingerprint(read_source(recipe))
+    as_written = recipe.model_dump(mode="json")
     for number in reversed(found):
-        lineage = Artifact.load(model_root / str(number), verify=False).manifest.lineage
-        if lineage.recipe_digest == recipe.digest and lineage.dataset_fingerprint == data_fingerprint:
+        manifest = Artifact.load(model_root / str(number), verify=False).manifest
+        if (
+            manifest.lineage.recipe_digest == recipe.digest
+            and manifest.lineage.dataset_fingerprint == data_fingerprint
+            and manifest.stages.get("train", {}).get("recipe") == as_written
+        ):
             return model_root / str(number)
     return None
 

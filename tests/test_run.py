@@ -45,6 +45,21 @@ def test_run_trains_exports_then_skips_what_is_up_to_date(tmp_path: Path) -> Non
     assert versions(out / "run-tiny") == [1, 2]
 
 
+def test_a_version_trained_with_an_epochs_override_is_not_up_to_date(tmp_path: Path) -> None:
+    from pipeline.recipe import load_recipe
+    from pipeline.run import up_to_date_version
+
+    recipe = tmp_path / "run-tiny.yaml"
+    recipe.write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"], "epochs": 2}}))
+    out = tmp_path / "artifacts"
+    short = CliRunner().invoke(main, ["train", str(recipe), "--out", str(out), "--epochs", "1", "--quiet"])
+    assert short.exit_code == 0, short.output
+    assert up_to_date_version(load_recipe(recipe), out) is None  # same file digest, but 1 epoch of 2
+    full = CliRunner().invoke(main, ["train", str(recipe), "--out", str(out), "--quiet"])
+    assert full.exit_code == 0, full.output
+    assert up_to_date_version(load_recipe(recipe), out) == out / "run-tiny" / "2"
+
+
 def test_run_on_a_bad_recipe_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     recipe = tmp_path / "bad.yaml"
     recipe.write_text(yaml.safe_dump({**TINY, "model": {"arch": "mlp", "widths": [3]}}))

@@ -78,11 +78,17 @@ def _label_name(value: object) -> str:
 def _csv(path: Path, recipe: Recipe) -> RawData:
     """A CSV with a header row: numeric feature columns and one label column."""
     spec = recipe.data
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
+            reader = csv.reader(f)
+            rows = [(reader.line_num, row) for row in reader if row]  # blank lines (a trailing one) skipped
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path} is not UTF-8 text ({exc}); save the CSV as UTF-8") from None
+    except (csv.Error, OSError) as exc:
+        raise InputError(f"{path} is not a readable CSV file ({exc}); data.path must name a text file") from None
     if not rows:
         raise InputError(f"{path} is empty; a CSV needs a header row and data rows")
-    header, body = [h.strip() for h in rows[0]], rows[1:]
+    header, body = [h.strip() for h in rows[0][1]], rows[1:]
     if spec.label_column not in header:
         raise InputError(
             f"label column {spec.label_column!r} is not in {path}; its columns are {header}. "
@@ -98,18 +104,18 @@ def _csv(path: Path, recipe: Recipe) -> RawData:
         raise InputError(f"{path} has a header but no data rows")
     columns = [header.index(c) for c in features]
     x = np.empty((len(body), len(columns)), dtype=np.float32)
-    for r, row in enumerate(body, start=2):
+    for r, (line, row) in enumerate(body):
         if len(row) != len(header):
-            raise InputError(f"{path} line {r}: {len(row)} fields, the header has {len(header)}")
+            raise InputError(f"{path} line {line}: {len(row)} fields, the header has {len(header)}")
         for j, c in enumerate(columns):
             try:
-                x[r - 2, j] = float(row[c])
+                x[r, j] = float(row[c])
             except ValueError:
                 raise InputError(
-                    f"{path} line {r}: column {header[c]!r} holds {row[c]!r}, not a number; feature "
+                    f"{path} line {line}: column {header[c]!r} holds {row[c]!r}, not a number; feature "
                     "columns must be numeric (list the numeric ones in data.feature_columns)"
                 ) from None
-    raw_labels = np.array([row[header.index(spec.label_column)].strip() for row in body])
+    raw_labels = np.array([row[header.index(spec.label_column)].strip() for _, row in body])
     try:
         raw_labels = raw_labels.astype(np.float64)  # numeric labels sort numerically
     except ValueError:
@@ -127,6 +133,9 @@ def _load_npz(path: Path, required: tuple[str, ...]) -> dict[str, np.ndarray]:
     missing = [k for k in required if k not in arrays]
     if missing:
         raise InputError(f"{path} lacks array(s) {missing}; it holds {sorted(arrays)}. Save it with keys {required}")
+    empty = [k for k in required if arrays[k].size == 0]
+    if empty:
+        raise InputError(f"{path}: array(s) {empty} hold no samples; save the data into them")
     return arrays
 
 

@@ -75,6 +75,19 @@ def test_csv_errors_name_the_problem(tmp_path: Path) -> None:
         load_splits(recipe(tmp_path, {"source": "csv", "path": "missing.csv", "label_column": "y"}))
 
 
+def test_csv_from_a_spreadsheet_byte_order_mark_and_blank_lines(tmp_path: Path) -> None:
+    rows = "".join(f"{i % 2},{i}\n" for i in range(40))
+    (tmp_path / "d.csv").write_bytes(b"\xef\xbb\xbflabel,a\n" + rows.encode() + b"\n\n")
+    splits = load_splits(recipe(tmp_path, {"source": "csv", "path": "d.csv", "label_column": "label"}))
+    assert splits.info.labels == ["0", "1"] and len(splits.train) + len(splits.val) + len(splits.test) == 40
+    (tmp_path / "gap.csv").write_text("x,y\n1,0\n\nhello,1\n")
+    with pytest.raises(InputError, match=r"line 4: column 'x' holds 'hello'"):  # lines counted as in an editor
+        load_splits(recipe(tmp_path, {"source": "csv", "path": "gap.csv", "label_column": "y"}))
+    (tmp_path / "latin.csv").write_bytes("a,label\n1,café\n".encode("latin-1"))
+    with pytest.raises(InputError, match=r"latin.csv is not UTF-8 text .*save the CSV as UTF-8"):
+        load_splits(recipe(tmp_path, {"source": "csv", "path": "latin.csv", "label_column": "label"}))
+
+
 def test_npz_features_and_labels(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "d.npz", X=rng.normal(size=(80, 5)), y=np.arange(80) % 4, labels=np.array(list("abcd")))
@@ -83,6 +96,9 @@ def test_npz_features_and_labels(tmp_path: Path) -> None:
     np.savez(tmp_path / "bad.npz", features=np.zeros((4, 2)), y=np.zeros(4))
     with pytest.raises(InputError, match=r"lacks array\(s\) \['X'\]; it holds \['features', 'y'\]"):
         load_splits(recipe(tmp_path, {"source": "npz", "path": "bad.npz"}))
+    np.savez(tmp_path / "empty.npz", X=np.zeros((0, 2)), y=np.zeros(0, dtype=int), labels=np.array(["a", "b"]))
+    with pytest.raises(InputError, match=r"array\(s\) \['X', 'y'\] hold no samples"):
+        load_splits(recipe(tmp_path, {"source": "npz", "path": "empty.npz"}))
 
 
 def test_image_folder(tmp_path: Path) -> None:

@@ -191,6 +191,9 @@ class Batcher:
                 results = self._execute(batch)
             else:
                 results = await loop.run_in_executor(self._executor, self._execute, batch)
+        except Exception as exc:  # not onnxruntime refusing data: a server fault every request must hear of
+            log.exception("a batch of %d request(s) failed", len(batch))
+            results = [exc] * len(batch)
         finally:
             self._slots.release()
         compute = time.perf_counter() - started

@@ -130,3 +130,25 @@ def test_fixed_batch_model_runs_each_request_alone(tmp_path: Path) -> None:
     for x, result in zip(xs, asyncio.run(main()), strict=True):
         np.testing.assert_allclose(result["logits"], run_reference(mlp([4, 8, 3], seed=4, batch=1), {"x": x})["logits"])
     assert stats.executions == 5 and stats.inferences == 5
+
+
+def test_a_server_fault_in_a_run_answers_every_request_at_once(mlp_session: ModelSession) -> None:
+    """A failure that is not onnxruntime refusing data reaches each waiting request, not its timeout."""
+
+    def broken(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise MemoryError("no room for the batch")
+
+    x = np.zeros((1, 4), np.float32)
+
+    async def main() -> list:
+        with ThreadPoolExecutor(1) as pool:
+            settings = BatchSettings(max_queue_delay_ms=20, timeout_s=30)
+            batcher = Batcher(broken, True, settings, pool, ModelStats())
+            results = await asyncio.wait_for(
+                asyncio.gather(*(batcher.infer({"x": x}, 1) for _ in range(3)), return_exceptions=True), 10
+            )
+            await batcher.close()
+            return results
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, MemoryError) for r in results), results

@@ -8,10 +8,12 @@ traceback and answered 500 (a real server fault), never a dropped connection.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import os
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -225,9 +227,7 @@ class ServeApp:
         }
 
     async def _v2_infer(self, model: LoadedVersion, headers: dict[str, str], body: bytes) -> Response:
-        started = time.perf_counter()
-        stats = self.metrics.model(model.name, model.version)
-        try:
+        with self._counted(model):
             request = v2.decode_infer(body, headers)
             if request.outputs is not None:
                 _check_outputs(model, request.outputs)
@@ -236,12 +236,20 @@ class ServeApp:
             if request.outputs is not None:
                 results = {k: results[k] for k in request.outputs}
             payload, out_headers = v2.encode_infer(model.name, model.version, request, results)
-        except RequestError:
+        return 200, payload, out_headers
+
+    @contextlib.contextmanager
+    def _counted(self, model: LoadedVersion) -> Iterator[None]:
+        """Count one inference request for the model's metrics: a success with its time, or a failure."""
+        stats = self.metrics.model(model.name, model.version)
+        started = time.perf_counter()
+        try:
+            yield
+        except Exception:  # refused (4xx/503) or a server fault (500): either way the request failed
             stats.failure += 1
             raise
         stats.success += 1
         stats.request_seconds += time.perf_counter() - started
-        return 200, payload, out_headers
 
     # -- TF Serving REST ---------------------------------------------------------------------------
 
@@ -269,18 +277,11 @@ class ServeApp:
         raise NotFound(f"no route for {action!r} under /v1/models/{name}; use :predict or metadata")
 
     async def _v1_predict(self, model: LoadedVersion, body: bytes) -> Response:
-        started = time.perf_counter()
-        stats = self.metrics.model(model.name, model.version)
-        try:
+        with self._counted(model):
             feeds, row_form = tfserving.decode_predict(body, model.session.inputs)
             rows = model.session.check_inputs(feeds)
             results = await model.batcher.infer(feeds, rows)
             payload = tfserving.encode_predict(results, row_form)
-        except RequestError:
-            stats.failure += 1
-            raise
-        stats.success += 1
-        stats.request_seconds += time.perf_counter() - started
         return 200, payload, _JSON
 
 

@@ -104,7 +104,7 @@ class ServeApp:
         limit = self.config.http.max_body_bytes
         for key, value in scope["headers"]:
             if key == b"content-length" and value.isdigit() and int(value) > limit:
-                raise RequestError(f"the body is {int(value)} bytes, over the {limit}-byte limit (--max-body)", 413)
+                raise RequestError(f"the body is {int(value)} bytes, over the {limit}-byte limit (--max-body-mb)", 413)
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -113,7 +113,7 @@ class ServeApp:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise RequestError(f"the body is over the {limit}-byte limit (--max-body)", 413)
+                raise RequestError(f"the body is over the {limit}-byte limit (--max-body-mb)", 413)
             chunks.append(chunk)
             if not message.get("more_body"):
                 return b"".join(chunks)

@@ -266,9 +266,23 @@ def _custom(spec: CustomSpec, info: DataInfo) -> nn.Module:
             f"model.factory {spec.factory!r} cannot be loaded ({exc}); make {module_name} importable "
             "(installed, or on PYTHONPATH) and define the function in it"
         ) from None
+    if not callable(factory):
+        raise InputError(f"model.factory {spec.factory!r} is a {type(factory).__name__}, not a function")
     kwargs = dict(spec.kwargs)
-    if "data" in inspect.signature(factory).parameters:
-        kwargs["data"] = info
+    try:
+        signature = inspect.signature(factory)
+    except ValueError:  # some builtins have none: the call itself will complain
+        signature = None
+    if signature is not None:
+        if "data" in signature.parameters:
+            kwargs["data"] = info
+        try:
+            signature.bind(**kwargs)
+        except TypeError as exc:  # a key the function does not take, or a required argument missing
+            raise InputError(
+                f"model.factory {spec.factory!r} cannot be called with model.kwargs {spec.kwargs} ({exc}); "
+                "pass the arguments it takes"
+            ) from None
     result = factory(**kwargs)
     declared = None
     if isinstance(result, tuple) and len(result) == 2:
@@ -282,8 +296,13 @@ def _custom(spec: CustomSpec, info: DataInfo) -> nn.Module:
 
 def _check_declared(factory: str, declared: Any, info: DataInfo) -> None:
     """A factory's declared input must agree with the data (dtype, and every non-symbolic dim)."""
-    spec = declared if isinstance(declared, TensorSpec) else TensorSpec(**declared)
-    dims = [d for d in spec.shape[1:]]
+    try:
+        spec = declared if isinstance(declared, TensorSpec) else TensorSpec(**declared)
+    except TypeError as exc:
+        raise InputError(
+            f"model.factory {factory!r} declares its input as {declared!r}, not a TensorSpec ({exc})"
+        ) from None
+    dims = list(spec.shape[1:])
     if (
         spec.dtype != info.dtype
         or len(dims) != len(info.sample_shape)

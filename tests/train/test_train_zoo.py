@@ -102,6 +102,10 @@ def test_custom_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         build_model(spec("custom", factory="my_models:with_spec"), FEATURES)
     with pytest.raises(InputError, match="cannot be loaded.*make no_such_module importable"):
         build_model(spec("custom", factory="no_such_module:f"), FEATURES)
+    with pytest.raises(InputError, match=r"my_models:linear' cannot be called with model.kwargs \{'width': 3\}"):
+        build_model(spec("custom", factory="my_models:linear", kwargs={"width": 3}), FEATURES)
+    with pytest.raises(InputError, match=r"'math:pi' is a float, not a function"):
+        build_model(spec("custom", factory="math:pi"), FEATURES)
     sys.modules.pop("my_models", None)
 
 

@@ -137,15 +137,21 @@ def read_eval_data(path: Path, specs: list[TensorSpec]) -> tuple[Arrays, np.ndar
         fixed = [(i, d) for i, d in enumerate(spec.shape) if isinstance(d, int)]
         if array.ndim != len(spec.shape) or any(array.shape[i] != d for i, d in fixed):
             raise InputError(f"{path}: {spec.name!r} has shape {list(array.shape)}, the model expects {spec.shape}")
+        if not array.ndim:
+            raise InputError(f"{path}: {spec.name!r} is a scalar; golden data needs a leading sample axis")
         if not np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
             raise InputError(f"{path}: {spec.name!r} is {array.dtype}, the model expects {spec.dtype}")
         inputs[spec.name] = array.astype(spec.dtype)
     counts = {len(a) for a in inputs.values()}
     target = arrays.get("target")
     if target is not None:
+        if not target.ndim:
+            raise InputError(f"{path}: 'target' is a scalar; give one target per sample (shape [samples, ...])")
         counts.add(len(target))
     if len(counts) != 1:
         raise InputError(f"{path}: arrays disagree on the number of samples: {sorted(counts)}")
+    if counts == {0}:
+        raise InputError(f"{path} holds no samples; the golden outputs and the gate need at least one")
     return inputs, target
 
 

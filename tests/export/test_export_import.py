@@ -157,6 +157,8 @@ def test_bad_inputs_are_refused_with_the_value_and_nothing_left_behind(tmp_path:
     garbage = tmp_path / "garbage.onnx"
     garbage.write_bytes(b"\x00\x01 not a protobuf \xff" * 10)
     np.savez(tmp_path / "wrong.npz", features=np.zeros((3, 4), np.float32))
+    np.savez(tmp_path / "empty.npz", x=np.zeros((0, 4), np.float32))
+    np.savez(tmp_path / "scalar.npz", x=np.zeros((3, 4), np.float32), target=np.array(1))
     cases = {
         ("import", str(garbage), "--name", "g"): "is not an ONNX model",
         ("import", str(tmp_path / "missing.onnx"), "--name", "g"): "not found",
@@ -170,6 +172,8 @@ def test_bad_inputs_are_refused_with_the_value_and_nothing_left_behind(tmp_path:
             "--eval-data",
             str(tmp_path / "wrong.npz"),
         ): "lacks arrays for model inputs ['x']",
+        ("import", str(source), "--name", "l", "--eval-data", str(tmp_path / "empty.npz")): "holds no samples",
+        ("import", str(source), "--name", "l", "--eval-data", str(tmp_path / "scalar.npz")): "'target' is a scalar",
     }
     for args, message in cases.items():
         result = invoke(*args, "--repository", str(repo))

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from pipeline.errors import ArtifactError
@@ -98,7 +98,7 @@ class CheckpointWriter:
     """Writes checkpoints on a background thread: the loop pays for copying the tensors, not for the disk.
 
     At most one write is in flight; `submit` waits for the previous one, `wait` for the last one.
-    Until a write completes, latest.json still names the previous checkpoint.
+    Until a write completes, the previous step-*.safetensors is the newest complete checkpoint.
     """
 
     def __init__(self, root: Path) -> None:
@@ -185,21 +185,31 @@ def latest_checkpoint(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
+_UNREADABLE = (OSError, KeyError, TypeError, ValueError, SafetensorError)  # JSONDecodeError is a ValueError
+
+
 def read_state(path: Path) -> dict[str, Any]:
     """The JSON part of a checkpoint's state (no tensors): cheap, for checks before resuming."""
-    with safe_open(path, "pt") as f:
-        return json.loads(f.metadata()["state"])
+    try:
+        with safe_open(path, "pt") as f:
+            return json.loads(f.metadata()["state"])
+    except _UNREADABLE as exc:
+        raise _unreadable(path, exc) from None
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
     """(weights, best weights, state) from a checkpoint file written by CheckpointWriter."""
+    skeleton = read_state(path)
     try:
         tensors = load_file(path)
-        skeleton = read_state(path)
-    except (OSError, KeyError, ValueError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"checkpoint {path} is unreadable ({exc}); start a fresh run without --resume") from None
+    except _UNREADABLE as exc:
+        raise _unreadable(path, exc) from None
     parts: dict[str, dict[str, torch.Tensor]] = {"weights": {}, "best": {}, "state": {}}
     for key, value in tensors.items():
         part, _, name = key.partition(".")
         parts[part][name] = value
     return parts["weights"], parts["best"], unflatten(skeleton, parts["state"])
+
+
+def _unreadable(path: Path, exc: BaseException) -> ArtifactError:
+    return ArtifactError(f"checkpoint {path} is unreadable ({exc}); start a fresh run without --resume")

@@ -135,7 +135,7 @@ def choose_version(model_root: Path, recipe: Recipe, resume: bool) -> Path:
             "checkpoint/step-*.safetensors and no manifest.json); run without --resume to start a new one"
         )
     root = candidates[-1]
-    saved = unflatten_top(read_state(sorted(root.glob("checkpoint/step-*.safetensors"))[-1]))
+    saved = unflatten_top(read_state(latest_checkpoint(root)))  # newest by step number, not by name
     digest, epochs = saved.get("recipe_digest"), saved.get("epochs")
     if digest != recipe.digest or epochs != recipe.train.epochs:
         raise InputError(

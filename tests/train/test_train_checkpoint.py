@@ -1,4 +1,4 @@
-"""Checkpoints: state round trips without pickle, and the latest pointer only moves to complete ones."""
+"""Checkpoints: state round trips without pickle, only complete files count, unreadable ones are named."""
 
 from __future__ import annotations
 
@@ -6,9 +6,18 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
-from pipeline.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from pipeline.errors import ArtifactError
+from pipeline.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    read_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 
 
 def test_optimizer_and_rng_state_round_trip(tmp_path: Path) -> None:
@@ -46,3 +55,24 @@ def test_a_newer_checkpoint_replaces_the_older(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["step-000002.safetensors"]
     assert latest_checkpoint(tmp_path) == second
     assert torch.equal(load_checkpoint(second)[0]["w"], torch.zeros(2))
+
+
+def test_an_unreadable_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "checkpoint" / "step-000003.safetensors"
+    bad.parent.mkdir()
+    bad.write_bytes(b"not safetensors" * 10)  # e.g. a disk that lost it
+    for read in (read_state, load_checkpoint):
+        with pytest.raises(ArtifactError, match="step-000003.safetensors is unreadable .*without --resume"):
+            read(bad)
+
+
+def test_resume_reads_the_newest_checkpoint_by_step_not_by_name(tmp_path: Path) -> None:
+    from pipeline.recipe import parse_recipe
+    from pipeline.train.run import choose_version
+
+    recipe = parse_recipe({"name": "t", "model": {"arch": "mlp"}, "data": {"source": "digits"}})
+    root = tmp_path / "t" / "1"
+    weights = {"w": torch.ones(1)}
+    save_checkpoint(root, 1_000_000, weights, weights, {"recipe_digest": recipe.digest, "epochs": 10})
+    (root / "checkpoint" / "step-999999.safetensors").write_bytes(b"older, and sorts last by name")
+    assert choose_version(tmp_path / "t", recipe, resume=True) == root

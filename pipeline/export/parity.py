@@ -289,7 +289,11 @@ def _metric_row(
     if measured is None:
         return Row("metric", output, True, f"no task metric for {task!r}")
     name, onnx_value = measured
-    _, ref_value = task_metric(task, _run_chunks(reference, data, output), target) or (name, float("nan"))
+    try:
+        want = _run_chunks(reference, data, output)
+    except Exception as exc:  # the reference cannot run the split: a finding, as in `verify`
+        return Row(f"metric {name}", output, False, f"the reference failed on the evaluation split: {_first_line(exc)}")
+    _, ref_value = task_metric(task, want, target) or (name, float("nan"))
     difference = abs(onnx_value - ref_value)
     report.metric = {
         "name": name,

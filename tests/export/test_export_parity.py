@@ -84,3 +84,19 @@ def test_tolerance_is_the_allclose_rule(tmp_path: Path) -> None:
     report = verify(path, nudged, SAMPLES, [X], [Y], Tolerance(atol=1e-5, rtol=0.0))
     row = report.failures[0]
     assert row.max_abs == pytest.approx(5e-5, rel=0.05) and "exceed atol 1e-05" in row.detail
+
+
+def test_a_reference_that_fails_on_the_evaluation_split_is_a_row_not_a_crash(tmp_path: Path) -> None:
+    path = graph(tmp_path, "y = Identity(x)")
+    samples = SAMPLES["x"]
+
+    def small_batches_only(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if len(arrays["x"]) > len(samples):
+            raise RuntimeError("out of memory")
+        return {"y": arrays["x"]}
+
+    evaluation = ({"x": np.concatenate([samples] * 3)}, np.zeros(3 * len(samples), np.int64))
+    report = verify(path, small_batches_only, SAMPLES, [X], [Y], Tolerance(), evaluation=evaluation)
+    (row,) = report.failures
+    assert row.check == "metric accuracy" and "the reference failed on the evaluation split" in row.detail
+    assert "out of memory" in row.detail

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from pipeline.fsutil import atomic_write_bytes
+
 METRICS_FILE = "reports/metrics.jsonl"
 TENSORBOARD_DIR = "reports/tensorboard"
 FLUSH_SECONDS = 2.0  # metrics.jsonl is written at least this often (and before every checkpoint)
@@ -135,11 +137,21 @@ def _summary_writer() -> Any:
 
 
 def _truncate_after(path: Path, step: int) -> None:
-    """Keep only records up to `step` (all of them when starting fresh at 0 and the file is new)."""
+    """Keep only records up to `step` (all of them when starting fresh at 0 and the file is new).
+
+    A run killed mid-write can leave a torn last line; it is after the checkpoint (metrics are
+    flushed before each one), so it goes with the other records being replayed.
+    """
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept))
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            continue
+    atomic_write_bytes(path, "".join(kept).encode())  # a kill now leaves the old file, not half of it
 
 
 def _mlflow_or_none() -> Any:

@@ -65,7 +65,7 @@ class Run:
     device: torch.device
     precision: str  # fp32 | bf16 | fp16 (resolved, never auto)
     monitor: Monitor
-    resume_from: Path | None = None  # a checkpoint folder to continue from
+    resume_from: Path | None = None  # the step-*.safetensors checkpoint to continue from
 
 
 @dataclass
@@ -75,7 +75,7 @@ class FitResult:
     wall_s: float
     cpu_s: float  # process CPU time over the loop: steadier than wall time on a shared machine
     samples_per_s: float
-    checkpoint: Path | None  # the last checkpoint folder written
+    checkpoint: Path | None  # the last checkpoint file written (or resumed from)
 
 
 def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:

@@ -100,6 +100,8 @@ class DataSpec(_Strict):
             raise ValueError(f"source {self.source!r} is a bundled dataset and takes no path; remove data.path")
         if self.source == "csv" and not self.label_column:
             raise ValueError("source 'csv' needs data.label_column (the column holding the target)")
+        if self.as_image and self.source != "digits":
+            raise ValueError(f"data.as_image applies to the digits dataset only (source is {self.source!r}); remove it")
         return self
 
 

@@ -60,6 +60,10 @@ def test_defaults_fill_the_sections() -> None:
         ),
         (with_changes(data={"source": "csv"}), "data: source 'csv' reads a file: set data.path"),
         (with_changes(data={"source": "parquet"}), "data.source: Input should be"),
+        (
+            with_changes(data={"source": "iris", "as_image": True}),
+            "data: data.as_image applies to the digits dataset only (source is 'iris'); remove it",
+        ),
         ({**BASE, "trainn": {}}, "trainn: unknown key"),
         ({"model": {"arch": "mlp"}, "data": {"source": "digits"}}, "name: Field required"),
         (

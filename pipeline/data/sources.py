@@ -45,8 +45,6 @@ def read_source(recipe: Recipe) -> RawData:
             )
         readers = {"csv": _csv, "npz": _npz, "images": _images, "tokens": _tokens}
         raw = readers[data.source](path, recipe)
-    if data.as_image and data.source != "digits":
-        raise InputError(f"data.as_image applies to the digits dataset only (source is {data.source!r}); remove it")
     _check(raw, str(recipe.data_path() or data.source))
     return raw
 

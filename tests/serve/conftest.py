@@ -17,6 +17,7 @@ import pytest
 from serve_models import embed, mlp, strings, two_in_two_out, write_artifact
 
 READY_TIMEOUT_S = 60
+BIND_ATTEMPTS = 3
 
 
 def free_port() -> int:
@@ -56,7 +57,24 @@ class Server:
 
 
 def start_server(paths: list[Path], log: Path, *args: str, env: dict[str, str] | None = None) -> Server:
-    """Start `python -m pipeline serve` and wait (bounded) until /v2/health/ready answers 200."""
+    """Start `python -m pipeline serve` and wait (bounded) until /v2/health/ready answers 200.
+
+    The free port is only free when asked for: another process may take it before the server binds,
+    so a server that could not bind is started again on a new port (a few times at most).
+    """
+    for _ in range(BIND_ATTEMPTS - 1):
+        try:
+            return _start_once(paths, log, args, env)
+        except PortTaken:
+            continue
+    return _start_once(paths, log, args, env)
+
+
+class PortTaken(RuntimeError):
+    pass
+
+
+def _start_once(paths: list[Path], log: Path, args: tuple[str, ...], env: dict[str, str] | None) -> Server:
     port = free_port()
     command = [sys.executable, "-m", "pipeline", "serve", *map(str, paths), "--port", str(port)]
     command += ["--intra-op-threads", "1", "--inter-op-threads", "1", *args]
@@ -66,9 +84,12 @@ def start_server(paths: list[Path], log: Path, *args: str, env: dict[str, str] |
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"pipe serve exited with {proc.returncode}:\n{server.logs()}")
+            error = PortTaken if "address already in use" in server.logs() else RuntimeError
+            raise error(f"pipe serve exited with {proc.returncode}:\n{server.logs()}")
+        # Until this server has bound the port, an answer there would come from whoever took it.
+        bound = f"running on {server.url}" in server.logs()
         try:
-            if httpx.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200:
+            if bound and httpx.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200:
                 return server
         except httpx.TransportError:
             pass

@@ -69,7 +69,7 @@ def train_recipe(
     if nproc > 1:
         from pipeline.train.distributed import launch
 
-        root = choose_version(model_root, recipe, resume)
+        root = choose_version(model_root, recipe, resume, processes=nproc)
         launch(nproc, [plan.to_json(), str(root)], threads_per_process(recipe, nproc))
         if not (root / MANIFEST_NAME).is_file():
             raise InputError(f"torchrun finished but {root} holds no manifest; see the worker output above")
@@ -94,7 +94,7 @@ def train_in_process(
     try:
         with _torch_settings(recipe):
             if root is None:  # rank 0 picks (or creates) the version directory, the others follow
-                picked = str(choose_version(model_root, recipe, resume)) if world.main else None
+                picked = str(choose_version(model_root, recipe, resume, world.size)) if world.main else None
                 root = Path(dist_.broadcast(world, picked))
             resume_from = latest_checkpoint(root) if resume else None
             device = torch.device(plan.device, world.local_rank if plan.device == "cuda" else None)
@@ -118,8 +118,12 @@ def train_in_process(
         dist_.close_world(world)
 
 
-def choose_version(model_root: Path, recipe: Recipe, resume: bool) -> Path:
-    """A new version directory, or with `resume` the newest unfinished one (checkpoint, no manifest)."""
+def choose_version(model_root: Path, recipe: Recipe, resume: bool, processes: int = 1) -> Path:
+    """A new version directory, or with `resume` the newest unfinished one (checkpoint, no manifest).
+
+    A run resumes with the recipe, `--epochs` and number of processes it started with: the data
+    order, the position within the epoch and the per-rank RNG states all depend on them.
+    """
     if not resume:
         return allocate_version(model_root)
     unfinished = sorted(
@@ -142,6 +146,12 @@ def choose_version(model_root: Path, recipe: Recipe, resume: bool) -> Path:
             f"cannot resume {root}: it was started from another recipe or --epochs (recipe digest "
             f"{str(digest)[:12]}, epochs {epochs}; now {recipe.digest[:12]}, epochs {recipe.train.epochs}); "
             "resume with the same recipe file and --epochs, or start a new run without --resume"
+        )
+    started = len(saved.get("rng", [])) or processes  # one RNG state per rank
+    if started != processes:
+        raise InputError(
+            f"cannot resume {root}: it was started with {started} process(es), this run has {processes}; "
+            f"resume with --nproc {started}, or start a new run without --resume"
         )
     return root
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.errors import ArtifactError
+from pipeline.errors import ArtifactError, InputError
 from pipeline.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -66,13 +66,16 @@ def test_an_unreadable_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
             read(bad)
 
 
-def test_resume_reads_the_newest_checkpoint_by_step_not_by_name(tmp_path: Path) -> None:
+def test_resume_reads_the_newest_checkpoint_by_step_and_needs_the_same_process_count(tmp_path: Path) -> None:
     from pipeline.recipe import parse_recipe
     from pipeline.train.run import choose_version
 
     recipe = parse_recipe({"name": "t", "model": {"arch": "mlp"}, "data": {"source": "digits"}})
     root = tmp_path / "t" / "1"
     weights = {"w": torch.ones(1)}
-    save_checkpoint(root, 1_000_000, weights, weights, {"recipe_digest": recipe.digest, "epochs": 10})
+    state = {"recipe_digest": recipe.digest, "epochs": 10, "rng": [rng_state(), rng_state()]}  # two ranks
+    save_checkpoint(root, 1_000_000, weights, weights, state)
     (root / "checkpoint" / "step-999999.safetensors").write_bytes(b"older, and sorts last by name")
-    assert choose_version(tmp_path / "t", recipe, resume=True) == root
+    assert choose_version(tmp_path / "t", recipe, resume=True, processes=2) == root
+    with pytest.raises(InputError, match=r"started with 2 process\(es\), this run has 1; resume with --nproc 2"):
+        choose_version(tmp_path / "t", recipe, resume=True)

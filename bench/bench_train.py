@@ -73,12 +73,13 @@ def bare_loop(recipe_path: Path, validate: bool) -> tuple[float, float]:
 
     from pipeline.data import load_splits
     from pipeline.recipe import load_recipe
+    from pipeline.train.run import threads_per_process
     from pipeline.train.zoo import build_model
 
     recipe = load_recipe(recipe_path)
     cfg = recipe.train
     splits = load_splits(recipe)
-    torch.set_num_threads(cfg.threads or 1)
+    torch.set_num_threads(threads_per_process(recipe, 1))  # the count pipe's loop runs with
     torch.use_deterministic_algorithms(cfg.deterministic)
     torch.manual_seed(cfg.seed)
     model = build_model(recipe.model, splits.info)

@@ -55,12 +55,11 @@ def train(
     Also runs under your own torchrun (e.g. `torchrun --nnodes 2 ... -m pipeline train RECIPE`).
     """
     import os
-    import pathlib
 
     from pipeline.train.run import train_recipe
 
     root = train_recipe(
-        recipe, resume=resume, epochs=epochs, device=device, nproc=nproc, out_root=pathlib.Path(out_root), quiet=quiet
+        recipe, resume=resume, epochs=epochs, device=device, nproc=nproc, out_root=Path(out_root), quiet=quiet
     )
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone reports
         click.echo(f"trained {root}")

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import start_server
 from serve_models import mlp, run_reference, two_in_two_out, write_artifact
+from serve_process import start_server
 
 pytestmark = pytest.mark.slow  # starts server processes and waits for reloads
 

@@ -1,0 +1,98 @@
+"""A real `pipe serve` process for tests: started on a free port, ready when it answers, stopped by SIGTERM.
+
+A module of its own (not conftest.py) so test files import it by a name no other test folder uses.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+READY_TIMEOUT_S = 60
+BIND_ATTEMPTS = 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    """A running `pipe serve` process on 127.0.0.1."""
+
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def logs(self) -> str:
+        return self.log.read_text()
+
+    def stop(self, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+def start_server(paths: list[Path], log: Path, *args: str, env: dict[str, str] | None = None) -> Server:
+    """Start `python -m pipeline serve` and wait (bounded) until /v2/health/ready answers 200.
+
+    The free port is only free when asked for: another process may take it before the server binds,
+    so a server that could not bind is started again on a new port (a few times at most).
+    """
+    for _ in range(BIND_ATTEMPTS - 1):
+        try:
+            return _start_once(paths, log, args, env)
+        except PortTaken:
+            continue
+    return _start_once(paths, log, args, env)
+
+
+class PortTaken(RuntimeError):
+    pass
+
+
+def _start_once(paths: list[Path], log: Path, args: tuple[str, ...], env: dict[str, str] | None) -> Server:
+    port = free_port()
+    command = [sys.executable, "-m", "pipeline", "serve", *map(str, paths), "--port", str(port)]
+    command += ["--intra-op-threads", "1", "--inter-op-threads", "1", *args]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    server = Server(proc, port, log)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            error = PortTaken if "address already in use" in server.logs() else RuntimeError
+            raise error(f"pipe serve exited with {proc.returncode}:\n{server.logs()}")
+        # Until this server has bound the port, an answer there would come from whoever took it.
+        bound = f"running on {server.url}" in server.logs()
+        try:
+            if bound and httpx.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(f"pipe serve was not ready within {READY_TIMEOUT_S}s:\n{server.logs()}")

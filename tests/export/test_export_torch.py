@@ -113,7 +113,7 @@ def test_operator_missing_from_the_chosen_opset_is_named_with_the_opset_that_has
 
 
 def test_unknown_exporter_is_refused(tmp_path: Path) -> None:
-    spec, _ = CASES["mlp"][1], None
+    spec = CASES["mlp"][1]
     with pytest.raises(InputError, match="'jit' is not one of dynamo, torchscript"):
         export_module(MLP(), (torch.zeros(2, 6),), [spec], LOGITS, tmp_path / "m.onnx", exporter="jit")
 

@@ -59,7 +59,10 @@ def test_batched_model_gives_dynamic_batching_config_that_parses(tmp_path: Path)
 
 def test_fixed_batch_model_gets_no_batching_and_full_dims(tmp_path: Path) -> None:
     artifact = import_onnx(write(tmp_path, "2", "fixed"), "fixed", tmp_path / "artifacts", task="regression")
-    CliRunner().invoke(main, ["export", str(artifact.root), "--target", "triton", "--out", str(tmp_path / "t")])
+    result = CliRunner().invoke(
+        main, ["export", str(artifact.root), "--target", "triton", "--out", str(tmp_path / "t")]
+    )
+    assert result.exit_code == 0, result.output
     config = parse(tmp_path / "t" / "fixed")
     assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
     assert [list(t.dims) for t in config.input] == [[2, 4], [2, -1]]

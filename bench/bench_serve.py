@@ -1,6 +1,6 @@
 """Benchmark `pipe serve` against its ceiling and a naive baseline, side by side in one run.
 
-    .venv/bin/python bench/bench_serve.py [--seconds 3] [--out bench/results/serve.json]
+    .venv/bin/python bench/bench_serve.py [--seconds 2] [--repeats 2] [--out bench/results/serve.json]
 
 For a small model (MLP 784-256-256-10) and a heavy one (MLP 1024-2048-2048-1000) it measures:
   - raw: an onnxruntime session called in-process, batch 1 and batch 32 (the ceiling);
@@ -183,8 +183,8 @@ async def load(url: str, body: bytes, headers: dict[str, str], concurrency: int,
     lat = np.array(latencies) * 1000
     return {
         "rows_per_s": len(latencies) / elapsed,
-        "p50_ms": float(np.percentile(lat, 50)),
-        "p99_ms": float(np.percentile(lat, 99)),
+        "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),  # every request failed: no latency
+        "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan"),
         "requests": len(latencies),
         "errors": errors,
     }

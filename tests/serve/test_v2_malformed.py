@@ -104,6 +104,14 @@ def test_malformed_json_gets_400(http: httpx.Client, body: bytes, needle: str) -
     assert needle in r.json()["error"]
 
 
+@pytest.mark.parametrize("data", [[1.5, 2], [True, False]], ids=["fraction", "boolean"])
+def test_json_data_is_not_cast_silently_to_an_integer_datatype(http: httpx.Client, data: list) -> None:
+    body = {"inputs": [{"name": "ids", "shape": [1, 2], "datatype": "INT64", "data": data}]}
+    r = http.post("/v2/models/embed/infer", json=body)
+    assert r.status_code == 400, r.text
+    assert "does not fit datatype INT64 (the values must be integers" in r.json()["error"]
+
+
 def test_server_healthy_after_malformed_input(http: httpx.Client, server) -> None:
     assert http.get("/v2/health/ready").status_code == 200
     assert "Traceback" not in server.logs()

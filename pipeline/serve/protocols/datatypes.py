@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from pipeline.serve.errors import RequestError
@@ -76,3 +78,18 @@ def v2_datatype(dtype: np.dtype) -> str:
         if candidate == dtype:
             return name
     raise RequestError(f"numpy dtype {dtype} has no V2 datatype", status=500)
+
+
+def json_array(data: Any, dtype: np.dtype) -> np.ndarray:
+    """JSON values (nested lists of numbers or booleans) -> an array of `dtype`, without silent casts.
+
+    numpy alone would truncate 1.5 to 1 for an integer dtype, read true/false as 1/0, and read 1 as
+    true for BOOL; those are refused. (numpy reads a list mixing true with integers as integers.)
+    Raises TypeError, ValueError or OverflowError, which the protocols turn into a 400.
+    """
+    array = np.asarray(data, dtype=dtype)
+    if array.size and dtype.kind in "biu":
+        if np.asarray(data).dtype.kind not in ("b" if dtype.kind == "b" else "iu"):
+            expected = "true/false" if dtype.kind == "b" else "integers (no fraction, not true/false)"
+            raise TypeError(f"the values must be {expected}")
+    return array

@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 
 from pipeline.serve.errors import RequestError
-from pipeline.serve.protocols.datatypes import V2_TO_TF
+from pipeline.serve.protocols.datatypes import V2_TO_TF, json_array
 from pipeline.serve.protocols.v2 import parse_json
 from pipeline.serve.session import IOSpec
 
@@ -71,7 +71,7 @@ def _array(value: Any, spec: IOSpec) -> np.ndarray:
             encoded = np.empty(flat.size, dtype=object)
             encoded[:] = [x.encode() for x in flat]
             return encoded.reshape(array.shape)
-        return np.asarray(value, dtype=spec.dtype)
+        return json_array(value, spec.dtype)
     except (TypeError, ValueError, OverflowError) as exc:
         raise RequestError(
             f"input {spec.name!r}: values do not form a {spec.datatype} tensor ({exc}); the model expects "

@@ -18,7 +18,7 @@ import orjson
 
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.binary import HEADER, decode_tensor, encode_tensor, split_body
-from pipeline.serve.protocols.datatypes import numpy_dtype, v2_datatype
+from pipeline.serve.protocols.datatypes import json_array, numpy_dtype, v2_datatype
 
 MAX_RANK = 16
 
@@ -71,20 +71,12 @@ def _json_tensor(data: Any, name: str, datatype: str, dtype: np.dtype, shape: li
             array = np.empty(flat.size, dtype=object)
             array[:] = [x.encode() for x in flat]
         else:
-            array = np.asarray(data, dtype=dtype).ravel()
-            if datatype == "BOOL" and not _all_bools(data):
-                raise TypeError("BOOL data must be true/false")
+            array = json_array(data, dtype).ravel()
     except (TypeError, ValueError, OverflowError) as exc:
         raise RequestError(f"input {name!r}: data does not fit datatype {datatype} ({exc})") from None
     if array.size != count:
         raise RequestError(f"input {name!r}: shape {shape} needs {count} elements, the data holds {array.size}")
     return array.reshape(shape)
-
-
-def _all_bools(data: Any) -> bool:
-    if isinstance(data, list):
-        return all(_all_bools(x) for x in data)
-    return isinstance(data, bool)
 
 
 def decode_infer(body: bytes, headers: dict[str, str]) -> InferRequest:

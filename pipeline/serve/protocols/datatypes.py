@@ -81,15 +81,30 @@ def v2_datatype(dtype: np.dtype) -> str:
 
 
 def json_array(data: Any, dtype: np.dtype) -> np.ndarray:
-    """JSON values (nested lists of numbers or booleans) -> an array of `dtype`, without silent casts.
+    """JSON values (nested lists) -> an array of `dtype` shaped like them, without silent casts.
 
-    numpy alone would truncate 1.5 to 1 for an integer dtype, read true/false as 1/0, and read 1 as
-    true for BOOL; those are refused. (numpy reads a list mixing true with integers as integers.)
+    BYTES (object dtype) takes JSON strings, stored as UTF-8 bytes like binary BYTES data. numpy
+    alone would truncate 1.5 to 1 for an integer dtype, read true/false as 1/0, and read 1 as true
+    for BOOL; those are refused. (numpy reads a list mixing true with integers as integers.)
     Raises TypeError, ValueError or OverflowError, which the protocols turn into a 400.
     """
+    if dtype.kind == "O":
+        strings = np.asarray(data, dtype=object)
+        if not all(isinstance(x, str) for x in strings.flat):
+            raise TypeError("BYTES values must be JSON strings")
+        encoded = np.empty(strings.shape, dtype=object)
+        encoded.flat[:] = [x.encode() for x in strings.flat]
+        return encoded
     array = np.asarray(data, dtype=dtype)
     if array.size and dtype.kind in "biu":
         if np.asarray(data).dtype.kind not in ("b" if dtype.kind == "b" else "iu"):
             expected = "true/false" if dtype.kind == "b" else "integers (no fraction, not true/false)"
             raise TypeError(f"the values must be {expected}")
     return array
+
+
+def json_text(array: np.ndarray) -> np.ndarray:
+    """A BYTES output -> an object array of str for a JSON body (undecodable bytes become U+FFFD)."""
+    text = np.empty(array.shape, dtype=object)
+    text.flat[:] = [x.decode(errors="replace") if isinstance(x, bytes) else str(x) for x in array.flat]
+    return text

@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 
 from pipeline.serve.errors import RequestError
-from pipeline.serve.protocols.datatypes import V2_TO_TF, json_array
+from pipeline.serve.protocols.datatypes import V2_TO_TF, json_array, json_text
 from pipeline.serve.protocols.v2 import parse_json
 from pipeline.serve.session import IOSpec
 
@@ -63,14 +63,6 @@ def _spec(specs: list[IOSpec], name: str) -> IOSpec:
 
 def _array(value: Any, spec: IOSpec) -> np.ndarray:
     try:
-        if spec.datatype == "BYTES":
-            array = np.asarray(value, dtype=object)
-            flat = array.ravel()
-            if not all(isinstance(x, str) for x in flat):
-                raise TypeError("string inputs take JSON strings")
-            encoded = np.empty(flat.size, dtype=object)
-            encoded[:] = [x.encode() for x in flat]
-            return encoded.reshape(array.shape)
         return json_array(value, spec.dtype)
     except (TypeError, ValueError, OverflowError) as exc:
         raise RequestError(
@@ -95,9 +87,7 @@ def encode_predict(results: dict[str, np.ndarray], row_form: bool) -> bytes:
 
 def _jsonable(array: np.ndarray) -> Any:
     if array.dtype.kind in "OSU":
-        return np.vectorize(lambda x: x.decode(errors="replace") if isinstance(x, bytes) else str(x), otypes=[object])(
-            array
-        ).tolist()
+        return json_text(array).tolist()
     return np.ascontiguousarray(array)
 
 

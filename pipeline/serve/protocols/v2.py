@@ -18,7 +18,7 @@ import orjson
 
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.binary import HEADER, decode_tensor, encode_tensor, split_body
-from pipeline.serve.protocols.datatypes import json_array, numpy_dtype, v2_datatype
+from pipeline.serve.protocols.datatypes import json_array, json_text, numpy_dtype, v2_datatype
 
 MAX_RANK = 16
 
@@ -64,14 +64,7 @@ def _shape(value: Any, where: str) -> list[int]:
 def _json_tensor(data: Any, name: str, datatype: str, dtype: np.dtype, shape: list[int]) -> np.ndarray:
     count = math.prod(shape)
     try:
-        if dtype.kind == "O":
-            flat = np.asarray(data, dtype=object).ravel()
-            if not all(isinstance(x, str) for x in flat):
-                raise TypeError("BYTES data must be strings")
-            array = np.empty(flat.size, dtype=object)
-            array[:] = [x.encode() for x in flat]
-        else:
-            array = json_array(data, dtype).ravel()
+        array = json_array(data, dtype).ravel()
     except (TypeError, ValueError, OverflowError) as exc:
         raise RequestError(f"input {name!r}: data does not fit datatype {datatype} ({exc})") from None
     if array.size != count:
@@ -178,5 +171,5 @@ def encode_infer(
 
 def _json_data(array: np.ndarray) -> Any:
     if array.dtype.kind in "OSU":
-        return [x.decode(errors="replace") if isinstance(x, bytes) else str(x) for x in array.ravel()]
+        return json_text(array).ravel().tolist()
     return np.ascontiguousarray(array).ravel()

@@ -122,6 +122,8 @@ class Repository:
                 await self.refresh()
             except (OSError, PipelineError) as exc:  # e.g. a directory vanished mid-scan: try again next tick
                 log.warning("repository scan failed: %s", exc)
+            except Exception:  # a bug must not end hot reload silently: log it and keep watching
+                log.exception("repository scan failed")
 
     async def refresh(self) -> None:
         """Load new versions, drop removed ones, keep serving the old when a new one fails."""

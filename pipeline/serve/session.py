@@ -22,7 +22,8 @@ from pipeline.serve.protocols.datatypes import ORT_TO_V2, V2_TO_NUMPY, v2_dataty
 log = logging.getLogger("pipe.serve")
 
 _state = ort.capi.onnxruntime_pybind11_state
-# What onnxruntime raises for a model it cannot load or an input it cannot run (none share a base).
+# What onnxruntime raises for an input it cannot run (none share a base); a device failure such as
+# EPFail is left out on purpose: it is a server fault (500), not a bad request.
 ORT_ERRORS: tuple[type[Exception], ...] = (
     _state.Fail,
     _state.InvalidArgument,
@@ -99,7 +100,7 @@ class ModelSession:
         wanted = _providers(options.provider)
         try:
             self.session = ort.InferenceSession(str(path), sess_options=so, providers=wanted)
-        except ORT_ERRORS as exc:
+        except Exception as exc:  # any load failure (EPFail, NoModel, ...): this version is refused, not the server
             raise ArtifactError(f"{path}: onnxruntime cannot load the model ({exc})") from exc
         self.providers: list[str] = self.session.get_providers()
         if wanted[0] not in self.providers:

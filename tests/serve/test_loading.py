@@ -1,0 +1,65 @@
+"""Loading in-process: any onnxruntime load failure refuses that version only; hot reload outlives a bad scan."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import onnxruntime as ort
+import pytest
+from serve_models import mlp, write_artifact
+
+from pipeline.errors import ArtifactError
+from pipeline.serve import repository as repository_module
+from pipeline.serve.batching import BatchSettings
+from pipeline.serve.metrics import Metrics
+from pipeline.serve.repository import Repository, RepositorySettings
+from pipeline.serve.session import ModelSession, SessionOptions
+
+OPTIONS = SessionOptions(provider="cpu", intra_op_threads=1, inter_op_threads=1)
+
+
+def test_a_provider_failure_at_load_is_an_artifact_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "m.onnx"
+    path.write_bytes(mlp([4, 8, 3]).SerializeToString())
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise ort.capi.onnxruntime_pybind11_state.EPFail("the device went away")
+
+    monkeypatch.setattr(ort, "InferenceSession", fails)
+    with pytest.raises(ArtifactError, match="onnxruntime cannot load the model .*the device went away"):
+        ModelSession(path, OPTIONS)
+
+
+def test_hot_reload_keeps_watching_after_an_unexpected_scan_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = tmp_path / "artifacts"
+    write_artifact(repo, "m", 1, mlp([4, 8, 3], seed=1))
+    scans: list[int] = []
+    real_find = repository_module.find_versions
+
+    def flaky_find(paths: tuple[Path, ...]) -> dict[str, dict[int, Path]]:
+        scans.append(1)
+        if len(scans) == 2:  # the first scan after startup hits a bug
+            raise RuntimeError("unexpected")
+        return real_find(paths)
+
+    monkeypatch.setattr(repository_module, "find_versions", flaky_find)
+
+    async def main() -> list[int]:
+        with ThreadPoolExecutor(1) as pool:
+            settings = RepositorySettings((repo,), poll_s=0.01)
+            repository = Repository(settings, OPTIONS, BatchSettings(), Metrics(), pool)
+            await repository.start()
+            write_artifact(repo, "m", 2, mlp([4, 8, 3], seed=2))
+            for _ in range(1000):
+                if 2 in repository.models["m"]:
+                    break
+                await asyncio.sleep(0.01)
+            await repository.stop()
+            return sorted(repository.models["m"])
+
+    assert asyncio.run(main()) == [1, 2]
+    assert len(scans) >= 3

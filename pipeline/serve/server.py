@@ -31,6 +31,10 @@ def _check(config: ServeConfig) -> None:
         raise InputError("--max-batch-size, --max-queue and --instances must each be at least 1")
     if batching.max_queue_delay_ms < 0 or batching.timeout_s <= 0:
         raise InputError("--max-queue-delay-ms must be >= 0 and --timeout must be > 0")
+    if http.max_body_bytes < 1:
+        raise InputError("--max-body-mb must be > 0 (every request body would be refused)")
+    if config.session.intra_op_threads < 0 or config.session.inter_op_threads < 0:
+        raise InputError("--intra-op-threads and --inter-op-threads must be >= 0 (0: onnxruntime decides)")
     if config.repository.latest is not None and config.repository.latest < 1:
         raise InputError(f"--latest {config.repository.latest} must be at least 1 (omit it to serve all versions)")
     if http.api_key_env and not os.environ.get(http.api_key_env):

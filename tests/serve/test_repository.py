@@ -124,6 +124,8 @@ def test_per_model_variant_that_does_not_exist_is_reported(tmp_path: Path) -> No
         (["{repo}", "--latest", "0"], "--latest 0 must be at least 1"),
         (["{repo}", "--api-key-env", "PIPE_TEST_UNSET_KEY"], "PIPE_TEST_UNSET_KEY: that environment variable"),
         (["{repo}", "--variant", "m="], "give VARIANT or MODEL=VARIANT"),
+        (["{repo}", "--max-body-mb", "0"], "--max-body-mb must be > 0"),
+        (["{repo}", "--intra-op-threads", "-1"], "--intra-op-threads and --inter-op-threads must be >= 0"),
     ],
 )
 def test_bad_usage_exits_2(tmp_path: Path, args: list[str], needle: str) -> None:

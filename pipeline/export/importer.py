@@ -88,7 +88,13 @@ def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
     tensor = value.type.tensor_type
     if not value.type.HasField("tensor_type") or not tensor.HasField("shape"):
         raise InputError(f"graph value {value.name!r} is not a tensor of known rank; pipe imports tensor models only")
-    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
+    except KeyError:  # 0 (UNDEFINED) or a type this onnx release does not know
+        raise InputError(
+            f"graph value {value.name!r} has element type {tensor.elem_type}, which has no numpy dtype; "
+            "re-export the model with a declared element type on every input and output"
+        ) from None
     shape: list[int | str] = []
     for axis, dim in enumerate(tensor.shape.dim):
         if dim.HasField("dim_value"):

@@ -157,11 +157,15 @@ def test_bad_inputs_are_refused_with_the_value_and_nothing_left_behind(tmp_path:
     garbage = tmp_path / "garbage.onnx"
     garbage.write_bytes(b"\x00\x01 not a protobuf \xff" * 10)
     np.savez(tmp_path / "wrong.npz", features=np.zeros((3, 4), np.float32))
+    untyped = linear_model()
+    untyped.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.UNDEFINED
+    onnx.save(untyped, tmp_path / "untyped.onnx")
     np.savez(tmp_path / "empty.npz", x=np.zeros((0, 4), np.float32))
     np.savez(tmp_path / "scalar.npz", x=np.zeros((3, 4), np.float32), target=np.array(1))
     cases = {
         ("import", str(garbage), "--name", "g"): "is not an ONNX model",
         ("import", str(tmp_path / "missing.onnx"), "--name", "g"): "not found",
+        ("import", str(tmp_path / "untyped.onnx"), "--name", "g"): "'x' has element type 0, which has no numpy dtype",
         ("import", str(source), "--name", "Bad Name"): "name 'Bad Name' is not valid",
         ("import", str(source), "--name", "l", "--labels", "a,b"): "2 labels given (['a', 'b']) but output 'y' has 3",
         (

@@ -231,7 +231,8 @@ def _build(
     except Exception as exc:  # the model loads but does not run on inputs of its declared shape
         raise InputError(f"onnxruntime cannot run {source} on inputs shaped like its graph inputs: {exc}") from exc
     _check_labels(labels, outputs, golden_out, task)
-    report = verify(root / "model.onnx", _one_at_a_time(run, inputs), samples, inputs, outputs, Tolerance(), task)
+    reference = _one_at_a_time(run, inputs)
+    report = verify(root / "model.onnx", reference, samples, inputs, outputs, Tolerance(), task, session=session)
     report.raise_on_failure(f"imported model {source}")
     save_golden(artifact, Golden(samples, golden_out, target))
     for rel in ["model.onnx", *extra]:

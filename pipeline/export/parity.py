@@ -228,12 +228,14 @@ def verify(
     evaluation: tuple[Arrays, np.ndarray] | None = None,
     recorded: Arrays | None = None,
     scratch: Path | None = None,
+    session: Any = None,
 ) -> GateReport:
     """Run every check on the ONNX file at `path` against `reference`; never raises on a mismatch.
 
     `samples` are real inputs (golden), `evaluation` the whole test split with its target for the
     metric. `recorded` are outputs stored earlier for all of `samples` (golden.npz): the file must
-    reproduce them too. Call `raise_on_failure` on the result to turn failures into exit 1.
+    reproduce them too. `session`: an `ort_session(path)` the caller already holds, so a large
+    model is not loaded twice. Call `raise_on_failure` on the result to turn failures into exit 1.
     """
     import tempfile
 
@@ -241,11 +243,12 @@ def verify(
     report = GateReport()
     with tempfile.TemporaryDirectory(dir=scratch) as tmp:
         report.rows += structural_checks(path, Path(tmp))
-    try:
-        session = ort_session(path)
-    except Exception as exc:  # onnxruntime raises its own exception types; every one is a failure row
-        report.rows.append(Row("onnxruntime load", "-", False, _first_line(exc)))
-        return report
+    if session is None:
+        try:
+            session = ort_session(path)
+        except Exception as exc:  # onnxruntime raises its own exception types; every one is a failure row
+            report.rows.append(Row("onnxruntime load", "-", False, _first_line(exc)))
+            return report
     run = session_reference(session)
     for label, batch in cases(samples, inputs):
         try:

@@ -9,9 +9,11 @@ Only rank 0 writes files. gloo on CPU, nccl on CUDA.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,9 +164,24 @@ def launch(nproc: int, worker_args: list[str], threads_per_process: int) -> None
     env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_process))
     if "lo" in {name for _, name in socket.if_nameindex()}:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo talks over the loopback interface only
-    proc = subprocess.run(cmd, env=env, check=False)
+    die_with_parent = _die_with_parent() if sys.platform == "linux" else None
+    proc = subprocess.run(cmd, env=env, check=False, preexec_fn=die_with_parent)
     if proc.returncode != 0:
         raise PipelineError(
             f"training with --nproc {nproc} failed: torchrun exited with {proc.returncode} (the workers' "
             "error is printed above); fix it and run again, or add --resume to continue from the last checkpoint"
         )
+
+
+def _die_with_parent() -> Callable[[], None]:
+    """A hook for torchrun's process, run between fork and exec: SIGTERM it when pipe dies, however.
+
+    A `pipe train --nproc N` killed by SIGKILL or an unhandled SIGTERM (a CI timeout) otherwise
+    leaves torchrun and its workers training on; torchrun stops its workers when it gets SIGTERM.
+    prctl is looked up here, in the parent: the child only calls it.
+    """
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+    return lambda: prctl(pr_set_pdeathsig, signal.SIGTERM)

@@ -1,4 +1,5 @@
-"""Real processes: a `pipe train` killed with SIGKILL and resumed, and torchrun with 2 workers (DDP, FSDP).
+"""Real processes: a `pipe train` killed with SIGKILL and resumed, torchrun with 2 workers (DDP, FSDP),
+and torchrun's workers ending with a killed `pipe train`.
 
 The kill uses the documented fault-injection hook PIPE_TRAIN_FAULT_STEP=K: the training process
 sends itself SIGKILL right after optimizer step K, between two checkpoints, so the work since the
@@ -7,11 +8,13 @@ last checkpoint is lost exactly as with an external `kill -9`, at a reproducible
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -105,3 +108,33 @@ def test_fsdp_two_processes_train_and_resume_bit_for_bit(tmp_path: Path) -> None
     assert (a.root / "checkpoint/model.safetensors").read_bytes() == (
         b.root / "checkpoint/model.safetensors"
     ).read_bytes()
+
+
+@pytest.mark.slow
+def test_killing_pipe_train_stops_torchrun_and_its_workers(tmp_path: Path) -> None:
+    import psutil
+
+    path = recipe(tmp_path, "orphan", {"arch": "mlp", "hidden": [32]}, {"source": "digits"}, epochs=100_000)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "CI": "true"}
+    cmd = [sys.executable, "-m", "pipeline", "train", str(path), "--out", str(tmp_path / "a"), "--nproc", "2"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    descendants: list[psutil.Process] = []
+    try:
+        parent = psutil.Process(proc.pid)
+        for _ in range(600):  # up to a minute for torchrun to start both workers
+            descendants = parent.children(recursive=True)
+            if sum("pipeline.train.worker" in " ".join(p.cmdline()) for p in descendants) >= 2:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("torchrun did not start two workers within a minute")
+        proc.kill()  # SIGKILL: pipe itself gets no chance to clean up
+        proc.wait()
+        _, alive = psutil.wait_procs(descendants, timeout=30)  # untended, they would train for hours
+        assert not alive, f"still running after pipe was killed: {[p.cmdline() for p in alive]}"
+    finally:
+        for p in descendants:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        proc.kill()
+        proc.wait()

@@ -114,18 +114,24 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model)
 
 
+def full_weights(model: nn.Module, strategy: str, world: World) -> dict:
+    """The unsharded model state dict (on CPU under FSDP). Every rank must call it (FSDP gathers)."""
+    if world.distributed and strategy == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return unwrap(model).state_dict()
+
+
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: str, world: World) -> tuple[dict, dict]:
     """Unsharded model and optimizer state dicts, on CPU. Every rank must call it (FSDP gathers)."""
+    weights = full_weights(model, strategy, world)
     if world.distributed and strategy == "fsdp":
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
-    return unwrap(model).state_dict(), optimizer.state_dict()
+        return weights, get_optimizer_state_dict(model, optimizer, options=options)
+    return weights, optimizer.state_dict()
 
 
 def load_full_state(

@@ -202,8 +202,8 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
             )
             if val_acc > progress.best_metric:
                 progress.best_metric, progress.best_epoch, progress.stale_epochs = val_acc, progress.epoch + 1, 0
-                best_weights = {k: v.detach().to("cpu").clone() for k, v in dist_.full_state(
-                    model, optimizer, cfg.strategy, world)[0].items()}  # fmt: skip
+                best = dist_.full_weights(model, cfg.strategy, world)  # not the optimizer state: FSDP gathers
+                best_weights = {k: v.detach().to("cpu").clone() for k, v in best.items()}
             else:
                 progress.stale_epochs += 1
             progress.epoch, progress.batch = progress.epoch + 1, 0

@@ -62,6 +62,10 @@ def train_recipe(
         raise InputError(f"--nproc must be 1 or more (got {nproc})")
     if nproc > 1 and under_torchrun():
         raise InputError("--nproc launches torchrun itself; under your own torchrun, leave --nproc out")
+    if resolved == "cuda" and nproc > (gpus := _cuda_device_count()):
+        raise InputError(
+            f"--nproc {nproc} on CUDA needs a GPU per process; this machine has {gpus}: use --nproc {gpus}"
+        )
     splits = load_splits(recipe)
     check_model_fits(recipe, splits)  # everything above raises before anything is written
 
@@ -200,6 +204,12 @@ def resolve_device(requested: str) -> str:
     if requested not in ("cpu", "cuda"):
         raise InputError(f"unknown device {requested!r}; valid choices: auto, cpu, cuda")
     return requested
+
+
+def _cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def resolve_precision(requested: str, device: str) -> str:

@@ -161,3 +161,13 @@ def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
     assert lr_at(55, cfg, 100) == pytest.approx(0.055)  # halfway through the cosine
     assert lr_at(100, cfg, 100) == pytest.approx(0.01)
     assert all(lr_at(s, cfg, 100) >= lr_at(s + 1, cfg, 100) for s in range(10, 100))
+
+
+def test_more_cuda_processes_than_gpus_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.train import run
+
+    monkeypatch.setattr(run, "resolve_device", lambda requested: "cuda")  # as on a one-GPU machine
+    monkeypatch.setattr(run, "_cuda_device_count", lambda: 1)
+    code, output = pipe_train(str(write_recipe(tmp_path)), "--out", str(tmp_path / "a"), "--nproc", "2")
+    assert code == 2 and "--nproc 2 on CUDA needs a GPU per process; this machine has 1: use --nproc 1" in output
+    assert not (tmp_path / "a").exists()

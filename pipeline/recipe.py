@@ -81,12 +81,15 @@ BUILTIN_DATASETS = ("digits", "iris", "wine", "breast_cancer")
 FILE_SOURCES = ("csv", "npz", "images", "tokens")
 
 
+HeightWidth = Annotated[list[Annotated[int, Field(gt=0)]], Field(min_length=2, max_length=2)]  # [height, width]
+
+
 class DataSpec(_Strict):
     source: Literal["digits", "iris", "wine", "breast_cancer", "csv", "npz", "images", "tokens"]
     path: str | None = None  # file or folder, relative to the recipe; file sources only
     label_column: str | None = None  # csv: the column holding the target
     feature_columns: list[str] | None = None  # csv: None means every other column
-    image_size: list[Annotated[int, Field(gt=0)]] | None = None  # images: [height, width]
+    image_size: HeightWidth | None = None  # images: resize every image to this
     as_image: bool = False  # digits: serve the 8x8 images as 1x8x8 (for CNNs) instead of 64 features
     val_fraction: float = Field(0.15, gt=0, lt=0.5)
     test_fraction: float = Field(0.15, gt=0, lt=0.5)

@@ -61,6 +61,10 @@ def test_defaults_fill_the_sections() -> None:
         (with_changes(data={"source": "csv"}), "data: source 'csv' reads a file: set data.path"),
         (with_changes(data={"source": "parquet"}), "data.source: Input should be"),
         (
+            with_changes(data={"source": "images", "path": "imgs", "image_size": [8]}),
+            "data.image_size: List should have at least 2 items after validation, not 1",
+        ),
+        (
             with_changes(data={"source": "iris", "as_image": True}),
             "data: data.as_image applies to the digits dataset only (source is 'iris'); remove it",
         ),

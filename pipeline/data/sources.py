@@ -166,13 +166,13 @@ def _images(path: Path, recipe: Recipe) -> RawData:
 
     if not path.is_dir():
         raise InputError(f"{path} is not a folder; source 'images' needs a folder with one subfolder per class")
-    classes = sorted(p.name for p in path.iterdir() if p.is_dir())
+    classes = sorted(p.name for p in path.iterdir() if p.is_dir() and not _hidden(p))  # not .ipynb_checkpoints
     if len(classes) < 2:
         raise InputError(f"{path} has {len(classes)} class subfolder(s); an image classifier needs at least 2")
     size = recipe.data.image_size
     images, targets = [], []
     for index, name in enumerate(classes):
-        files = sorted(p for p in (path / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        files = sorted(p for p in (path / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not _hidden(p))
         if not files:
             raise InputError(f"class folder {path / name} holds no images ({', '.join(IMAGE_SUFFIXES)})")
         for file in files:
@@ -192,6 +192,11 @@ def _images(path: Path, recipe: Recipe) -> RawData:
             "set data.image_size: [height, width] to resize them"
         )
     return RawData(np.stack(images), np.asarray(targets, dtype=np.int64), classes, "image")
+
+
+def _hidden(path: Path) -> bool:
+    """Dot files and folders: editor and OS leftovers (.ipynb_checkpoints, macOS ._name.png), not data."""
+    return path.name.startswith(".")
 
 
 def _tokens(path: Path, recipe: Recipe) -> RawData:

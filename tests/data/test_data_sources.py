@@ -110,6 +110,8 @@ def test_image_folder(tmp_path: Path) -> None:
         for i in range(12):
             pixels = np.clip(base + rng.normal(0, 10, size=(10, 12, 3)), 0, 255).astype(np.uint8)
             Image.fromarray(pixels).save(tmp_path / "imgs" / cls / f"{i}.png")
+    (tmp_path / "imgs" / "light" / "._0.png").write_bytes(b"macOS metadata")  # hidden: not an image
+    (tmp_path / "imgs" / ".ipynb_checkpoints").mkdir()  # hidden: not a class
     splits = load_splits(recipe(tmp_path, {"source": "images", "path": "imgs", "image_size": [8, 6]}))
     assert splits.info.kind == "image" and splits.info.sample_shape == [3, 8, 6]
     assert splits.info.labels == ["dark", "light"]

@@ -151,6 +151,9 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
             for b in range(progress.batch, len(batches)):
                 idx = batches[b]
                 last_micro = (b + 1) % cfg.grad_accum == 0 or b + 1 == len(batches)
+                # Micro-batches in this accumulation group: the epoch's last group may be shorter, and
+                # its gradient and logged loss are still the mean over the micro-batches it has.
+                group = min(cfg.grad_accum, len(batches) - b + b % cfg.grad_accum)
                 # DDP all-reduces gradients only on the micro-batch that ends an accumulation group.
                 no_sync = not last_micro and hasattr(model, "no_sync")
                 with model.no_sync() if no_sync else contextlib.nullcontext():
@@ -161,8 +164,8 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
                     if not math.isfinite(value):
                         kept = writer.wait() or run.resume_from
                         raise _diverged(value, progress, lr_at(progress.step, cfg, total_steps), run.precision, kept)
-                    scaler.scale(loss / cfg.grad_accum).backward()
-                step_loss += value / cfg.grad_accum
+                    scaler.scale(loss / group).backward()
+                step_loss += value / group
                 samples += len(idx)
                 if not last_micro:
                     continue

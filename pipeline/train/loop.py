@@ -243,7 +243,7 @@ def make_optimizer(model: nn.Module, cfg: Any) -> torch.optim.Optimizer:
 
 
 def lr_at(step: int, cfg: Any, total_steps: int) -> float:
-    """Linear warmup over warmup_steps, then cosine decay from lr to min_lr_ratio * lr at the last step."""
+    """Linear warmup over warmup_steps, then cosine decay from lr, reaching min_lr_ratio * lr at total_steps."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     decay = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 from serve_models import embed, mlp, run_reference, sample_inputs
 
@@ -87,3 +88,17 @@ def test_predict_strings(http: httpx.Client) -> None:
     r = http.post("/v1/models/strings:predict", json={"instances": ["héllo", "x"]})
     assert r.status_code == 200, r.text
     assert r.json() == {"predictions": ["héllo", "x"]}
+
+
+def test_row_form_needs_a_shared_batch_dimension() -> None:
+    """A model with a per-batch scalar output cannot answer per example: a 400 pointing at the columnar form."""
+    from pipeline.serve.errors import RequestError
+    from pipeline.serve.protocols.tfserving import encode_predict
+
+    results = {"scores": np.ones((2, 3), np.float32), "total": np.array(6.0, np.float32)}
+    with pytest.raises(RequestError, match=r"do not share a batch dimension.*send the columnar form") as err:
+        encode_predict(results, row_form=True)
+    assert err.value.status == 400
+    assert orjson.loads(encode_predict(results, row_form=False))["outputs"]["total"] == 6.0
+    rows = orjson.loads(encode_predict({"a": np.arange(2), "b": np.ones((2, 1))}, row_form=True))["predictions"]
+    assert rows == [{"a": 0, "b": [1.0]}, {"a": 1, "b": [1.0]}]

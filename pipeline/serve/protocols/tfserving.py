@@ -78,16 +78,30 @@ def encode_predict(results: dict[str, np.ndarray], row_form: bool) -> bytes:
         if len(results) == 1:
             body: dict[str, Any] = {"predictions": next(iter(results.values()))}
         else:
-            rows = len(next(iter(results.values())))
+            rows = _rows_of_every_output(results)
             body = {"predictions": [{k: v[i] for k, v in results.items()} for i in range(rows)]}
     else:
         body = {"outputs": next(iter(results.values())) if len(results) == 1 else results}
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
+def _rows_of_every_output(results: dict[str, Any]) -> int:
+    """Row form splits every output by example: each needs the same leading (batch) dimension."""
+    rows = {k: len(v) if np.ndim(v) else None for k, v in results.items()}
+    if None in rows.values() or len(set(rows.values())) != 1:
+        shapes = {k: list(np.shape(v)) for k, v in results.items()}
+        raise RequestError(
+            f"the row form ('instances') answers one object per example, but this model's outputs do not "
+            f"share a batch dimension (shapes {shapes}); send the columnar form ('inputs') instead"
+        )
+    return next(iter(rows.values()))
+
+
 def _jsonable(array: np.ndarray) -> Any:
     if array.dtype.kind in "OSU":
         return json_text(array).tolist()
+    if array.ndim == 0:
+        return array.item()  # orjson writes a 0-d array as a one-element list
     return np.ascontiguousarray(array)
 
 

@@ -213,17 +213,9 @@ def import_cmd(
     repository: str,
 ) -> None:
     """Make an artifact from an ONNX MODEL produced elsewhere (JAX, TensorFlow, Paddle, ...)."""
-    from pipeline.errors import InputError
-    from pipeline.export.importer import import_onnx
+    from pipeline.export.importer import import_onnx, read_labels
 
-    if labels and labels_file:
-        raise InputError("pass --labels or --labels-file, not both")
-    names = [s.strip() for s in labels.split(",")] if labels else []
-    if labels_file:
-        path = Path(labels_file)
-        if not path.is_file():
-            raise InputError(f"labels file {path} not found; pass a text file with one class name per line")
-        names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    names = read_labels(labels, Path(labels_file) if labels_file else None)
     artifact = import_onnx(Path(model), name, Path(repository), Path(eval_data) if eval_data else None, names, task)
     golden = artifact.manifest.stages["import"]["golden"]
     click.echo(f"imported {model} -> {artifact.root} (golden outputs from {golden} inputs)")

@@ -267,6 +267,27 @@ def _one_at_a_time(run: Reference, inputs: list[TensorSpec]) -> Reference:
     return reference
 
 
+def read_labels(inline: str | None, file: Path | None) -> list[str]:
+    """Class names from `--labels a,b,c` or `--labels-file` (one per line); blank or repeated names are refused."""
+    if inline and file:
+        raise InputError("pass --labels or --labels-file, not both")
+    if file is not None:
+        if not file.is_file():
+            raise InputError(f"labels file {file} not found; pass a text file with one class name per line")
+        try:
+            names = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except UnicodeDecodeError as exc:
+            raise InputError(f"labels file {file} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    else:
+        names = [s.strip() for s in inline.split(",")] if inline else []
+        if "" in names:
+            raise InputError(f"--labels {inline!r} has an empty class name; give names separated by single commas")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise InputError(f"class names must be distinct; repeated: {', '.join(repeated)}")
+    return names
+
+
 def _check_labels(labels: list[str], outputs: list[TensorSpec], golden: Arrays, task: str) -> None:
     if not labels or task != "classification":
         return

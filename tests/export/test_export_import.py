@@ -162,12 +162,17 @@ def test_bad_inputs_are_refused_with_the_value_and_nothing_left_behind(tmp_path:
     onnx.save(untyped, tmp_path / "untyped.onnx")
     np.savez(tmp_path / "empty.npz", x=np.zeros((0, 4), np.float32))
     np.savez(tmp_path / "scalar.npz", x=np.zeros((3, 4), np.float32), target=np.array(1))
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9\nth\xe9\n".encode("latin-1"))
     cases = {
         ("import", str(garbage), "--name", "g"): "is not an ONNX model",
         ("import", str(tmp_path / "missing.onnx"), "--name", "g"): "not found",
         ("import", str(tmp_path / "untyped.onnx"), "--name", "g"): "'x' has element type 0, which has no numpy dtype",
         ("import", str(source), "--name", "Bad Name"): "name 'Bad Name' is not valid",
         ("import", str(source), "--name", "l", "--labels", "a,b"): "2 labels given (['a', 'b']) but output 'y' has 3",
+        ("import", str(source), "--name", "l", "--labels", "a,,b"): "has an empty class name",
+        ("import", str(source), "--name", "l", "--labels", "a,b,a"): "must be distinct; repeated: a",
+        ("import", str(source), "--name", "l", "--labels-file", str(tmp_path / "latin1.txt")): "is not UTF-8 text",
+        ("import", str(source), "--name", "l", "--labels", "a", "--labels-file", "x"): "not both",
         (
             "import",
             str(source),

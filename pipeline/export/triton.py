@@ -118,5 +118,7 @@ def write_repository(artifact: Artifact, out: Path, max_batch_size: int = DEFAUL
         shutil.rmtree(staging, ignore_errors=True)
     if artifact.manifest.labels and artifact.manifest.task == "classification":
         atomic_write_bytes(model_dir / "labels.txt", ("\n".join(artifact.manifest.labels) + "\n").encode())
+    else:
+        (model_dir / "labels.txt").unlink(missing_ok=True)  # the new config references none: drop a stale one
     atomic_write_bytes(model_dir / "config.pbtxt", config.encode())
     return model_dir

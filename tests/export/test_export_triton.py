@@ -56,6 +56,14 @@ def test_batched_model_gives_dynamic_batching_config_that_parses(tmp_path: Path)
     assert copied.read_bytes() == artifact.path("model.onnx").read_bytes()
     assert not [p.name for p in (out / "twoin").iterdir() if p.name.startswith(".")]  # no staging left
 
+    # A new version without labels replaces the config; the old labels.txt must not linger beside it.
+    unlabeled = import_onnx(write(tmp_path, "batch", "m2"), "twoin", tmp_path / "artifacts")
+    again = CliRunner().invoke(main, ["export", str(unlabeled.root), "--target", "triton", "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    assert not parse(out / "twoin").output[0].label_filename
+    assert not (out / "twoin" / "labels.txt").exists()
+    assert sorted(p.name for p in (out / "twoin").iterdir()) == ["1", "2", "config.pbtxt"]
+
 
 def test_fixed_batch_model_gets_no_batching_and_full_dims(tmp_path: Path) -> None:
     artifact = import_onnx(write(tmp_path, "2", "fixed"), "fixed", tmp_path / "artifacts", task="regression")

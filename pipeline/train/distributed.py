@@ -153,18 +153,12 @@ def load_full_state(
     optimizer.load_state_dict(optim_state)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def launch(nproc: int, worker_args: list[str], threads_per_process: int) -> None:
     """Run `python -m pipeline.train.worker ARGS` in `nproc` processes under torchrun, on 127.0.0.1."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", "1", "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0",  # port 0: the store binds a free one itself
         "-m", "pipeline.train.worker", *worker_args,
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_process))

@@ -121,6 +121,7 @@ class Manifest:
         except (TypeError, AttributeError) as exc:
             raise ArtifactError(f"{source}: malformed manifest ({exc}); re-create the artifact") from exc
         manifest = cls(**fields)
+        _check_scalars(manifest, source)
         if manifest.task not in TASKS:
             raise ArtifactError(f"{source}: task {manifest.task!r} is not one of {', '.join(TASKS)}")
         for rel in manifest.files:
@@ -137,6 +138,33 @@ class Manifest:
 
 
 _IDENTITY_FIELDS = ("name", "version", "task", "inputs", "outputs", "labels", "lineage", "created")
+
+
+def _check_scalars(manifest: Manifest, source: str) -> None:
+    """The top-level values readers index and compare must have their declared types."""
+    wrong = [
+        f"{key} must be {kind}, got {value!r}"
+        for key, value, kind, ok in (
+            ("name", manifest.name, "a string", isinstance(manifest.name, str)),
+            ("version", manifest.version, "an integer", type(manifest.version) is int),
+            ("created", manifest.created, "a string", isinstance(manifest.created, str)),
+            ("labels", manifest.labels, "a list of strings", _all(manifest.labels, list, str)),
+            ("metrics", manifest.metrics, "an object of numbers", _numbers(manifest.metrics)),
+        )
+        if not ok
+    ]
+    if wrong:
+        raise ArtifactError(f"{source}: " + "; ".join(wrong))
+
+
+def _all(value: Any, container: type, item: type) -> bool:
+    return isinstance(value, container) and all(isinstance(v, item) for v in value)
+
+
+def _numbers(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in value.values()
+    )
 
 
 def _check_keys(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:

@@ -170,3 +170,22 @@ def test_versions_allocate_and_resolve(tmp_path: Path) -> None:
 def test_manifest_from_dict_requires_an_object() -> None:
     with pytest.raises(ArtifactError, match="expected a JSON object"):
         Manifest.from_dict([], "m.json")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("version", "1", "version must be an integer, got '1'"),
+        ("version", True, "version must be an integer, got True"),
+        ("name", 7, "name must be a string, got 7"),
+        ("labels", ["a", 2], "labels must be a list of strings"),
+        ("metrics", {"accuracy": "high"}, "metrics must be an object of numbers"),
+    ],
+)
+def test_mistyped_scalars_are_named(toy_artifact: Artifact, key: str, value: object, needle: str) -> None:
+    path = toy_artifact.root / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data[key] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=needle):
+        Artifact.load(toy_artifact.root)

@@ -122,7 +122,8 @@ def _csv(path: Path, recipe: Recipe) -> RawData:
     return RawData(x, y, labels, "features")
 
 
-def _load_npz(path: Path, required: tuple[str, ...]) -> dict[str, np.ndarray]:
+def load_npz(path: Path, required: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Every array in an .npz (no pickles), refusing an unreadable file and missing or empty `required` keys."""
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
@@ -149,7 +150,7 @@ def _npz_labels(arrays: dict[str, np.ndarray], y: np.ndarray, path: Path) -> tup
 
 def _npz(path: Path, recipe: Recipe) -> RawData:
     """Arrays X ([n, F] features or [n, C, H, W] images) and y ([n] labels)."""
-    arrays = _load_npz(path, ("X", "y"))
+    arrays = load_npz(path, ("X", "y"))
     x = arrays["X"]
     if x.dtype.kind not in "fiub" or x.ndim not in (2, 4):
         raise InputError(
@@ -201,7 +202,7 @@ def _hidden(path: Path) -> bool:
 
 def _tokens(path: Path, recipe: Recipe) -> RawData:
     """Arrays `tokens` ([n, T] integer ids, 0 = padding) and `y` ([n] labels), optional `labels`."""
-    arrays = _load_npz(path, ("tokens", "y"))
+    arrays = load_npz(path, ("tokens", "y"))
     tokens = arrays["tokens"]
     if tokens.dtype.kind not in "iu" or tokens.ndim != 2:
         raise InputError(

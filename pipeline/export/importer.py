@@ -19,6 +19,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from pipeline.artifact import TASKS, Artifact, Lineage, Manifest, TensorSpec, allocate_version
+from pipeline.data.sources import load_npz
 from pipeline.errors import InputError
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
@@ -129,11 +130,7 @@ def read_eval_data(path: Path, specs: list[TensorSpec]) -> tuple[Arrays, np.ndar
     path = Path(path)
     if not path.is_file():
         raise InputError(f"evaluation data {path} not found; pass an .npz with one array per model input")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (ValueError, OSError) as exc:
-        raise InputError(f"{path} is not a readable .npz ({exc})") from exc
+    arrays = load_npz(path)
     missing = [s.name for s in specs if s.name not in arrays]
     if missing:
         raise InputError(f"{path} lacks arrays for model inputs {missing}; it has {sorted(arrays)}")

@@ -1,0 +1,79 @@
+"""The one onnxruntime session factory: provider choice, thread settings, load errors as ArtifactError.
+
+onnxruntime-gpu lists CUDA among the available providers even where CUDA cannot load, and then
+silently runs on CPU (DESIGN.md section 5). So the provider list asked for is only a wish: callers
+read back `session.get_providers()`, and a session that did not get its first choice is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import onnxruntime as ort
+
+from pipeline.errors import ArtifactError, InputError
+
+log = logging.getLogger("pipe.verify")
+
+PROVIDERS = ("auto", "cpu", "cuda")  # auto: CUDA when onnxruntime offers it, else CPU
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+
+
+def providers_for(choice: str) -> list[str]:
+    """The onnxruntime providers to ask for, in order, for `choice` (one of PROVIDERS).
+
+    CPU always closes the list, so an operator CUDA lacks still runs. "cuda" on an onnxruntime
+    without CUDA is refused here rather than quietly run on CPU.
+    """
+    if choice not in PROVIDERS:
+        raise InputError(f"provider {choice!r} is not one of {', '.join(PROVIDERS)}")
+    available = ort.get_available_providers()
+    if choice == "cpu":
+        return [CPU]
+    if choice == "cuda" and CUDA not in available:
+        raise ArtifactError(
+            f"provider cuda was asked for but onnxruntime offers only {available}; install "
+            "onnxruntime-gpu (make GPU=1) or use provider auto"
+        )
+    return [CUDA, CPU] if CUDA in available else [CPU]
+
+
+def create_session(
+    path: str | Path,
+    provider: str = "cpu",
+    intra_op_threads: int = 0,
+    inter_op_threads: int = 0,
+    spin: bool = True,
+) -> ort.InferenceSession:
+    """An onnxruntime session for the model at `path`; raises ArtifactError when it cannot load.
+
+    `intra_op_threads` / `inter_op_threads`: 0 lets onnxruntime decide. `spin=False` stops idle
+    onnxruntime threads from busy-waiting (they burn CPU the caller could use when cores are few).
+    The providers really in use are `session.get_providers()`; see the module doc.
+    """
+    for name, value in (("intra_op_threads", intra_op_threads), ("inter_op_threads", inter_op_threads)):
+        if value < 0:
+            raise InputError(f"{name} is {value}; give 0 (onnxruntime decides) or a positive thread count")
+    wanted = providers_for(provider)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = inter_op_threads
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    options.log_severity_level = 3  # errors only: keep provider fallback chatter out of the logs
+    try:
+        session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
+    except Exception as exc:  # onnxruntime's own exception types share no base (NoSuchFile, InvalidGraph, EPFail...)
+        raise ArtifactError(f"{path}: onnxruntime cannot load the model: {first_line(exc)}") from exc
+    if wanted[0] not in session.get_providers():
+        log.warning("%s: asked for %s but onnxruntime runs it on %s", path, wanted[0], session.get_providers())
+    return session
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception as one short line (onnxruntime and onnx messages can run to pages)."""
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]

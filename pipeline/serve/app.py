@@ -25,7 +25,10 @@ from pipeline.serve.config import ServeConfig
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.openapi import document
-from pipeline.serve.protocols import tfserving, v2
+from pipeline.serve.protocols import tfserving
+from pipeline.serve.protocols.base import Protocol
+from pipeline.serve.protocols.tfserving import TFServing
+from pipeline.serve.protocols.v2 import V2
 from pipeline.serve.repository import LoadedVersion, Repository
 
 log = logging.getLogger("pipe.serve")
@@ -34,6 +37,7 @@ Response = tuple[int, bytes, dict[str, str]]
 EXTENSIONS = ["binary_tensor_data"]  # the V2 extensions implemented here, by their Triton names
 _JSON = {"content-type": "application/json"}
 _PUBLIC = {"/v2/health/live", "/v2/health/ready"}  # probes work without the API key
+_V2, _TF_SERVING = V2(), TFServing()
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -148,7 +152,7 @@ class ServeApp:
         if root == "v2" and len(parts) >= 3 and parts[1] == "models":
             return await self._v2_model(method, parts[2:], headers, body)
         if root == "v1" and len(parts) >= 3 and parts[1] == "models":
-            return await self._v1_model(method, parts[2:], body)
+            return await self._v1_model(method, parts[2:], headers, body)
         fixed = {
             "/v2": self._server_metadata,
             "/v2/health/live": self._live,
@@ -201,7 +205,7 @@ class ServeApp:
             return _json({"name": name, "ready": True})
         if action == "infer":
             _allow(method, "POST")
-            return await self._v2_infer(repo.get(name, version), headers, body)
+            return await self._infer(_V2, repo.get(name, version), headers, body)
         raise NotFound(f"no route for {action!r} under /v2/models/{name}; use ready or infer")
 
     def _v2_metadata(self, repo: Repository, name: str, version: str | None) -> dict[str, Any]:
@@ -226,16 +230,16 @@ class ServeApp:
             },
         }
 
-    async def _v2_infer(self, model: LoadedVersion, headers: dict[str, str], body: bytes) -> Response:
+    # -- inference, every protocol ----------------------------------------------------------------
+
+    async def _infer(self, protocol: Protocol, model: LoadedVersion, headers: dict[str, str], body: bytes) -> Response:
+        """The one inference path: decode, check, batch and run, select the outputs asked for, encode."""
         with self._counted(model):
-            request = v2.decode_infer(body, headers)
-            if request.outputs is not None:
-                _check_outputs(model, request.outputs)
-            rows = model.session.check_inputs(request.inputs)
-            results = await model.batcher.infer(request.inputs, rows)
-            if request.outputs is not None:
-                results = {k: results[k] for k in request.outputs}
-            payload, out_headers = v2.encode_infer(model.name, model.version, request, results)
+            decoded = protocol.decode(body, headers, model.io)
+            wanted = _output_names(model, decoded.outputs)
+            rows = model.session.check_inputs(decoded.inputs)
+            results = await model.batcher.infer(decoded.inputs, rows)
+            payload, out_headers = protocol.encode(model.io, decoded, {name: results[name] for name in wanted})
         return 200, payload, out_headers
 
     @contextlib.contextmanager
@@ -253,7 +257,7 @@ class ServeApp:
 
     # -- TF Serving REST ---------------------------------------------------------------------------
 
-    async def _v1_model(self, method: str, parts: list[str], body: bytes) -> Response:
+    async def _v1_model(self, method: str, parts: list[str], headers: dict[str, str], body: bytes) -> Response:
         predict = parts[-1].endswith(":predict")
         if predict:
             parts = [*parts[:-1], parts[-1].removesuffix(":predict")]
@@ -261,7 +265,7 @@ class ServeApp:
         repo = self._repo()
         if predict and action is None:
             _allow(method, "POST")
-            return await self._v1_predict(repo.get(name, version), body)
+            return await self._infer(_TF_SERVING, repo.get(name, version), headers, body)
         if action is None:
             _allow(method, "GET")
             states = repo.states(name)
@@ -272,17 +276,8 @@ class ServeApp:
             return _json(tfserving.status(states))
         if action == "metadata":
             _allow(method, "GET")
-            model = repo.get(name, version)
-            return _json(tfserving.metadata(name, model.version, model.session.inputs, model.session.outputs))
+            return _json(tfserving.metadata(repo.get(name, version).io))
         raise NotFound(f"no route for {action!r} under /v1/models/{name}; use :predict or metadata")
-
-    async def _v1_predict(self, model: LoadedVersion, body: bytes) -> Response:
-        with self._counted(model):
-            feeds, row_form = tfserving.decode_predict(body, model.session.inputs)
-            rows = model.session.check_inputs(feeds)
-            results = await model.batcher.infer(feeds, rows)
-            payload = tfserving.encode_predict(results, row_form)
-        return 200, payload, _JSON
 
 
 def _model_path(parts: list[str]) -> tuple[str, str | None, str | None]:
@@ -303,11 +298,15 @@ def _allow(method: str, allowed: str) -> None:
         raise RequestError(f"method {method} is not allowed here; use {allowed}", 405, {"allow": allowed})
 
 
-def _check_outputs(model: LoadedVersion, outputs: dict[str, bool]) -> None:
-    unknown = sorted(set(outputs) - set(model.session.output_by_name))
+def _output_names(model: LoadedVersion, asked: list[str] | None) -> list[str]:
+    """The outputs to answer with, in order: those asked for (each must exist), else every output."""
+    valid = [s.name for s in model.session.outputs]
+    if asked is None:
+        return valid
+    unknown = sorted(set(asked) - set(valid))
     if unknown:
-        valid = [s.name for s in model.session.outputs]
         raise RequestError(f"unknown output(s) {unknown} requested; the model's outputs are {valid}")
+    return asked
 
 
 def create_app() -> ServeApp:

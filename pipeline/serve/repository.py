@@ -16,6 +16,7 @@ import asyncio
 import logging
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from pipeline.artifact import MANIFEST_NAME, Artifact
@@ -23,6 +24,7 @@ from pipeline.errors import ArtifactError, InputError, PipelineError
 from pipeline.serve.batching import Batcher, BatchSettings
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.metrics import Metrics
+from pipeline.serve.protocols.base import ModelIO
 from pipeline.serve.session import ModelSession, SessionOptions
 
 log = logging.getLogger("pipe.serve")
@@ -51,6 +53,11 @@ class LoadedVersion:
     file: str
     session: ModelSession
     batcher: Batcher
+
+    @cached_property
+    def io(self) -> ModelIO:
+        """Name, version and tensor specs: what the protocols see of this version."""
+        return ModelIO(self.name, self.version, self.session.inputs, self.session.outputs)
 
 
 def find_versions(paths: tuple[Path, ...]) -> dict[str, dict[int, Path]]:

@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from pipeline.errors import ArtifactError
 from pipeline.serve.errors import RequestError
-from pipeline.serve.protocols.datatypes import ORT_TO_V2, V2_TO_NUMPY, v2_datatype
+from pipeline.serve.protocols.datatypes import ORT_TO_V2, IOSpec, v2_datatype
 
 log = logging.getLogger("pipe.serve")
 
@@ -33,22 +33,6 @@ ORT_ERRORS: tuple[type[Exception], ...] = (
     _state.NotImplemented,
     _state.RuntimeException,
 )
-
-
-@dataclass(frozen=True)
-class IOSpec:
-    """A model input or output as the protocols expose it. Dynamic dims are -1."""
-
-    name: str
-    datatype: str  # V2 datatype: FP32, INT64, ...
-    shape: tuple[int, ...]
-
-    @property
-    def dtype(self) -> np.dtype:
-        return V2_TO_NUMPY[self.datatype]
-
-    def describe(self) -> str:
-        return f"{self.name}: {self.datatype}{list(self.shape)}"
 
 
 @dataclass(frozen=True)
@@ -108,7 +92,6 @@ class ModelSession:
         self.inputs = [_spec(a) for a in self.session.get_inputs()]
         self.outputs = [_spec(a) for a in self.session.get_outputs()]
         self.input_by_name = {s.name: s for s in self.inputs}
-        self.output_by_name = {s.name: s for s in self.outputs}
         # Batching concatenates requests along dim 0, so every input and output must have a dynamic
         # first dim; a model with a fixed batch runs each request alone.
         self.batchable = all(s.shape and s.shape[0] == -1 for s in (*self.inputs, *self.outputs))

@@ -93,12 +93,16 @@ def test_predict_strings(http: httpx.Client) -> None:
 def test_row_form_needs_a_shared_batch_dimension() -> None:
     """A model with a per-batch scalar output cannot answer per example: a 400 pointing at the columnar form."""
     from pipeline.serve.errors import RequestError
-    from pipeline.serve.protocols.tfserving import encode_predict
+    from pipeline.serve.protocols.base import Decoded, ModelIO
+    from pipeline.serve.protocols.tfserving import TFServing
 
+    protocol, model = TFServing(), ModelIO("m", 1, [], [])
+    rows, columns = Decoded({}, None, "instances"), Decoded({}, None, "inputs")
     results = {"scores": np.ones((2, 3), np.float32), "total": np.array(6.0, np.float32)}
     with pytest.raises(RequestError, match=r"do not share a batch dimension.*send the columnar form") as err:
-        encode_predict(results, row_form=True)
+        protocol.encode(model, rows, results)
     assert err.value.status == 400
-    assert orjson.loads(encode_predict(results, row_form=False))["outputs"]["total"] == 6.0
-    rows = orjson.loads(encode_predict({"a": np.arange(2), "b": np.ones((2, 1))}, row_form=True))["predictions"]
-    assert rows == [{"a": 0, "b": [1.0]}, {"a": 1, "b": [1.0]}]
+    assert orjson.loads(protocol.encode(model, columns, results)[0])["outputs"]["total"] == 6.0
+    body, headers = protocol.encode(model, rows, {"a": np.arange(2), "b": np.ones((2, 1))})
+    assert orjson.loads(body)["predictions"] == [{"a": 0, "b": [1.0]}, {"a": 1, "b": [1.0]}]
+    assert headers == {"content-type": "application/json"}

@@ -1,10 +1,13 @@
-"""The binary tensor data extension: raw little-endian tensors after a JSON header.
+"""The V2 binary tensor data extension's codec: raw little-endian tensors after a JSON header.
 
 A request or response body is `JSON header + tensor bytes`; the `Inference-Header-Content-Length`
 header gives the JSON part's size, and each binary tensor declares its byte size in
 `parameters.binary_data_size`, in the order the tensors appear. BYTES elements are each a 4-byte
 little-endian length followed by the bytes. Spec: triton-inference-server/server
 docs/protocol/extension_binary_data.md.
+
+This module frames bodies and converts tensors; which tensors travel binary is the V2 protocol's
+choice (`v2.py`), made per input and per output, so a JSON request may get binary outputs back.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ from pipeline.serve.errors import RequestError
 HEADER = "inference-header-content-length"
 
 
-def split_body(body: bytes, header_length: str) -> tuple[bytes, memoryview]:
-    """Split a body into its JSON header and the binary tensor bytes that follow it."""
+def split_body(body: bytes, headers: dict[str, str]) -> tuple[bytes, memoryview]:
+    """Split a body into its JSON header and the binary tensor bytes that follow it (none without HEADER)."""
+    if HEADER not in headers:
+        return body, memoryview(b"")
+    header_length = headers[HEADER]
     try:
         size = int(header_length)
     except ValueError:
@@ -34,6 +40,13 @@ def split_body(body: bytes, header_length: str) -> tuple[bytes, memoryview]:
         )
     view = memoryview(body)
     return bytes(view[:size]), view[size:]
+
+
+def join_body(header: bytes, tensors: list[bytes]) -> tuple[bytes, dict[str, str]]:
+    """A JSON header and binary tensors -> the response body and its headers (plain JSON when none)."""
+    if not tensors:
+        return header, {"content-type": "application/json"}
+    return b"".join([header, *tensors]), {"content-type": "application/octet-stream", HEADER: str(len(header))}
 
 
 def decode_tensor(data: memoryview, name: str, dtype: np.dtype, shape: list[int]) -> np.ndarray:

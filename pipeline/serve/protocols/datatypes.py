@@ -1,7 +1,8 @@
-"""V2 datatypes <-> numpy dtypes <-> onnxruntime type strings <-> TF Serving dtype names."""
+"""Tensor specs and datatypes: V2 datatypes <-> numpy dtypes <-> onnxruntime types <-> TF Serving names."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,23 @@ V2_TO_NUMPY: dict[str, np.dtype] = {
     "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(object),
 }
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    """A model input or output as the protocols expose it. Dynamic dims are -1."""
+
+    name: str
+    datatype: str  # V2 datatype: FP32, INT64, ...
+    shape: tuple[int, ...]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return V2_TO_NUMPY[self.datatype]
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.datatype}{list(self.shape)}"
+
 
 # onnxruntime's NodeArg.type string -> V2 datatype.
 ORT_TO_V2: dict[str, str] = {

@@ -13,45 +13,70 @@ import numpy as np
 import orjson
 
 from pipeline.serve.errors import RequestError
-from pipeline.serve.protocols.datatypes import V2_TO_TF, json_array, json_text
+from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
+from pipeline.serve.protocols.datatypes import V2_TO_TF, IOSpec, json_array, json_text
 from pipeline.serve.protocols.v2 import parse_json
-from pipeline.serve.session import IOSpec
 
 SIGNATURE = "serving_default"
 _KEYS = {"signature_name", "instances", "inputs"}
+_JSON = {"content-type": "application/json"}
 
 
-def decode_predict(body: bytes, specs: list[IOSpec]) -> tuple[dict[str, np.ndarray], bool]:
-    """Body -> named arrays, and whether the request used the row form."""
-    request = parse_json(body)
-    if not isinstance(request, dict):
-        raise RequestError(f"the predict request must be a JSON object, got {type(request).__name__}")
-    unknown = sorted(set(request) - _KEYS)
-    if unknown:
-        raise RequestError(f"unknown key(s) {unknown} in the predict request; valid keys are {sorted(_KEYS)}")
-    signature = request.get("signature_name", SIGNATURE)
-    if signature != SIGNATURE:
-        raise RequestError(f"signature_name {signature!r} does not exist; the only signature is {SIGNATURE!r}")
-    if ("instances" in request) == ("inputs" in request):
-        raise RequestError("send exactly one of 'instances' (row form) or 'inputs' (columnar form)")
-    names = [s.name for s in specs]
-    if "instances" in request:
-        instances = request["instances"]
-        if not isinstance(instances, list) or not instances:
-            raise RequestError(f"instances must be a non-empty list, got {instances!r:.80}")
-        if len(specs) == 1 and not all(isinstance(x, dict) for x in instances):
-            columns = {names[0]: instances}
+class TFServing(Protocol):
+    """`POST /v1/models/{m}[/versions/{v}]:predict`; `Decoded.options` names the form: "instances" or "inputs"."""
+
+    def decode(self, body: bytes, headers: dict[str, str], model: ModelIO) -> Decoded:
+        request = parse_json(body)
+        if not isinstance(request, dict):
+            raise RequestError(f"the predict request must be a JSON object, got {type(request).__name__}")
+        unknown = sorted(set(request) - _KEYS)
+        if unknown:
+            raise RequestError(f"unknown key(s) {unknown} in the predict request; valid keys are {sorted(_KEYS)}")
+        signature = request.get("signature_name", SIGNATURE)
+        if signature != SIGNATURE:
+            raise RequestError(f"signature_name {signature!r} does not exist; the only signature is {SIGNATURE!r}")
+        if ("instances" in request) == ("inputs" in request):
+            raise RequestError("send exactly one of 'instances' (row form) or 'inputs' (columnar form)")
+        if "instances" in request:
+            return Decoded(_rows(request["instances"], model.inputs), outputs=None, options="instances")
+        return Decoded(_columns(request["inputs"], model.inputs), outputs=None, options="inputs")
+
+    def encode(self, model: ModelIO, decoded: Decoded, results: dict[str, np.ndarray]) -> Encoded:
+        """Outputs -> `{"predictions": ...}` (row form) or `{"outputs": ...}` (columnar)."""
+        values = {k: _jsonable(v) for k, v in results.items()}
+        if decoded.options == "instances":  # row form: answer per example
+            if len(values) == 1:
+                body: dict[str, Any] = {"predictions": next(iter(values.values()))}
+            else:
+                rows = _rows_of_every_output(values)
+                body = {"predictions": [{k: v[i] for k, v in values.items()} for i in range(rows)]}
         else:
-            if not all(isinstance(x, dict) and sorted(x) == sorted(names) for x in instances):
-                raise RequestError(f"each instance must be an object with exactly the inputs {names}")
-            columns = {n: [x[n] for x in instances] for n in names}
-        return {s.name: _array(columns[s.name], s) for s in specs}, True
-    inputs = request["inputs"]
+            body = {"outputs": next(iter(values.values())) if len(values) == 1 else values}
+        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), _JSON
+
+
+def _rows(instances: Any, specs: list[IOSpec]) -> dict[str, np.ndarray]:
+    """Row form: one value per example, or one object {input: value} per example."""
+    names = [s.name for s in specs]
+    if not isinstance(instances, list) or not instances:
+        raise RequestError(f"instances must be a non-empty list, got {instances!r:.80}")
+    if len(specs) == 1 and not all(isinstance(x, dict) for x in instances):
+        columns = {names[0]: instances}
+    else:
+        if not all(isinstance(x, dict) and sorted(x) == sorted(names) for x in instances):
+            raise RequestError(f"each instance must be an object with exactly the inputs {names}")
+        columns = {n: [x[n] for x in instances] for n in names}
+    return {s.name: _array(columns[s.name], s) for s in specs}
+
+
+def _columns(inputs: Any, specs: list[IOSpec]) -> dict[str, np.ndarray]:
+    """Columnar form: the single input's whole value, or an object keyed by input name."""
+    names = [s.name for s in specs]
     if len(specs) == 1 and not isinstance(inputs, dict):
         inputs = {names[0]: inputs}
     if not isinstance(inputs, dict):
         raise RequestError(f"inputs must be an object keyed by input name {names}")
-    return {name: _array(value, _spec(specs, name)) for name, value in inputs.items()}, False
+    return {name: _array(value, _spec(specs, name)) for name, value in inputs.items()}
 
 
 def _spec(specs: list[IOSpec], name: str) -> IOSpec:
@@ -69,20 +94,6 @@ def _array(value: Any, spec: IOSpec) -> np.ndarray:
             f"input {spec.name!r}: values do not form a {spec.datatype} tensor ({exc}); the model expects "
             f"{spec.describe()}"
         ) from None
-
-
-def encode_predict(results: dict[str, np.ndarray], row_form: bool) -> bytes:
-    """Outputs -> `{"predictions": ...}` (row form) or `{"outputs": ...}` (columnar)."""
-    results = {k: _jsonable(v) for k, v in results.items()}
-    if row_form:
-        if len(results) == 1:
-            body: dict[str, Any] = {"predictions": next(iter(results.values()))}
-        else:
-            rows = _rows_of_every_output(results)
-            body = {"predictions": [{k: v[i] for k, v in results.items()} for i in range(rows)]}
-    else:
-        body = {"outputs": next(iter(results.values())) if len(results) == 1 else results}
-    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _rows_of_every_output(results: dict[str, Any]) -> int:
@@ -119,7 +130,7 @@ def status(versions: dict[int, str | None]) -> dict[str, Any]:
     }
 
 
-def metadata(name: str, version: int, inputs: list[IOSpec], outputs: list[IOSpec]) -> dict[str, Any]:
+def metadata(model: ModelIO) -> dict[str, Any]:
     """Model metadata in TF Serving's shape: one `serving_default` signature."""
 
     def tensors(specs: list[IOSpec]) -> dict[str, Any]:
@@ -132,8 +143,12 @@ def metadata(name: str, version: int, inputs: list[IOSpec], outputs: list[IOSpec
             for s in specs
         }
 
-    signature = {"inputs": tensors(inputs), "outputs": tensors(outputs), "method_name": "tensorflow/serving/predict"}
+    signature = {
+        "inputs": tensors(model.inputs),
+        "outputs": tensors(model.outputs),
+        "method_name": "tensorflow/serving/predict",
+    }
     return {
-        "model_spec": {"name": name, "signature_name": "", "version": str(version)},
+        "model_spec": {"name": model.name, "signature_name": "", "version": str(model.version)},
         "metadata": {"signature_def": {"signature_def": {SIGNATURE: signature}}},
     }

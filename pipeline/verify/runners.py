@@ -1,0 +1,103 @@
+"""Runners: every model the verifier compares, called one way, named numpy arrays in -> named arrays out.
+
+A runner is any callable `Runner`: the torch module a model was trained as (`torch_runner`), an
+onnxruntime session (`OrtRunner`), a numpy function in a test. A TFLite runner
+(LiteRT) joins them by being one more callable of this shape; the gate needs nothing else.
+`run_chunked` runs one over a split too large for a single call.
+
+torch is imported inside `torch_runner` only: the server imports this package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from pipeline.errors import InputError
+from pipeline.verify.session import create_session
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+    import torch
+
+    from pipeline.manifest import TensorSpec
+
+Arrays = dict[str, np.ndarray]
+EVAL_CHUNK = 256  # samples per call over a whole split: bounded memory, few calls
+
+
+class Runner(Protocol):
+    """Named inputs (each with a leading sample axis) -> named outputs for the same samples."""
+
+    def __call__(self, inputs: Arrays, /) -> Arrays: ...
+
+
+class OrtRunner:
+    """An onnxruntime session as a Runner; `providers` says where it really runs."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self.session = session
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.providers: list[str] = session.get_providers()
+
+    def __call__(self, inputs: Arrays, /) -> Arrays:
+        return dict(zip(self.output_names, self.session.run(self.output_names, inputs), strict=True))
+
+
+def ort_runner(model: str | Path | ort.InferenceSession) -> OrtRunner:
+    """An OrtRunner for an ONNX file (CPU, one thread: the setting parity is defined on) or a session.
+
+    Pass a session already held to avoid loading a large model twice. A file onnxruntime cannot
+    load raises ArtifactError.
+    """
+    if isinstance(model, str | Path):
+        model = create_session(model, "cpu", intra_op_threads=1, inter_op_threads=1)
+    return OrtRunner(model)
+
+
+def torch_runner(module: torch.nn.Module, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> Runner:
+    """A torch module as a Runner: inputs passed positionally in spec order, eval mode, no grad.
+
+    Float outputs come back as float32 (a bf16/fp16 module is compared in fp32); the module must
+    return one tensor per output spec, in order.
+    """
+    import torch
+
+    module.eval()
+
+    def run(arrays: Arrays, /) -> Arrays:
+        with torch.no_grad():
+            result = module(*(torch.from_numpy(np.ascontiguousarray(arrays[s.name])) for s in inputs))
+        if isinstance(result, torch.Tensor):
+            result = (result,)
+        if len(result) != len(outputs):
+            raise InputError(
+                f"the module returned {len(result)} outputs, the manifest lists {len(outputs)} "
+                f"({[s.name for s in outputs]}); make forward() return one tensor per output, in that order"
+            )
+        return {
+            s.name: t.detach().float().numpy() if t.is_floating_point() else t.numpy()
+            for s, t in zip(outputs, result, strict=True)
+        }
+
+    return run
+
+
+def run_chunked(run: Runner, inputs: Arrays, names: Sequence[str] | None = None, chunk: int = EVAL_CHUNK) -> Arrays:
+    """`run` over every sample of `inputs`, `chunk` samples per call, outputs concatenated.
+
+    `names` keeps only those outputs (all when None), so a large split does not hold outputs
+    nobody reads.
+    """
+    if chunk < 1:
+        raise InputError(f"chunk is {chunk}; give a positive number of samples per call")
+    count = len(next(iter(inputs.values())))
+    parts: dict[str, list[np.ndarray]] = {}
+    for start in range(0, max(count, 1), chunk):  # an empty split still runs once, for its output shapes
+        result = run({k: v[start : start + chunk] for k, v in inputs.items()})
+        for name in names if names is not None else result:
+            parts.setdefault(name, []).append(result[name])
+    return {name: np.concatenate(arrays) for name, arrays in parts.items()}

@@ -1,13 +1,13 @@
-"""One onnxruntime session: provider choice, thread settings, and the model's I/O specs.
+"""One served onnxruntime session: the model's I/O specs, and the check of every request against them.
 
-CUDA is used when onnxruntime-gpu is installed and a GPU really loads; onnxruntime lists CUDA as
-available even where it cannot load and then silently runs on CPU (DESIGN.md section 5), so the
-provider in use is read back from `session.get_providers()` and reported, never assumed.
+Sessions are made by the project's one factory, `pipeline.verify.session.create_session` (provider
+choice, threads, spin). onnxruntime lists CUDA as available even where it cannot load and then
+silently runs on CPU (DESIGN.md section 5), so the provider in use is read back from
+`session.get_providers()` and reported, never assumed.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +18,7 @@ import onnxruntime as ort
 from pipeline.errors import ArtifactError
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.datatypes import ORT_TO_V2, IOSpec, v2_datatype
-
-log = logging.getLogger("pipe.serve")
+from pipeline.verify.session import create_session
 
 _state = ort.capi.onnxruntime_pybind11_state
 # What onnxruntime raises for an input it cannot run (none share a base); a device failure such as
@@ -46,22 +45,6 @@ class SessionOptions:
     # event loop could use when cores are few
 
 
-def _providers(choice: str) -> list[str]:
-    available = ort.get_available_providers()
-    if choice == "cpu":
-        return ["CPUExecutionProvider"]
-    if choice == "cuda":
-        if "CUDAExecutionProvider" not in available:
-            raise ArtifactError(
-                f"--provider cuda was asked for but onnxruntime offers only {available}; install "
-                "onnxruntime-gpu (make GPU=1) or use --provider auto"
-            )
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    if "CUDAExecutionProvider" in available:
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    return ["CPUExecutionProvider"]
-
-
 def _spec(arg: ort.NodeArg) -> IOSpec:
     datatype = ORT_TO_V2.get(arg.type)
     if datatype is None:
@@ -74,21 +57,12 @@ class ModelSession:
     """An onnxruntime InferenceSession plus the facts the server needs about it."""
 
     def __init__(self, path: Path, options: SessionOptions) -> None:
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = options.intra_op_threads
-        so.inter_op_num_threads = options.inter_op_threads
-        if not options.spin:
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        so.log_severity_level = 3  # errors only: keep provider fallback chatter out of the logs
-        wanted = _providers(options.provider)
-        try:
-            self.session = ort.InferenceSession(str(path), sess_options=so, providers=wanted)
-        except Exception as exc:  # any load failure (EPFail, NoModel, ...): this version is refused, not the server
-            raise ArtifactError(f"{path}: onnxruntime cannot load the model ({exc})") from exc
+        # The one session factory (shared with the verifier): a load failure is an ArtifactError,
+        # which refuses this version only, and a provider fallback is logged there.
+        self.session = create_session(
+            path, options.provider, options.intra_op_threads, options.inter_op_threads, options.spin
+        )
         self.providers: list[str] = self.session.get_providers()
-        if wanted[0] not in self.providers:
-            log.warning("%s: asked for %s but onnxruntime runs it on %s", path, wanted[0], self.providers)
         self.inputs = [_spec(a) for a in self.session.get_inputs()]
         self.outputs = [_spec(a) for a in self.session.get_outputs()]
         self.input_by_name = {s.name: s for s in self.inputs}

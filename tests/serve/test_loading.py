@@ -28,7 +28,21 @@ def test_a_provider_failure_at_load_is_an_artifact_error(tmp_path: Path, monkeyp
         raise ort.capi.onnxruntime_pybind11_state.EPFail("the device went away")
 
     monkeypatch.setattr(ort, "InferenceSession", fails)
-    with pytest.raises(ArtifactError, match="onnxruntime cannot load the model .*the device went away"):
+    with pytest.raises(ArtifactError, match="onnxruntime cannot load the model.*the device went away"):
+        ModelSession(path, OPTIONS)
+
+
+def test_sessions_come_from_the_one_factory_with_the_server_settings(tmp_path: Path) -> None:
+    """Threads and spin reach onnxruntime, and a file that is not a model is the factory's one-line ArtifactError."""
+    path = tmp_path / "m.onnx"
+    path.write_bytes(mlp([4, 8, 3]).SerializeToString())
+    session = ModelSession(path, SessionOptions(provider="cpu", intra_op_threads=2, inter_op_threads=1, spin=False))
+    options = session.session.get_session_options()
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (2, 1)
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert session.providers == ["CPUExecutionProvider"]
+    path.write_bytes(b"not a model")
+    with pytest.raises(ArtifactError, match=r"m\.onnx: onnxruntime cannot load the model: .*INVALID_PROTOBUF"):
         ModelSession(path, OPTIONS)
 
 

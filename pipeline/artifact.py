@@ -1,206 +1,34 @@
-"""The artifact contract: a versioned directory with a manifest that every stage reads and extends.
+"""The artifact: a versioned directory holding a manifest that every stage reads and extends.
 
-Layout (DESIGN.md section 1)::
+Layout (docs/artifact.md)::
 
-    artifacts/<name>/<version>/manifest.json   the contract below
+    artifacts/<name>/<version>/manifest.json   the contract (pipeline/manifest.py)
                                model.onnx      fp32 ONNX, the artifact
                                golden.npz      real inputs + reference outputs
                                checkpoint/ variants/ edge/ reports/
 
-Loading verifies the sha256 and size of every file the manifest lists; saving is atomic. Only the
-standard library and this package are imported here, so the server and the CLI load it cheaply.
+Loading refuses, with one line saying why, every manifest that does not parse or validate, a
+manifest or version directory that is a symlink leading out of its place, a version directory
+whose name is not plain ASCII digits or disagrees with the manifest, and any listed file whose
+sha256 or size does not match. Saving is atomic. Only the standard library and this package are
+imported here, so the server and the CLI load it cheaply.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as _dt
-import hashlib
+import contextlib
+import fcntl
 import json
 import os
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
 
-from pipeline import __version__
 from pipeline.errors import ArtifactError
 from pipeline.fsutil import atomic_write_bytes, sha256_file
+from pipeline.manifest import MANIFEST_NAME, FileEntry, Manifest, check_name, check_relative
+from pipeline.variants import Variant
 
-SCHEMA_VERSION = 1
-MANIFEST_NAME = "manifest.json"
-TASKS = ("classification", "regression", "embedding")
-
-
-@dataclass
-class TensorSpec:
-    """One model input or output as the outside world sees it."""
-
-    name: str
-    dtype: str  # numpy dtype name: "float32", "int64", ...
-    shape: list[int | str]  # symbolic dims are names, e.g. ["batch", 64] or ["batch", "sequence"]
-    layout: str = "NC"  # NC (features), NCHW / NHWC (images), NT (token sequences)
-    preprocessing: dict[str, Any] = field(default_factory=dict)  # e.g. {"mean": [...], "std": [...]}
-
-
-@dataclass
-class FileEntry:
-    """What a listed file must hash to; anything else is a tampered or truncated artifact."""
-
-    sha256: str
-    size: int
-
-
-@dataclass
-class Lineage:
-    """Where the model came from, so two artifacts can be told apart and reproduced."""
-
-    recipe_digest: str | None = None  # sha256 of the recipe file the run used
-    dataset_fingerprint: str | None = None  # sha256 of the data content (features + labels)
-    code_version: str = __version__  # pipe version that wrote the artifact
-    parent_digest: str | None = None  # identity digest of the artifact this one derives from
-    backend: str | None = None  # torch | ort | import
-    seed: int | None = None
-
-
-@dataclass
-class Variant:
-    """A derived form of model.onnx (optimized, quantized, TFLite) and how it compares."""
-
-    file: str  # relative path inside the artifact, e.g. "variants/model.int8.onnx"
-    precision: str  # fp32 | fp16 | int8 | ...
-    format: str  # onnx | tflite
-    metrics: dict[str, float] = field(default_factory=dict)
-    parity: dict[str, Any] = field(default_factory=dict)  # against model.onnx on golden inputs
-    latency_ms: float | None = None
-    size: int | None = None
-
-
-@dataclass
-class Manifest:
-    """manifest.json: the contract between stages."""
-
-    name: str
-    version: int
-    task: str  # one of TASKS
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
-    labels: list[str] = field(default_factory=list)
-    lineage: Lineage = field(default_factory=Lineage)
-    files: dict[str, FileEntry] = field(default_factory=dict)  # relative path -> expected content
-    variants: dict[str, Variant] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)  # eval metrics of the trained model
-    stages: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-stage records (train, export...)
-    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat())
-    schema_version: int = SCHEMA_VERSION
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = MANIFEST_NAME) -> Manifest:
-        """Build a manifest from parsed JSON, naming any missing, unknown or mistyped field."""
-        if not isinstance(data, dict):
-            raise ArtifactError(f"{source}: expected a JSON object, got {type(data).__name__}")
-        found = data.get("schema_version")
-        if not isinstance(found, int) or found > SCHEMA_VERSION:
-            raise ArtifactError(
-                f"{source}: schema_version {found!r} is not supported by pipe {__version__} "
-                f"(it reads up to {SCHEMA_VERSION}); upgrade pipe or re-create the artifact"
-            )
-        try:
-            fields = _check_keys(cls, data, source)
-            fields["inputs"] = [_build(TensorSpec, t, f"{source}: inputs") for t in data["inputs"]]
-            fields["outputs"] = [_build(TensorSpec, t, f"{source}: outputs") for t in data["outputs"]]
-            fields["lineage"] = _build(Lineage, data.get("lineage", {}), f"{source}: lineage")
-            fields["files"] = {
-                k: _build(FileEntry, v, f"{source}: files.{k}") for k, v in data.get("files", {}).items()
-            }
-            fields["variants"] = {
-                k: _build(Variant, v, f"{source}: variants.{k}") for k, v in data.get("variants", {}).items()
-            }
-        except (TypeError, AttributeError) as exc:
-            raise ArtifactError(f"{source}: malformed manifest ({exc}); re-create the artifact") from exc
-        manifest = cls(**fields)
-        _check_scalars(manifest, source)
-        if manifest.task not in TASKS:
-            raise ArtifactError(f"{source}: task {manifest.task!r} is not one of {', '.join(TASKS)}")
-        for rel in manifest.files:
-            check_relative(rel)
-        return manifest
-
-    def identity_digest(self) -> str:
-        """sha256 of what identifies the model (not files, metrics or variants, which later stages add).
-
-        Stamped into model.onnx's metadata so a model file can be matched to its manifest.
-        """
-        ident = {k: v for k, v in self.to_dict().items() if k in _IDENTITY_FIELDS}
-        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
-
-
-_IDENTITY_FIELDS = ("name", "version", "task", "inputs", "outputs", "labels", "lineage", "created")
-
-
-def _check_scalars(manifest: Manifest, source: str) -> None:
-    """The top-level values readers index and compare must have their declared types."""
-    wrong = [
-        f"{key} must be {kind}, got {value!r}"
-        for key, value, kind, ok in (
-            ("name", manifest.name, "a string", isinstance(manifest.name, str)),
-            ("version", manifest.version, "an integer", type(manifest.version) is int),
-            ("created", manifest.created, "a string", isinstance(manifest.created, str)),
-            ("labels", manifest.labels, "a list of strings", _all(manifest.labels, list, str)),
-            ("metrics", manifest.metrics, "an object of numbers", _numbers(manifest.metrics)),
-        )
-        if not ok
-    ]
-    if wrong:
-        raise ArtifactError(f"{source}: " + "; ".join(wrong))
-
-
-def _all(value: Any, container: type, item: type) -> bool:
-    return isinstance(value, container) and all(isinstance(v, item) for v in value)
-
-
-def _numbers(value: Any) -> bool:
-    return isinstance(value, dict) and all(
-        isinstance(v, int | float) and not isinstance(v, bool) for v in value.values()
-    )
-
-
-def _check_keys(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(cls)}
-    required = {
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    }
-    unknown = sorted(set(data) - names)
-    missing = sorted(required - set(data))
-    problems = []
-    if unknown:
-        problems.append(f"unknown key(s) {unknown}")
-    if missing:
-        problems.append(f"missing key(s) {missing}")
-    if problems:
-        raise ArtifactError(f"{where}: {'; '.join(problems)}")
-    return dict(data)
-
-
-def _build(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise ArtifactError(f"{where}: expected an object, got {data!r}")
-    return cls(**_check_keys(cls, data, where))
-
-
-def check_relative(rel: str) -> PurePosixPath:
-    """Refuse a manifest path that could point outside the artifact directory."""
-    path = PurePosixPath(rel)
-    if path.is_absolute() or rel.startswith(("/", "\\")) or ".." in path.parts or not path.parts:
-        raise ArtifactError(
-            f"path {rel!r} escapes the artifact directory; manifest paths must be relative and "
-            "stay inside it (no '..', no absolute paths)"
-        )
-    return path
+LOCK_NAME = ".lock"  # stages writing to one version at once take turns on this file
 
 
 class Artifact:
@@ -217,16 +45,22 @@ class Artifact:
         path = root / MANIFEST_NAME
         if not path.is_file():
             hint = ""
-            if root.is_dir() and any(p.name.isdigit() for p in root.iterdir()):
+            if root.is_dir() and version_dirs(root):
                 hint = f" (it holds versions: pass {root}/<version>, or use resolve_artifact)"
             raise ArtifactError(f"{root} is not an artifact: {MANIFEST_NAME} not found{hint}")
+        _check_place(root)
         try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ArtifactError(f"{path}: not valid JSON ({exc}); the manifest is corrupt") from exc
-        artifact = cls(root, Manifest.from_dict(data, str(path)))
+            data = json.loads(path.read_bytes())
+        except RecursionError:
+            raise ArtifactError(f"{path}: nested too deeply to be a manifest; the manifest is corrupt") from None
+        except ValueError as exc:  # bad JSON, bad UTF-8, or an integer too long to convert
+            raise ArtifactError(f"{path}: not valid JSON ({_first_line(exc)}); the manifest is corrupt") from None
+        manifest = Manifest.from_dict(data, str(path))
+        _check_identity(root, manifest)
+        artifact = cls(root, manifest)
         if verify:
-            artifact.verify()
+            with locked(root, shared=True):
+                artifact.verify()
         return artifact
 
     def path(self, rel: str) -> Path:
@@ -282,7 +116,7 @@ class Artifact:
             full.unlink()
 
     def add_variant(self, name: str, variant: Variant) -> None:
-        """Record a derived model; its file must already be inside the artifact."""
+        """Record a model file as a variant; the file must already be inside the artifact."""
         self.add_file(variant.file)
         if variant.size is None:
             variant.size = self.manifest.files[variant.file].size
@@ -303,19 +137,94 @@ class Artifact:
         return self.manifest.version
 
 
-def versions(model_root: Path) -> list[int]:
-    """Version numbers under artifacts/<name>/ that hold a manifest, ascending."""
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+def is_version_name(name: str) -> bool:
+    """A version directory is named 1, 2, 3 ... in ASCII digits ('²' is a digit to Python, not a version)."""
+    return 0 < len(name) <= 9 and name.isascii() and name.isdigit() and name[0] != "0"
+
+
+def _check_place(root: Path) -> None:
+    """Refuse a manifest or version directory that is a symlink leading out of its place."""
+    manifest = root / MANIFEST_NAME
+    real_root = root.resolve()
+    if manifest.is_symlink() and real_root not in manifest.resolve().parents:
+        raise ArtifactError(
+            f"{manifest} is a symlink to {manifest.resolve()}, outside the artifact; "
+            "a manifest must be a file inside its version directory"
+        )
+    absolute = Path(os.path.abspath(root))
+    if root.is_symlink() and real_root.parent != absolute.parent.resolve():
+        raise ArtifactError(
+            f"version directory {root} is a symlink to {real_root}, outside {absolute.parent}; "
+            "move the artifact into the model directory instead of linking it"
+        )
+
+
+def _check_identity(root: Path, manifest: Manifest) -> None:
+    """The directories say which model and version this is (as in Triton); the manifest must agree."""
+    absolute = Path(os.path.abspath(root))
+    if not is_version_name(absolute.name):
+        raise ArtifactError(
+            f"{root}: {absolute.name[:40]!r} is not a version directory name; an artifact lives in "
+            "<name>/<N> with N in ASCII digits (1, 2, 3 ...)"
+        )
+    if (absolute.parent.name, absolute.name) != (manifest.name, str(manifest.version)):
+        raise ArtifactError(
+            f"{root}: the manifest says {manifest.name} v{manifest.version} but the directory is "
+            f"{absolute.parent.name}/{absolute.name}; move the artifact to <name>/<version> matching its manifest"
+        )
+
+
+@contextlib.contextmanager
+def locked(root: Path, shared: bool = False) -> Iterator[None]:
+    """Hold the artifact's lock file: exclusive for a stage's write, shared for a reader's verify.
+
+    A reader of a read-only artifact without a lock file skips locking: nothing can be writing it.
+    """
+    path = Path(root) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY if shared else os.O_RDWR | os.O_CREAT, 0o666)
+    except FileNotFoundError:
+        if shared:
+            yield
+            return
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def version_dirs(model_root: Path) -> dict[int, Path]:
+    """The one scan of a model directory: version number -> directory, for each `<N>/manifest.json`.
+
+    Only ASCII-digit names count (see `is_version_name`); a directory still being written (no
+    manifest yet) is not listed.
+    """
     model_root = Path(model_root)
     if not model_root.is_dir():
-        return []
-    return sorted(int(p.name) for p in model_root.iterdir() if p.name.isdigit() and (p / MANIFEST_NAME).is_file())
+        return {}
+    found = {int(p.name): p for p in model_root.iterdir() if is_version_name(p.name) and (p / MANIFEST_NAME).is_file()}
+    return dict(sorted(found.items()))
+
+
+def versions(model_root: Path) -> list[int]:
+    """Version numbers under artifacts/<name>/ that hold a manifest, ascending."""
+    return list(version_dirs(model_root))
 
 
 def allocate_version(model_root: Path) -> Path:
     """Create and return the next free version directory (1, 2, 3 ...); safe against races."""
     model_root = Path(model_root)
+    if problem := check_name(model_root.name):
+        raise ArtifactError(f"cannot create a version under {model_root}: {problem}")
     model_root.mkdir(parents=True, exist_ok=True)
-    taken = [int(p.name) for p in model_root.iterdir() if p.name.isdigit()]
+    taken = [int(p.name) for p in model_root.iterdir() if is_version_name(p.name)]
     number = max(taken, default=0) + 1
     while True:
         candidate = model_root / str(number)
@@ -329,8 +238,8 @@ def allocate_version(model_root: Path) -> Path:
 def resolve_artifact(path: str | Path) -> Path:
     """Accept `artifacts/<name>/<version>` or `artifacts/<name>` (its latest version)."""
     path = Path(path)
-    if (path / MANIFEST_NAME).is_file():
-        return path
+    if (path / MANIFEST_NAME).is_file() or is_version_name(path.name) or path.name.isdigit():
+        return path  # a version directory: loading it says what is wrong with it, if anything
     if not path.exists():
         raise ArtifactError(f"artifact {path} does not exist; pass artifacts/<name>[/<version>]")
     found = versions(path)

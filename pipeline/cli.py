@@ -165,12 +165,28 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
     default=None,
     help="dynamo falls back to torchscript and logs why [default: the recipe's export.dynamo]",
 )
+@click.option("--atol", type=float, default=None, help="Parity: max abs difference [default: recipe export.atol]")
+@click.option("--rtol", type=float, default=None, help="Parity: relative difference [default: recipe export.rtol]")
+@click.option("--recipe", type=click.Path(), default=None,
+              help="Recipe to read export settings from [default: the one it was trained from].")  # fmt: skip
 @click.option("--out", type=click.Path(), default=None, help="Triton: the model repository directory to write into.")
 @click.option("--max-batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Triton batching.")
 def export(
-    artifact: str, target: str, opset: int | None, exporter: str | None, out: str | None, max_batch_size: int
+    artifact: str,
+    target: str,
+    opset: int | None,
+    exporter: str | None,
+    atol: float | None,
+    rtol: float | None,
+    recipe: str | None,
+    out: str | None,
+    max_batch_size: int,
 ) -> None:
-    """Export a trained ARTIFACT to ONNX through the parity gate (exit 1 when it drifts)."""
+    """Export a trained ARTIFACT to ONNX through the parity gate (exit 1 when it drifts).
+
+    Settings come from the recipe's export section as it is now; --opset, --exporter, --atol and
+    --rtol override it for this run.
+    """
     if target == "triton":
         from pipeline.artifact import Artifact, resolve_artifact
         from pipeline.errors import InputError
@@ -181,13 +197,17 @@ def export(
         model_dir = write_repository(Artifact.load(resolve_artifact(artifact)), Path(out), max_batch_size)
         click.echo(f"Triton model repository: {model_dir} (config.pbtxt + version directory)")
         return
-    from pipeline.export.stage import export_artifact
+    from pipeline.export.stage import Overrides, export_artifact
+    from pipeline.variants import MODEL_FILE
 
-    outcome = export_artifact(artifact, opset=opset, exporter=exporter)
+    overrides = Overrides(opset=opset, exporter=exporter, atol=atol, rtol=rtol)
+    outcome = export_artifact(artifact, overrides, Path(recipe) if recipe else None)
+    for note in outcome.notes:
+        click.secho(f"note: {note}", err=True, fg="yellow")
     result = outcome.result
     via = result.exporter + (f" (fallback: {result.fallback_reason})" if result.fallback_reason else "")
     click.echo(outcome.report.table())
-    click.echo(f"exported {outcome.artifact.root / 'model.onnx'}: opset {result.opset}, exporter {via}")
+    click.echo(f"exported {outcome.artifact.root / MODEL_FILE}: opset {result.opset}, exporter {via}")
 
 
 @main.command("import")
@@ -217,7 +237,7 @@ def import_cmd(
 
     names = read_labels(labels, Path(labels_file) if labels_file else None)
     artifact = import_onnx(Path(model), name, Path(repository), Path(eval_data) if eval_data else None, names, task)
-    golden = artifact.manifest.stages["import"]["golden"]
+    golden = artifact.manifest.stages.import_.golden if artifact.manifest.stages.import_ else "?"
     click.echo(f"imported {model} -> {artifact.root} (golden outputs from {golden} inputs)")
 
 

@@ -8,6 +8,7 @@ architecture has its own fields, and `arch: custom` names the user's `package.mo
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -182,6 +183,25 @@ class Recipe(_Strict):
     def data_path(self) -> Path | None:
         """The data file or folder, resolved against the recipe's directory."""
         return None if self.data.path is None else (self.base_dir / self.data.path)
+
+
+# The recipe sections each stage reads: a stage is up to date while its sections are unchanged, so
+# editing `export:` re-runs export alone and never retrains.
+STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "train": ("name", "task", "model", "data", "train"),
+    "export": ("export",),
+}
+
+
+def stage_settings(recipe: Recipe, stage: str) -> dict[str, Any]:
+    """The recipe sections `stage` reads, as JSON (a train record's settings rebuild the model)."""
+    dumped = recipe.model_dump(mode="json")
+    return {key: dumped[key] for key in STAGE_SECTIONS[stage]}
+
+
+def recipe_location(recipe_path: Path, artifact_root: Path) -> str:
+    """The recipe file relative to the artifact, as POSIX text: valid wherever the two move together."""
+    return Path(os.path.relpath(recipe_path.resolve(), artifact_root.resolve())).as_posix()
 
 
 def _dotted(loc: tuple[Any, ...], raw: Any) -> str:

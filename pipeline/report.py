@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.artifact import Artifact, TensorSpec
+from pipeline.artifact import Artifact
+from pipeline.manifest import TensorSpec
 
 
 def _shape(spec: TensorSpec) -> str:
@@ -46,7 +47,8 @@ def manifest_table(artifact: Artifact) -> str:
         lines.append("  variants")
         for name, v in sorted(m.variants.items()):
             metrics = "  ".join(f"{k}={val:.4g}" for k, val in sorted(v.metrics.items()))
-            lines.append(f"    {name:<12} {v.format}/{v.precision:<5} {v.file}  {metrics}")
-    if m.stages:
-        lines.append("  stages    " + ", ".join(sorted(m.stages)))
+            status = v.status if v.passed else f"FAILED ({v.reason})"
+            lines.append(f"    {name:<12} {v.format}/{v.precision:<5} {v.file}  {status}  {metrics}".rstrip())
+    if names := m.stages.names():
+        lines.append("  stages    " + ", ".join(names))
     return "\n".join(lines)

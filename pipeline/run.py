@@ -1,11 +1,14 @@
-"""`pipe run RECIPE`: every stage in order, skipping those whose output is already up to date.
+"""`pipe run RECIPE`: every stage in order, each skipped while the recipe sections it reads are unchanged.
 
-A trained version is up to date when its manifest records the same recipe digest and dataset
-fingerprint as the recipe and data on disk now, and was trained from the recipe as written (not
-with `pipe train --epochs N`, which keeps the file's digest); its export is up to date when the manifest records
-an export stage and lists model.onnx (the export stage only records both after the parity gate
-passed). Each stage is the same function its own command calls, so `pipe run` adds no behaviour
-of its own beyond choosing what to run.
+Orchestration is a list of stages, each with a name, a freshness test and the function its own
+command calls, so `pipe run` adds no behaviour of its own beyond choosing what to run, and adding
+a stage is one line in `STAGES`:
+
+- train is up to date when a version records the same settings (the recipe's name, task, model,
+  data and train sections, as trained: a `--epochs` override is not the recipe) and the same
+  dataset fingerprint; editing `export:` never retrains.
+- export is up to date when that version records an export with the recipe's `export:` section
+  as it is now, from the weights it holds now, and a passed fp32 variant.
 """
 
 from __future__ import annotations
@@ -14,8 +17,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.artifact import Artifact, versions
-from pipeline.recipe import Recipe, load_recipe
+from pipeline.artifact import Artifact, version_dirs
+from pipeline.recipe import Recipe, load_recipe, stage_settings
+from pipeline.records import settings_digest
+from pipeline.variants import FP32, MODEL_FILE
+
+
+@dataclass
+class Context:
+    """What the stages of one run share: the recipe, where artifacts go, and the version worked on."""
+
+    recipe: Recipe
+    recipe_path: Path
+    out_root: Path
+    echo: Callable[[str], None]
+    root: Path | None = None  # the artifact version; set by train (ran or found up to date)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    fresh: Callable[[Context], str | None]  # why the stage's output is up to date, or None to run it
+    run: Callable[[Context], str]  # do the work; returns what it made
 
 
 @dataclass
@@ -32,30 +55,58 @@ class RunSummary:
 
 
 def up_to_date_version(recipe: Recipe, out_root: Path) -> Path | None:
-    """The newest complete version trained from exactly this recipe and data, if any."""
+    """The newest version trained from exactly this recipe's training sections and data, if any."""
     from pipeline.data.sources import read_source
     from pipeline.data.splits import fingerprint
 
-    model_root = out_root / recipe.name
-    found = versions(model_root)
+    found = version_dirs(out_root / recipe.name)
     if not found:
         return None
+    wanted = settings_digest(stage_settings(recipe, "train"))
     data_fingerprint = fingerprint(read_source(recipe))
-    as_written = recipe.model_dump(mode="json")
-    for number in reversed(found):
-        manifest = Artifact.load(model_root / str(number), verify=False).manifest
-        if (
-            manifest.lineage.recipe_digest == recipe.digest
-            and manifest.lineage.dataset_fingerprint == data_fingerprint
-            and manifest.stages.get("train", {}).get("recipe") == as_written
-        ):
-            return model_root / str(number)
+    for root in reversed(found.values()):
+        record = Artifact.load(root, verify=False).manifest.stages.train
+        if record is not None and record.settings_digest() == wanted and record.inputs.get("data") == data_fingerprint:
+            return root
     return None
 
 
-def is_exported(root: Path) -> bool:
-    manifest = Artifact.load(root, verify=False).manifest
-    return "export" in manifest.stages and "model.onnx" in manifest.files
+def _train_fresh(ctx: Context) -> str | None:
+    ctx.root = up_to_date_version(ctx.recipe, ctx.out_root)
+    return None if ctx.root is None else f"{ctx.root} was trained from these sections and data"
+
+
+def _train_run(ctx: Context) -> str:
+    from pipeline.train.run import train_recipe
+
+    ctx.root = train_recipe(ctx.recipe_path, out_root=ctx.out_root)
+    return str(ctx.root)
+
+
+def _export_fresh(ctx: Context) -> str | None:
+    assert ctx.root is not None  # train ran or was found up to date first
+    manifest = Artifact.load(ctx.root, verify=False).manifest
+    record, variant = manifest.stages.export, manifest.variants.get(FP32)
+    if record is None or variant is None or not variant.passed or MODEL_FILE not in manifest.files:
+        return None
+    weights = manifest.stages.train.checkpoint.weights if manifest.stages.train else None
+    same_weights = weights in manifest.files and record.inputs.get(weights) == manifest.files[weights].sha256
+    same_settings = record.settings_digest() == settings_digest(ctx.recipe.export.model_dump(mode="json"))
+    return "model.onnx passed the parity gate with these export settings" if same_weights and same_settings else None
+
+
+def _export_run(ctx: Context) -> str:
+    from pipeline.export.stage import export_artifact
+
+    outcome = export_artifact(ctx.root, recipe_path=ctx.recipe_path)
+    ctx.echo(outcome.report.table())
+    return f"{ctx.root / MODEL_FILE} (opset {outcome.result.opset})"
+
+
+STAGES = [
+    Stage("train", _train_fresh, _train_run),
+    Stage("export", _export_fresh, _export_run),
+]
 
 
 def run_recipe(
@@ -65,32 +116,21 @@ def run_recipe(
     force: bool = False,
     echo: Callable[[str], None] = print,
 ) -> RunSummary:
-    """Train (unless up to date) then export (unless already exported); verify the result."""
-    from pipeline.export.stage import export_artifact
-    from pipeline.train.run import train_recipe
+    """Run each stage unless its output is up to date; verify the finished artifact end to end."""
+    ctx = Context(load_recipe(recipe_path), Path(recipe_path), Path(out_root), echo)
+    results = []
+    for stage in STAGES:
+        reason = None if force else stage.fresh(ctx)
+        if reason is None:
+            echo(f"[{stage.name}] running")
+            result = StageResult(stage.name, True, stage.run(ctx))
+        else:
+            result = StageResult(stage.name, False, reason)
+        echo(f"[{stage.name}] {'done' if result.ran else 'up to date'}: {result.detail}")
+        results.append(result)
 
-    recipe = load_recipe(recipe_path)
-    existing = None if force else up_to_date_version(recipe, out_root)
-    if existing is not None:
-        root = existing
-        train = StageResult("train", False, f"{root} was trained from this recipe and data")
-    else:
-        echo(f"[train] {recipe_path}")
-        root = train_recipe(recipe_path, out_root=out_root)
-        train = StageResult("train", True, str(root))
-    summary = RunSummary(root, [train])
-    echo(f"[train] {'done' if train.ran else 'up to date'}: {train.detail}")
-
-    if not force and is_exported(root):
-        summary.stages.append(StageResult("export", False, "model.onnx passed the parity gate earlier"))
-    else:
-        echo(f"[export] {root}")
-        outcome = export_artifact(root)
-        echo(outcome.report.table())
-        summary.stages.append(StageResult("export", True, f"{root / 'model.onnx'} (opset {outcome.result.opset})"))
-    echo(f"[export] {'done' if summary.stages[-1].ran else 'up to date'}: {summary.stages[-1].detail}")
-
-    artifact = Artifact.load(root)  # the finished artifact verifies end to end
+    assert ctx.root is not None
+    artifact = Artifact.load(ctx.root)  # the finished artifact verifies end to end
     metrics = "  ".join(f"{k}={v:.4f}" for k, v in sorted(artifact.manifest.metrics.items()))
-    echo(f"[done] {root}  {metrics}")
-    return summary
+    echo(f"[done] {ctx.root}  {metrics}")
+    return RunSummary(ctx.root, results)

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifact import Artifact, Manifest, TensorSpec
+from pipeline.artifact import Artifact
+from pipeline.manifest import Manifest, TensorSpec
 
 
 def build_artifact(root: Path, name: str = "toy", version: int = 1) -> Artifact:

@@ -8,21 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifact import (
-    MANIFEST_NAME,
-    Artifact,
-    Manifest,
-    Variant,
-    allocate_version,
-    resolve_artifact,
-    versions,
-)
+from pipeline.artifact import Artifact, allocate_version, resolve_artifact, versions
 from pipeline.errors import ArtifactError
+from pipeline.manifest import MANIFEST_NAME, Manifest
+from pipeline.variants import Variant
+from pipeline.records import ExportRecord
 from tests.conftest import build_artifact
+
+EXPORT = ExportRecord(exporter="dynamo", opset=18, requested_opset=18, external_data=False)
 
 
 def test_round_trip(toy_artifact: Artifact) -> None:
-    toy_artifact.manifest.stages["export"] = {"opset": 18}
+    toy_artifact.manifest.stages.export = EXPORT
     toy_artifact.save()
     loaded = Artifact.load(toy_artifact.root)
     assert loaded.manifest == toy_artifact.manifest
@@ -33,7 +30,7 @@ def test_round_trip(toy_artifact: Artifact) -> None:
 def test_variant_is_recorded_with_its_size(toy_artifact: Artifact) -> None:
     (toy_artifact.root / "variants").mkdir()
     (toy_artifact.root / "variants" / "model.int8.onnx").write_bytes(b"q" * 100)
-    toy_artifact.add_variant("int8", Variant("variants/model.int8.onnx", "int8", "onnx", {"accuracy": 0.96}))
+    toy_artifact.add_variant("int8", Variant(file="variants/model.int8.onnx", precision="int8", format="onnx", stage="optimize", metrics={"accuracy": 0.96}))
     toy_artifact.save()
     loaded = Artifact.load(toy_artifact.root)
     assert loaded.manifest.variants["int8"].size == 100
@@ -146,7 +143,7 @@ def test_written_files_get_the_usual_permissions(toy_artifact: Artifact) -> None
 def test_identity_digest_ignores_what_later_stages_add(toy_artifact: Artifact) -> None:
     before = toy_artifact.manifest.identity_digest()
     toy_artifact.manifest.metrics["latency_ms"] = 1.0
-    toy_artifact.manifest.stages["optimize"] = {}
+    toy_artifact.manifest.stages.export = EXPORT
     assert toy_artifact.manifest.identity_digest() == before
     toy_artifact.manifest.labels = ["x", "y", "z"]
     assert toy_artifact.manifest.identity_digest() != before
@@ -175,11 +172,11 @@ def test_manifest_from_dict_requires_an_object() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "needle"),
     [
-        ("version", "1", "version must be an integer, got '1'"),
-        ("version", True, "version must be an integer, got True"),
-        ("name", 7, "name must be a string, got 7"),
-        ("labels", ["a", 2], "labels must be a list of strings"),
-        ("metrics", {"accuracy": "high"}, "metrics must be an object of numbers"),
+        ("version", "1", "version: expected an integer, got '1'"),
+        ("version", True, "version: expected an integer, got True"),
+        ("name", 7, "name: expected a string, got 7"),
+        ("labels", ["a", 2], r"labels\[1\]: expected a string, got 2"),
+        ("metrics", {"accuracy": "high"}, "metrics.accuracy: expected a number, got 'high'"),
     ],
 )
 def test_mistyped_scalars_are_named(toy_artifact: Artifact, key: str, value: object, needle: str) -> None:

@@ -30,7 +30,8 @@ def test_run_trains_exports_then_skips_what_is_up_to_date(tmp_path: Path) -> Non
     assert first.exit_code == 0, first.output
     assert "[train] done" in first.output and "[export] done" in first.output
     artifact = Artifact.load(out / "run-tiny" / "1")
-    assert "model.onnx" in artifact.manifest.files and "export" in artifact.manifest.stages
+    assert "model.onnx" in artifact.manifest.files and artifact.manifest.stages.export is not None
+    assert artifact.manifest.variants["fp32"].passed and artifact.manifest.variants["fp32"].stage == "export"
     assert artifact.manifest.metrics["accuracy"] > 0.8
 
     again = runner.invoke(main, ["run", str(recipe), "--out", str(out)])
@@ -43,6 +44,30 @@ def test_run_trains_exports_then_skips_what_is_up_to_date(tmp_path: Path) -> Non
     assert changed.exit_code == 0, changed.output
     assert "[train] done" in changed.output
     assert versions(out / "run-tiny") == [1, 2]
+
+
+@pytest.mark.slow
+def test_editing_only_the_export_section_re_exports_without_training(tmp_path: Path) -> None:
+    recipe = tmp_path / "run-tiny.yaml"
+    recipe.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "artifacts"
+    runner = CliRunner()
+    first = runner.invoke(main, ["run", str(recipe), "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    weights = (out / "run-tiny" / "1" / "checkpoint" / "model.safetensors").read_bytes()
+
+    recipe.write_text(yaml.safe_dump({**TINY, "export": {"atol": 2e-4}}))
+    second = runner.invoke(main, ["run", str(recipe), "--out", str(out)])
+    assert second.exit_code == 0, second.output
+    assert "[train] up to date" in second.output and "[export] done" in second.output
+    assert versions(out / "run-tiny") == [1]  # no new version
+    assert (out / "run-tiny" / "1" / "checkpoint" / "model.safetensors").read_bytes() == weights  # no training
+    manifest = Artifact.load(out / "run-tiny" / "1").manifest
+    assert manifest.stages.export.settings["atol"] == 2e-4  # read from the recipe as it is now
+    assert manifest.variants["fp32"].passed
+
+    third = runner.invoke(main, ["run", str(recipe), "--out", str(out)])
+    assert "[train] up to date" in third.output and "[export] up to date" in third.output
 
 
 def test_a_version_trained_with_an_epochs_override_is_not_up_to_date(tmp_path: Path) -> None:

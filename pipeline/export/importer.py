@@ -10,7 +10,6 @@ on failure: the new version directory is removed.
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path, PurePosixPath
 
@@ -18,7 +17,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
-from pipeline.artifact import TASKS, Artifact, Lineage, Manifest, TensorSpec, allocate_version
+from pipeline.artifact import Artifact, allocate_version
 from pipeline.data.sources import load_npz
 from pipeline.errors import InputError
 from pipeline.export.metadata import stamp
@@ -26,8 +25,10 @@ from pipeline.export.opset import default_opset, missing_operators, opset_advice
 from pipeline.export.parity import Arrays, Reference, Tolerance, ort_session, session_reference, task_metric, verify
 from pipeline.fsutil import sha256_file
 from pipeline.golden import Golden, save_golden
+from pipeline.manifest import TASKS, Lineage, Manifest, TensorSpec, check_name
+from pipeline.records import ImportRecord
+from pipeline.variants import FP32, MODEL_FILE, Variant
 
-NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 GENERATED_BATCH = 16  # samples generated when no evaluation data is given
 GENERATED_DIM = 4  # size chosen for any other symbolic dim (e.g. "sequence")
 
@@ -168,8 +169,8 @@ def import_onnx(
 ) -> Artifact:
     """Create `repository/<name>/<next version>/` from the ONNX file `source` and return it."""
     source = Path(source)
-    if not NAME.match(name):
-        raise InputError(f"name {name!r} is not valid: use lowercase letters, digits, '.', '_' and '-'")
+    if problem := check_name(name):
+        raise InputError(f"--name: {problem}")
     if task not in TASKS:
         raise InputError(f"task {task!r} is not one of {', '.join(TASKS)}")
     model = load_graph(source)
@@ -212,13 +213,13 @@ def _build(
         lineage=Lineage(backend="import", dataset_fingerprint=sha256_file(eval_data) if eval_data else None),
     )
     artifact = Artifact(root, manifest)
-    shutil.copyfile(source, root / "model.onnx")
+    shutil.copyfile(source, root / MODEL_FILE)
     for rel in extra:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source.parent / rel, root / rel)
-    stamp(root / "model.onnx", manifest)
+    stamp(root / MODEL_FILE, manifest)
     try:
-        session = ort_session(root / "model.onnx")
+        session = ort_session(root / MODEL_FILE)
     except Exception as exc:  # onnxruntime's own exception types: the model does not load
         raise InputError(f"onnxruntime cannot load {source}: {exc}") from exc
     run = session_reference(session)
@@ -229,23 +230,37 @@ def _build(
         raise InputError(f"onnxruntime cannot run {source} on inputs shaped like its graph inputs: {exc}") from exc
     _check_labels(labels, outputs, golden_out, task)
     reference = _one_at_a_time(run, inputs)
-    report = verify(root / "model.onnx", reference, samples, inputs, outputs, Tolerance(), task, session=session)
+    report = verify(root / MODEL_FILE, reference, samples, inputs, outputs, Tolerance(), task, session=session)
     report.raise_on_failure(f"imported model {source}")
     save_golden(artifact, Golden(samples, golden_out, target))
-    for rel in ["model.onnx", *extra]:
+    for rel in [MODEL_FILE, *extra]:
         artifact.add_file(rel)
     if target is not None and outputs and (metric := _metric(task, golden_out[outputs[0].name], target)):
         manifest.metrics.update(metric)
-    manifest.stages["import"] = {
-        "source": str(source),
-        "source_sha256": sha256_file(source),
-        "producer": f"{model.producer_name} {model.producer_version}".strip(),
-        "ir_version": model.ir_version,
-        "opset": default_opset(model),
-        "golden": "eval-data" if evaluation is not None else "generated",
-        "eval_data": str(eval_data) if eval_data is not None else None,
-        "parity": report.to_dict(),
-    }
+    source_sha256 = sha256_file(source)
+    manifest.stages.import_ = ImportRecord(
+        inputs={"source": source_sha256, **({"eval_data": sha256_file(eval_data)} if eval_data is not None else {})},
+        source=str(source),
+        source_sha256=source_sha256,
+        producer=f"{model.producer_name} {model.producer_version}".strip(),
+        ir_version=model.ir_version,
+        opset=default_opset(model),
+        golden="eval-data" if evaluation is not None else "generated",
+        eval_data=str(eval_data) if eval_data is not None else None,
+        parity=report.to_dict(),
+    )
+    artifact.add_variant(
+        FP32,
+        Variant(
+            file=MODEL_FILE,
+            precision=_precision(outputs),
+            format="onnx",
+            stage="import",
+            parent=source_sha256,
+            metrics=dict(manifest.metrics),
+            parity=report.summary(),
+        ),
+    )
     artifact.save()
     return artifact
 
@@ -291,6 +306,12 @@ def _check_labels(labels: list[str], outputs: list[TensorSpec], golden: Arrays, 
     classes = golden[outputs[0].name].shape[-1]
     if len(labels) != classes:
         raise InputError(f"{len(labels)} labels given ({labels}) but output {outputs[0].name!r} has {classes} classes")
+
+
+def _precision(outputs: list[TensorSpec]) -> str:
+    """What the file computes in, judged by its outputs: fp32 unless they are all half or double."""
+    kinds = {spec.dtype for spec in outputs}
+    return {frozenset({"float16"}): "fp16", frozenset({"float64"}): "fp64"}.get(frozenset(kinds), "fp32")
 
 
 def _metric(task: str, logits: np.ndarray, target: np.ndarray) -> dict[str, float]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 
 from pipeline import __version__
-from pipeline.artifact import Manifest
+from pipeline.manifest import Manifest
 
 PREFIX = "pipe."
 

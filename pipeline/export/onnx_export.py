@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from pipeline.artifact import TensorSpec
 from pipeline.errors import InputError, PipelineError
 from pipeline.export.opset import default_opset, explain_exporter_error, missing_operators, opset_advice
+from pipeline.manifest import TensorSpec
 
 if TYPE_CHECKING:
     import torch

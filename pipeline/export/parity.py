@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifact import TensorSpec
 from pipeline.errors import CheckFailed
+from pipeline.manifest import TensorSpec
 
 Arrays = dict[str, np.ndarray]
 Reference = Callable[[Arrays], Arrays]
@@ -87,6 +87,18 @@ class GateReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "rows": [asdict(r) for r in self.rows], "metric": self.metric}
+
+    def summary(self) -> dict[str, Any]:
+        """The gate in a few numbers, for a variant record: passed, worst differences, checks run."""
+        abs_diffs = [r.max_abs for r in self.rows if r.max_abs is not None]
+        rel_diffs = [r.max_rel for r in self.rows if r.max_rel is not None]
+        return {
+            "passed": self.passed,
+            "checks": len(self.rows),
+            "failed": len(self.failures),
+            "max_abs": max(abs_diffs, default=None),
+            "max_rel": max(rel_diffs, default=None),
+        }
 
 
 def _num(x: float | None) -> str:

@@ -1,35 +1,36 @@
-"""`pipe export ARTIFACT`: the trained torch model -> model.onnx, recorded only if it passes the gate.
+"""`pipe export ARTIFACT`: the trained model -> model.onnx, recorded only if it passes the gate.
 
-Steps: restore the trained module from the checkpoint; export to a scratch directory inside the
-artifact; run the parity gate (structure, batch 1/2/N, a second sequence length, the recorded
-golden outputs, the task metric over the whole test split); only then stamp the identity into the
-file, move it into place and record it with its parity in the manifest. A failing export leaves the
-artifact exactly as it was and raises CheckFailed (exit 1) with the table of failures.
+Steps: get the trained model through the artifact's training backend (`lineage.backend`); read
+the export settings from the recipe's `export:` section as it is now (overridden by the command
+line); export into a scratch directory inside the artifact; run the parity gate (structure, batch
+1/2/N, a second sequence length, the recorded golden outputs, the task metric over the whole test
+split); stamp the identity into the file; then, under the artifact's lock, move it into place and
+record the export stage and the fp32 variant. A failing export leaves the artifact exactly as it
+was and raises CheckFailed (exit 1) with the table of failures.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pipeline.artifact import Artifact, resolve_artifact
+from pipeline.backends import backend_for
 from pipeline.errors import ArtifactError, InputError
 from pipeline.export.metadata import stamp
-from pipeline.export.onnx_export import ExportResult, export_module, torch_reference
+from pipeline.export.onnx_export import ExportResult, export_module
 from pipeline.export.parity import GateReport, Tolerance, verify
-from pipeline.fsutil import fsync_dir
 from pipeline.golden import Golden, load_golden
-from pipeline.recipe import Recipe, parse_recipe
+from pipeline.recipe import ExportSpec, Recipe, load_recipe, parse_recipe
+from pipeline.records import ExportRecord, TrainRecord
+from pipeline.stagewrite import StageWrite
+from pipeline.variants import FP32, MODEL_FILE, Variant
 
 log = logging.getLogger(__name__)
-MODEL_FILE = "model.onnx"
 
 
 @dataclass
@@ -37,44 +38,100 @@ class ExportOutcome:
     artifact: Artifact
     result: ExportResult
     report: GateReport
+    notes: list[str] = field(default_factory=list)  # where the settings came from, when not the recipe file
 
 
-def training_recipe(artifact: Artifact) -> Recipe:
-    """The recipe the model was trained with, as the train stage recorded it in the manifest."""
-    record = artifact.manifest.stages.get("train")
-    if not record or "recipe" not in record:
+@dataclass(frozen=True)
+class Overrides:
+    """Command-line values that win over the recipe's export section (None: use the recipe's)."""
+
+    opset: int | None = None
+    exporter: str | None = None  # dynamo | torchscript
+    atol: float | None = None
+    rtol: float | None = None
+
+
+def train_record(artifact: Artifact) -> TrainRecord:
+    record = artifact.manifest.stages.train
+    if record is None:
         raise ArtifactError(
-            f"artifact {artifact.root} has no stages.train.recipe: it was not trained by `pipe train`. "
+            f"artifact {artifact.root} has no stages.train record: it was not trained by `pipe train`. "
             "Export works on trained artifacts; bring an ONNX model made elsewhere with `pipe import`"
         )
-    base = Path(record.get("recipe_dir", "."))
-    return parse_recipe(record["recipe"], f"{artifact.root}/manifest.json stages.train.recipe", base)
+    return record
 
 
-def export_artifact(path: str | Path, opset: int | None = None, exporter: str | None = None) -> ExportOutcome:
+def current_recipe(artifact: Artifact, recipe_path: Path | None = None) -> tuple[Recipe, list[str]]:
+    """The recipe as it is now, for its `export:` section, and notes on where it came from.
+
+    The model is always rebuilt from the sections it was trained with (the train record); the
+    recipe file is read for the later stages' sections. It is the file given on the command line,
+    else the one the train record points at (relative to the artifact). Without either, the
+    trained sections are used with default settings for the rest, and a note says so.
+    """
+    record = train_record(artifact)
+    where = f"{artifact.root}/manifest.json stages.train.settings"
+    if recipe_path is None and record.recipe_path is not None:
+        candidate = artifact.root / record.recipe_path
+        if candidate.is_file():
+            recipe_path = candidate
+    if recipe_path is not None:
+        recipe = load_recipe(recipe_path)
+        if recipe.name != artifact.manifest.name:
+            raise InputError(
+                f"recipe {recipe_path} is for model {recipe.name!r}, but the artifact is {artifact.manifest.name!r}; "
+                "pass the recipe this model was trained from (--recipe)"
+            )
+        return recipe, []
+    note = (
+        f"the recipe this model was trained from ({record.recipe_path}, relative to {artifact.root}) is not there; "
+        "using the trained sections and default export settings (pass --recipe to read another)"
+    )
+    return parse_recipe(record.settings, where, artifact.root), [note]
+
+
+def export_settings(recipe: Recipe, overrides: Overrides) -> ExportSpec:
+    """The recipe's export section with the command line's values on top, validated like the recipe."""
+    update: dict[str, Any] = {k: v for k, v in vars(overrides).items() if v is not None and k != "exporter"}
+    if overrides.exporter is not None:
+        update["dynamo"] = overrides.exporter == "dynamo"
+    try:
+        return ExportSpec.model_validate({**recipe.export.model_dump(), **update})
+    except ValueError as exc:
+        raise InputError(f"export settings are invalid: {exc}") from None
+
+
+def export_artifact(
+    path: str | Path, overrides: Overrides = Overrides(), recipe_path: Path | None = None
+) -> ExportOutcome:
     """Export a trained artifact's model to model.onnx through the parity gate; see the module doc."""
-    from pipeline.train.restore import example_inputs, load_trained_model
-
     artifact = Artifact.load(resolve_artifact(path))
     manifest = artifact.manifest
-    recipe = training_recipe(artifact)
-    opset = opset or recipe.export.opset
-    exporter = exporter or ("dynamo" if recipe.export.dynamo else "torchscript")
-    tol = Tolerance(recipe.export.atol, recipe.export.rtol, recipe.export.metric_tolerance)
-    module = load_trained_model(artifact)
+    train = train_record(artifact)
+    recipe, notes = current_recipe(artifact, recipe_path)
+    settings = export_settings(recipe, overrides)
+    exporter = "dynamo" if settings.dynamo else "torchscript"
+    tol = Tolerance(settings.atol, settings.rtol, settings.metric_tolerance)
+    backend = backend_for(artifact)
+    model = backend.load_model(artifact)
     golden = load_golden(artifact)
     evaluation = _evaluation_split(artifact, recipe, golden)
+    weights = train.checkpoint.weights
 
-    scratch = Path(tempfile.mkdtemp(prefix=".export-", dir=artifact.root))
-    try:
-        candidate = scratch / MODEL_FILE
+    with StageWrite(artifact.root, "export") as write:
+        candidate = write.scratch / MODEL_FILE
         result = export_module(
-            module, example_inputs(artifact, 2), manifest.inputs, manifest.outputs, candidate, opset, exporter
+            model,
+            backend.example_inputs(artifact, 2),
+            manifest.inputs,
+            manifest.outputs,
+            candidate,
+            settings.opset,
+            exporter,
         )
-        reference = torch_reference(module, manifest.inputs, manifest.outputs)
         report = verify(
             candidate,
-            reference,
+            backend.reference(artifact, model),
             golden.inputs,
             manifest.inputs,
             manifest.outputs,
@@ -82,60 +139,59 @@ def export_artifact(path: str | Path, opset: int | None = None, exporter: str | 
             manifest.task,
             evaluation=evaluation,
             recorded=golden.outputs,
-            scratch=scratch,
+            scratch=write.scratch,
         )
         report.raise_on_failure(f"the ONNX export of {manifest.name} v{manifest.version}")
         stamp(candidate, manifest)
-        _move_into_place(scratch, artifact.root)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        files = [f"{MODEL_FILE}.data", MODEL_FILE] if result.external_data else [MODEL_FILE]
 
-    for rel in _exported_files(artifact.root, result):
-        artifact.add_file(rel)
-    manifest.stages["export"] = _record(result, tol, report, opset)
-    artifact.save()
-    return ExportOutcome(artifact, result, report)
+        def record(fresh: Artifact) -> None:
+            fresh.manifest.stages.export = ExportRecord(
+                settings=settings.model_dump(mode="json"),
+                inputs={weights: fresh.manifest.files[weights].sha256},
+                exporter=result.exporter,
+                opset=result.opset,
+                requested_opset=settings.opset,
+                external_data=result.external_data,
+                fallback_reason=result.fallback_reason,
+                parity=report.to_dict(),
+                metric=report.metric,
+            )
+            if not result.external_data:
+                fresh.remove_file(f"{MODEL_FILE}.data")  # a re-export that no longer needs it
+            fresh.add_variant(
+                FP32,
+                Variant(
+                    file=MODEL_FILE,
+                    precision="fp32",
+                    format="onnx",
+                    stage="export",
+                    parent=fresh.manifest.files[weights].sha256,
+                    settings={"exporter": result.exporter, "opset": result.opset},
+                    metrics={report.metric["name"]: report.metric["onnx"]} if report.metric else {},
+                    parity=report.summary(),
+                ),
+            )
+
+        artifact = write.commit(files, record)
+    return ExportOutcome(artifact, result, report, notes)
 
 
 def _evaluation_split(artifact: Artifact, recipe: Recipe, golden: Golden) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The whole test split with its targets: golden.npz when training stored the split whole, else re-read."""
-    record = artifact.manifest.stages.get("train", {}).get("golden", {})
-    if record.get("whole_split") and golden.target is not None:
+    record = train_record(artifact)
+    if record.golden.whole_split and golden.target is not None:
         return golden.inputs, golden.target
     from pipeline.data import load_splits
 
+    # The data the model was trained on, found relative to the recipe file as it is now.
+    trained = parse_recipe(record.settings, f"{artifact.root}/manifest.json stages.train.settings", recipe.base_dir)
     try:
-        test = load_splits(recipe).test
+        test = load_splits(trained).test
     except InputError as exc:
         raise InputError(
             f"the gate measures the metric on the whole test split, which golden.npz holds only part of, and the "
             f"data could not be read again: {exc}. A relative data.path is resolved against the recipe's "
-            "directory (recorded as stages.train.recipe_dir when present) or else the current directory"
+            "directory (the train record's recipe_path, or --recipe)"
         ) from exc
     return test.inputs, test.target
-
-
-def _exported_files(root: Path, result: ExportResult) -> list[str]:
-    files = [MODEL_FILE]
-    if result.external_data:
-        files.append(f"{MODEL_FILE}.data")
-    return [f for f in files if (root / f).is_file()]
-
-
-def _move_into_place(scratch: Path, root: Path) -> None:
-    """Weights first, graph last: a crash in between leaves the manifest pointing at the old files."""
-    names = sorted(p.name for p in scratch.iterdir() if p.is_file() and p.name.startswith(MODEL_FILE))
-    for name in sorted(names, key=lambda n: n == MODEL_FILE):
-        os.replace(scratch / name, root / name)
-    fsync_dir(root)
-
-
-def _record(result: ExportResult, tol: Tolerance, report: GateReport, opset: int) -> dict[str, Any]:
-    """manifest.stages["export"]: how it was exported and the evidence that it matches."""
-    return {
-        **result.to_dict(),
-        "requested_opset": opset,
-        "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "metric": tol.metric},
-        "parity": report.to_dict(),
-        "metric": report.metric,
-    }

@@ -16,11 +16,13 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from pipeline.artifact import Artifact, Lineage, Manifest, TensorSpec
+from pipeline.artifact import Artifact
 from pipeline.data import DataInfo, Splits
 from pipeline.fsutil import atomic_path
 from pipeline.golden import Golden, save_golden
-from pipeline.recipe import Recipe
+from pipeline.manifest import Lineage, Manifest, TensorSpec
+from pipeline.recipe import Recipe, recipe_location, stage_settings
+from pipeline.records import CheckpointRecord, GoldenRecord, TrainRecord
 from pipeline.train.checkpoint import CHECKPOINT_DIR, FINAL_WEIGHTS
 from pipeline.train.loop import FitResult, evaluate
 from pipeline.train.zoo import build_model
@@ -83,27 +85,32 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
     for path in sorted(q for q in (root / "reports").rglob("*") if q.is_file()):
         artifact.add_file(path.relative_to(root).as_posix())
 
-    manifest.stages["train"] = {
-        "recipe": recipe.model_dump(mode="json"),  # the full validated recipe: enough to rebuild the model
-        "recipe_dir": str(recipe.base_dir.resolve()),  # where its relative data.path starts (export re-reads data)
-        "data": info.to_dict(),  # the data-shape record build_model takes
-        "checkpoint": {
-            "weights": weights_rel,  # final weights: the best validation epoch
-            "state": result.checkpoint.relative_to(root).as_posix() if result.checkpoint else None,
-        },
-        "golden": {"split": "test", "samples": count, "whole_split": whole, "split_size": len(splits.test)},
-        "splits": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
-        "device": plan.device,
-        "precision": plan.precision,
-        "world_size": world.size,
-        "strategy": recipe.train.strategy if world.size > 1 else "single",
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        **{
-            k: summary[k]
-            for k in ("best_epoch", "epochs_run", "steps", "stopped_early", "wall_s", "cpu_s", "samples_per_s")
-        },
-    }
+    manifest.stages.train = TrainRecord(
+        settings=stage_settings(recipe, "train"),  # the sections as trained: enough to rebuild the model
+        inputs={"recipe": recipe.digest, "data": splits.fingerprint},
+        recipe_path=recipe_location(Path(plan.recipe_path), root),  # where `pipe export` reads its section now
+        data=info.to_dict(),  # the data-shape record build_model takes
+        checkpoint=CheckpointRecord(
+            weights=weights_rel,  # final weights: the best validation epoch
+            state=result.checkpoint.relative_to(root).as_posix() if result.checkpoint else None,
+        ),
+        golden=GoldenRecord(split="test", samples=count, whole_split=whole, split_size=len(splits.test)),
+        splits={"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
+        backend="torch",
+        device=plan.device,
+        precision=plan.precision,
+        world_size=world.size,
+        strategy=recipe.train.strategy if world.size > 1 else "single",
+        framework=f"torch {torch.__version__}",
+        python=platform.python_version(),
+        best_epoch=p.best_epoch,
+        epochs_run=p.epoch,
+        steps=p.step,
+        stopped_early=p.stopped_early,
+        wall_s=result.wall_s,
+        cpu_s=result.cpu_s,
+        samples_per_s=result.samples_per_s,
+    )
     artifact.save()
 
 

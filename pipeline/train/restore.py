@@ -1,13 +1,14 @@
-"""Rebuild a trained model from an artifact alone (what `pipe export` and later hops use).
+"""The torch training backend as later stages see it: rebuild the trained model from the artifact alone.
 
-The manifest's `stages.train` holds the validated recipe, the data-shape record and the path of
-the final weights; this module turns them back into the module that was trained, without the
-recipe file or the data.
+The manifest's `stages.train` holds the recipe sections as trained, the data-shape record and the
+path of the final weights; this module turns them back into the module that was trained, without
+the recipe file or the data. Later stages reach it through `pipeline.backends` by the artifact's
+`lineage.backend`, never by importing it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.artifact import Artifact
 from pipeline.errors import ArtifactError
@@ -24,15 +25,15 @@ def load_trained_model(artifact: Artifact) -> torch.nn.Module:
     from pipeline.recipe import parse_recipe
     from pipeline.train.zoo import build_model
 
-    record = artifact.manifest.stages.get("train")
-    if not record or not {"recipe", "data", "checkpoint"} <= set(record):
+    record = artifact.manifest.stages.train
+    if record is None:
         raise ArtifactError(
-            f"artifact {artifact.root} has no complete train record (manifest stages.train with recipe, data, "
-            "checkpoint); it was not made by `pipe train`, so there is no torch model to rebuild"
+            f"artifact {artifact.root} has no train record (manifest stages.train); it was not made by "
+            "`pipe train`, so there is no torch model to rebuild"
         )
-    recipe = parse_recipe(record["recipe"], f"{artifact.root}/manifest.json stages.train.recipe")
-    model = build_model(recipe.model, DataInfo.from_dict(record["data"]))
-    weights_rel = record["checkpoint"]["weights"]
+    recipe = parse_recipe(record.settings, f"{artifact.root}/manifest.json stages.train.settings")
+    model = build_model(recipe.model, DataInfo.from_dict(record.data))
+    weights_rel = record.checkpoint.weights
     if weights_rel not in artifact.manifest.files:
         raise ArtifactError(f"{weights_rel} is not listed in {artifact.root}/manifest.json; re-train the model")
     try:
@@ -60,3 +61,24 @@ def example_inputs(artifact: Artifact, batch: int) -> tuple[torch.Tensor, ...]:
         rows = np.resize(np.arange(len(array)), batch)  # repeat samples when batch > golden size
         tensors.append(torch.from_numpy(np.ascontiguousarray(array[rows])))
     return tuple(tensors)
+
+
+class TorchBackend:
+    """`lineage.backend: torch`: the trained nn.Module, real inputs to trace it with, and its runner."""
+
+    name = "torch"
+
+    def load_model(self, artifact: Artifact) -> torch.nn.Module:
+        return load_trained_model(artifact)
+
+    def example_inputs(self, artifact: Artifact, batch: int) -> tuple[torch.Tensor, ...]:
+        return example_inputs(artifact, batch)
+
+    def reference(self, artifact: Artifact, model: Any) -> Any:
+        """Named numpy arrays in, named numpy arrays out: the trained model as the verifier calls it."""
+        from pipeline.export.onnx_export import torch_reference
+
+        return torch_reference(model, artifact.manifest.inputs, artifact.manifest.outputs)
+
+
+BACKEND = TorchBackend()

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact import MANIFEST_NAME, allocate_version
+from pipeline.artifact import allocate_version
 from pipeline.data import Splits, load_splits
 from pipeline.errors import InputError
+from pipeline.manifest import MANIFEST_NAME
 from pipeline.recipe import Recipe, load_recipe
 
 

@@ -64,7 +64,7 @@ def test_import_with_eval_data_gives_a_verified_servable_artifact(tmp_path: Path
     assert [(s.name, s.shape) for s in manifest.outputs] == [("y", ["N", 3])]
     assert set(manifest.files) == {"model.onnx", "golden.npz"}
     assert manifest.metrics["accuracy"] == pytest.approx(36 / 40)
-    assert manifest.stages["import"]["producer"] == "handwritten" and manifest.stages["import"]["parity"]["passed"]
+    assert manifest.stages.import_.producer == "handwritten" and manifest.stages.import_.parity["passed"]
 
     golden = load_golden(artifact)
     np.testing.assert_allclose(golden.outputs["y"], x @ W + B, rtol=1e-5, atol=1e-5)
@@ -101,7 +101,7 @@ def test_import_of_a_torch_export_with_external_data_and_generated_inputs(tmp_pa
     assert result.exit_code == 0, result.output
     artifact = Artifact.load(repo / "net" / "1")
     assert set(artifact.manifest.files) == {"model.onnx", "net.onnx.data", "golden.npz"}
-    assert artifact.manifest.stages["import"]["golden"] == "generated"
+    assert artifact.manifest.stages.import_.golden == "generated"
     golden = load_golden(artifact)
     assert golden.inputs["features"].shape == (16, 64) and golden.inputs["features"].dtype == np.float32
     with torch.no_grad():
@@ -167,7 +167,7 @@ def test_bad_inputs_are_refused_with_the_value_and_nothing_left_behind(tmp_path:
         ("import", str(garbage), "--name", "g"): "is not an ONNX model",
         ("import", str(tmp_path / "missing.onnx"), "--name", "g"): "not found",
         ("import", str(tmp_path / "untyped.onnx"), "--name", "g"): "'x' has element type 0, which has no numpy dtype",
-        ("import", str(source), "--name", "Bad Name"): "name 'Bad Name' is not valid",
+        ("import", str(source), "--name", "Bad Name"): "name 'Bad Name' is not a safe directory name",
         ("import", str(source), "--name", "l", "--labels", "a,b"): "2 labels given (['a', 'b']) but output 'y' has 3",
         ("import", str(source), "--name", "l", "--labels", "a,,b"): "has an empty class name",
         ("import", str(source), "--name", "l", "--labels", "a,b,a"): "must be distinct; repeated: a",

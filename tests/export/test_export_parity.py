@@ -10,9 +10,9 @@ import onnx
 import onnx.parser
 import pytest
 
-from pipeline.artifact import TensorSpec
 from pipeline.errors import CheckFailed
 from pipeline.export.parity import Reference, Tolerance, verify
+from pipeline.manifest import TensorSpec
 
 X = TensorSpec("x", "float32", ["batch", 4])
 Y = TensorSpec("y", "float32", ["batch", 4])

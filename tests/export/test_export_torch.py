@@ -10,10 +10,10 @@ import pytest
 import torch
 from export_models import CNN, MLP, SEQ, VOCAB, BranchesOnBatch, GridSampler, MoE, Transformer
 
-from pipeline.artifact import TensorSpec
 from pipeline.errors import CheckFailed, InputError
 from pipeline.export.onnx_export import export_module, torch_reference
 from pipeline.export.parity import Tolerance, verify
+from pipeline.manifest import TensorSpec
 
 LOGITS = [TensorSpec("logits", "float32", ["batch", 3])]
 

@@ -54,13 +54,13 @@ def test_trained_zoo_model_exports_through_the_gate(family: str, tmp_path: Path)
     assert result.exit_code == 0, result.output
 
     artifact = Artifact.load(root)  # model.onnx is listed with its hash
-    record = artifact.manifest.stages["export"]
-    assert record["exporter"] == "dynamo" and record["opset"] == 18 and record["parity"]["passed"]
-    checks = {row["check"] for row in record["parity"]["rows"]}
+    record = artifact.manifest.stages.export
+    assert record.exporter == "dynamo" and record.opset == 18 and record.parity["passed"]
+    checks = {row["check"] for row in record.parity["rows"]}
     assert {"batch 1", "batch 2", "batch 16", "golden (recorded)", "metric accuracy"} <= checks
     if family in ("transformer", "moe"):  # two sequence lengths: the golden length and half of it
         assert "batch 2, sequence 16" in checks
-    assert record["metric"]["onnx"] == pytest.approx(artifact.manifest.metrics["accuracy"], abs=1e-3)
+    assert record.metric["onnx"] == pytest.approx(artifact.manifest.metrics["accuracy"], abs=1e-3)
     assert read_metadata(artifact.path("model.onnx"))["pipe.identity_digest"] == artifact.manifest.identity_digest()
     graph_input = onnx.load(str(artifact.path("model.onnx"))).graph.input[0]
     assert [d.dim_param or d.dim_value for d in graph_input.type.tensor_type.shape.dim] == artifact.manifest.inputs[
@@ -70,7 +70,7 @@ def test_trained_zoo_model_exports_through_the_gate(family: str, tmp_path: Path)
     if family == "mlp":  # another opset on request: converted down and gated again
         again = CliRunner().invoke(main, ["export", str(root), "--opset", "17"])
         assert again.exit_code == 0, again.output
-        assert Artifact.load(root).manifest.stages["export"]["opset"] == 17
+        assert Artifact.load(root).manifest.stages.export.opset == 17
         assert default_opset(onnx.load(str(root / "model.onnx"))) == 17
 
     if family == "cnn":  # the same verified file, handed to Triton

@@ -13,8 +13,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.artifact import Artifact, Manifest, TensorSpec, Variant
+from pipeline.artifact import Artifact
 from pipeline.golden import Golden, save_golden
+from pipeline.manifest import Manifest, TensorSpec
+from pipeline.variants import Variant
 
 OPSET = [helper.make_opsetid("", 18)]
 _NP = {TensorProto.FLOAT: "float32", TensorProto.INT64: "int64", TensorProto.STRING: "str"}
@@ -139,6 +141,6 @@ def write_artifact(
     for variant_name, variant_model in (variants or {}).items():
         rel = f"variants/model.{variant_name}.onnx"
         artifact.write_file(rel, variant_model.SerializeToString())
-        artifact.add_variant(variant_name, Variant(file=rel, precision="fp32", format="onnx"))
+        artifact.add_variant(variant_name, Variant(file=rel, precision="fp32", format="onnx", stage="optimize"))
     artifact.save()
     return artifact

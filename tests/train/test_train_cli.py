@@ -51,14 +51,15 @@ def test_train_writes_a_complete_artifact_that_restores(tmp_path: Path) -> None:
     assert [(o.name, o.shape) for o in m.outputs] == [("logits", ["batch", 10])]
     assert 0.5 < m.metrics["accuracy"] <= 1.0 and m.metrics["loss"] > 0
     assert m.lineage.backend == "torch" and len(m.lineage.dataset_fingerprint) == 64 and m.lineage.seed == 0
-    train = m.stages["train"]
-    assert train["recipe"]["model"]["hidden"] == [32] and train["data"]["kind"] == "features"
-    assert train["golden"] == {"split": "test", "samples": 270, "whole_split": True, "split_size": 270}
+    train = m.stages.train
+    assert train.settings["model"]["hidden"] == [32] and train.data["kind"] == "features"
+    assert set(train.settings) == {"name", "task", "model", "data", "train"}  # not export: editing it never retrains
+    assert (train.golden.samples, train.golden.whole_split, train.golden.split_size) == (270, True, 270)
     for rel in ("checkpoint/model.safetensors", "golden.npz", "reports/metrics.jsonl", "reports/train.json"):
         assert rel in m.files
     assert any(f.startswith("reports/tensorboard/events.out.tfevents") for f in m.files)
     records = [json.loads(line) for line in (root / "reports/metrics.jsonl").read_text().splitlines()]
-    assert {r["kind"] for r in records} == {"train", "val"} and records[-1]["step"] == train["steps"]
+    assert {r["kind"] for r in records} == {"train", "val"} and records[-1]["step"] == train.steps
 
     # The artifact alone rebuilds the model: its outputs on golden inputs match the recorded ones.
     model = load_trained_model(artifact)
@@ -144,7 +145,7 @@ def test_bf16_autocast_trains_on_cpu_and_fp16_is_refused(tmp_path: Path) -> None
     )
     assert code == 0, output
     manifest = Artifact.load(out / "tiny" / "1").manifest
-    assert manifest.stages["train"]["precision"] == "bf16" and manifest.metrics["accuracy"] > 0.3
+    assert manifest.stages.train.precision == "bf16" and manifest.metrics["accuracy"] > 0.3
     code, output = pipe_train(
         str(write_recipe(tmp_path, train={"precision": "fp16"})), "--out", str(out), "--device", "cpu"
     )

@@ -82,8 +82,8 @@ def test_two_processes_ddp_reach_the_single_process_accuracy_band(tmp_path: Path
     assert two.returncode == 0, two.stderr
     single = Artifact.load(tmp_path / "one" / "ddp" / "1").manifest
     ddp = Artifact.load(tmp_path / "two" / "ddp" / "1").manifest
-    assert ddp.stages["train"]["world_size"] == 2 and ddp.stages["train"]["strategy"] == "ddp"
-    assert ddp.stages["train"]["steps"] * 2 == pytest.approx(single.stages["train"]["steps"], abs=8)  # data split
+    assert ddp.stages.train.world_size == 2 and ddp.stages.train.strategy == "ddp"
+    assert ddp.stages.train.steps * 2 == pytest.approx(single.stages.train.steps, abs=8)  # data split
     assert single.metrics["accuracy"] > 0.9 and ddp.metrics["accuracy"] > 0.9
     assert abs(single.metrics["accuracy"] - ddp.metrics["accuracy"]) < 0.05
     # only rank 0 wrote: one events file, one metrics stream
@@ -104,7 +104,7 @@ def test_fsdp_two_processes_train_and_resume_bit_for_bit(tmp_path: Path) -> None
     assert resumed.returncode == 0, resumed.stderr
     a = Artifact.load(tmp_path / "a" / "fsdp" / "1")
     b = Artifact.load(tmp_path / "b" / "fsdp" / "1")
-    assert a.manifest.stages["train"]["strategy"] == "fsdp"
+    assert a.manifest.stages.train.strategy == "fsdp"
     assert (a.root / "checkpoint/model.safetensors").read_bytes() == (
         b.root / "checkpoint/model.safetensors"
     ).read_bytes()

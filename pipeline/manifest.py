@@ -1,0 +1,178 @@
+"""manifest.json: the contract between stages, as typed dataclasses validated field by field.
+
+Every nested value is checked on load (pipeline/jsontypes.py): a shape given as a string, a dtype
+numpy does not know, a size given as a string, `stages: []`, an unsafe name are each refused with
+their dotted path. Standard library only, so the server and the CLI load it cheaply.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any, Literal
+
+from pipeline import __version__
+from pipeline.errors import ArtifactError
+from pipeline.jsontypes import decode, encode
+from pipeline.records import Stages
+from pipeline.variants import Variant, check_variant_name
+
+SCHEMA_VERSION = 2  # 2: typed stage records and variant records (1 held free-form stage dicts)
+MANIFEST_NAME = "manifest.json"
+TASKS = ("classification", "regression", "embedding")
+# A model name is a directory name in every repository and URL it reaches: one safe path segment.
+NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+NAME_RULE = "1-128 lowercase letters, digits, '.', '_' and '-', starting with a letter or digit"
+DTYPES = (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128", "object", "str",
+)  # fmt: skip
+LAYOUTS = ("NC", "NCHW", "NHWC", "NT")
+BACKENDS = ("torch", "ort", "import")
+
+
+def check_name(name: str) -> str | None:
+    """None when `name` is a safe model name, else the problem and the rule."""
+    if NAME.match(name) and name not in (".", ".."):
+        return None
+    return f"name {name[:60]!r} is not a safe directory name: use {NAME_RULE}"
+
+
+def _check_shape(shape: list[int | str]) -> str | None:
+    bad = [d for d in shape if (isinstance(d, int) and d < 0) or (isinstance(d, str) and not d)]
+    return f"dims must be sizes >= 0 or non-empty names, got {bad[:3]}" if bad else None
+
+
+def _one_of(allowed: tuple[str, ...]) -> Any:
+    def check(value: str) -> str | None:
+        return None if value in allowed else f"{value[:40]!r} is not one of {', '.join(allowed)}"
+
+    return check
+
+
+def _check_sha256(value: str) -> str | None:
+    return None if re.fullmatch(r"[0-9a-f]{64}", value) else f"expected 64 lowercase hex digits, got {value[:70]!r}"
+
+
+def _non_negative(value: int) -> str | None:
+    return None if value >= 0 else f"expected a size >= 0, got {value}"
+
+
+def _check_files(files: dict[str, Any]) -> str | None:
+    for rel in files:
+        try:
+            check_relative(rel)
+        except ArtifactError as exc:
+            return str(exc)
+    return None
+
+
+def _check_variants(variants: dict[str, Variant]) -> str | None:
+    for name in variants:
+        if problem := check_variant_name(name):
+            return problem
+    return None
+
+
+def _check_labels(labels: list[str]) -> str | None:
+    return "class names must be distinct" if len(set(labels)) != len(labels) else None
+
+
+@dataclass
+class TensorSpec:
+    """One model input or output as the outside world sees it."""
+
+    name: str
+    dtype: str = field(metadata={"check": _one_of(DTYPES)})  # numpy dtype name: "float32", "int64", ...
+    shape: list[int | str] = field(metadata={"check": _check_shape})  # symbolic dims are names: ["batch", 64]
+    layout: str = field(default="NC", metadata={"check": _one_of(LAYOUTS)})  # NC, NCHW / NHWC, NT (tokens)
+    preprocessing: dict[str, Any] = field(default_factory=dict)  # e.g. {"mean": [...], "std": [...]}
+
+
+@dataclass
+class FileEntry:
+    """What a listed file must hash to; anything else is a tampered or truncated artifact."""
+
+    sha256: str = field(metadata={"check": _check_sha256})
+    size: int = field(metadata={"check": _non_negative})
+
+
+@dataclass
+class Lineage:
+    """Where the model came from, so two artifacts can be told apart and reproduced."""
+
+    recipe_digest: str | None = None  # sha256 of the recipe file the run used
+    dataset_fingerprint: str | None = None  # sha256 of the data content (features + labels)
+    code_version: str = __version__  # pipe version that wrote the artifact
+    parent_digest: str | None = None  # identity digest of the artifact this one derives from
+    backend: str | None = field(default=None, metadata={"check": lambda v: None if v is None else _one_of(BACKENDS)(v)})
+    seed: int | None = None
+
+
+@dataclass
+class Manifest:
+    """manifest.json: the contract between stages."""
+
+    name: str = field(metadata={"check": check_name})
+    version: int = field(metadata={"check": lambda v: None if v >= 1 else f"expected a version >= 1, got {v}"})
+    task: Literal["classification", "regression", "embedding"]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    labels: list[str] = field(default_factory=list, metadata={"check": _check_labels})
+    lineage: Lineage = field(default_factory=Lineage)
+    files: dict[str, FileEntry] = field(default_factory=dict, metadata={"check": _check_files})
+    variants: dict[str, Variant] = field(default_factory=dict, metadata={"check": _check_variants})
+    metrics: dict[str, float] = field(default_factory=dict)  # eval metrics of the trained model
+    stages: Stages = field(default_factory=Stages)  # one typed record per stage that ran
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat())
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return encode(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = MANIFEST_NAME) -> Manifest:
+        """Build a manifest from parsed JSON, naming every missing, unknown or mistyped field."""
+        if not isinstance(data, dict):
+            raise ArtifactError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        found = data.get("schema_version")
+        if type(found) is int and found < SCHEMA_VERSION:
+            raise ArtifactError(
+                f"{source}: schema_version {found} was written by an older pipe; this pipe {__version__} reads "
+                f"schema {SCHEMA_VERSION}: re-create the artifact (pipe train, or pipe import)"
+            )
+        if type(found) is not int or found > SCHEMA_VERSION:
+            raise ArtifactError(
+                f"{source}: schema_version {str(found)[:20]} is not supported by pipe {__version__} "
+                f"(it reads up to {SCHEMA_VERSION}); upgrade pipe or re-create the artifact"
+            )
+        try:
+            return decode(cls, data)
+        except ValueError as exc:
+            raise ArtifactError(f"{source}: {exc}; fix the manifest or re-create the artifact") from None
+
+    def identity_digest(self) -> str:
+        """sha256 of what identifies the model (not files, metrics or variants, which later stages add).
+
+        Stamped into model.onnx's metadata so a model file can be matched to its manifest.
+        """
+        ident = {k: v for k, v in self.to_dict().items() if k in _IDENTITY_FIELDS}
+        return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+_IDENTITY_FIELDS = ("name", "version", "task", "inputs", "outputs", "labels", "lineage", "created")
+
+
+def check_relative(rel: str) -> PurePosixPath:
+    """Refuse a manifest path that could point outside the artifact directory."""
+    path = PurePosixPath(rel)
+    if path.is_absolute() or rel.startswith(("/", "\\")) or ".." in path.parts or not path.parts or "\x00" in rel:
+        raise ArtifactError(
+            f"path {rel[:80]!r} escapes the artifact directory; manifest paths must be relative and "
+            "stay inside it (no '..', no absolute paths)"
+        )
+    return path

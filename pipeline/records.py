@@ -1,0 +1,125 @@
+"""Stage records: one typed record per stage that ran, in `manifest.stages`.
+
+Every record says what the stage ran with (`settings`: its recipe section as it was read, plus
+command-line overrides), what it read (`inputs`: name -> sha256), when it finished and which pipe
+wrote it, then its own results. `pipe run` compares `settings_digest()` with the recipe's section
+as it is now to decide whether a stage is up to date. Records are validated on load like the rest
+of the manifest (pipeline/jsontypes.py): a mistyped field is refused by its dotted path.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pipeline import __version__
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat()
+
+
+def settings_digest(settings: dict[str, Any]) -> str:
+    """sha256 of settings as canonical JSON: equal settings, equal digest, whatever the key order."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass(kw_only=True)
+class StageRecord:
+    """What every stage records."""
+
+    settings: dict[str, Any] = field(default_factory=dict)  # the settings it ran with
+    inputs: dict[str, str] = field(default_factory=dict)  # what it read: name or path -> sha256
+    finished: str = field(default_factory=now)  # ISO 8601 UTC
+    code_version: str = __version__  # pipe version that ran it
+
+    def settings_digest(self) -> str:
+        return settings_digest(self.settings)
+
+
+@dataclass(kw_only=True)
+class GoldenRecord:
+    """Which samples golden.npz holds."""
+
+    split: str  # the split they come from: test
+    samples: int
+    whole_split: bool  # golden.npz holds the whole split, so a metric on it is the split's metric
+    split_size: int
+
+
+@dataclass(kw_only=True)
+class CheckpointRecord:
+    weights: str  # the final (best validation epoch) weights, safetensors, relative to the artifact
+    state: str | None = None  # the last resumable training state
+
+
+@dataclass(kw_only=True)
+class TrainRecord(StageRecord):
+    """`pipe train`: settings are the recipe's name, task, model, data and train sections as trained."""
+
+    recipe_path: str | None = None  # the recipe file relative to the artifact directory, so it can move
+    data: dict[str, Any]  # the data-shape record the model factory takes (DataInfo)
+    checkpoint: CheckpointRecord
+    golden: GoldenRecord
+    splits: dict[str, int]  # samples per split
+    backend: str = "torch"
+    device: str
+    precision: str
+    world_size: int = 1
+    strategy: str = "single"
+    framework: str = ""  # e.g. "torch 2.13.0"
+    python: str = ""
+    best_epoch: int
+    epochs_run: int
+    steps: int
+    stopped_early: bool = False
+    wall_s: float
+    cpu_s: float
+    samples_per_s: float
+
+
+@dataclass(kw_only=True)
+class ExportRecord(StageRecord):
+    """`pipe export`: settings are the recipe's export section and the command-line overrides."""
+
+    exporter: str  # dynamo | torchscript
+    opset: int  # the opset the file declares
+    requested_opset: int
+    external_data: bool
+    fallback_reason: str | None = None  # why dynamo was not used
+    parity: dict[str, Any] = field(default_factory=dict)  # the gate's rows and metric
+    metric: dict[str, Any] = field(default_factory=dict)  # {"name", "reference", "onnx", "difference", "samples"}
+
+
+@dataclass(kw_only=True)
+class ImportRecord(StageRecord):
+    """`pipe import`: a model made elsewhere."""
+
+    source: str  # the path it was imported from, as given
+    source_sha256: str
+    producer: str
+    ir_version: int
+    opset: int | None
+    golden: Literal["eval-data", "generated"]
+    eval_data: str | None = None
+    parity: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class Stages:
+    """manifest.stages: the record of each stage that ran (absent when it did not)."""
+
+    train: TrainRecord | None = field(default=None, metadata={"omit_none": True})
+    export: ExportRecord | None = field(default=None, metadata={"omit_none": True})
+    import_: ImportRecord | None = field(default=None, metadata={"json": "import", "omit_none": True})
+
+    def names(self) -> list[str]:
+        """The stages that ran, in pipeline order."""
+        return [name for name, record in self.items()]
+
+    def items(self) -> list[tuple[str, StageRecord]]:
+        pairs = (("train", self.train), ("import", self.import_), ("export", self.export))
+        return [(name, record) for name, record in pairs if record is not None]

@@ -1,0 +1,62 @@
+"""How a stage writes into an artifact: scratch -> gate -> stamp -> move -> record -> save.
+
+    with StageWrite(root, "export") as write:
+        candidate = write.scratch / "model.onnx"      # 1. make files in a scratch directory
+        ...gate, stamp...                             # 2-3. verify and stamp them there
+        write.commit(["model.onnx"], record)          # 4-6. under the lock: move, record, save
+
+The slow part (exporting, quantizing, converting, verifying) runs outside the lock, so two stages
+on one version (CI runs optimize and edge in parallel) work side by side. `commit` then takes the
+artifact's lock, re-reads the manifest as it is now (another stage may have saved since), moves
+the files into place, lets the stage record itself on that fresh manifest, and saves it
+atomically: neither stage's record is lost. Anything that fails before `commit` leaves the
+artifact exactly as it was; the scratch directory is always removed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+from pipeline.artifact import Artifact, locked
+from pipeline.fsutil import fsync_dir
+
+
+class StageWrite:
+    """One stage's write into the artifact at `root`; see the module doc."""
+
+    def __init__(self, root: Path, stage: str) -> None:
+        self.root = Path(root)
+        self.stage = stage
+        self.scratch = Path()
+
+    def __enter__(self) -> StageWrite:
+        self.scratch = Path(tempfile.mkdtemp(prefix=f".{self.stage}-", dir=self.root))
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def commit(self, files: list[str], record: Callable[[Artifact], None]) -> Artifact:
+        """Move `files` (paths relative to the scratch and to the artifact alike) into place, in order,
+        then call `record(artifact)` on the manifest as it is now and save it, all under the lock.
+
+        List a graph after its weights: a crash between two moves leaves the manifest pointing at
+        files that fail verification (refused, never silently wrong), and a re-run repairs it.
+        """
+        with locked(self.root):
+            artifact = Artifact.load(self.root, verify=False)
+            for rel in files:
+                target = artifact.path(rel)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(self.scratch / rel, target)
+                fsync_dir(target.parent)
+            for rel in files:
+                artifact.add_file(rel)
+            record(artifact)
+            artifact.save()
+        return artifact

@@ -1,0 +1,69 @@
+"""Variants: every model file of an artifact, the fp32 `model.onnx` included, and how each was made.
+
+`model.onnx` is the fp32 variant; every other file made from it (an optimized graph, a quantized
+model, a TFLite model) is a variant too, recorded in the manifest with its parent (the sha256 of
+the file it was made from), the stage and settings that made it, its status (passed, or failed
+and why), its metrics, parity, size and latency. `variant_file` is the one place that maps a
+variant name to its file; no other module spells those paths. A failed variant is never served
+or shipped by default.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FP32 = "fp32"  # the variant name of model.onnx itself
+MODEL_FILE = "model.onnx"
+EDGE_PREFIX = "tflite-"  # edge variants: tflite-fp32, tflite-fp16, tflite-int8
+NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+FORMATS = ("onnx", "tflite")
+PASSED, FAILED = "passed", "failed"
+
+
+def check_variant_name(name: str) -> str | None:
+    """None when `name` can name a variant (it becomes part of a file name), else the problem."""
+    if not isinstance(name, str) or not NAME.match(name):
+        return (
+            f"variant name {str(name)[:40]!r} is not valid: use 1-64 lowercase letters, digits, '_' and '-', "
+            "starting with a letter or digit (e.g. int8, opt, tflite-fp16)"
+        )
+    return None
+
+
+def variant_file(name: str) -> str:
+    """The file a variant lives in, relative to the artifact: fp32 -> model.onnx, int8 -> variants/model.int8.onnx."""
+    if problem := check_variant_name(name):
+        raise ValueError(problem)
+    if name == FP32:
+        return MODEL_FILE
+    if name.startswith(EDGE_PREFIX):
+        return f"edge/model.{name.removeprefix(EDGE_PREFIX)}.tflite"
+    return f"variants/model.{name}.onnx"
+
+
+def _check_file(value: str) -> str | None:
+    return None if value.endswith((".onnx", ".tflite")) else f"expected a .onnx or .tflite file, got {value[:60]!r}"
+
+
+@dataclass(kw_only=True)
+class Variant:
+    """One model file of the artifact and the evidence about it."""
+
+    file: str = field(metadata={"check": _check_file})  # relative path, e.g. "variants/model.int8.onnx"
+    precision: str  # fp32 | fp16 | int8 | mixed
+    format: Literal["onnx", "tflite"]
+    stage: str  # the stage that made it: export, import, optimize, edge
+    parent: str | None = None  # sha256 of the file it was made from (the checkpoint weights for model.onnx)
+    settings: dict[str, Any] = field(default_factory=dict)  # the settings the stage made it with
+    status: Literal["passed", "failed"] = PASSED
+    reason: str = ""  # why it failed (empty when it passed)
+    metrics: dict[str, float] = field(default_factory=dict)  # task metrics on the evaluation set
+    parity: dict[str, Any] = field(default_factory=dict)  # the verifier's report against its parent
+    latency: dict[str, float] = field(default_factory=dict)  # e.g. {"p50_ms_batch1": ..., "p95_ms_batch1": ...}
+    size: int | None = None  # bytes
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED

@@ -1,0 +1,102 @@
+"""Each policy's statistic on plain arrays, the defaults `budget_for` picks, and refused bounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.errors import InputError
+from pipeline.verify.policies import (
+    Exact,
+    MetricDrop,
+    MinCosine,
+    RelativeError,
+    Top1Agreement,
+    budget_for,
+    row_cosines,
+)
+
+LOGITS = np.random.default_rng(0).standard_normal((100, 5))
+
+
+def test_exact_is_numpys_allclose_rule() -> None:
+    want = np.array([1.0, 100.0, 0.0])
+    inside = want + np.array([1e-4, 0.1, 1e-4])  # atol, rtol * 100, atol on zero
+    assert Exact(atol=1e-4, rtol=1e-3).compare(inside * (1 - 1e-9), want).passed
+    outside = Exact(atol=1e-4, rtol=1e-3).compare(want + np.array([0, 0.2, 0]), want)
+    assert not outside.passed and outside.detail == "1 of 3 values exceed atol 0.0001 + rtol 0.001*|ref|"
+    assert outside.max_abs == pytest.approx(0.2) and outside.max_rel == pytest.approx(0.002)
+
+
+def test_exact_metric_tolerance_is_two_sided_and_metric_drop_is_one_sided() -> None:
+    assert not Exact(metric=1e-3).judge_metric("accuracy", 0.90, 0.95).passed  # better is still a difference
+    assert MetricDrop(0.01).judge_metric("accuracy", 0.90, 0.95).passed
+    assert not MetricDrop(0.01).judge_metric("accuracy", 0.90, 0.88).passed
+    assert not MetricDrop(0.01).judge_metric("mae", 0.50, 0.52).passed  # MAE up is worse
+    assert MetricDrop(0.01).judge_metric("mae", 0.50, 0.40).passed
+    assert not MetricDrop(0.01).judge_metric("accuracy", 0.90, float("nan")).passed
+
+
+def test_top1_agreement_counts_changed_predictions() -> None:
+    flipped = LOGITS.copy()
+    flipped[:2] = -flipped[:2]  # two rows now predict another class
+    judged = Top1Agreement(0.98).compare(flipped, LOGITS)
+    assert judged.passed and judged.detail.startswith("agreement 0.9800 (2 of 100 differ)")
+    assert not Top1Agreement(0.99).compare(flipped, LOGITS).passed
+    labels = LOGITS.argmax(axis=1).astype(np.float64)  # outputs that are labels already
+    assert Top1Agreement(1.0).compare(labels, labels).passed
+
+
+def test_min_cosine_judges_the_worst_row_or_a_percentile() -> None:
+    noisy = LOGITS.copy()
+    noisy[0] = -noisy[0]  # one row points the other way
+    assert row_cosines(noisy, LOGITS)[0] == pytest.approx(-1.0)
+    assert not MinCosine(0.99).compare(noisy, LOGITS).passed
+    assert MinCosine(0.99, percentile=5).compare(noisy, LOGITS).passed  # the worst 5% are not judged
+    zeros = np.zeros((2, 3))
+    assert row_cosines(zeros, zeros).tolist() == [1.0, 1.0]
+    one_zero = np.array([[1.0, 0, 0], [0, 0, 0]])
+    assert row_cosines(one_zero, zeros).tolist() == [0.0, 1.0]
+
+
+def test_relative_error_is_relative_to_the_whole_output() -> None:
+    want = np.array([[10.0], [0.001]])
+    got = want + 0.01  # a thousand percent off on the small value, 0.1% of the whole
+    judged = RelativeError(0.01).compare(got, want)
+    assert judged.passed and judged.detail.startswith("relative error 0.00141")
+    assert not RelativeError(0.001).compare(got, want).passed
+    assert not RelativeError(0.5).compare(np.ones((2, 1)), np.zeros((2, 1))).passed
+
+
+def test_budget_for_picks_from_the_task_and_the_targets() -> None:
+    assert budget_for("classification", has_target=True) == MetricDrop(0.01)
+    assert budget_for("classification", has_target=True, max_drop=0.02) == MetricDrop(0.02)
+    assert budget_for("classification", has_target=False) == Top1Agreement(0.99)
+    assert budget_for("regression", has_target=True) == RelativeError(0.01)
+    assert budget_for("regression", has_target=True, max_drop=0.5) == MetricDrop(0.5)
+    assert budget_for("embedding", has_target=False) == MinCosine(0.99)
+    with pytest.raises(InputError, match="the evaluation set has no targets"):
+        budget_for("classification", has_target=False, max_drop=0.01)
+    with pytest.raises(InputError, match="embeddings have no task metric"):
+        budget_for("embedding", has_target=True, max_drop=0.01)
+    with pytest.raises(InputError, match="task 'detection' has no budget"):
+        budget_for("detection", has_target=True)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Exact(atol=-1.0), r"Exact.atol is -1.0; give a number >= 0"),
+        (lambda: MetricDrop(float("nan")), r"MetricDrop.max_drop is nan"),
+        (lambda: Top1Agreement(1.5), r"Top1Agreement.min_agreement is 1.5; give a number from 0 to 1"),
+        (lambda: MinCosine(0.9, percentile=101), r"MinCosine.percentile is 101"),
+    ],
+)
+def test_a_bound_outside_its_range_is_refused_by_name(make, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        make()
+
+
+def test_a_policy_records_its_name_and_bounds() -> None:
+    assert Exact().to_dict() == {"policy": "exact", "atol": 1e-4, "rtol": 1e-3, "metric": 1e-3}
+    assert MinCosine(0.95, 1.0).to_dict() == {"policy": "min cosine", "min_cosine": 0.95, "percentile": 1.0}

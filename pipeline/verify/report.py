@@ -60,6 +60,18 @@ class GateReport:
         """What a stage record keeps: passed, every row, the metric."""
         return {"passed": self.passed, "rows": [asdict(r) for r in self.rows], "metric": self.metric}
 
+    def summary(self) -> dict[str, Any]:
+        """The gate in a few numbers, for a variant record: passed, worst differences, checks run."""
+        abs_diffs = [r.max_abs for r in self.rows if r.max_abs is not None]
+        rel_diffs = [r.max_rel for r in self.rows if r.max_rel is not None]
+        return {
+            "passed": self.passed,
+            "checks": len(self.rows),
+            "failed": len(self.failures),
+            "max_abs": max(abs_diffs, default=None),
+            "max_rel": max(rel_diffs, default=None),
+        }
+
 
 def _num(x: float | None) -> str:
     return "" if x is None else f"{x:.3g}"

@@ -1,0 +1,104 @@
+"""An artifact's evaluation set: the golden samples every hop runs, and the split its metric is measured on.
+
+Where the split comes from, in order:
+
+1. golden.npz, when training stored the whole test split there with its targets (a small test
+   split: the train record's `golden.whole_split`);
+2. the test split the model was trained with, read again through `pipeline.data.load_splits`
+   (the trained data sections, relative paths resolved from the recipe's directory);
+3. for an imported model, the evaluation data given at import (golden.npz, with `target`);
+4. otherwise golden.npz's inputs without targets: no task metric, only agreement with the
+   reference's outputs.
+
+`source` says which, in words, for the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pipeline.errors import InputError
+from pipeline.golden import load_golden
+from pipeline.verify.runners import Arrays
+
+if TYPE_CHECKING:
+    from pipeline.artifact import Artifact
+    from pipeline.recipe import Recipe
+    from pipeline.records import TrainRecord
+
+
+@dataclass
+class EvaluationSet:
+    """What a gate runs a candidate on; `verify(..., samples, evaluation=split, recorded=recorded)`."""
+
+    samples: Arrays  # golden inputs: the batch 1/2/N cases and the recorded check run on these
+    recorded: Arrays  # the reference's outputs for `samples`, stored when the artifact was made
+    data: Arrays  # the split the metric and the budgets are measured on (the whole test split if reachable)
+    target: np.ndarray | None  # its ground truth; None: no task metric, only agreement
+    source: str  # where `data` came from, in words
+
+    @property
+    def split(self) -> tuple[Arrays, np.ndarray | None]:
+        """`data` and `target` in the form `verify(evaluation=...)` takes."""
+        return self.data, self.target
+
+    def __len__(self) -> int:
+        return len(next(iter(self.data.values())))
+
+
+def evaluation_set(artifact: Artifact, recipe: Recipe | None = None) -> EvaluationSet:
+    """The evaluation set of `artifact`; see the module doc for where each part comes from.
+
+    `recipe`: the recipe as it is now, whose directory relative data paths are read from (else
+    the directory of the recipe file the train record names, else the artifact's). Raises
+    InputError when a trained model's test split is needed but its data cannot be read.
+    """
+    golden = load_golden(artifact)
+    train = artifact.manifest.stages.train
+    given = "the evaluation data given at import" if artifact.manifest.stages.import_ else "golden.npz"
+
+    def from_golden(source: str, target: np.ndarray | None) -> EvaluationSet:
+        return EvaluationSet(golden.inputs, golden.outputs, golden.inputs, target, source)
+
+    if train is not None and train.golden.whole_split and golden.target is not None:
+        return from_golden(f"golden.npz: the whole {train.golden.split} split ({len(golden)} samples)", golden.target)
+    if train is not None:
+        inputs, target = _trained_split(artifact, train, recipe)
+        source = f"the {train.golden.split} split read again from the training data ({len(target)} samples)"
+        return EvaluationSet(golden.inputs, golden.outputs, inputs, target, source)
+    if recipe is not None:
+        from pipeline.data import load_splits
+
+        test = load_splits(recipe).test
+        source = f"the test split of recipe {recipe.name!r} ({len(test)} samples)"
+        return EvaluationSet(golden.inputs, golden.outputs, test.inputs, test.target, source)
+    if golden.target is not None:
+        return from_golden(f"{given} with targets ({len(golden)} samples)", golden.target)
+    return from_golden(f"golden.npz inputs without targets ({len(golden)} samples): agreement only", None)
+
+
+def _trained_split(artifact: Artifact, train: TrainRecord, recipe: Recipe | None) -> tuple[Arrays, np.ndarray]:
+    """The test split the model was trained with: its trained data sections, read again."""
+    from pipeline.data import load_splits
+    from pipeline.recipe import parse_recipe
+
+    if recipe is not None:
+        base = recipe.base_dir
+    elif train.recipe_path is not None and (artifact.root / train.recipe_path).is_file():
+        base = (artifact.root / train.recipe_path).parent
+    else:
+        base = Path(artifact.root)
+    trained = parse_recipe(train.settings, f"{artifact.root}/manifest.json stages.train.settings", base)
+    try:
+        test = load_splits(trained).test
+    except InputError as exc:
+        raise InputError(
+            f"the gate measures the metric on the whole test split, which golden.npz holds only part of, and the "
+            f"data could not be read again: {exc}. A relative data.path is resolved against the recipe's "
+            "directory (the train record's recipe_path, or --recipe)"
+        ) from exc
+    return test.inputs, test.target

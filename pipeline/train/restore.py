@@ -76,9 +76,9 @@ class TorchBackend:
 
     def reference(self, artifact: Artifact, model: Any) -> Any:
         """Named numpy arrays in, named numpy arrays out: the trained model as the verifier calls it."""
-        from pipeline.export.onnx_export import torch_reference
+        from pipeline.verify.runners import torch_runner
 
-        return torch_reference(model, artifact.manifest.inputs, artifact.manifest.outputs)
+        return torch_runner(model, artifact.manifest.inputs, artifact.manifest.outputs)
 
 
 BACKEND = TorchBackend()

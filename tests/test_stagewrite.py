@@ -1,0 +1,91 @@
+"""Stage writes: two stages writing to one version at once keep both records; a failed stage writes nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.artifact import Artifact
+from pipeline.stagewrite import StageWrite
+from pipeline.variants import Variant, variant_file
+from tests.conftest import build_artifact
+
+# One stage in its own process: make a file in scratch, wait until the other process is ready too,
+# then commit a variant record while holding the fresh manifest for a moment (the widest race).
+WRITER = """
+import contextlib, sys, time
+from pathlib import Path
+import pipeline.stagewrite as sw
+from pipeline.variants import Variant, variant_file
+
+root, name, barrier, use_lock = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4] == "lock"
+if not use_lock:
+    sw.locked = lambda root, shared=False: contextlib.nullcontext()
+with sw.StageWrite(root, "optimize") as write:
+    rel = variant_file(name)
+    (write.scratch / rel).parent.mkdir(parents=True)
+    (write.scratch / rel).write_bytes(name.encode() * 100)
+    (barrier / name).touch()
+    while len(list(barrier.iterdir())) < 2:
+        time.sleep(0.01)
+
+    def record(artifact):
+        time.sleep(0.5)  # another stage reading and saving now must not lose this record, nor this one its
+        artifact.add_variant(name, Variant(file=rel, precision="int8", format="onnx", stage="optimize"))
+
+    write.commit([rel], record)
+"""
+
+
+def _two_stages_at_once(root: Path, tmp_path: Path, lock: str) -> set[str]:
+    barrier = tmp_path / f"barrier-{lock}"
+    barrier.mkdir()
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(root), name, str(barrier), lock])
+        for name in ("int8", "fp16")
+    ]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    return set(Artifact.load(root).manifest.variants)
+
+
+def test_two_stages_writing_one_version_at_once_keep_both_records(toy_artifact: Artifact, tmp_path: Path) -> None:
+    assert _two_stages_at_once(toy_artifact.root, tmp_path, "lock") == {"int8", "fp16"}
+    loaded = Artifact.load(toy_artifact.root)  # both files are listed with their hashes
+    assert {variant_file("int8"), variant_file("fp16")} <= set(loaded.manifest.files)
+    assert not [p for p in toy_artifact.root.iterdir() if p.name.startswith(".optimize-")]  # scratch removed
+
+
+def test_without_the_lock_one_record_is_lost(tmp_path: Path) -> None:
+    """The race the lock prevents is real: the same two writers without it lose a record."""
+    root = build_artifact(tmp_path / "artifacts" / "toy" / "1").root
+    assert len(_two_stages_at_once(root, tmp_path, "nolock")) == 1
+
+
+def test_a_stage_failing_before_commit_leaves_the_artifact_as_it_was(toy_artifact: Artifact) -> None:
+    before = (toy_artifact.root / "manifest.json").read_bytes()
+    names = sorted(p.name for p in toy_artifact.root.iterdir())
+    with pytest.raises(RuntimeError, match="gate failed"), StageWrite(toy_artifact.root, "optimize") as write:
+        (write.scratch / "model.onnx").write_bytes(b"a worse model")
+        raise RuntimeError("gate failed")
+    assert (toy_artifact.root / "manifest.json").read_bytes() == before
+    assert Artifact.load(toy_artifact.root).manifest.variants == {}
+    assert sorted(p.name for p in toy_artifact.root.iterdir()) == names  # no scratch left, model.onnx untouched
+
+
+def test_commit_records_on_the_manifest_as_it_is_now(toy_artifact: Artifact) -> None:
+    with StageWrite(toy_artifact.root, "optimize") as write:
+        rel = variant_file("opt")
+        (write.scratch / "variants").mkdir()
+        (write.scratch / rel).write_bytes(b"optimized")
+        # Meanwhile another stage saved a change: commit must build on it, not on an older copy.
+        other = Artifact.load(toy_artifact.root)
+        other.manifest.metrics["f1"] = 0.5
+        other.save()
+        write.commit(
+            [rel], lambda a: a.add_variant("opt", Variant(file=rel, precision="fp32", format="onnx", stage="optimize"))
+        )
+    loaded = Artifact.load(toy_artifact.root).manifest
+    assert loaded.metrics["f1"] == 0.5 and loaded.variants["opt"].size == len(b"optimized")

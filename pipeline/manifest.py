@@ -37,7 +37,7 @@ BACKENDS = ("torch", "ort", "import")
 
 def check_name(name: str) -> str | None:
     """None when `name` is a safe model name, else the problem and the rule."""
-    if NAME.match(name) and name not in (".", ".."):
+    if NAME.match(name):
         return None
     return f"name {name[:60]!r} is not a safe directory name: use {NAME_RULE}"
 

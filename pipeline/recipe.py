@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.errors import RecipeError
+from pipeline.manifest import NAME as MODEL_NAME
 
 
 class _Strict(BaseModel):
@@ -165,7 +166,7 @@ class BudgetSpec(_Strict):
 
 
 class Recipe(_Strict):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")  # also the artifact directory name
+    name: str = Field(pattern=MODEL_NAME.pattern)  # also the artifact directory name
     task: Literal["classification", "regression", "embedding"] = "classification"
     description: str = ""
     model: ModelSpec

@@ -19,15 +19,19 @@ from google.protobuf.message import DecodeError
 
 from pipeline.artifact import Artifact, allocate_version
 from pipeline.data.sources import load_npz
-from pipeline.errors import InputError
+from pipeline.errors import ArtifactError, InputError
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
-from pipeline.export.parity import Arrays, Reference, Tolerance, ort_session, session_reference, task_metric, verify
 from pipeline.fsutil import sha256_file
 from pipeline.golden import Golden, save_golden
 from pipeline.manifest import TASKS, Lineage, Manifest, TensorSpec, check_name
 from pipeline.records import ImportRecord
 from pipeline.variants import FP32, MODEL_FILE, Variant
+from pipeline.verify.gate import verify
+from pipeline.verify.metrics import task_metric
+from pipeline.verify.policies import Exact
+from pipeline.verify.runners import Arrays, Runner, ort_runner
+from pipeline.verify.session import first_line
 
 GENERATED_BATCH = 16  # samples generated when no evaluation data is given
 GENERATED_DIM = 4  # size chosen for any other symbolic dim (e.g. "sequence")
@@ -219,10 +223,9 @@ def _build(
         shutil.copyfile(source.parent / rel, root / rel)
     stamp(root / MODEL_FILE, manifest)
     try:
-        session = ort_session(root / MODEL_FILE)
-    except Exception as exc:  # onnxruntime's own exception types: the model does not load
-        raise InputError(f"onnxruntime cannot load {source}: {exc}") from exc
-    run = session_reference(session)
+        run = ort_runner(root / MODEL_FILE)
+    except ArtifactError as exc:  # the model does not load
+        raise InputError(f"onnxruntime cannot load {source}: {first_line(exc.__cause__ or exc)}") from exc
     samples, target = evaluation if evaluation is not None else (generated_inputs(inputs), None)
     try:
         golden_out = run(samples)
@@ -230,7 +233,7 @@ def _build(
         raise InputError(f"onnxruntime cannot run {source} on inputs shaped like its graph inputs: {exc}") from exc
     _check_labels(labels, outputs, golden_out, task)
     reference = _one_at_a_time(run, inputs)
-    report = verify(root / MODEL_FILE, reference, samples, inputs, outputs, Tolerance(), task, session=session)
+    report = verify(root / MODEL_FILE, reference, samples, inputs, outputs, Exact(), task, session=run.session)
     report.raise_on_failure(f"imported model {source}")
     save_golden(artifact, Golden(samples, golden_out, target))
     for rel in [MODEL_FILE, *extra]:
@@ -265,7 +268,7 @@ def _build(
     return artifact
 
 
-def _one_at_a_time(run: Reference, inputs: list[TensorSpec]) -> Reference:
+def _one_at_a_time(run: Runner, inputs: list[TensorSpec]) -> Runner:
     """Reference for the gate: each sample run alone, so a batched run must match per-sample runs."""
     batched = all(spec.shape and isinstance(spec.shape[0], str) for spec in inputs)
 

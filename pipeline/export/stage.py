@@ -23,12 +23,14 @@ from pipeline.backends import backend_for
 from pipeline.errors import ArtifactError, InputError
 from pipeline.export.metadata import stamp
 from pipeline.export.onnx_export import ExportResult, export_module
-from pipeline.export.parity import GateReport, Tolerance, verify
 from pipeline.golden import Golden, load_golden
 from pipeline.recipe import ExportSpec, Recipe, load_recipe, parse_recipe
 from pipeline.records import ExportRecord, TrainRecord
 from pipeline.stagewrite import StageWrite
 from pipeline.variants import FP32, MODEL_FILE, Variant
+from pipeline.verify.gate import verify
+from pipeline.verify.policies import Exact
+from pipeline.verify.report import GateReport
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +113,7 @@ def export_artifact(
     recipe, notes = current_recipe(artifact, recipe_path)
     settings = export_settings(recipe, overrides)
     exporter = "dynamo" if settings.dynamo else "torchscript"
-    tol = Tolerance(settings.atol, settings.rtol, settings.metric_tolerance)
+    tol = Exact(settings.atol, settings.rtol, settings.metric_tolerance)
     backend = backend_for(artifact)
     model = backend.load_model(artifact)
     golden = load_golden(artifact)

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from pipeline.artifact import Artifact
 from pipeline.cli import main
 from pipeline.export.metadata import read_metadata
-from pipeline.export.parity import ort_session
 from pipeline.golden import load_golden
+from pipeline.verify.session import create_session
 
 W = np.array([[1.0, -1.0, 0.5], [0.5, 2.0, -1.0], [-1.5, 0.0, 1.0], [0.0, 1.0, 2.0]], dtype=np.float32)
 B = np.array([0.1, -0.2, 0.3], dtype=np.float32)
@@ -74,7 +74,7 @@ def test_import_with_eval_data_gives_a_verified_servable_artifact(tmp_path: Path
     assert stamped["pipe.labels"] == '["a", "b", "c"]'
 
     # Servable: the recorded file answers a request of any batch size with the right numbers.
-    session = ort_session(artifact.path("model.onnx"))
+    session = create_session(artifact.path("model.onnx"))
     for batch in (1, 5):
         (y,) = session.run(None, {"x": x[:batch]})
         np.testing.assert_allclose(y, x[:batch] @ W + B, rtol=1e-5, atol=1e-5)

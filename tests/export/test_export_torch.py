@@ -12,8 +12,9 @@ from export_models import CNN, MLP, SEQ, VOCAB, BranchesOnBatch, GridSampler, Mo
 
 from pipeline.errors import CheckFailed, InputError
 from pipeline.export.onnx_export import export_module, torch_reference
-from pipeline.export.parity import Tolerance, verify
 from pipeline.manifest import TensorSpec
+from pipeline.verify.gate import verify
+from pipeline.verify.policies import Exact
 
 LOGITS = [TensorSpec("logits", "float32", ["batch", 3])]
 
@@ -45,7 +46,7 @@ def export_and_verify(module: torch.nn.Module, spec: TensorSpec, samples: np.nda
         {spec.name: samples},
         [spec],
         LOGITS,
-        Tolerance(),
+        Exact(),
         evaluation=({spec.name: samples}, target),
     )
     return result, report

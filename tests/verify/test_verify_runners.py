@@ -70,7 +70,8 @@ for name in sys.argv[1:]:
     importlib.import_module(name)
 print(json.dumps(sorted(sys.modules)))
 """
-MODULES = [f"pipeline.verify.{m}" for m in ("session", "runners", "metrics", "policies", "report", "gate")]
+VERIFY = ("session", "runners", "metrics", "policies", "report", "gate", "evaluation")
+MODULES = [f"pipeline.verify.{m}" for m in VERIFY]
 
 
 def test_the_verifier_imports_no_heavy_framework_and_no_stage() -> None:

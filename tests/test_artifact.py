@@ -11,8 +11,8 @@ import pytest
 from pipeline.artifact import Artifact, allocate_version, resolve_artifact, versions
 from pipeline.errors import ArtifactError
 from pipeline.manifest import MANIFEST_NAME, Manifest
-from pipeline.variants import Variant
 from pipeline.records import ExportRecord
+from pipeline.variants import Variant
 from tests.conftest import build_artifact
 
 EXPORT = ExportRecord(exporter="dynamo", opset=18, requested_opset=18, external_data=False)
@@ -30,7 +30,16 @@ def test_round_trip(toy_artifact: Artifact) -> None:
 def test_variant_is_recorded_with_its_size(toy_artifact: Artifact) -> None:
     (toy_artifact.root / "variants").mkdir()
     (toy_artifact.root / "variants" / "model.int8.onnx").write_bytes(b"q" * 100)
-    toy_artifact.add_variant("int8", Variant(file="variants/model.int8.onnx", precision="int8", format="onnx", stage="optimize", metrics={"accuracy": 0.96}))
+    toy_artifact.add_variant(
+        "int8",
+        Variant(
+            file="variants/model.int8.onnx",
+            precision="int8",
+            format="onnx",
+            stage="optimize",
+            metrics={"accuracy": 0.96},
+        ),
+    )
     toy_artifact.save()
     loaded = Artifact.load(toy_artifact.root)
     assert loaded.manifest.variants["int8"].size == 100

@@ -11,12 +11,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import onnx
 
 from pipeline.errors import InputError, PipelineError
@@ -224,26 +223,3 @@ def _export_torchscript(
             external_data=external,
         )
     _log_warnings(caught)
-
-
-def torch_reference(
-    module: torch.nn.Module, inputs: list[TensorSpec], outputs: list[TensorSpec]
-) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
-    """The module as the parity gate's reference: named numpy in, named numpy out (eval, no grad)."""
-    import torch
-
-    module.eval()
-
-    def run(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        with torch.no_grad():
-            result = module(*(torch.from_numpy(np.ascontiguousarray(arrays[s.name])) for s in inputs))
-        if isinstance(result, torch.Tensor):
-            result = (result,)
-        if len(result) != len(outputs):
-            raise ExportError(f"the module returned {len(result)} outputs, the manifest lists {len(outputs)}")
-        return {
-            s.name: t.detach().float().numpy() if t.is_floating_point() else t.numpy()
-            for s, t in zip(outputs, result, strict=True)
-        }
-
-    return run

@@ -16,18 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from pipeline.artifact import Artifact, resolve_artifact
 from pipeline.backends import backend_for
 from pipeline.errors import ArtifactError, InputError
 from pipeline.export.metadata import stamp
 from pipeline.export.onnx_export import ExportResult, export_module
-from pipeline.golden import Golden, load_golden
 from pipeline.recipe import ExportSpec, Recipe, load_recipe, parse_recipe
 from pipeline.records import ExportRecord, TrainRecord
 from pipeline.stagewrite import StageWrite
 from pipeline.variants import FP32, MODEL_FILE, Variant
+from pipeline.verify.evaluation import evaluation_set
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact
 from pipeline.verify.report import GateReport
@@ -116,8 +114,7 @@ def export_artifact(
     tol = Exact(settings.atol, settings.rtol, settings.metric_tolerance)
     backend = backend_for(artifact)
     model = backend.load_model(artifact)
-    golden = load_golden(artifact)
-    evaluation = _evaluation_split(artifact, recipe, golden)
+    evaluation = evaluation_set(artifact, recipe)
     weights = train.checkpoint.weights
 
     with StageWrite(artifact.root, "export") as write:
@@ -134,13 +131,13 @@ def export_artifact(
         report = verify(
             candidate,
             backend.reference(artifact, model),
-            golden.inputs,
+            evaluation.samples,
             manifest.inputs,
             manifest.outputs,
             tol,
             manifest.task,
-            evaluation=evaluation,
-            recorded=golden.outputs,
+            evaluation=evaluation.split,
+            recorded=evaluation.recorded,
             scratch=write.scratch,
         )
         report.raise_on_failure(f"the ONNX export of {manifest.name} v{manifest.version}")
@@ -177,23 +174,3 @@ def export_artifact(
 
         artifact = write.commit(files, record)
     return ExportOutcome(artifact, result, report, notes)
-
-
-def _evaluation_split(artifact: Artifact, recipe: Recipe, golden: Golden) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """The whole test split with its targets: golden.npz when training stored the split whole, else re-read."""
-    record = train_record(artifact)
-    if record.golden.whole_split and golden.target is not None:
-        return golden.inputs, golden.target
-    from pipeline.data import load_splits
-
-    # The data the model was trained on, found relative to the recipe file as it is now.
-    trained = parse_recipe(record.settings, f"{artifact.root}/manifest.json stages.train.settings", recipe.base_dir)
-    try:
-        test = load_splits(trained).test
-    except InputError as exc:
-        raise InputError(
-            f"the gate measures the metric on the whole test split, which golden.npz holds only part of, and the "
-            f"data could not be read again: {exc}. A relative data.path is resolved against the recipe's "
-            "directory (the train record's recipe_path, or --recipe)"
-        ) from exc
-    return test.inputs, test.target

@@ -11,10 +11,11 @@ import torch
 from export_models import CNN, MLP, SEQ, VOCAB, BranchesOnBatch, GridSampler, MoE, Transformer
 
 from pipeline.errors import CheckFailed, InputError
-from pipeline.export.onnx_export import export_module, torch_reference
+from pipeline.export.onnx_export import export_module
 from pipeline.manifest import TensorSpec
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact
+from pipeline.verify.runners import torch_runner
 
 LOGITS = [TensorSpec("logits", "float32", ["batch", 3])]
 
@@ -42,7 +43,7 @@ def export_and_verify(module: torch.nn.Module, spec: TensorSpec, samples: np.nda
     target = np.random.default_rng(1).integers(0, 3, len(samples))
     report = verify(
         path,
-        torch_reference(module, [spec], LOGITS),
+        torch_runner(module, [spec], LOGITS),
         {spec.name: samples},
         [spec],
         LOGITS,

@@ -10,7 +10,7 @@ GPU    ?= 0
 LOCKHASH := $(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)-gpu$(GPU)
 STAMP  := $(VENV)/.installed-$(LOCKHASH)
 
-.PHONY: venv run test lint bench lock clean
+.PHONY: venv run test lint bench lock clean check-serve-profile
 
 venv: $(STAMP)
 
@@ -39,6 +39,14 @@ test: venv
 
 lint: venv
 	$(BIN)/ruff check pipeline tests bench
+	$(BIN)/lint-imports --no-cache --no-logo
+
+# The serve profile alone (docs/install.md): `.[serve]` into a fresh venv (pinned by the lock, no
+# torch, no tensorflow), then its `pipe serve` answers a KServe V2 request for the digits-cnn artifact
+# that `make run` made, with the artifact's golden outputs. Prints the install time and venv size.
+check-serve-profile: run
+	PIPE_SERVE_PROFILE_ARTIFACT=artifacts/digits-cnn $(BIN)/python -m pytest -s -p no:cacheprovider -m slow \
+		tests/test_install_profiles.py::test_serve_profile_serves_without_torch_or_tensorflow
 
 bench: venv
 	@for b in bench/*.py; do echo "== $$b"; PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python $$b || exit 1; done
@@ -46,7 +54,7 @@ bench: venv
 # Re-resolve the lock from pyproject.toml in a scratch environment.
 lock:
 	rm -rf /tmp/pipe-lock && $(PYTHON) -m venv /tmp/pipe-lock
-	/tmp/pipe-lock/bin/pip install -q "setuptools>=68" wheel -e ".[cpu,dev]"
+	/tmp/pipe-lock/bin/pip install -q "setuptools>=68" wheel -e ".[all]"
 	/tmp/pipe-lock/bin/pip freeze --all --exclude-editable | grep -v '^pip==' | sed 's/+cpu$$//' > requirements.lock.new
 	mv requirements.lock.new requirements.lock
 

@@ -29,7 +29,7 @@ from pipeline.serve.protocols import tfserving
 from pipeline.serve.protocols.base import Protocol
 from pipeline.serve.protocols.tfserving import TFServing
 from pipeline.serve.protocols.v2 import V2
-from pipeline.serve.repository import LoadedVersion, Repository
+from pipeline.serve.repository import LoadedVersion, Repository, version_number
 
 log = logging.getLogger("pipe.serve")
 
@@ -215,19 +215,22 @@ class ServeApp:
         def tensors(specs: list[Any]) -> list[dict[str, Any]]:
             return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
 
+        parameters = {
+            "version": str(model.version),
+            "variant": model.variant,
+            "file": model.file,
+            "providers": model.session.providers,
+            "max_batch_size": self.config.batching.max_batch_size if model.session.batchable else 0,
+        }
+        if model.reload_error is not None:  # still serving what it had; its changed manifest was refused
+            parameters["reload_error"] = model.reload_error
         return {
             "name": name,
             "versions": versions,
             "platform": "onnxruntime_onnx",
             "inputs": tensors(model.session.inputs),
             "outputs": tensors(model.session.outputs),
-            "parameters": {
-                "version": str(model.version),
-                "variant": model.variant,
-                "file": model.file,
-                "providers": model.session.providers,
-                "max_batch_size": self.config.batching.max_batch_size if model.session.batchable else 0,
-            },
+            "parameters": parameters,
         }
 
     # -- inference, every protocol ----------------------------------------------------------------
@@ -270,9 +273,10 @@ class ServeApp:
             _allow(method, "GET")
             states = repo.states(name)
             if version is not None:
-                if not version.isdigit() or int(version) not in states:
-                    raise NotFound(f"model {name!r} has no version {version}; known: {sorted(states)}")
-                states = {int(version): states[int(version)]}
+                number = version_number(version)
+                if number not in states:
+                    raise NotFound(f"model {name!r} has no version {version[:40]}; known: {sorted(states)}")
+                states = {number: states[number]}
             return _json(tfserving.status(states))
         if action == "metadata":
             _allow(method, "GET")

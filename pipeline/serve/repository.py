@@ -1,13 +1,17 @@
-"""The model repository: find artifacts, verify and load them, pick versions and variants, hot reload.
+"""The model repository: verify and load the versions found on disk, pick their variants, hot reload.
 
-Accepted paths (any mix): a repository `artifacts/` holding `<name>/<version>/`, one model
-`artifacts/<name>`, or one artifact `artifacts/<name>/<version>`. Names and versions come from
-the directories, as in Triton, and must agree with each manifest.
+Which directories hold versions is `scan.find_versions`; which variant file a version serves is
+`variant_choice.choose`. Every load verifies the artifact's hashes (`Artifact.load`). A version
+that fails (bad manifest, tampered or truncated file, symlinked out of place, not loadable by
+onnxruntime) is refused with a one-line reason in the log, readiness and metadata, and never
+replaces what is being served; the versions beside it keep serving.
 
-Every load verifies the artifact's hashes (`Artifact.load`). A version that fails (tampered,
-truncated, not loadable by onnxruntime) is reported in logs, readiness and metadata, and never
-replaces what is being served. A poller notices new version directories, loads them in a worker
-thread and swaps them in; with `latest=N`, the newest N versions that load are served.
+Hot reload: a poller rescans the paths, loads new version directories in a worker thread and swaps
+them in (with `latest=N`, the newest N versions that load are served). It also re-reads the manifest
+of every served version whose manifest file changed: when the variant to serve changed (a new or
+re-made variant, e.g. `--variant int8` was falling back to fp32 and int8 now passed), the new
+session is loaded and swapped in; when the changed manifest is refused, the version keeps serving
+what it had, and the refusal is logged once and shown in its status and metadata.
 """
 
 from __future__ import annotations
@@ -19,17 +23,21 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from pipeline.artifact import MANIFEST_NAME, Artifact
+from pipeline.artifact import Artifact
 from pipeline.errors import ArtifactError, InputError, PipelineError
+from pipeline.manifest import MANIFEST_NAME
+from pipeline.serve import scan
 from pipeline.serve.batching import Batcher, BatchSettings
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.protocols.base import ModelIO
 from pipeline.serve.session import ModelSession, SessionOptions
+from pipeline.serve.variant_choice import Choice, VariantRefused, choose
 
 log = logging.getLogger("pipe.serve")
 
-FP32 = "fp32"  # the variant name meaning model.onnx itself
+Stamp = tuple[int, int, int]  # a manifest file's (inode, mtime_ns, size): an atomic rewrite changes it
+LOAD_ERRORS = (ArtifactError, InputError, OSError)  # OSError: unreadable files
 
 
 @dataclass(frozen=True)
@@ -39,7 +47,7 @@ class RepositorySettings:
     paths: tuple[Path, ...]
     latest: int | None = None  # serve the newest N loadable versions of each model; None: all
     variants: dict[str, str] = field(default_factory=dict)  # model -> variant; key "*" for every model
-    poll_s: float = 2.0  # seconds between scans for new or removed versions; 0 turns hot reload off
+    poll_s: float = 2.0  # seconds between scans for new, removed or changed versions; 0 turns hot reload off
 
 
 @dataclass
@@ -49,10 +57,19 @@ class LoadedVersion:
     name: str
     version: int
     root: Path
-    variant: str
-    file: str
+    choice: Choice
     session: ModelSession
     batcher: Batcher
+    stamp: Stamp  # the manifest's stamp when it was last read
+    reload_error: str | None = None  # why the manifest's latest change was refused (this keeps serving)
+
+    @property
+    def variant(self) -> str:
+        return self.choice.variant
+
+    @property
+    def file(self) -> str:
+        return self.choice.file
 
     @cached_property
     def io(self) -> ModelIO:
@@ -60,34 +77,19 @@ class LoadedVersion:
         return ModelIO(self.name, self.version, self.session.inputs, self.session.outputs)
 
 
-def find_versions(paths: tuple[Path, ...]) -> dict[str, dict[int, Path]]:
-    """Map model name -> version -> directory for every version directory holding a manifest."""
-    found: dict[str, dict[int, Path]] = {}
-    for path in paths:
-        if (path / MANIFEST_NAME).is_file():
-            roots = [(path.parent.name, path)]
-        elif _version_dirs(path):
-            roots = [(path.name, d) for d in _version_dirs(path)]
-        else:
-            roots = [(m.name, d) for m in sorted(path.iterdir()) if m.is_dir() for d in _version_dirs(m)]
-        for name, directory in roots:
-            if not directory.name.isdigit():
-                raise InputError(f"{directory}: a served artifact must live in a numbered version directory <name>/<N>")
-            found.setdefault(name, {})[int(directory.name)] = directory
-    return found
+def version_number(text: str) -> int | None:
+    """A version from a URL: ASCII digits only ('²' is a digit to Python, and int('²') fails)."""
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
-def _version_dirs(model_root: Path) -> list[Path]:
-    if not model_root.is_dir():
-        return []
-    return sorted(p for p in model_root.iterdir() if p.name.isdigit() and (p / MANIFEST_NAME).is_file())
+def _stamp(root: Path) -> Stamp:
+    st = (root / MANIFEST_NAME).stat()
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def check_paths(paths: tuple[Path, ...]) -> None:
-    """Refuse paths that do not exist before the server starts (exit 2 from the CLI)."""
-    for path in paths:
-        if not path.is_dir():
-            raise InputError(f"{path} is not a directory; pass a repository (artifacts/), a model or an artifact")
+def _one_line(exc: BaseException) -> str:
+    """A refusal for one log line (verification lists each bad file on its own line)."""
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
 class Repository:
@@ -107,7 +109,8 @@ class Repository:
         self._metrics = metrics
         self._executor = executor
         self.models: dict[str, dict[int, LoadedVersion]] = {}
-        self.failed: dict[tuple[str, int], tuple[int, str]] = {}  # -> (manifest mtime_ns, error)
+        self.failed: dict[tuple[str, int], tuple[Stamp, str]] = {}  # -> (manifest stamp, one-line error)
+        self.strays: dict[Path, str] = {}  # directories holding a manifest that are not versions -> why
         self._watcher: asyncio.Task | None = None
         self._lock = asyncio.Lock()
 
@@ -133,80 +136,118 @@ class Repository:
                 log.exception("repository scan failed")
 
     async def refresh(self) -> None:
-        """Load new versions, drop removed ones, keep serving the old when a new one fails."""
+        """Load new versions, reload changed ones, drop removed ones; a refused load never replaces a served one."""
         async with self._lock:
-            on_disk = await asyncio.to_thread(find_versions, self.settings.paths)
+            found = await asyncio.to_thread(scan.find_versions, self.settings.paths)
+            self._report_strays(found.strays)
             served: dict[str, dict[int, LoadedVersion]] = {}
-            for name, versions in sorted(on_disk.items()):
+            for name, versions in sorted(found.versions.items()):
                 current = self.models.get(name, {})
                 keep: dict[int, LoadedVersion] = {}
                 for version in sorted(versions, reverse=True):
                     if self.settings.latest is not None and len(keep) >= self.settings.latest:
                         break
                     if version in current:
-                        keep[version] = current[version]
-                    elif (loaded := await self._try_load(name, version, versions[version])) is not None:
+                        loaded = await self._recheck(current[version])
+                    else:
+                        loaded = await self._try_load(name, version, versions[version])
+                    if loaded is not None:
                         keep[version] = loaded
                 if keep:
                     served[name] = dict(sorted(keep.items()))
-            retired = [v for name, vs in self.models.items() for n, v in vs.items() if n not in served.get(name, {})]
+            kept = {id(v) for vs in served.values() for v in vs.values()}
+            dropped = [v for vs in self.models.values() for v in vs.values() if id(v) not in kept]
             self.models = served
-            self.failed = {k: f for k, f in self.failed.items() if k[1] in on_disk.get(k[0], {})}
-            for gone in retired:
-                log.info("unloaded %s v%d", gone.name, gone.version)
-                await gone.batcher.close()
+            self.failed = {k: f for k, f in self.failed.items() if k[1] in found.versions.get(k[0], {})}
+            for old in dropped:  # unloaded, or replaced by a reload: answer what it accepted, then stop
+                if old.version not in served.get(old.name, {}):
+                    log.info("unloaded %s v%d", old.name, old.version)
+                await old.batcher.close()
+
+    def _report_strays(self, strays: dict[Path, str]) -> None:
+        for path, reason in strays.items():
+            if path not in self.strays:
+                log.error("refused %s: %s", path, reason)
+        self.strays = strays
 
     async def _try_load(self, name: str, version: int, root: Path) -> LoadedVersion | None:
-        stamp = (root / MANIFEST_NAME).stat().st_mtime_ns
+        try:
+            stamp = _stamp(root)  # before reading: a change made during the load is seen by the next scan
+        except OSError:  # removed since the scan: the next scan no longer finds it
+            return None
         if (previous := self.failed.get((name, version))) and previous[0] == stamp:
             return None  # failed before and unchanged since: do not retry every tick
         try:
-            artifact, variant, file, session = await asyncio.to_thread(self._load, name, version, root)
-        except (ArtifactError, InputError, OSError) as exc:  # OSError: unreadable files
-            self.failed[(name, version)] = (stamp, str(exc))
-            log.error("refused %s v%d from %s: %s", name, version, root, exc)
+            artifact = await asyncio.to_thread(Artifact.load, root, verify=True)
+            choice = choose(artifact, self.settings.variants)
+            session = await asyncio.to_thread(self._session, artifact, choice)
+        except LOAD_ERRORS as exc:
+            self._refuse(name, version, root, stamp, exc)
             return None
         self.failed.pop((name, version), None)
-        stats = self._metrics.model(name, version)
-        batcher = Batcher(session.run, session.batchable, self._batch_settings, self._executor, stats)
+        loaded = self._serve(name, version, root, choice, session, stamp)
         log.info(
             "loaded %s v%d from %s (variant %s, %s) on %s; inputs %s; batching %s",
-            name, version, root, variant, file, session.providers,
+            name, version, root, choice.variant, choice.file, session.providers,
             ", ".join(s.describe() for s in session.inputs),
             f"up to {self._batch_settings.max_batch_size} rows" if session.batchable else "off (fixed batch dim)",
         )  # fmt: skip
-        return LoadedVersion(name, version, artifact.root, variant, file, session, batcher)
+        return loaded
 
-    def _load(self, name: str, version: int, root: Path) -> tuple[Artifact, str, str, ModelSession]:
-        """Verify the artifact and create its session (runs in a worker thread)."""
-        artifact = Artifact.load(root, verify=True)
-        if (artifact.name, artifact.version) != (name, version):
-            raise ArtifactError(
-                f"{root}: the manifest says {artifact.name} v{artifact.version} but the directory is {name}/{version}; "
-                "move the artifact to <name>/<version> matching its manifest"
-            )
-        variant, file = self._variant_file(artifact)
-        return artifact, variant, file, ModelSession(artifact.path(file), self._session_options)
+    def _refuse(self, name: str, version: int, root: Path, stamp: Stamp, exc: BaseException) -> None:
+        self.failed[(name, version)] = (stamp, _one_line(exc))
+        log.error("refused %s v%d from %s: %s", name, version, root, _one_line(exc))
 
-    def _variant_file(self, artifact: Artifact) -> tuple[str, str]:
-        explicit = self.settings.variants.get(artifact.name)
-        wanted = explicit or self.settings.variants.get("*", FP32)
-        available = [FP32, *(k for k, v in artifact.manifest.variants.items() if v.format == "onnx")]
-        if wanted == FP32:
-            file = "model.onnx"
-        elif wanted in artifact.manifest.variants and artifact.manifest.variants[wanted].format == "onnx":
-            file = artifact.manifest.variants[wanted].file
-        elif explicit:
-            raise ArtifactError(f"{artifact.root}: variant {wanted!r} does not exist; available: {available}")
-        else:  # a server-wide default this model lacks: serve its fp32 model, and say so
-            log.warning("%s has no variant %r (available %s); serving fp32", artifact.root, wanted, available)
-            wanted, file = FP32, "model.onnx"
-        if file not in artifact.manifest.files:
-            raise ArtifactError(
-                f"{artifact.root}: {file} is not listed in the manifest's files, so it cannot be verified; "
-                "re-create the artifact with pipe export / pipe import"
-            )
-        return wanted, file
+    async def _recheck(self, loaded: LoadedVersion) -> LoadedVersion | None:
+        """A served version whose manifest changed: swap in the variant it should now serve, if that changed.
+
+        A manifest that no longer loads (malformed, tampered) or a new variant onnxruntime cannot
+        load never replaces what is served. A sound manifest that says the chosen variant cannot be
+        served (it failed, or is gone) refuses the version, as it would at startup: None.
+        """
+        try:
+            stamp = _stamp(loaded.root)
+        except OSError:  # removed while scanning: the next scan no longer finds it and unloads it
+            return loaded
+        if stamp == loaded.stamp:
+            return loaded
+        loaded.stamp = stamp  # each change is read once, so a refusal is logged once
+        try:
+            artifact = await asyncio.to_thread(Artifact.load, loaded.root, verify=True)
+            choice = choose(artifact, self.settings.variants)
+            if choice == loaded.choice:
+                if loaded.reload_error is not None:
+                    log.info("%s v%d: its manifest is valid again", loaded.name, loaded.version)
+                loaded.reload_error = None
+                return loaded
+            session = await asyncio.to_thread(self._session, artifact, choice)
+        except VariantRefused as exc:
+            self._refuse(loaded.name, loaded.version, loaded.root, stamp, exc)
+            return None
+        except LOAD_ERRORS as exc:
+            loaded.reload_error = _one_line(exc)
+            log.error(
+                "kept serving %s v%d (variant %s, %s): its changed manifest was refused: %s",
+                loaded.name, loaded.version, loaded.variant, loaded.file, loaded.reload_error,
+            )  # fmt: skip
+            return loaded
+        log.info(
+            "reloaded %s v%d from %s: variant %s (%s) replaces %s (%s) on %s",
+            loaded.name, loaded.version, loaded.root, choice.variant, choice.file,
+            loaded.variant, loaded.file, session.providers,
+        )  # fmt: skip
+        return self._serve(loaded.name, loaded.version, loaded.root, choice, session, stamp)
+
+    def _session(self, artifact: Artifact, choice: Choice) -> ModelSession:
+        """Create the onnxruntime session for the chosen variant (worker thread)."""
+        return ModelSession(artifact.path(choice.file), self._session_options)
+
+    def _serve(
+        self, name: str, version: int, root: Path, choice: Choice, session: ModelSession, stamp: Stamp
+    ) -> LoadedVersion:
+        stats = self._metrics.model(name, version)
+        batcher = Batcher(session.run, session.batchable, self._batch_settings, self._executor, stats)
+        return LoadedVersion(name, version, root, choice, session, batcher, stamp)
 
     def get(self, name: str, version: str | None) -> LoadedVersion:
         """The version asked for, or the newest served one; 404 naming what exists."""
@@ -216,22 +257,24 @@ class Repository:
             raise NotFound(f"unknown model {name!r}{reason}; served models: {sorted(self.models)}")
         if version is None:
             return versions[max(versions)]
-        if not version.isdigit():
-            raise RequestError(f"model version must be a positive integer, got {version!r}")
-        loaded = versions.get(int(version))
+        number = version_number(version)
+        if number is None:
+            raise RequestError(f"model version must be a positive integer, got {version[:40]!r}")
+        loaded = versions.get(number)
         if loaded is None:
-            reason = self._failure_note(name, int(version))
-            raise NotFound(f"model {name!r} has no version {version} being served{reason}; served: {sorted(versions)}")
+            reason = self._failure_note(name, number)
+            raise NotFound(f"model {name!r} has no version {number} being served{reason}; served: {sorted(versions)}")
         return loaded
 
     def _failure_note(self, name: str, version: int | None = None) -> str:
         errors = [e for (n, v), (_, e) in self.failed.items() if n == name and version in (None, v)]
         return f" (it failed to load: {errors[-1]})" if errors else ""
 
-    def states(self, name: str) -> dict[int, str | None]:
-        """Every known version of a model -> None when served, else its load error."""
-        states: dict[int, str | None] = {v: e for (n, v), (_, e) in self.failed.items() if n == name}
-        states.update({v: None for v in self.models.get(name, {})})
+    def states(self, name: str) -> dict[int, tuple[bool, str]]:
+        """Every known version of a model -> (served?, message): a refused version's load error, or why a
+        served version's changed manifest was refused ('' when there is nothing to say)."""
+        states = {v: (False, e) for (n, v), (_, e) in self.failed.items() if n == name}
+        states.update({v: (True, loaded.reload_error or "") for v, loaded in self.models.get(name, {}).items()})
         if not states:
             raise NotFound(f"unknown model {name!r}; served models: {sorted(self.models)}")
         return states

@@ -13,7 +13,8 @@ import os
 
 from pipeline.errors import InputError
 from pipeline.serve.config import CONFIG_ENV, ServeConfig
-from pipeline.serve.repository import check_paths, find_versions
+from pipeline.serve.scan import check_paths
+from pipeline.serve.variant_choice import check_choices
 
 log = logging.getLogger("pipe.serve")
 
@@ -21,7 +22,7 @@ log = logging.getLogger("pipe.serve")
 def _check(config: ServeConfig) -> None:
     """Refuse bad settings before any model loads, so the CLI exits 2 with the reason."""
     check_paths(config.repository.paths)
-    find_versions(config.repository.paths)
+    check_choices(config.repository.variants)
     http, batching = config.http, config.batching
     if not 0 < http.port < 65536:
         raise InputError(f"--port {http.port} is not a TCP port; use 1-65535")

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from pipeline.artifact import Artifact
 from pipeline.golden import Golden, save_golden
 from pipeline.manifest import Manifest, TensorSpec
-from pipeline.variants import Variant
+from pipeline.variants import FP32, Variant, variant_file
 
 OPSET = [helper.make_opsetid("", 18)]
 _NP = {TensorProto.FLOAT: "float32", TensorProto.INT64: "int64", TensorProto.STRING: "str"}
@@ -124,7 +124,7 @@ def run_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[
 def write_artifact(
     repo: Path, name: str, version: int, model: onnx.ModelProto, variants: dict[str, onnx.ModelProto] | None = None
 ) -> Artifact:
-    """Save `model` as artifacts/<name>/<version>/ with golden.npz and optional ONNX variants."""
+    """Save `model` as artifacts/<name>/<version>/ (the fp32 variant) with golden.npz and optional ONNX variants."""
     root = repo / name / str(version)
     manifest = Manifest(
         name=name,
@@ -135,12 +135,20 @@ def write_artifact(
     )
     artifact = Artifact(root, manifest)
     root.mkdir(parents=True, exist_ok=True)
-    artifact.write_file("model.onnx", model.SerializeToString())
+    artifact.write_file(variant_file(FP32), model.SerializeToString())
+    artifact.add_variant(FP32, Variant(file=variant_file(FP32), precision="fp32", format="onnx", stage="export"))
     inputs = sample_inputs(model)
     save_golden(artifact, Golden(inputs, run_reference(model, inputs)))
     for variant_name, variant_model in (variants or {}).items():
-        rel = f"variants/model.{variant_name}.onnx"
-        artifact.write_file(rel, variant_model.SerializeToString())
-        artifact.add_variant(variant_name, Variant(file=rel, precision="fp32", format="onnx", stage="optimize"))
+        add_variant(artifact, variant_name, variant_model)
     artifact.save()
     return artifact
+
+
+def add_variant(artifact: Artifact, name: str, model: onnx.ModelProto, reason: str = "") -> None:
+    """Write `model` as variant `name` of the artifact: passed, or failed with `reason` (save() to keep it)."""
+    file = variant_file(name)
+    artifact.write_file(file, model.SerializeToString())
+    status = "failed" if reason else "passed"
+    variant = Variant(file=file, precision="fp32", format="onnx", stage="optimize", status=status, reason=reason)
+    artifact.add_variant(name, variant)

@@ -11,7 +11,7 @@ import pytest
 from serve_models import mlp, write_artifact
 
 from pipeline.errors import ArtifactError
-from pipeline.serve import repository as repository_module
+from pipeline.serve import scan as scan_module
 from pipeline.serve.batching import BatchSettings
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.repository import Repository, RepositorySettings
@@ -52,15 +52,15 @@ def test_hot_reload_keeps_watching_after_an_unexpected_scan_error(
     repo = tmp_path / "artifacts"
     write_artifact(repo, "m", 1, mlp([4, 8, 3], seed=1))
     scans: list[int] = []
-    real_find = repository_module.find_versions
+    real_find = scan_module.find_versions
 
-    def flaky_find(paths: tuple[Path, ...]) -> dict[str, dict[int, Path]]:
+    def flaky_find(paths: tuple[Path, ...]) -> scan_module.Scan:
         scans.append(1)
         if len(scans) == 2:  # the first scan after startup hits a bug
             raise RuntimeError("unexpected")
         return real_find(paths)
 
-    monkeypatch.setattr(repository_module, "find_versions", flaky_find)
+    monkeypatch.setattr(scan_module, "find_versions", flaky_find)
 
     async def main() -> list[int]:
         with ThreadPoolExecutor(1) as pool:

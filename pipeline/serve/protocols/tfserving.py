@@ -116,16 +116,17 @@ def _jsonable(array: np.ndarray) -> Any:
     return np.ascontiguousarray(array)
 
 
-def status(versions: dict[int, str | None]) -> dict[str, Any]:
-    """Model status: each version AVAILABLE, or UNAVAILABLE with the load error."""
+def status(versions: dict[int, tuple[bool, str]]) -> dict[str, Any]:
+    """Model status: each version AVAILABLE or UNAVAILABLE, with its message (the load error of an
+    unavailable one; for an available one, why its changed manifest was refused, if it was)."""
     return {
         "model_version_status": [
             {
                 "version": str(v),
-                "state": "AVAILABLE" if error is None else "UNAVAILABLE",
-                "status": {"error_code": "OK" if error is None else "UNKNOWN", "error_message": error or ""},
+                "state": "AVAILABLE" if served else "UNAVAILABLE",
+                "status": {"error_code": "UNKNOWN" if message else "OK", "error_message": message},
             }
-            for v, error in sorted(versions.items())
+            for v, (served, message) in sorted(versions.items())
         ]
     }
 

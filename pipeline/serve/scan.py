@@ -1,0 +1,86 @@
+"""Where the served versions are on disk: the paths given to `pipe serve`, scanned for version directories.
+
+Each path may be a repository (`artifacts/`, holding `<name>/<version>/`), one model
+(`artifacts/<name>`) or one version (`artifacts/<name>/<version>`). Version directories are found
+by `pipeline.artifact.version_dirs`, the one scan of a model directory (ASCII-digit names holding a
+manifest). A directory beside them that holds a manifest but is not a version (`²`, `01`, `v2`)
+is a stray: it is never served, and the scan says why so the server can log it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.artifact import is_version_name, version_dirs
+from pipeline.errors import InputError
+from pipeline.manifest import MANIFEST_NAME, check_name
+
+_VERSION_RULE = "a served version lives in <name>/<N>, N in ASCII digits without a leading zero (1, 2, 3 ...)"
+
+
+@dataclass
+class Scan:
+    """What one scan found."""
+
+    versions: dict[str, dict[int, Path]] = field(default_factory=dict)  # model name -> version -> directory
+    strays: dict[Path, str] = field(default_factory=dict)  # a directory holding a manifest that is no version -> why
+
+
+def check_paths(paths: tuple[Path, ...]) -> None:
+    """Refuse, before the server starts (exit 2), a path that is not a repository, model or version directory."""
+    choices = "pass a repository (artifacts/), a model (artifacts/<name>) or a version (artifacts/<name>/<N>)"
+    for path in map(_absolute, paths):
+        if not path.is_dir():
+            raise InputError(f"{path} is not a directory; {choices}")
+        if (path / MANIFEST_NAME).is_file():
+            problem = (
+                check_name(path.parent.name)
+                if is_version_name(path.name)
+                else f"it holds {MANIFEST_NAME} but {path.name[:40]!r} is not a version number ({_VERSION_RULE})"
+            )
+        elif version_dirs(path):
+            problem = check_name(path.name)
+        elif path.name.isdigit() and not is_version_name(path.name):  # '²', '007': never a version
+            problem = f"{path.name[:40]!r} is not a version number ({_VERSION_RULE})"
+        else:
+            problem = None  # a repository, possibly empty until hot reload finds models in it
+        if problem:
+            raise InputError(f"{path}: {problem}; {choices}")
+
+
+def find_versions(paths: tuple[Path, ...]) -> Scan:
+    """Every version directory under the paths, and every stray directory beside them."""
+    scan = Scan()
+    for path in map(_absolute, paths):
+        if (path / MANIFEST_NAME).is_file():
+            if is_version_name(path.name):
+                scan.versions.setdefault(path.parent.name, {})[int(path.name)] = path
+            else:
+                scan.strays[path] = _stray_reason(path)
+        elif version_dirs(path):
+            _scan_model(path, scan)
+        elif path.is_dir():
+            for model in sorted(p for p in path.iterdir() if p.is_dir()):
+                _scan_model(model, scan)
+    return scan
+
+
+def _scan_model(model_root: Path, scan: Scan) -> None:
+    versions = version_dirs(model_root)
+    if versions:
+        scan.versions.setdefault(model_root.name, {}).update(versions)
+    # The complement of version_dirs, to report it: a manifest in a directory that is not a version.
+    for child in model_root.iterdir():
+        if child not in versions.values() and (child / MANIFEST_NAME).is_file():
+            scan.strays[child] = _stray_reason(child)
+
+
+def _stray_reason(directory: Path) -> str:
+    return f"{directory.name[:40]!r} is not a version directory name; {_VERSION_RULE}"
+
+
+def _absolute(path: Path) -> Path:
+    """Absolute without resolving symlinks: `.` and `..` get their real names, a symlink stays visible."""
+    return Path(os.path.abspath(path))

@@ -12,6 +12,7 @@ Standard library only: the server and the CLI import this cheaply.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -96,7 +97,12 @@ def _value(kind: Any, data: Any, where: str, problems: list[str]) -> Any:
         return _dataclass(kind, data, where, problems)
     origin = typing.get_origin(kind)
     if origin in (types.UnionType, typing.Union):
-        for option in typing.get_args(kind):
+        options = typing.get_args(kind)
+        if data is not None and type(None) in options and len(options) == 2:
+            # `X | None` given a value: it is an X, so X's own problems say which nested field is wrong
+            (option,) = (o for o in options if o is not type(None))
+            return _value(option, data, where, problems)
+        for option in options:
             trial: list[str] = []
             value = _value(option, data, where, trial)
             if not trial:
@@ -122,6 +128,9 @@ def _value(kind: Any, data: Any, where: str, problems: list[str]) -> Any:
         return {k: _value(item, v, f"{where}.{k}", problems) for k, v in data.items()}
     if not _scalar_ok(kind, data):
         problems.append(f"{where}: expected {_describe(kind)}, got {_show(data)}")
+    elif kind is float and not _finite(data):
+        # Python's json reads NaN and Infinity; a NaN metric compares false with every bound and so passes them
+        problems.append(f"{where}: expected a finite number, got {_show(data)}")
     return data
 
 
@@ -137,6 +146,13 @@ def _scalar_ok(kind: Any, data: Any) -> bool:
     if kind is str:
         return isinstance(data, str)
     raise TypeError(f"jsontypes cannot check annotation {kind!r}")  # a programming error, not bad input
+
+
+def _finite(number: int | float) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # an integer beyond any float
+        return False
 
 
 def _describe(kind: Any) -> str:

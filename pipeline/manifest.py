@@ -2,7 +2,9 @@
 
 Every nested value is checked on load (pipeline/jsontypes.py): a shape given as a string, a dtype
 numpy does not know, a size given as a string, `stages: []`, an unsafe name are each refused with
-their dotted path. Standard library only, so the server and the CLI load it cheaply.
+their dotted path; then what the fields say against each other (a variant recorded in another
+variant's file or in a file `files` does not list, no inputs, labels that do not match the
+classes). Standard library only, so the server and the CLI load it cheaply.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pipeline import __version__
 from pipeline.errors import ArtifactError
 from pipeline.jsontypes import decode, encode
 from pipeline.records import Stages
-from pipeline.variants import Variant, check_variant_name
+from pipeline.variants import Variant, check_variant_name, variant_file
 
 SCHEMA_VERSION = 2  # 2: typed stage records and variant records (1 held free-form stage dicts)
 MANIFEST_NAME = "manifest.json"
@@ -151,9 +153,12 @@ class Manifest:
                 f"(it reads up to {SCHEMA_VERSION}); upgrade pipe or re-create the artifact"
             )
         try:
-            return decode(cls, data)
+            manifest = decode(cls, data)
         except ValueError as exc:
             raise ArtifactError(f"{source}: {exc}; fix the manifest or re-create the artifact") from None
+        if problems := _contradictions(manifest):
+            raise ArtifactError(f"{source}: {'; '.join(problems[:8])}; fix the manifest or re-create the artifact")
+        return manifest
 
     def identity_digest(self) -> str:
         """sha256 of what identifies the model (not files, metrics or variants, which later stages add).
@@ -162,6 +167,33 @@ class Manifest:
         """
         ident = {k: v for k, v in self.to_dict().items() if k in _IDENTITY_FIELDS}
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def _contradictions(manifest: Manifest) -> list[str]:
+    """What each field is fine alone but the manifest says against itself (a hand edit, a bad merge)."""
+    problems = []
+    for key, specs in (("inputs", manifest.inputs), ("outputs", manifest.outputs)):
+        names = [spec.name for spec in specs]
+        if not names:
+            problems.append(f"{key}: empty; a model has at least one (name, dtype, shape)")
+        elif repeated := sorted({n for n in names if names.count(n) > 1}):
+            problems.append(f"{key}: names must be distinct, {repeated[:3]} repeated")
+    for name, variant in manifest.variants.items():
+        where, file = f"variants.{name}", variant_file(name)
+        if variant.file != file:
+            problems.append(f"{where}.file: {variant.file[:60]!r}, but variant {name!r} lives in {file!r}")
+        elif variant.passed and file not in manifest.files:
+            problems.append(f"{where}.file: {file!r} is not listed in files, so it cannot be verified")
+        if variant.format != (fmt := file.rsplit(".", 1)[-1]):
+            problems.append(f"{where}.format: {variant.format!r}, but {file!r} is in format {fmt!r}")
+    classes = manifest.outputs[0].shape[-1] if manifest.outputs and manifest.outputs[0].shape else None
+    if manifest.task == "classification" and manifest.labels and isinstance(classes, int):
+        if len(manifest.labels) != classes:
+            problems.append(
+                f"labels: {len(manifest.labels)} class names, but output {manifest.outputs[0].name!r} "
+                f"has {classes} classes"
+            )
+    return problems
 
 
 _IDENTITY_FIELDS = ("name", "version", "task", "inputs", "outputs", "labels", "lineage", "created")

@@ -47,6 +47,10 @@ def _check_file(value: str) -> str | None:
     return None if value.endswith((".onnx", ".tflite")) else f"expected a .onnx or .tflite file, got {value[:60]!r}"
 
 
+def _check_size(value: int | None) -> str | None:
+    return None if value is None or value >= 0 else f"expected a size in bytes >= 0, got {value}"
+
+
 @dataclass(kw_only=True)
 class Variant:
     """One model file of the artifact and the evidence about it."""
@@ -62,7 +66,7 @@ class Variant:
     metrics: dict[str, float] = field(default_factory=dict)  # task metrics on the evaluation set
     parity: dict[str, Any] = field(default_factory=dict)  # the verifier's report against its parent
     latency: dict[str, float] = field(default_factory=dict)  # e.g. {"p50_ms_batch1": ..., "p95_ms_batch1": ...}
-    size: int | None = None  # bytes
+    size: int | None = field(default=None, metadata={"check": _check_size})  # bytes
 
     @property
     def passed(self) -> bool:

@@ -16,6 +16,7 @@ from pipeline.variants import Variant
 from tests.conftest import build_artifact
 
 EXPORT = ExportRecord(exporter="dynamo", opset=18, requested_opset=18, external_data=False)
+EXPORT_JSON = {"exporter": "dynamo", "opset": 18, "requested_opset": 18, "external_data": False}
 
 
 def test_round_trip(toy_artifact: Artifact) -> None:
@@ -195,3 +196,46 @@ def test_mistyped_scalars_are_named(toy_artifact: Artifact, key: str, value: obj
     path.write_text(json.dumps(data))
     with pytest.raises(ArtifactError, match=needle):
         Artifact.load(toy_artifact.root)
+
+
+def _int8_variant(**changes: object) -> dict[str, object]:
+    variant = {"file": "variants/model.int8.onnx", "precision": "int8", "format": "onnx", "stage": "optimize"}
+    return {"int8": {**variant, **changes}}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("metrics", {"accuracy": float("nan")}, "metrics.accuracy: expected a finite number, got nan"),
+        ("metrics", {"accuracy": float("inf")}, "metrics.accuracy: expected a finite number, got inf"),
+        ("metrics", {"accuracy": 10**400}, "metrics.accuracy: expected a finite number"),
+        ("outputs", [], "outputs: empty; a model has at least one"),
+        ("inputs", [{"name": "x", "dtype": "float32", "shape": ["batch", 4]}] * 2, r"inputs: names must be distinct"),
+        ("labels", ["a", "b"], "labels: 2 class names, but output 'logits' has 3 classes"),
+        ("variants", _int8_variant(), r"variants.int8.file: 'variants/model.int8.onnx' is not listed in files"),
+        ("variants", _int8_variant(file="model.onnx"), r"variants.int8.file: 'model.onnx', but variant 'int8' lives"),
+        ("variants", _int8_variant(file="../x.onnx"), r"variants.int8.file: '../x.onnx', but variant 'int8' lives"),
+        ("variants", _int8_variant(status="failed", format="tflite"), r"variants.int8.format: 'tflite', but"),
+        ("variants", _int8_variant(status="failed", size=-5), r"variants.int8.size: expected a size in bytes >= 0"),
+        ("stages", {"export": {**EXPORT_JSON, "opset": "18"}}, "stages.export.opset: expected an integer, got '18'"),
+    ],
+)
+def test_a_manifest_contradicting_itself_is_refused_by_field(
+    toy_artifact: Artifact, key: str, value: object, needle: str
+) -> None:
+    """Each field valid alone is not enough: a variant must live in its own file, listed and verified."""
+    path = toy_artifact.root / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data[key] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=needle) as err:
+        Artifact.load(toy_artifact.root)
+    assert "\n" not in str(err.value)
+
+
+def test_a_failed_variant_need_not_keep_its_file(toy_artifact: Artifact) -> None:
+    path = toy_artifact.root / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data["variants"] = _int8_variant(status="failed", reason="agreement 0.91 < 0.99")
+    path.write_text(json.dumps(data))
+    assert not Artifact.load(toy_artifact.root).manifest.variants["int8"].passed

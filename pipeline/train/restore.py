@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.artifact import Artifact
 from pipeline.errors import ArtifactError
+from pipeline.jsontypes import decode
 
 if TYPE_CHECKING:
     import torch
@@ -32,15 +33,29 @@ def load_trained_model(artifact: Artifact) -> torch.nn.Module:
             "`pipe train`, so there is no torch model to rebuild"
         )
     recipe = parse_recipe(record.settings, f"{artifact.root}/manifest.json stages.train.settings")
-    model = build_model(recipe.model, DataInfo.from_dict(record.data))
+    try:
+        info = decode(DataInfo, record.data, "stages.train.data")
+    except ValueError as exc:
+        raise ArtifactError(f"{artifact.root}/manifest.json: {exc}; re-train the model") from None
+    try:
+        model = build_model(recipe.model, info)
+    except (RuntimeError, ValueError) as exc:  # e.g. torch refusing a negative size from a hand-edited record
+        raise ArtifactError(
+            f"{artifact.root}/manifest.json: stages.train.data does not build a model ({_one_line(exc)}); re-train"
+        ) from None
     weights_rel = record.checkpoint.weights
     if weights_rel not in artifact.manifest.files:
         raise ArtifactError(f"{weights_rel} is not listed in {artifact.root}/manifest.json; re-train the model")
     try:
         model.load_state_dict(load_file(artifact.path(weights_rel)))
     except RuntimeError as exc:
-        raise ArtifactError(f"{weights_rel} does not fit the recorded model ({str(exc)[:200]}); re-train") from None
+        raise ArtifactError(f"{weights_rel} does not fit the recorded model ({_one_line(exc)}); re-train") from None
     return model.float().cpu().eval()
+
+
+def _one_line(exc: BaseException) -> str:
+    """torch's messages span lines (one per mismatched tensor): one line, the first few mismatches."""
+    return " ".join(str(exc).split())[:300]
 
 
 def example_inputs(artifact: Artifact, batch: int) -> tuple[torch.Tensor, ...]:

@@ -7,8 +7,11 @@ reason and never a traceback. The healthy version beside the bad one stays loada
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -77,7 +80,7 @@ CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
     ),
     "manifest.json symlinked outside": (_manifest_linked_out, "manifest.json is a symlink to"),
     "version directory symlinked outside": (_version_linked_out, "version directory"),
-    "version directory named '²'": (_superscript_version, "is not a version directory name"),
+    "version directory named '²'": (_superscript_version, "'²' is not a version"),
 }
 
 
@@ -111,3 +114,20 @@ def test_info_and_export_refuse_it_in_one_line(repository: Path, case: str, comm
     assert result.exit_code == 2, result.output
     _one_line_refusal(result.output, needle)
     assert Artifact.load(repository / "toy" / "1").manifest.version == 1  # the healthy version beside it
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_serve_refuses_it_before_listening(repository: Path, case: str) -> None:
+    make, needle = CASES[case]
+    bad = make(repository / "toy" / "2")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    port = free_port()  # were it not refused, it would serve here until the timeout fails the test
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", "serve", str(bad), "--port", str(port), "--poll", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    _one_line_refusal(proc.stderr, needle)

@@ -87,11 +87,6 @@ def _stamp(root: Path) -> Stamp:
     return st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def _one_line(exc: BaseException) -> str:
-    """A refusal for one log line (verification lists each bad file on its own line)."""
-    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-
-
 class Repository:
     """The models being served, keyed by name and version, plus the versions that failed."""
 
@@ -195,8 +190,8 @@ class Repository:
         return loaded
 
     def _refuse(self, name: str, version: int, root: Path, stamp: Stamp, exc: BaseException) -> None:
-        self.failed[(name, version)] = (stamp, _one_line(exc))
-        log.error("refused %s v%d from %s: %s", name, version, root, _one_line(exc))
+        self.failed[(name, version)] = (stamp, scan.one_line(exc))
+        log.error("refused %s v%d from %s: %s", name, version, root, scan.one_line(exc))
 
     async def _recheck(self, loaded: LoadedVersion) -> LoadedVersion | None:
         """A served version whose manifest changed: swap in the variant it should now serve, if that changed.
@@ -225,7 +220,7 @@ class Repository:
             self._refuse(loaded.name, loaded.version, loaded.root, stamp, exc)
             return None
         except LOAD_ERRORS as exc:
-            loaded.reload_error = _one_line(exc)
+            loaded.reload_error = scan.one_line(exc)
             log.error(
                 "kept serving %s v%d (variant %s, %s): its changed manifest was refused: %s",
                 loaded.name, loaded.version, loaded.variant, loaded.file, loaded.reload_error,

@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.artifact import is_version_name, version_dirs
-from pipeline.errors import InputError
+from pipeline.artifact import Artifact, is_version_name, version_dirs
+from pipeline.errors import ArtifactError, InputError
 from pipeline.manifest import MANIFEST_NAME, check_name
 
 _VERSION_RULE = "a served version lives in <name>/<N>, N in ASCII digits without a leading zero (1, 2, 3 ...)"
@@ -40,6 +40,13 @@ def check_paths(paths: tuple[Path, ...]) -> None:
                 if is_version_name(path.name)
                 else f"it holds {MANIFEST_NAME} but {path.name[:40]!r} is not a version number ({_VERSION_RULE})"
             )
+            if problem is None:
+                # One version named on the command line is all this server would serve: refuse it
+                # now, with the loader's reason, rather than start with nothing to serve.
+                try:
+                    Artifact.load(path, verify=True)
+                except ArtifactError as exc:
+                    problem = one_line(exc)
         elif version_dirs(path):
             problem = check_name(path.name)
         elif path.name.isdigit() and not is_version_name(path.name):  # '²', '007': never a version
@@ -75,6 +82,11 @@ def _scan_model(model_root: Path, scan: Scan) -> None:
     for child in model_root.iterdir():
         if child not in versions.values() and (child / MANIFEST_NAME).is_file():
             scan.strays[child] = _stray_reason(child)
+
+
+def one_line(exc: BaseException) -> str:
+    """A refusal as one log or error line (verification lists each bad file on its own line)."""
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
 def _stray_reason(directory: Path) -> str:

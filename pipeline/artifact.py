@@ -49,17 +49,13 @@ class Artifact:
                 hint = f" (it holds versions: pass {root}/<version>, or use resolve_artifact)"
             raise ArtifactError(f"{root} is not an artifact: {MANIFEST_NAME} not found{hint}")
         _check_place(root)
-        try:
-            data = json.loads(path.read_bytes())
-        except RecursionError:
-            raise ArtifactError(f"{path}: nested too deeply to be a manifest; the manifest is corrupt") from None
-        except ValueError as exc:  # bad JSON, bad UTF-8, or an integer too long to convert
-            raise ArtifactError(f"{path}: not valid JSON ({_first_line(exc)}); the manifest is corrupt") from None
-        manifest = Manifest.from_dict(data, str(path))
-        _check_identity(root, manifest)
-        artifact = cls(root, manifest)
-        if verify:
-            with locked(root, shared=True):
+        # Verifying reads the manifest and checks the files under one shared lock: a stage committing
+        # in between would otherwise pair the old manifest with its new files ("tampered").
+        with locked(root, shared=True) if verify else contextlib.nullcontext():
+            manifest = _read_manifest(path)
+            _check_identity(root, manifest)
+            artifact = cls(root, manifest)
+            if verify:
                 artifact.verify()
         return artifact
 
@@ -137,6 +133,16 @@ class Artifact:
         return self.manifest.version
 
 
+def _read_manifest(path: Path) -> Manifest:
+    try:
+        data = json.loads(path.read_bytes())
+    except RecursionError:
+        raise ArtifactError(f"{path}: nested too deeply to be a manifest; the manifest is corrupt") from None
+    except ValueError as exc:  # bad JSON, bad UTF-8, or an integer too long to convert
+        raise ArtifactError(f"{path}: not valid JSON ({_first_line(exc)}); the manifest is corrupt") from None
+    return Manifest.from_dict(data, str(path))
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:200]
@@ -183,13 +189,15 @@ def _check_identity(root: Path, manifest: Manifest) -> None:
 def locked(root: Path, shared: bool = False) -> Iterator[None]:
     """Hold the artifact's lock file: exclusive for a stage's write, shared for a reader's verify.
 
-    A reader of a read-only artifact without a lock file skips locking: nothing can be writing it.
+    A reader creates the lock file too when it is missing, so a stage that creates it a moment later
+    still waits for the reader; only where it cannot be created (a read-only artifact: nothing can
+    be writing it) does a reader go without.
     """
     path = Path(root) / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDONLY if shared else os.O_RDWR | os.O_CREAT, 0o666)
-    except FileNotFoundError:
-        if shared:
+        fd = os.open(path, (os.O_RDONLY if shared else os.O_RDWR) | os.O_CREAT, 0o666)
+    except OSError:
+        if shared and not path.exists():
             yield
             return
         raise

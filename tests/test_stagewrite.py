@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from pipeline.artifact import Artifact
+from pipeline.artifact import LOCK_NAME, Artifact
+from pipeline.manifest import Manifest
 from pipeline.stagewrite import StageWrite
 from pipeline.variants import Variant, variant_file
 from tests.conftest import build_artifact
@@ -71,8 +73,8 @@ def test_a_stage_failing_before_commit_leaves_the_artifact_as_it_was(toy_artifac
         (write.scratch / "model.onnx").write_bytes(b"a worse model")
         raise RuntimeError("gate failed")
     assert (toy_artifact.root / "manifest.json").read_bytes() == before
-    assert Artifact.load(toy_artifact.root).manifest.variants == {}
     assert sorted(p.name for p in toy_artifact.root.iterdir()) == names  # no scratch left, model.onnx untouched
+    assert Artifact.load(toy_artifact.root).manifest.variants == {}
 
 
 def test_commit_records_on_the_manifest_as_it_is_now(toy_artifact: Artifact) -> None:
@@ -89,3 +91,35 @@ def test_commit_records_on_the_manifest_as_it_is_now(toy_artifact: Artifact) -> 
         )
     loaded = Artifact.load(toy_artifact.root).manifest
     assert loaded.metrics["f1"] == 0.5 and loaded.variants["opt"].size == len(b"optimized")
+
+
+def _commit_a_new_model(root: Path) -> None:
+    with StageWrite(root, "export") as write:
+        (write.scratch / "model.onnx").write_bytes(b"a re-exported model")
+        write.commit(["model.onnx"], lambda artifact: None)
+
+
+@pytest.mark.parametrize("lock_file", [True, False], ids=["lock-file", "no-lock-file-yet"])
+def test_a_reader_never_pairs_a_manifest_with_files_of_another_commit(
+    toy_artifact: Artifact, monkeypatch: pytest.MonkeyPatch, lock_file: bool
+) -> None:
+    """A stage committing while `Artifact.load` verifies waits for it, instead of making it say "tampered"."""
+    root = toy_artifact.root
+    if lock_file:
+        (root / LOCK_NAME).touch()
+    parse = Manifest.from_dict
+    writers: list[threading.Thread] = []
+
+    def commit_while_reading(data: object, source: str = "manifest.json") -> Manifest:
+        if not writers:  # the reader has the manifest's bytes: a stage commits now, unless the lock holds it off
+            writers.append(threading.Thread(target=_commit_a_new_model, args=(root,)))
+            writers[0].start()
+            writers[0].join(timeout=1)
+        return parse(data, source)
+
+    monkeypatch.setattr(Manifest, "from_dict", commit_while_reading)
+    before = Artifact.load(root)  # consistent: the old manifest with the old files
+    writers[0].join(timeout=30)
+    assert not writers[0].is_alive()
+    after = Artifact.load(root)  # consistent: the new manifest with the new file
+    assert before.manifest.files["model.onnx"] != after.manifest.files["model.onnx"]

@@ -111,6 +111,20 @@ def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
     return TensorSpec(value.name, dtype, shape, layout)
 
 
+def _check_specs(source: Path, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
+    """Refuse what no artifact can hold: no inputs or outputs, or an input without a sample axis."""
+    if not inputs or not outputs:
+        raise InputError(
+            f"{source} has {len(inputs)} graph inputs (initializers aside) and {len(outputs)} outputs; "
+            "pipe imports models with at least one of each"
+        )
+    if scalars := [spec.name for spec in inputs if not spec.shape]:
+        raise InputError(
+            f"{source}: inputs {scalars} are scalars (rank 0); every input needs a leading sample axis. "
+            "Re-export the model with inputs shaped [batch, ...]"
+        )
+
+
 def generated_inputs(specs: list[TensorSpec], seed: int = 0) -> Arrays:
     """Inputs of the right dtype and shape: symbolic batch -> 16, other symbolic dims -> 4."""
     rng = np.random.default_rng(seed)
@@ -186,6 +200,7 @@ def import_onnx(
         )
     extra = external_files(model, source.parent)
     inputs, outputs = graph_specs(model)
+    _check_specs(source, inputs, outputs)
     evaluation = read_eval_data(eval_data, inputs) if eval_data is not None else None
     root = allocate_version(Path(repository) / name)
     try:
@@ -306,7 +321,16 @@ def read_labels(inline: str | None, file: Path | None) -> list[str]:
 def _check_labels(labels: list[str], outputs: list[TensorSpec], golden: Arrays, task: str) -> None:
     if not labels or task != "classification":
         return
-    classes = golden[outputs[0].name].shape[-1]
+    output = golden[outputs[0].name]
+    if output.ndim < 2:
+        raise InputError(
+            f"labels given, but output {outputs[0].name!r} has shape {list(output.shape)}, not [batch, classes]"
+        )
+    declared, classes = outputs[0].shape[-1], output.shape[-1]
+    if isinstance(declared, int) and declared != classes:
+        raise InputError(
+            f"output {outputs[0].name!r} declares {declared} classes but gives {classes}; fix the graph's output shape"
+        )
     if len(labels) != classes:
         raise InputError(f"{len(labels)} labels given ({labels}) but output {outputs[0].name!r} has {classes} classes")
 

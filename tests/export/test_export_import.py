@@ -163,6 +163,18 @@ def test_bad_inputs_are_refused_with_the_value_and_nothing_left_behind(tmp_path:
     np.savez(tmp_path / "empty.npz", x=np.zeros((0, 4), np.float32))
     np.savez(tmp_path / "scalar.npz", x=np.zeros((3, 4), np.float32), target=np.array(1))
     (tmp_path / "latin1.txt").write_bytes("caf\xe9\nth\xe9\n".encode("latin-1"))
+    graphs = {  # no inputs; a scalar input; a scalar output (labels cannot name its classes)
+        "noinput": "g () => (float[3] y) { y = Constant <value_floats = [1.0, 2.0, 3.0]> () }",
+        "scalar": "g (float x) => (float y) { y = Add(x, x) }",
+        "sum": "g (float[N, 4] x) => (float y) { y = ReduceSum <keepdims = 0> (x) }",
+    }
+    for stem, graph in graphs.items():
+        onnx.save(
+            onnx.parser.parse_model(f'<ir_version: 8, opset_import: ["" : 18]> {graph}'), tmp_path / f"{stem}.onnx"
+        )
+    lying = linear_model()
+    lying.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 5  # declares 5 classes, computes 3
+    onnx.save(lying, tmp_path / "lying.onnx")
     cases = {
         ("import", str(garbage), "--name", "g"): "is not an ONNX model",
         ("import", str(tmp_path / "missing.onnx"), "--name", "g"): "not found",
@@ -183,6 +195,10 @@ def test_bad_inputs_are_refused_with_the_value_and_nothing_left_behind(tmp_path:
         ): "lacks arrays for model inputs ['x']",
         ("import", str(source), "--name", "l", "--eval-data", str(tmp_path / "empty.npz")): "holds no samples",
         ("import", str(source), "--name", "l", "--eval-data", str(tmp_path / "scalar.npz")): "'target' is a scalar",
+        ("import", str(tmp_path / "noinput.onnx"), "--name", "c"): "has 0 graph inputs (initializers aside) and 1",
+        ("import", str(tmp_path / "scalar.onnx"), "--name", "s"): "inputs ['x'] are scalars (rank 0)",
+        ("import", str(tmp_path / "sum.onnx"), "--name", "s", "--labels", "a,b"): "'y' has shape [], not [batch,",
+        ("import", str(tmp_path / "lying.onnx"), "--name", "s", "--labels", "a,b,c"): "declares 5 classes but gives 3",
     }
     for args, message in cases.items():
         result = invoke(*args, "--repository", str(repo))

@@ -83,6 +83,7 @@ class Batcher:
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(settings.instances)
         self._running: set[asyncio.Task] = set()
+        self._forming: list[_Pending] = []  # taken from the queue, waiting for more before it runs
         self._closing = False
         self._run_s = 0.0  # moving average of one onnxruntime run's time, for adaptive filling
         self._last_requests = 0  # requests in the previous batch: more than one means concurrent clients
@@ -122,7 +123,8 @@ class Batcher:
     async def close(self) -> None:
         """Finish every queued and running request, then stop."""
         self._closing = True
-        while self._items or self._running:
+        self._wake.set()  # a batch still filling runs now: nothing more will join it
+        while self._items or self._forming or self._running:
             await asyncio.sleep(0.01)
         self._loop_task.cancel()
 
@@ -134,12 +136,12 @@ class Batcher:
             while not self._items:
                 self._wake.clear()
                 await self._wake.wait()
-            batch = self._take()
+            batch = self._forming = self._take()
             adaptive = self._run_s >= ADAPTIVE_MIN_RUN_S and max(len(batch), self._last_requests) > 1
             window = max(delay, ADAPTIVE_SHARE * self._run_s if adaptive else 0.0)
             if self._batchable and window > 0 and self._room(batch) > 0:
                 deadline = loop.time() + window
-                while self._room(batch) > 0 and (remaining := deadline - loop.time()) > 0:
+                while self._room(batch) > 0 and not self._closing and (remaining := deadline - loop.time()) > 0:
                     self._wake.clear()
                     lull = remaining if delay >= window else min(remaining, ADAPTIVE_LULL_S)
                     try:
@@ -148,6 +150,7 @@ class Batcher:
                         if lull < remaining:
                             break  # requests stopped arriving: run what we have
                     batch += self._take(batch)
+            self._forming = []
             if not batch:
                 self._slots.release()
                 continue

@@ -152,3 +152,20 @@ def test_a_server_fault_in_a_run_answers_every_request_at_once(mlp_session: Mode
 
     results = asyncio.run(main())
     assert all(isinstance(r, MemoryError) for r in results), results
+
+
+def test_close_answers_a_request_whose_batch_is_still_filling(mlp_session: ModelSession) -> None:
+    """A hot reload closes the old batcher while a batch may be waiting for more requests: it must run, not vanish."""
+    x = np.ones((1, 4), np.float32)
+
+    async def main() -> dict[str, np.ndarray]:
+        with ThreadPoolExecutor(1) as pool:
+            settings = BatchSettings(max_queue_delay_ms=300, timeout_s=5)
+            batcher = Batcher(mlp_session.run, True, settings, pool, ModelStats())
+            request = asyncio.ensure_future(batcher.infer({"x": x}, 1))
+            await asyncio.sleep(0.05)  # taken from the queue; the batch waits up to 300 ms for more
+            await asyncio.wait_for(batcher.close(), 3)
+            return await asyncio.wait_for(request, 1)
+
+    result = asyncio.run(main())
+    np.testing.assert_allclose(result["logits"], run_reference(mlp([4, 16, 3], seed=3), {"x": x})["logits"], rtol=1e-5)

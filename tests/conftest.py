@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pipeline.artifact import Artifact
 from pipeline.manifest import Manifest, TensorSpec
+from pipeline.records import CheckpointRecord, GoldenRecord, TrainRecord
 
 
 def build_artifact(root: Path, name: str = "toy", version: int = 1) -> Artifact:
@@ -25,6 +27,26 @@ def build_artifact(root: Path, name: str = "toy", version: int = 1) -> Artifact:
     artifact.write_file("reports/train.json", b'{"loss": 0.1}')
     artifact.save()
     return artifact
+
+
+def train_record(settings: dict[str, Any], data: dict[str, Any], **changes: Any) -> TrainRecord:
+    """A train record as `pipe train` writes it, for a model trained on 100 samples in one step."""
+    fields: dict[str, Any] = {
+        "settings": settings,
+        "data": data,
+        "checkpoint": CheckpointRecord(weights="checkpoint/model.safetensors"),
+        "golden": GoldenRecord(split="test", samples=15, whole_split=True, split_size=15),
+        "splits": {"train": 70, "val": 15, "test": 15},
+        "device": "cpu",
+        "precision": "fp32",
+        "best_epoch": 1,
+        "epochs_run": 1,
+        "steps": 1,
+        "wall_s": 0.0,
+        "cpu_s": 0.0,
+        "samples_per_s": 0.0,
+    }
+    return TrainRecord(**{**fields, **changes})
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@ from safetensors.torch import save_file
 
 from pipeline.cli import main
 from pipeline.recipe import parse_recipe, stage_settings
-from pipeline.records import CheckpointRecord, GoldenRecord, TrainRecord
-from tests.conftest import build_artifact
+from tests.conftest import build_artifact, train_record
 
 RECIPE = {"name": "toy", "model": {"arch": "mlp", "hidden": [8]}, "data": {"source": "digits"}}
 DATA = {"kind": "features", "sample_shape": [4], "num_classes": 3}
@@ -25,21 +24,7 @@ def trained_toy(root: Path, data: dict[str, object]) -> Path:
     (root / "checkpoint").mkdir()
     save_file({"other.weight": torch.zeros(2, 2)}, root / "checkpoint" / "model.safetensors")
     artifact.add_file("checkpoint/model.safetensors")
-    artifact.manifest.stages.train = TrainRecord(
-        settings=stage_settings(parse_recipe(RECIPE), "train"),
-        data=data,
-        checkpoint=CheckpointRecord(weights="checkpoint/model.safetensors"),
-        golden=GoldenRecord(split="test", samples=1, whole_split=True, split_size=1),
-        splits={"train": 1, "val": 1, "test": 1},
-        device="cpu",
-        precision="fp32",
-        best_epoch=1,
-        epochs_run=1,
-        steps=1,
-        wall_s=1.0,
-        cpu_s=1.0,
-        samples_per_s=1.0,
-    )
+    artifact.manifest.stages.train = train_record(stage_settings(parse_recipe(RECIPE), "train"), data)
     artifact.save()
     return root
 

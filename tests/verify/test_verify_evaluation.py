@@ -14,8 +14,9 @@ from pipeline.errors import InputError
 from pipeline.golden import Golden, save_golden
 from pipeline.manifest import Manifest, TensorSpec
 from pipeline.recipe import load_recipe
-from pipeline.records import CheckpointRecord, GoldenRecord, ImportRecord, TrainRecord
+from pipeline.records import GoldenRecord, ImportRecord
 from pipeline.verify.evaluation import evaluation_set
+from tests.conftest import train_record
 
 FEATURES = np.random.default_rng(0).standard_normal((100, 4)).astype(np.float32)
 LABELS = (FEATURES[:, 0] > 0).astype(np.int64)
@@ -62,21 +63,11 @@ def trained(
         (recipe_dir / "toy.yaml").write_text(yaml.safe_dump(RECIPE))
         recipe_path = os.path.relpath(recipe_dir / "toy.yaml", root) if recorded else None
     settings = load_recipe(recipe_dir / "toy.yaml").model_dump(mode="json") if recipe_dir else RECIPE
-    made.manifest.stages.train = TrainRecord(
-        settings={k: settings[k] for k in ("name", "task", "model", "data", "train")},
+    made.manifest.stages.train = train_record(
+        {k: settings[k] for k in ("name", "task", "model", "data", "train")},
+        {},
         recipe_path=recipe_path,
-        data={},
-        checkpoint=CheckpointRecord(weights="checkpoint/model.safetensors"),
         golden=GoldenRecord(split="test", samples=golden_rows, whole_split=whole, split_size=15),
-        splits={"train": 70, "val": 15, "test": 15},
-        device="cpu",
-        precision="fp32",
-        best_epoch=1,
-        epochs_run=1,
-        steps=1,
-        wall_s=0.0,
-        cpu_s=0.0,
-        samples_per_s=0.0,
     )
     return made
 

@@ -37,6 +37,7 @@ from pipeline.serve.variant_choice import Choice, VariantRefused, choose
 log = logging.getLogger("pipe.serve")
 
 Stamp = tuple[int, int, int]  # a manifest file's (inode, mtime_ns, size): an atomic rewrite changes it
+VERSION_DIGITS = 9  # the longest version directory name (pipeline.artifact.is_version_name)
 LOAD_ERRORS = (ArtifactError, InputError, OSError)  # OSError: unreadable files
 
 
@@ -78,8 +79,10 @@ class LoadedVersion:
 
 
 def version_number(text: str) -> int | None:
-    """A version from a URL: ASCII digits only ('²' is a digit to Python, and int('²') fails)."""
-    return int(text) if text.isascii() and text.isdigit() else None
+    """A version from a URL: ASCII digits only ('²' is a digit to Python, and int('²') fails), and no
+    longer than a version directory's name (int() refuses 4,300 digits or more)."""
+    digits = text.lstrip("0")
+    return int(text) if text.isascii() and text.isdigit() and len(digits) <= VERSION_DIGITS else None
 
 
 def _stamp(root: Path) -> Stamp:
@@ -254,7 +257,10 @@ class Repository:
             return versions[max(versions)]
         number = version_number(version)
         if number is None:
-            raise RequestError(f"model version must be a positive integer, got {version[:40]!r}")
+            raise RequestError(
+                f"model version must be a positive integer of at most {VERSION_DIGITS} ASCII digits, "
+                f"got {version[:40]!r}"
+            )
         loaded = versions.get(number)
         if loaded is None:
             reason = self._failure_note(name, number)

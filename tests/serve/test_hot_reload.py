@@ -194,6 +194,19 @@ def tf_status_all(server: Server) -> list[dict]:
 
 def test_a_version_in_a_url_must_be_ascii_digits(server: Server) -> None:
     r = httpx.get(f"{server.url}/v2/models/mlp/versions/²/ready")
-    assert r.status_code == 400 and "model version must be a positive integer, got '²'" in r.json()["error"]
+    assert (
+        r.status_code == 400
+        and "model version must be a positive integer of at most 9 ASCII digits, got '²'" in r.json()["error"]
+    )
     r = httpx.get(f"{server.url}/v1/models/mlp/versions/²")
     assert r.status_code == 404 and "has no version ²" in r.json()["error"]
+
+
+def test_a_version_too_long_for_an_integer_is_a_refusal_not_a_server_error(server: Server) -> None:
+    huge = "9" * 5000  # more digits than int() converts (Python's 4300-digit limit)
+    r = httpx.get(f"{server.url}/v2/models/mlp/versions/{huge}/ready")
+    assert r.status_code == 400 and "a positive integer of at most 9 ASCII digits, got '9999" in r.json()["error"]
+    r = httpx.post(f"{server.url}/v1/models/mlp/versions/{huge}:predict", json={"instances": [[0, 0, 0, 0]]})
+    assert r.status_code == 400, r.text
+    r = httpx.get(f"{server.url}/v1/models/mlp/versions/{huge}")
+    assert r.status_code == 404 and "has no version 9999" in r.json()["error"], r.text

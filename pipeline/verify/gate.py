@@ -179,6 +179,11 @@ def compare(
             detail = f"{name} model has no output {spec.name!r} (it has {sorted(got)})"
             rows.append(Row(label, spec.name, False, detail))
             continue
+        if spec.name not in want:  # e.g. golden.npz recorded under other output names
+            rows.append(
+                Row(label, spec.name, False, f"the reference has no output {spec.name!r} (it has {sorted(want)})")
+            )
+            continue
         a, b = np.asarray(got[spec.name]), np.asarray(want[spec.name])
         if a.shape != b.shape:
             rows.append(Row(label, spec.name, False, f"shape {list(a.shape)} but the reference gives {list(b.shape)}"))
@@ -211,6 +216,8 @@ def _split_rows(
     """The whole evaluation split: the policy's statistic (budgets) and the task metric."""
     data, target = evaluation
     output = outputs[0].name  # the task output: logits, predictions or the embedding
+    if not len(next(iter(data.values()))):
+        return [Row("evaluation split", output, False, "the evaluation split has no samples: nothing measured")]
     names = [s.name for s in outputs] if policy.over_split else [output]
     try:
         got = run_chunked(candidate.run, data, names)

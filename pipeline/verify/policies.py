@@ -128,11 +128,13 @@ class Top1Agreement(Policy):
         _within(self, "min_agreement", 0.0, 1.0)
 
     def compare(self, got: np.ndarray, want: np.ndarray) -> Judgement:
+        if unmeasured := _unmeasured(self, want):
+            return unmeasured
         # [batch, classes] or [batch, sequence, classes]: one prediction per position; [batch]: labels already
         top_got = got.argmax(axis=-1) if got.ndim >= 2 else got
         top_want = want.argmax(axis=-1) if want.ndim >= 2 else want
         differ = int((top_got != top_want).sum())
-        agreement = 1.0 - differ / top_want.size if top_want.size else 1.0
+        agreement = 1.0 - differ / top_want.size
         passed = agreement >= self.min_agreement
         detail = f"agreement {agreement:.4f} ({differ} of {top_want.size} differ), budget >= {self.min_agreement:g}"
         return Judgement(passed, detail, *_figures(got, want))
@@ -152,9 +154,9 @@ class MinCosine(Policy):
         _within(self, "percentile", 0.0, 100.0)
 
     def compare(self, got: np.ndarray, want: np.ndarray) -> Judgement:
+        if unmeasured := _unmeasured(self, want):
+            return unmeasured
         cosines = row_cosines(got, want)
-        if not cosines.size:
-            return Judgement(True, "no rows", *_figures(got, want))
         worst = float(cosines.min())
         value = float(np.percentile(cosines, self.percentile)) if self.percentile else worst
         stat = f"cosine min {worst:.6f}"
@@ -179,6 +181,8 @@ class RelativeError(Policy):
         _non_negative(self, "max_rel")
 
     def compare(self, got: np.ndarray, want: np.ndarray) -> Judgement:
+        if unmeasured := _unmeasured(self, want):
+            return unmeasured
         error = float(np.linalg.norm(got - want))
         scale = float(np.linalg.norm(want))
         relative = error / scale if scale else (0.0 if error == 0 else float("inf"))
@@ -220,6 +224,13 @@ def row_cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         cosines = np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), 0.0)
     return np.where(both_zero, 1.0, cosines)
+
+
+def _unmeasured(policy: Policy, want: np.ndarray) -> Judgement | None:
+    """A failed judgement when there is nothing to judge: a statistic over no values passes nothing."""
+    if want.size:
+        return None
+    return Judgement(False, f"no values to judge (shape {list(want.shape)}): the {policy.name} budget is unmeasured")
 
 
 def _figures(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:

@@ -202,3 +202,20 @@ def test_a_file_onnxruntime_cannot_load_is_one_failed_row(tmp_path: Path) -> Non
     report = check(broken, linear(tmp_path, W3, "reference"), Exact())
     assert [r.check for r in report.failures] == ["checker", "shape inference", "onnxruntime load"]
     assert "onnxruntime cannot load the model" in report.failures[-1].detail
+
+
+@pytest.mark.parametrize("policy", [Exact(), MetricDrop(), Top1Agreement()], ids=lambda p: p.name)
+def test_an_empty_evaluation_split_is_a_failed_row_not_a_pass(tmp_path: Path, policy: Policy) -> None:
+    reference = linear(tmp_path, W3)
+    empty = {"x": SPLIT["x"][:0]}
+    report = check(reference, reference, policy, evaluation=(empty, np.zeros(0, np.int64)))
+    (row,) = report.failures
+    assert row.check == "evaluation split" and "has no samples" in row.detail
+
+
+def test_a_recorded_output_missing_is_named_not_blamed_on_the_runtime(tmp_path: Path) -> None:
+    reference = linear(tmp_path, W3)
+    report = check(reference, reference, Exact(), recorded={"logits": np.zeros((20, 3), np.float32)})
+    (row,) = report.failures
+    assert row.check == "golden (recorded)" and row.output == "y"
+    assert row.detail == "the reference has no output 'y' (it has ['logits'])"

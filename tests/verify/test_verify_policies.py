@@ -100,3 +100,11 @@ def test_a_bound_outside_its_range_is_refused_by_name(make, message: str) -> Non
 def test_a_policy_records_its_name_and_bounds() -> None:
     assert Exact().to_dict() == {"policy": "exact", "atol": 1e-4, "rtol": 1e-3, "metric": 1e-3}
     assert MinCosine(0.95, 1.0).to_dict() == {"policy": "min cosine", "min_cosine": 0.95, "percentile": 1.0}
+
+
+@pytest.mark.parametrize("policy", [Top1Agreement(), MinCosine(), RelativeError()], ids=lambda p: p.name)
+@pytest.mark.parametrize("shape", [(0, 5), (5, 0)], ids=["no-rows", "no-columns"])
+def test_a_budget_over_no_values_fails_as_unmeasured(policy, shape: tuple[int, int]) -> None:
+    empty = np.zeros(shape)
+    judged = policy.compare(empty, empty)
+    assert not judged.passed and "no values" in judged.detail

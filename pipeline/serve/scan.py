@@ -16,6 +16,7 @@ from pathlib import Path
 from pipeline.artifact import Artifact, is_version_name, version_dirs
 from pipeline.errors import ArtifactError, InputError
 from pipeline.manifest import MANIFEST_NAME, check_name
+from pipeline.serve.variant_choice import choose_quietly
 
 _VERSION_RULE = "a served version lives in <name>/<N>, N in ASCII digits without a leading zero (1, 2, 3 ...)"
 
@@ -28,8 +29,9 @@ class Scan:
     strays: dict[Path, str] = field(default_factory=dict)  # a directory holding a manifest that is no version -> why
 
 
-def check_paths(paths: tuple[Path, ...]) -> None:
-    """Refuse, before the server starts (exit 2), a path that is not a repository, model or version directory."""
+def check_paths(paths: tuple[Path, ...], variants: dict[str, str] | None = None) -> None:
+    """Refuse, before the server starts (exit 2), a path that is not a repository, model or version directory,
+    or a version directory that would not be served (it does not verify, or its chosen variant is refused)."""
     choices = "pass a repository (artifacts/), a model (artifacts/<name>) or a version (artifacts/<name>/<N>)"
     for path in map(_absolute, paths):
         if not path.is_dir():
@@ -44,7 +46,7 @@ def check_paths(paths: tuple[Path, ...]) -> None:
                 # One version named on the command line is all this server would serve: refuse it
                 # now, with the loader's reason, rather than start with nothing to serve.
                 try:
-                    Artifact.load(path, verify=True)
+                    choose_quietly(Artifact.load(path, verify=True), variants or {})
                 except ArtifactError as exc:
                     problem = one_line(exc)
         elif version_dirs(path):

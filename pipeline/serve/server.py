@@ -21,8 +21,8 @@ log = logging.getLogger("pipe.serve")
 
 def _check(config: ServeConfig) -> None:
     """Refuse bad settings before any model loads, so the CLI exits 2 with the reason."""
-    check_paths(config.repository.paths)
     check_choices(config.repository.variants)
+    check_paths(config.repository.paths, config.repository.variants)
     http, batching = config.http, config.batching
     if not 0 < http.port < 65536:
         raise InputError(f"--port {http.port} is not a TCP port; use 1-65535")

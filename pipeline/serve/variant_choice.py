@@ -43,12 +43,21 @@ def check_choices(chosen: dict[str, str]) -> None:
 
 
 def choose(artifact: Artifact, chosen: dict[str, str]) -> Choice:
-    """The variant to serve for `artifact`.
+    """The variant to serve for `artifact`; a server-wide choice it lacks falls back to fp32 with a warning.
 
     Raises VariantRefused when the variant asked for does not exist, failed or is not ONNX, and
     ArtifactError when the manifest contradicts itself about the variant's file.
     """
+    choice, fallback = choose_quietly(artifact, chosen)
+    if fallback:
+        log.warning("%s", fallback)
+    return choice
+
+
+def choose_quietly(artifact: Artifact, chosen: dict[str, str]) -> tuple[Choice, str | None]:
+    """`choose`, with the fallback warning returned instead of logged (None when there is none)."""
     check_choices(chosen)
+    fallback = None
     explicit = chosen.get(artifact.name)
     name = explicit or chosen.get(EVERY_MODEL, FP32)
     records = artifact.manifest.variants
@@ -56,7 +65,7 @@ def choose(artifact: Artifact, chosen: dict[str, str]) -> Choice:
     if name != FP32 and name not in records:
         if explicit:
             raise VariantRefused(f"{artifact.root}: variant {name!r} does not exist; available: {servable}")
-        log.warning("%s has no variant %r (available %s); serving fp32", artifact.root, name, servable)
+        fallback = f"{artifact.root} has no variant {name!r} (available {servable}); serving fp32"
         name = FP32
     file = variant_file(name)
     record = records.get(name)
@@ -82,4 +91,4 @@ def choose(artifact: Artifact, chosen: dict[str, str]) -> Choice:
             f"{artifact.root}: {file} is not listed in the manifest's files, so it cannot be verified; "
             "re-create the artifact with pipe export / pipe import"
         )
-    return Choice(name, file, entry.sha256)
+    return Choice(name, file, entry.sha256), fallback

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 from serve_models import add_variant, mlp, run_reference, write_artifact
-from serve_process import start_server
+from serve_process import free_port, start_server
 
 import pipeline.serve
 from pipeline.artifact import Artifact
@@ -96,3 +98,26 @@ def test_server_refuses_a_failed_variant_and_serves_the_models_beside_it(tmp_pat
         np.testing.assert_allclose(np.reshape(out, (2, 3)), expected, rtol=1e-5, atol=1e-6)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("chosen", "needle"),
+    [
+        (("--variant", "int8"), f"variant 'int8' failed optimize: {REASON}"),
+        (("--variant", "m=nope"), "variant 'nope' does not exist; available: ['fp32', 'opt']"),
+    ],
+    ids=["failed", "missing"],
+)
+def test_a_version_named_on_the_command_line_whose_variant_is_refused_exits_2(
+    artifact: Artifact, chosen: tuple[str, str], needle: str
+) -> None:
+    """One version is all this server would serve: refuse it before listening, as a tampered one is."""
+    port = free_port()  # were it not refused, it would serve here until the timeout fails the test
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", "serve", str(artifact.root), *chosen, "--port", str(port), "--poll", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -126,7 +126,9 @@ class Batcher:
         self._wake.set()  # a batch still filling runs now: nothing more will join it
         while self._items or self._forming or self._running:
             await asyncio.sleep(0.01)
-        self._loop_task.cancel()
+        # The loop returns by itself: cancelled, its task would keep the CancelledError, whose
+        # traceback holds the loop's frame and so this batcher and its session in a reference cycle.
+        await self._loop_task
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -134,6 +136,9 @@ class Batcher:
         while True:
             await self._slots.acquire()
             while not self._items:
+                if self._closing:
+                    self._slots.release()
+                    return
                 self._wake.clear()
                 await self._wake.wait()
             batch = self._forming = self._take()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -169,3 +171,29 @@ def test_close_answers_a_request_whose_batch_is_still_filling(mlp_session: Model
 
     result = asyncio.run(main())
     np.testing.assert_allclose(result["logits"], run_reference(mlp([4, 16, 3], seed=3), {"x": x})["logits"], rtol=1e-5)
+
+
+def test_a_closed_batcher_lets_go_of_its_session_at_once(mlp_session: ModelSession) -> None:
+    """A hot reload drops the old version: its session (weights, onnxruntime threads) must be freed
+    when the last reference goes, not whenever the cyclic garbage collector next runs."""
+
+    class Run:
+        def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return mlp_session.run(feeds)
+
+    async def main() -> weakref.ref:
+        with ThreadPoolExecutor(1) as pool:
+            run = Run()
+            batcher = Batcher(run, True, BatchSettings(), pool, ModelStats())
+            await batcher.infer({"x": np.ones((1, 4), np.float32)}, 1)
+            await batcher.close()
+            alive = weakref.ref(run)
+            del run, batcher
+            return alive
+
+    gc.disable()  # what is freed here is freed by reference counting alone
+    try:
+        alive = asyncio.run(main())
+        assert alive() is None, [type(r).__name__ for r in gc.get_referrers(alive())]
+    finally:
+        gc.enable()

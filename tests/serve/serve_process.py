@@ -20,6 +20,15 @@ READY_TIMEOUT_S = 60
 BIND_ATTEMPTS = 3
 
 
+def wait_for(check, timeout: float = 20) -> None:
+    """Poll `check` until it is true (a server's hot reload is asynchronous); fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.1)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 from serve_models import add_variant, mlp, run_reference, write_artifact
-from serve_process import Server, start_server
+from serve_process import Server, start_server, wait_for
 
 from pipeline.artifact import Artifact
 
@@ -30,14 +30,6 @@ def infer(url: str, path: str = "/v2/models/m/infer") -> np.ndarray:
 
 def expected(seed: int) -> np.ndarray:
     return run_reference(mlp([4, 8, 3], seed=seed), {"x": X})["logits"]
-
-
-def wait_for(check, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.1)
 
 
 def flip_last_byte(path: Path) -> None:

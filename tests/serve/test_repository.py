@@ -5,14 +5,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 from serve_models import mlp, run_reference, two_in_two_out, write_artifact
-from serve_process import start_server
+from serve_process import start_server, wait_for
 
 pytestmark = pytest.mark.slow  # starts server processes and waits for reloads
 
@@ -28,14 +27,6 @@ def infer(url: str, path: str) -> np.ndarray:
 
 def expected(seed: int, scale: float = 1.0) -> np.ndarray:
     return run_reference(mlp([4, 8, 3], seed=seed, scale=scale), {"x": X})["logits"]
-
-
-def wait_for(check, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.1)
 
 
 def tamper(root: Path) -> None:

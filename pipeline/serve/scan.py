@@ -26,7 +26,7 @@ class Scan:
     """What one scan found."""
 
     versions: dict[str, dict[int, Path]] = field(default_factory=dict)  # model name -> version -> directory
-    strays: dict[Path, str] = field(default_factory=dict)  # a directory holding a manifest that is no version -> why
+    strays: dict[Path, str] = field(default_factory=dict)  # a directory never served (no version, unreadable) -> why
 
 
 def check_paths(paths: tuple[Path, ...], variants: dict[str, str] | None = None) -> None:
@@ -77,13 +77,19 @@ def find_versions(paths: tuple[Path, ...]) -> Scan:
 
 
 def _scan_model(model_root: Path, scan: Scan) -> None:
-    versions = version_dirs(model_root)
+    try:
+        versions = version_dirs(model_root)
+        # The complement of version_dirs, to report it: a manifest in a directory that is not a version.
+        strays = [c for c in model_root.iterdir() if c not in versions.values() and (c / MANIFEST_NAME).is_file()]
+    except OSError as exc:  # e.g. another user's directory: it must not hide the models beside it
+        scan.strays[model_root] = (
+            f"cannot read it: {exc}; give the server's user read access to it or move it out of the repository"
+        )
+        return
     if versions:
         scan.versions.setdefault(model_root.name, {}).update(versions)
-    # The complement of version_dirs, to report it: a manifest in a directory that is not a version.
-    for child in model_root.iterdir():
-        if child not in versions.values() and (child / MANIFEST_NAME).is_file():
-            scan.strays[child] = _stray_reason(child)
+    for child in strays:
+        scan.strays[child] = _stray_reason(child)
 
 
 def one_line(exc: BaseException) -> str:

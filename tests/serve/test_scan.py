@@ -72,3 +72,23 @@ def test_a_non_ascii_digit_directory_without_a_manifest_is_refused_too(tmp_path:
     with pytest.raises(InputError, match="'²' is not a version number"):
         check_paths((tmp_path / "m" / "²",))
     check_paths((tmp_path / "m",))  # a repository (of one model, so far empty): hot reload may fill it
+
+
+def test_an_unreadable_model_directory_is_named_and_the_others_are_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory the server may not read (another user's, mode 0700) must not hide every other model."""
+    repo = tmp_path / "artifacts"
+    write_artifact(repo, "m", 1, mlp([4, 8, 3], seed=1))
+    write_artifact(repo, "locked", 1, mlp([4, 8, 3], seed=2))
+    real_iterdir = Path.iterdir
+
+    def iterdir(self: Path):
+        if self.name == "locked":  # what a non-root server sees; the tests run as any user
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    found = find_versions((repo,))
+    assert found.versions == {"m": {1: repo / "m" / "1"}}
+    assert "cannot read it: [Errno 13] Permission denied" in found.strays[repo / "locked"]

@@ -25,7 +25,7 @@ from pipeline.serve.config import ServeConfig
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.openapi import document
-from pipeline.serve.protocols import tfserving
+from pipeline.serve.protocols import tfserving, v2
 from pipeline.serve.protocols.base import Protocol
 from pipeline.serve.protocols.tfserving import TFServing
 from pipeline.serve.protocols.v2 import V2
@@ -211,10 +211,6 @@ class ServeApp:
     def _v2_metadata(self, repo: Repository, name: str, version: str | None) -> dict[str, Any]:
         model = repo.get(name, version)
         versions = [str(v) for v in repo.models[name]] if version is None else [str(model.version)]
-
-        def tensors(specs: list[Any]) -> list[dict[str, Any]]:
-            return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
-
         parameters = {
             "version": str(model.version),
             "variant": model.variant,
@@ -224,14 +220,7 @@ class ServeApp:
         }
         if model.reload_error is not None:  # still serving what it had; its changed manifest was refused
             parameters["reload_error"] = model.reload_error
-        return {
-            "name": name,
-            "versions": versions,
-            "platform": "onnxruntime_onnx",
-            "inputs": tensors(model.session.inputs),
-            "outputs": tensors(model.session.outputs),
-            "parameters": parameters,
-        }
+        return v2.metadata(model.io, versions, parameters)
 
     # -- inference, every protocol ----------------------------------------------------------------
 

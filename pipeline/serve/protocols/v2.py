@@ -22,7 +22,7 @@ import orjson
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols import binary
 from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
-from pipeline.serve.protocols.datatypes import json_array, json_text, numpy_dtype, v2_datatype
+from pipeline.serve.protocols.datatypes import IOSpec, json_array, json_text, numpy_dtype, v2_datatype
 
 MAX_RANK = 16
 
@@ -72,6 +72,23 @@ class V2(Protocol):
             option=orjson.OPT_SERIALIZE_NUMPY,
         )
         return binary.join_body(header, tensors)
+
+
+def metadata(model: ModelIO, versions: list[str], parameters: dict[str, Any]) -> dict[str, Any]:
+    """Model metadata (`GET /v2/models/{m}[/versions/{v}]`): its tensors, -1 for dynamic dims, and the
+    server's facts about the version in `parameters`."""
+
+    def tensors(specs: list[IOSpec]) -> list[dict[str, Any]]:
+        return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
+
+    return {
+        "name": model.name,
+        "versions": versions,
+        "platform": "onnxruntime_onnx",
+        "inputs": tensors(model.inputs),
+        "outputs": tensors(model.outputs),
+        "parameters": parameters,
+    }
 
 
 def parse_json(raw: bytes, what: str = "request body") -> Any:

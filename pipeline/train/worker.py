@@ -6,6 +6,7 @@ python -m torch.distributed.run ... -m pipeline.train.worker PLAN_JSON VERSION_D
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -31,4 +32,11 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # Leave without running C++ static destructors: under load, gloo's threads aborted a worker at
+    # interpreter shutdown ("terminate called without an active exception", no Python frame left)
+    # after training and the artifact were complete, and torchrun then failed the whole run.
+    # Everything worth keeping is written and fsynced by now; flush what was printed and go.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

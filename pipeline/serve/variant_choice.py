@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pipeline.artifact import Artifact
 from pipeline.errors import ArtifactError, InputError
-from pipeline.variants import FP32, check_variant_name, variant_file
+from pipeline.variants import FP32, Variant, check_variant_name, variant_file
 
 log = logging.getLogger("pipe.serve")
 
@@ -61,7 +61,8 @@ def choose_quietly(artifact: Artifact, chosen: dict[str, str]) -> tuple[Choice, 
     explicit = chosen.get(artifact.name)
     name = explicit or chosen.get(EVERY_MODEL, FP32)
     records = artifact.manifest.variants
-    servable = [FP32, *(k for k, v in records.items() if k != FP32 and v.format == "onnx" and v.passed)]
+    # fp32 (model.onnx) unless its record says it failed, then every passed ONNX variant
+    servable = [k for k in dict.fromkeys([FP32, *records]) if k not in records or _servable(records[k])]
     if name != FP32 and name not in records:
         if explicit:
             raise VariantRefused(f"{artifact.root}: variant {name!r} does not exist; available: {servable}")
@@ -92,3 +93,7 @@ def choose_quietly(artifact: Artifact, chosen: dict[str, str]) -> tuple[Choice, 
             "re-create the artifact with pipe export / pipe import"
         )
     return Choice(name, file, entry.sha256), fallback
+
+
+def _servable(record: Variant) -> bool:
+    return record.format == "onnx" and record.passed

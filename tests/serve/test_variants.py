@@ -121,3 +121,12 @@ def test_a_version_named_on_the_command_line_whose_variant_is_refused_exits_2(
     )
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_failed_fp32_is_not_offered_as_available(artifact: Artifact) -> None:
+    artifact.manifest.variants["fp32"].status = "failed"
+    artifact.manifest.variants["fp32"].reason = "parity against torch: max abs diff 0.3"
+    with pytest.raises(VariantRefused, match=r"choose one of \['opt'\] or re-run optimize"):
+        choose(artifact, {"m": "int8"})
+    with pytest.raises(VariantRefused, match=r"available: \['opt'\]"):
+        choose(artifact, {"m": "nope"})

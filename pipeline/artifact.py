@@ -20,7 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path, PurePosixPath
 
 from pipeline.errors import ArtifactError
@@ -39,8 +39,13 @@ class Artifact:
         self.manifest = manifest
 
     @classmethod
-    def load(cls, root: str | Path, verify: bool = True) -> Artifact:
-        """Read `root/manifest.json`; with `verify`, refuse any listed file that does not match."""
+    def load(cls, root: str | Path, verify: bool = True, replacing: Collection[str] = ()) -> Artifact:
+        """Read `root/manifest.json`; with `verify`, refuse any listed file that does not match.
+
+        `replacing`: files the caller (a stage) is about to write anew and never reads, left out of
+        the check, so a stage interrupted between moving its files and saving the manifest can be
+        run again to repair the version instead of being refused by its own half-written output.
+        """
         root = Path(root)
         path = root / MANIFEST_NAME
         if not path.is_file():
@@ -56,7 +61,7 @@ class Artifact:
             _check_identity(root, manifest)
             artifact = cls(root, manifest)
             if verify:
-                artifact.verify()
+                artifact.verify(skip=replacing)
         return artifact
 
     def path(self, rel: str) -> Path:
@@ -69,10 +74,12 @@ class Artifact:
             raise ArtifactError(f"{rel!r} resolves to {real}, outside the artifact {real_root} (symlink?)")
         return full
 
-    def verify(self) -> None:
-        """Check every listed file's size and sha256; collect all problems, then raise once."""
+    def verify(self, skip: Collection[str] = ()) -> None:
+        """Check every listed file's size and sha256 (but `skip`); collect all problems, then raise once."""
         problems = []
         for rel, entry in sorted(self.manifest.files.items()):
+            if rel in skip:
+                continue
             try:
                 full = self.path(rel)
             except ArtifactError as exc:

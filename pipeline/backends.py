@@ -42,6 +42,11 @@ def backend_for(artifact: Artifact) -> Backend:
             f"artifact {artifact.root} was imported, not trained: its model.onnx is already the artifact, so there "
             "is nothing to export (serve it, or run the later stages on it)"
         )
+    if name is None:
+        raise ArtifactError(
+            f"artifact {artifact.root} records no training backend (lineage.backend is null), so there is no trained "
+            f"model to export; re-train it (backends: {sorted(BACKENDS)})"
+        )
     if name not in BACKENDS:
         raise ArtifactError(
             f"artifact {artifact.root} names training backend {name!r}; this pipe has {sorted(BACKENDS)}. "

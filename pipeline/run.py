@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.artifact import Artifact, version_dirs
+from pipeline.errors import ArtifactError
 from pipeline.recipe import Recipe, load_recipe, stage_settings
 from pipeline.records import settings_digest
 from pipeline.variants import FP32, MODEL_FILE
@@ -65,7 +66,10 @@ def up_to_date_version(recipe: Recipe, out_root: Path) -> Path | None:
     wanted = settings_digest(stage_settings(recipe, "train"))
     data_fingerprint = fingerprint(read_source(recipe))
     for root in reversed(found.values()):
-        record = Artifact.load(root, verify=False).manifest.stages.train
+        try:
+            record = Artifact.load(root, verify=False).manifest.stages.train
+        except ArtifactError:  # a damaged or hand-broken version is never up to date; `pipe info` says why
+            continue
         if record is not None and record.settings_digest() == wanted and record.inputs.get("data") == data_fingerprint:
             return root
     return None

@@ -45,8 +45,11 @@ class StageWrite:
         """Move `files` (paths relative to the scratch and to the artifact alike) into place, in order,
         then call `record(artifact)` on the manifest as it is now and save it, all under the lock.
 
-        List a graph after its weights: a crash between two moves leaves the manifest pointing at
-        files that fail verification (refused, never silently wrong), and a re-run repairs it.
+        List a graph after its weights: a crash between two moves (or a `record` that raises) leaves
+        the manifest pointing at files that fail verification, so readers refuse them (never
+        silently wrong), and the same stage run again repairs it: it loads the artifact with its own
+        outputs in `Artifact.load(..., replacing=...)`. `record` must not load the artifact with
+        verification: that waits for a shared lock this process already holds exclusively.
         """
         with locked(self.root):
             artifact = Artifact.load(self.root, verify=False)

@@ -92,3 +92,17 @@ def test_run_on_a_bad_recipe_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "model.widths: unknown key" in result.output
     assert not (tmp_path / "artifacts").exists()
+
+
+def test_a_damaged_older_version_is_not_up_to_date_and_does_not_stop_the_run(tmp_path: Path) -> None:
+    from pipeline.recipe import load_recipe
+    from pipeline.run import up_to_date_version
+
+    recipe = tmp_path / "run-tiny.yaml"
+    recipe.write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"], "epochs": 1}}))
+    out = tmp_path / "artifacts"
+    assert CliRunner().invoke(main, ["train", str(recipe), "--out", str(out), "--quiet"]).exit_code == 0
+    (out / "run-tiny" / "1" / "manifest.json").write_text('{"name": ')  # broken by hand
+    assert up_to_date_version(load_recipe(recipe), out) is None
+    assert CliRunner().invoke(main, ["train", str(recipe), "--out", str(out), "--quiet"]).exit_code == 0
+    assert up_to_date_version(load_recipe(recipe), out) == out / "run-tiny" / "2"

@@ -31,6 +31,7 @@ from pipeline.verify.policies import Exact
 from pipeline.verify.report import GateReport
 
 log = logging.getLogger(__name__)
+EXPORTED_FILES = (MODEL_FILE, f"{MODEL_FILE}.data")  # what `pipe export` writes (weights past 1.8 GB)
 
 
 @dataclass
@@ -105,7 +106,8 @@ def export_artifact(
     path: str | Path, overrides: Overrides = Overrides(), recipe_path: Path | None = None
 ) -> ExportOutcome:
     """Export a trained artifact's model to model.onnx through the parity gate; see the module doc."""
-    artifact = Artifact.load(resolve_artifact(path))
+    # model.onnx is what this stage writes: a copy left by an interrupted export is replaced, not refused.
+    artifact = Artifact.load(resolve_artifact(path), replacing=EXPORTED_FILES)
     manifest = artifact.manifest
     train = train_record(artifact)
     recipe, notes = current_recipe(artifact, recipe_path)
@@ -142,7 +144,7 @@ def export_artifact(
         )
         report.raise_on_failure(f"the ONNX export of {manifest.name} v{manifest.version}")
         stamp(candidate, manifest)
-        files = [f"{MODEL_FILE}.data", MODEL_FILE] if result.external_data else [MODEL_FILE]
+        files = list(EXPORTED_FILES[::-1]) if result.external_data else [MODEL_FILE]  # weights, then the graph
 
         def record(fresh: Artifact) -> None:
             fresh.manifest.stages.export = ExportRecord(
@@ -157,7 +159,7 @@ def export_artifact(
                 metric=report.metric,
             )
             if not result.external_data:
-                fresh.remove_file(f"{MODEL_FILE}.data")  # a re-export that no longer needs it
+                fresh.remove_file(EXPORTED_FILES[1])  # a re-export that no longer needs it
             fresh.add_variant(
                 FP32,
                 Variant(

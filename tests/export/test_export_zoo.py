@@ -93,3 +93,16 @@ def test_model_branching_on_batch_size_exits_1_and_is_not_marked_exported(tmp_pa
     assert failing and "logits" in failing[0] and "FAIL" in failing[0] and "exceed atol" in failing[0]
     assert (root / "manifest.json").read_bytes() == before  # not marked exported
     assert not (root / "model.onnx").exists() and not [p for p in root.iterdir() if p.name.startswith(".export-")]
+
+
+@pytest.mark.slow
+def test_an_export_interrupted_after_moving_its_file_is_repaired_by_exporting_again(tmp_path: Path) -> None:
+    root = trained("mlp", tmp_path)
+    assert CliRunner().invoke(main, ["export", str(root)]).exit_code == 0
+    # The crash window of a commit: a new model.onnx is in place, the manifest still lists the old one.
+    (root / "model.onnx").write_bytes((root / "model.onnx").read_bytes() + b"\0")
+    refused = CliRunner().invoke(main, ["info", str(root)])
+    assert refused.exit_code == 2 and "model.onnx: size" in refused.output  # readers refuse it
+    again = CliRunner().invoke(main, ["export", str(root)])
+    assert again.exit_code == 0, again.output  # export replaces what it writes instead of refusing it
+    assert Artifact.load(root).manifest.variants["fp32"].passed

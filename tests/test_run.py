@@ -19,16 +19,21 @@ TINY = {
 }
 
 
-@pytest.mark.slow
-def test_run_trains_exports_then_skips_what_is_up_to_date(tmp_path: Path) -> None:
+def first_run(tmp_path: Path) -> tuple[Path, Path, str]:
+    """`pipe run` on the tiny recipe in a fresh repository: (recipe, repository, output)."""
     recipe = tmp_path / "run-tiny.yaml"
     recipe.write_text(yaml.safe_dump(TINY))
     out = tmp_path / "artifacts"
-    runner = CliRunner()
-
-    first = runner.invoke(main, ["run", str(recipe), "--out", str(out)])
+    first = CliRunner().invoke(main, ["run", str(recipe), "--out", str(out)])
     assert first.exit_code == 0, first.output
-    assert "[train] done" in first.output and "[export] done" in first.output
+    return recipe, out, first.output
+
+
+@pytest.mark.slow
+def test_run_trains_exports_then_skips_what_is_up_to_date(tmp_path: Path) -> None:
+    recipe, out, output = first_run(tmp_path)
+    runner = CliRunner()
+    assert "[train] done" in output and "[export] done" in output
     artifact = Artifact.load(out / "run-tiny" / "1")
     assert "model.onnx" in artifact.manifest.files and artifact.manifest.stages.export is not None
     assert artifact.manifest.variants["fp32"].passed and artifact.manifest.variants["fp32"].stage == "export"
@@ -48,12 +53,8 @@ def test_run_trains_exports_then_skips_what_is_up_to_date(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_editing_only_the_export_section_re_exports_without_training(tmp_path: Path) -> None:
-    recipe = tmp_path / "run-tiny.yaml"
-    recipe.write_text(yaml.safe_dump(TINY))
-    out = tmp_path / "artifacts"
+    recipe, out, _ = first_run(tmp_path)
     runner = CliRunner()
-    first = runner.invoke(main, ["run", str(recipe), "--out", str(out)])
-    assert first.exit_code == 0, first.output
     weights = (out / "run-tiny" / "1" / "checkpoint" / "model.safetensors").read_bytes()
 
     recipe.write_text(yaml.safe_dump({**TINY, "export": {"atol": 2e-4}}))

@@ -71,3 +71,23 @@ class Variant:
     @property
     def passed(self) -> bool:
         return self.status == PASSED
+
+
+ROOT_STAGES = ("export", "import")  # stages that make model.onnx itself, from outside the artifact's files
+
+
+def unusable(variant: Variant, listed_digests: set[str]) -> str | None:
+    """Why `variant` must not be served or shipped by default, or None when it may.
+
+    A failed variant, and a stale one: made from a file the artifact no longer holds (its parent
+    digest is no listed file's, e.g. an int8 made before model.onnx was exported again), so its
+    gate judged it against another model.
+    """
+    if not variant.passed:
+        return f"failed {variant.stage}: {variant.reason or 'no reason recorded'}"
+    if variant.stage not in ROOT_STAGES and variant.parent not in listed_digests:
+        return (
+            f"is stale: {variant.stage} made it from a file this artifact no longer holds (parent sha256 "
+            f"{str(variant.parent)[:12]}); re-run {variant.stage}"
+        )
+    return None

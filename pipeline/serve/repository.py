@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from pipeline.artifact import Artifact
+from pipeline.artifact import Artifact, locked
 from pipeline.errors import ArtifactError, InputError, PipelineError
 from pipeline.manifest import MANIFEST_NAME
 from pipeline.serve import scan
@@ -176,12 +176,11 @@ class Repository:
         if (previous := self.failed.get((name, version))) and previous[0] == stamp:
             return None  # failed before and unchanged since: do not retry every tick
         try:
-            artifact = await asyncio.to_thread(Artifact.load, root, verify=True)
-            choice = choose(artifact, self.settings.variants)
-            session = await asyncio.to_thread(self._session, artifact, choice)
+            choice, session = await asyncio.to_thread(self._open, root, None)
         except LOAD_ERRORS as exc:
             self._refuse(name, version, root, stamp, exc)
             return None
+        assert session is not None  # no current choice: a session is always made
         self.failed.pop((name, version), None)
         loaded = self._serve(name, version, root, choice, session, stamp)
         log.info(
@@ -211,14 +210,12 @@ class Repository:
             return loaded
         loaded.stamp = stamp  # each change is read once, so a refusal is logged once
         try:
-            artifact = await asyncio.to_thread(Artifact.load, loaded.root, verify=True)
-            choice = choose(artifact, self.settings.variants)
-            if choice == loaded.choice:
+            choice, session = await asyncio.to_thread(self._open, loaded.root, loaded.choice)
+            if session is None:  # the same file as served
                 if loaded.reload_error is not None:
                     log.info("%s v%d: its manifest is valid again", loaded.name, loaded.version)
                 loaded.reload_error = None
                 return loaded
-            session = await asyncio.to_thread(self._session, artifact, choice)
         except VariantRefused as exc:
             self._refuse(loaded.name, loaded.version, loaded.root, stamp, exc)
             return None
@@ -236,9 +233,18 @@ class Repository:
         )  # fmt: skip
         return self._serve(loaded.name, loaded.version, loaded.root, choice, session, stamp)
 
-    def _session(self, artifact: Artifact, choice: Choice) -> ModelSession:
-        """Create the onnxruntime session for the chosen variant (worker thread)."""
-        return ModelSession(artifact.path(choice.file), self._session_options)
+    def _open(self, root: Path, current: Choice | None) -> tuple[Choice, ModelSession | None]:
+        """Verify the artifact, choose its variant and, unless that is `current`, create its session.
+
+        All under the artifact's shared lock (worker thread): a stage committing a new file in
+        between would otherwise have onnxruntime read a file nobody verified.
+        """
+        with locked(root, shared=True):
+            artifact = Artifact.load(root, verify=True)
+            choice = choose(artifact, self.settings.variants)
+            if choice == current:
+                return choice, None
+            return choice, ModelSession(artifact.path(choice.file), self._session_options)
 
     def _serve(
         self, name: str, version: int, root: Path, choice: Choice, session: ModelSession, stamp: Stamp

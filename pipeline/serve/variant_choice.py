@@ -1,9 +1,11 @@
 """Which variant of an artifact to serve: `--variant` against the manifest's variant records.
 
 fp32 (`model.onnx`) by default; `--variant NAME` for every model, `--variant MODEL=NAME` for one.
-A server-wide choice a model lacks falls back to fp32 with a warning; a per-model choice that does
-not exist refuses the version. A variant recorded as failed is never served: choosing it (or the
-fp32 default, were it failed) refuses the version with the variant's recorded reason. Files come
+A failed variant is never served, nor a stale one (made from a model.onnx since exported again).
+A server-wide choice is a preference: a model whose variant is missing, failed or stale serves
+fp32 with a warning, so a failed optimize run never takes a working model offline. A per-model
+choice is a requirement: a variant that is missing, failed or stale refuses the version with the
+reason. A failed fp32 refuses the version whatever was asked for. Files come
 from `pipeline.variants.variant_file`, the one mapping of a variant name to its file.
 """
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 from pipeline.artifact import Artifact
 from pipeline.errors import ArtifactError, InputError
-from pipeline.variants import FP32, Variant, check_variant_name, variant_file
+from pipeline.variants import FP32, Variant, check_variant_name, unusable, variant_file
 
 log = logging.getLogger("pipe.serve")
 
@@ -61,31 +63,41 @@ def choose_quietly(artifact: Artifact, chosen: dict[str, str]) -> tuple[Choice, 
     explicit = chosen.get(artifact.name)
     name = explicit or chosen.get(EVERY_MODEL, FP32)
     records = artifact.manifest.variants
-    # fp32 (model.onnx) unless its record says it failed, then every passed ONNX variant
-    servable = [k for k in dict.fromkeys([FP32, *records]) if k not in records or _servable(records[k])]
-    if name != FP32 and name not in records:
+    listed = {entry.sha256 for entry in artifact.manifest.files.values()}
+
+    def problem(variant: str) -> str | None:
+        record = records.get(variant)
+        if record is None:
+            return None if variant == FP32 else "does not exist"  # fp32 is model.onnx, recorded or not
+        if why := unusable(record, listed):
+            return why
+        return None if record.format == "onnx" else f"is a {record.format} model; pipe serve runs onnx variants"
+
+    # fp32 (model.onnx) unless its record says it cannot serve, then every servable ONNX variant
+    servable = [k for k in dict.fromkeys([FP32, *records]) if problem(k) is None]
+    why = problem(name)
+    if why is not None and name != FP32:
+        record = records.get(name)
         if explicit:
-            raise VariantRefused(f"{artifact.root}: variant {name!r} does not exist; available: {servable}")
-        fallback = f"{artifact.root} has no variant {name!r} (available {servable}); serving fp32"
-        name = FP32
-    file = variant_file(name)
+            if record is None:
+                raise VariantRefused(f"{artifact.root}: variant {name!r} does not exist; available: {servable}")
+            raise VariantRefused(_refusal(artifact, name, why, record, servable))
+        # A server-wide preference: a model whose variant is missing, failed or stale keeps serving fp32.
+        fallback = (
+            f"{artifact.root} has no variant {name!r} (available {servable}); serving fp32"
+            if record is None
+            else f"{artifact.root}: variant {name!r} {why}; serving fp32 instead (available {servable})"
+        )
+        name, why = FP32, problem(FP32)
     record = records.get(name)
-    if record is not None:
-        if not record.passed:
-            raise VariantRefused(
-                f"{artifact.root}: variant {name!r} failed {record.stage}: {record.reason or 'no reason recorded'}; "
-                f"a failed variant is never served: choose one of {servable} or re-run {record.stage}"
-            )
-        if record.format != "onnx":
-            raise VariantRefused(
-                f"{artifact.root}: variant {name!r} is a {record.format} model; pipe serve runs onnx variants: "
-                f"{servable}"
-            )
-        if record.file != file:
-            raise ArtifactError(
-                f"{artifact.root}: the manifest records variant {name!r} in {record.file!r}, but it belongs in "
-                f"{file!r}; re-create the variant with the stage that made it"
-            )
+    if why is not None and record is not None:  # fp32 itself failed: nothing of this version is served
+        raise VariantRefused(_refusal(artifact, name, why, record, servable))
+    file = variant_file(name)
+    if record is not None and record.file != file:
+        raise ArtifactError(
+            f"{artifact.root}: the manifest records variant {name!r} in {record.file!r}, but it belongs in "
+            f"{file!r}; re-create the variant with the stage that made it"
+        )
     entry = artifact.manifest.files.get(file)
     if entry is None:
         raise ArtifactError(
@@ -95,5 +107,9 @@ def choose_quietly(artifact: Artifact, chosen: dict[str, str]) -> tuple[Choice, 
     return Choice(name, file, entry.sha256), fallback
 
 
-def _servable(record: Variant) -> bool:
-    return record.format == "onnx" and record.passed
+def _refusal(artifact: Artifact, name: str, why: str, record: Variant, servable: list[str]) -> str:
+    kind = "failed" if not record.passed else "stale" if why.startswith("is stale") else "non-ONNX"
+    return (
+        f"{artifact.root}: variant {name!r} {why}; a {kind} variant is never served: choose one of {servable} "
+        f"or re-run {record.stage}"
+    )

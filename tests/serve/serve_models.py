@@ -146,9 +146,12 @@ def write_artifact(
 
 
 def add_variant(artifact: Artifact, name: str, model: onnx.ModelProto, reason: str = "") -> None:
-    """Write `model` as variant `name` of the artifact: passed, or failed with `reason` (save() to keep it)."""
+    """Write `model` as variant `name` made from model.onnx: passed, or failed with `reason` (save() to keep it)."""
     file = variant_file(name)
     artifact.write_file(file, model.SerializeToString())
     status = "failed" if reason else "passed"
-    variant = Variant(file=file, precision="fp32", format="onnx", stage="optimize", status=status, reason=reason)
+    parent = artifact.manifest.files[variant_file(FP32)].sha256
+    variant = Variant(
+        file=file, precision="fp32", format="onnx", stage="optimize", parent=parent, status=status, reason=reason
+    )
     artifact.add_variant(name, variant)

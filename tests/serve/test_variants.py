@@ -15,7 +15,7 @@ from serve_process import free_port, start_server
 import pipeline.serve
 from pipeline.artifact import Artifact
 from pipeline.errors import ArtifactError, InputError
-from pipeline.serve.variant_choice import Choice, VariantRefused, check_choices, choose
+from pipeline.serve.variant_choice import Choice, VariantRefused, check_choices, choose, choose_quietly
 
 REASON = "top-1 agreement 0.912 < 0.990 on 512 golden samples"
 X = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
@@ -41,12 +41,26 @@ def test_fp32_by_default_and_passed_variants_on_request(artifact: Artifact) -> N
         choose(artifact, {"m": "nope"})  # failed int8 is not offered as available
 
 
-@pytest.mark.parametrize("chosen", [{"*": "int8"}, {"m": "int8"}], ids=["every-model", "this-model"])
-def test_a_failed_variant_asked_for_refuses_the_version_with_its_reason(
-    artifact: Artifact, chosen: dict[str, str]
-) -> None:
+def test_a_failed_variant_required_for_the_model_refuses_the_version_with_its_reason(artifact: Artifact) -> None:
     with pytest.raises(VariantRefused, match=rf"variant 'int8' failed optimize: {REASON}; a failed variant is never"):
-        choose(artifact, chosen)
+        choose(artifact, {"m": "int8"})
+
+
+def test_a_failed_variant_preferred_server_wide_serves_fp32_and_says_why(artifact: Artifact) -> None:
+    """A failed optimize run must not take a working model offline: the server-wide choice is a preference."""
+    choice, warning = choose_quietly(artifact, {"*": "int8"})
+    assert choice.variant == "fp32"
+    assert warning is not None and f"variant 'int8' failed optimize: {REASON}; serving fp32 instead" in warning
+
+
+def test_a_stale_variant_is_not_served(artifact: Artifact) -> None:
+    """opt was made from a model.onnx that has since been exported again: its gate judged another model."""
+    (artifact.root / "model.onnx").write_bytes((artifact.root / "model.onnx").read_bytes() + b" ")
+    artifact.add_file("model.onnx")  # what a re-export records
+    with pytest.raises(VariantRefused, match=r"variant 'opt' is stale: optimize made it from a file this artifact"):
+        choose(artifact, {"m": "opt"})
+    choice, warning = choose_quietly(artifact, {"*": "opt"})
+    assert choice.variant == "fp32" and warning is not None and "re-run optimize" in warning
 
 
 def test_a_failed_fp32_is_not_served_by_default(artifact: Artifact) -> None:
@@ -83,7 +97,8 @@ def test_server_refuses_a_failed_variant_and_serves_the_models_beside_it(tmp_pat
     m = write_artifact(repo, "m", 1, mlp([4, 8, 3], seed=1))
     add_variant(m, "int8", mlp([4, 8, 3], seed=3), reason=REASON)
     m.save()
-    server = start_server([repo], tmp_path / "serve.log", "--variant", "int8", "--poll", "0")
+    args = ("--variant", "m=int8", "--variant", "n=int8", "--poll", "0")  # required, not preferred
+    server = start_server([repo], tmp_path / "serve.log", *args)
     try:
         r = httpx.get(f"{server.url}/v2/models/m/ready")
         assert r.status_code == 404 and f"variant 'int8' failed optimize: {REASON}" in r.json()["error"]
@@ -103,7 +118,7 @@ def test_server_refuses_a_failed_variant_and_serves_the_models_beside_it(tmp_pat
 @pytest.mark.parametrize(
     ("chosen", "needle"),
     [
-        (("--variant", "int8"), f"variant 'int8' failed optimize: {REASON}"),
+        (("--variant", "m=int8"), f"variant 'int8' failed optimize: {REASON}"),
         (("--variant", "m=nope"), "variant 'nope' does not exist; available: ['fp32', 'opt']"),
     ],
     ids=["failed", "missing"],

@@ -9,6 +9,17 @@ from pipeline.artifact import Artifact
 from pipeline.manifest import Manifest, TensorSpec
 from pipeline.records import CheckpointRecord, GoldenRecord, TrainRecord
 
+# A linear model in ONNX text syntax, with weights: the smallest real model to import and serve.
+LINEAR = """
+<ir_version: 8, opset_import: ["" : 18], producer_name: "handwritten">
+linear (float[N, 4] x) => (float[N, 3] y)
+<float[4, 3] W = {1.0, -1.0, 0.5, 0.5, 2.0, -1.0, -1.5, 0.0, 1.0, 0.0, 1.0, 2.0}, float[3] b = {0.1, -0.2, 0.3}>
+{
+    t = MatMul(x, W)
+    y = Add(t, b)
+}
+"""
+
 
 def build_artifact(root: Path, name: str = "toy", version: int = 1) -> Artifact:
     """A small but complete artifact: a manifest and two listed files."""

@@ -35,6 +35,7 @@ from packaging.requirements import Requirement
 from pipeline.artifact import Artifact, resolve_artifact
 from pipeline.cli import main
 from pipeline.golden import load_golden
+from tests.conftest import LINEAR
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -165,15 +166,6 @@ def test_every_third_party_import_is_declared_in_its_profile() -> None:
 
 # --- the serve profile, installed for real --------------------------------------------------------
 
-LINEAR = """
-<ir_version: 8, opset_import: ["" : 18], producer_name: "handwritten">
-linear (float[N, 4] x) => (float[N, 3] y)
-<float[4, 3] W = {1.0, -1.0, 0.5, 0.5, 2.0, -1.0, -1.5, 0.0, 1.0, 0.0, 1.0, 2.0}, float[3] b = {0.1, -0.2, 0.3}>
-{
-    t = MatMul(x, W)
-    y = Add(t, b)
-}
-"""
 V2_DATATYPES = {"float32": "FP32", "float64": "FP64", "int64": "INT64", "int32": "INT32", "bool": "BOOL"}
 INSTALL_TIMEOUT_S = 600
 READY_TIMEOUT_S = 60

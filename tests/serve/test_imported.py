@@ -15,18 +15,9 @@ from serve_process import start_server
 from pipeline.artifact import Artifact
 from pipeline.cli import main
 from pipeline.golden import load_golden
+from tests.conftest import LINEAR
 
 pytestmark = pytest.mark.slow  # starts a server process
-
-LINEAR = """
-<ir_version: 8, opset_import: ["" : 18], producer_name: "handwritten">
-linear (float[N, 4] x) => (float[N, 3] y)
-<float[4, 3] W = {1.0, -1.0, 0.5, 0.5, 2.0, -1.0, -1.5, 0.0, 1.0, 0.0, 1.0, 2.0}, float[3] b = {0.1, -0.2, 0.3}>
-{
-    t = MatMul(x, W)
-    y = Add(t, b)
-}
-"""
 
 
 def test_imported_artifact_is_served_to_a_triton_client(tmp_path: Path) -> None:

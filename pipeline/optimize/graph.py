@@ -1,0 +1,263 @@
+"""Graph optimization: an ONNX file in, a smaller equivalent ONNX file out, and what changed.
+
+Two steps, each kept only when its result still loads and keeps the model's signature:
+1. onnxruntime's offline optimizer at level basic (constant folding, redundant node removal) or
+   extended (also fusions such as Gelu, LayerNormalization, Attention, FusedConv), on the CPU
+   provider. Never ORT_ENABLE_ALL: its layout transforms (NCHWc) are written for the CPU the file
+   was made on and must not be saved as a portable model.
+2. onnxslim, which folds what is left (Conv+BN, Gemm, redundant Reshape/Transpose...). A failure
+   here keeps the onnxruntime result and says so in the report; it is never silent.
+
+The signature is the contract every hop keeps: the same input and output names, element types, and
+the same dims, symbolic ones staying symbolic (a batch frozen to 1 is a broken model that still
+loads). A step that changes it is refused.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import onnx
+import onnxruntime as ort
+import onnxslim
+
+from pipeline.errors import ArtifactError, InputError
+
+LEVELS = {
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+}
+
+Model = onnx.ModelProto | Path | str
+
+
+@dataclass
+class Step:
+    """One pass over the model: what ran, whether its result was kept, and what it changed."""
+
+    name: str  # "onnxruntime" or "onnxslim"
+    version: str
+    setting: str  # e.g. "level=extended"
+    kept: bool  # False: the step failed or broke the signature; the model before it was kept
+    nodes_before: int
+    nodes_after: int
+    removed: dict[str, int] = field(default_factory=dict)  # op type -> how many fewer
+    added: dict[str, int] = field(default_factory=dict)  # op type -> how many more (fused ops)
+    note: str = ""  # why a step was not kept
+
+
+@dataclass
+class GraphReport:
+    """What optimize_graph did to one model."""
+
+    level: str
+    nodes_before: int
+    nodes_after: int
+    ops_before: dict[str, int]
+    ops_after: dict[str, int]
+    steps: list[Step]
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def load(model: Model) -> onnx.ModelProto:
+    """A ModelProto from a path (or the proto itself)."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        return onnx.load(str(model))
+    except Exception as exc:  # onnx raises DecodeError, OSError, ... with no common base
+        raise ArtifactError(f"{model}: not a readable ONNX model ({exc}); give the path of an .onnx file") from exc
+
+
+def _graphs(graph: onnx.GraphProto):
+    """The graph and every subgraph inside it (If/Loop/Scan bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _graphs(sub)
+
+
+def op_type(node: onnx.NodeProto) -> str:
+    """`Conv` for the default domain, `com.microsoft.FusedConv` for others."""
+    return f"{node.domain}.{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+
+
+def op_counts(model: Model) -> dict[str, int]:
+    """How many nodes of each op type the model holds, subgraphs included, sorted by op type."""
+    counts = Counter(op_type(node) for graph in _graphs(load(model).graph) for node in graph.node)
+    return dict(sorted(counts.items()))
+
+
+def node_count(model: Model) -> int:
+    """The number of nodes in the model, subgraphs included."""
+    return sum(op_counts(model).values())
+
+
+def signature(model: onnx.ModelProto) -> dict[str, list[tuple[str, int, list[str | int | None]]]]:
+    """Inputs and outputs as (name, element type, dims); a dim is its name, its size, or None if unknown."""
+
+    def dims(value: onnx.ValueInfoProto) -> list[str | int | None]:
+        shape = value.type.tensor_type.shape
+        return [d.dim_param or (d.dim_value if d.HasField("dim_value") else None) for d in shape.dim]
+
+    initializers = {init.name for init in model.graph.initializer}
+    return {
+        side: [(v.name, v.type.tensor_type.elem_type, dims(v)) for v in values if v.name not in initializers]
+        for side, values in (("inputs", model.graph.input), ("outputs", model.graph.output))
+    }
+
+
+def signature_changes(before: onnx.ModelProto, after: onnx.ModelProto) -> list[str]:
+    """Every way `after` breaks the signature of `before` (an unknown dim may become known)."""
+    old, new = signature(before), signature(after)
+    problems = []
+    for side in ("inputs", "outputs"):
+        if [v[0] for v in old[side]] != [v[0] for v in new[side]]:
+            problems.append(f"{side} {[v[0] for v in old[side]]} became {[v[0] for v in new[side]]}")
+            continue
+        for (name, type_a, dims_a), (_, type_b, dims_b) in zip(old[side], new[side], strict=True):
+            if type_a != type_b:
+                problems.append(
+                    f"{name}: type {onnx.TensorProto.DataType.Name(type_a)} became "
+                    f"{onnx.TensorProto.DataType.Name(type_b)}"
+                )
+            if len(dims_a) != len(dims_b) or any(a is not None and a != b for a, b in zip(dims_a, dims_b, strict=True)):
+                problems.append(f"{name}: shape {dims_a} became {dims_b}")
+    return problems
+
+
+def loads_in_onnxruntime(path: Path) -> str:
+    """'' when onnxruntime can load the model at `path` on CPU, else the first line of its error."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime's exception types share no base
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return ""
+
+
+def _diff(before: dict[str, int], after: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    removed = {op: n - after.get(op, 0) for op, n in before.items() if n > after.get(op, 0)}
+    added = {op: n - before.get(op, 0) for op, n in after.items() if n > before.get(op, 0)}
+    return removed, added
+
+
+def _step(
+    name: str, version: str, setting: str, before: onnx.ModelProto, after: onnx.ModelProto | None, note: str = ""
+) -> Step:
+    ops_before = op_counts(before)
+    ops_after = op_counts(after) if after is not None else ops_before
+    removed, added = _diff(ops_before, ops_after)
+    return Step(
+        name,
+        version,
+        setting,
+        after is not None,
+        sum(ops_before.values()),
+        sum(ops_after.values()),
+        removed,
+        added,
+        note,
+    )
+
+
+def run_onnxruntime(src: Path, dst: Path, level: str) -> None:
+    """onnxruntime's offline optimizer at `level`, CPU provider, writing the optimized model to `dst`."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = LEVELS[level]
+    options.optimized_model_filepath = str(dst)
+    try:
+        ort.InferenceSession(str(src), sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime's exception types share no base
+        raise ArtifactError(
+            f"{src}: onnxruntime cannot load the model to optimize it: "
+            f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]}"
+        ) from exc
+
+
+def _checked(candidate: onnx.ModelProto, original: onnx.ModelProto, path: Path) -> str:
+    """'' when `candidate`, saved at `path`, loads and keeps `original`'s signature; else why not."""
+    onnx.save(candidate, str(path))
+    problems = signature_changes(original, candidate)
+    if problems:
+        return "it changed the signature: " + "; ".join(problems)
+    error = loads_in_onnxruntime(path)
+    return f"onnxruntime cannot load its result: {error}" if error else ""
+
+
+def optimize_graph(
+    src: Path, dst: Path, level: Literal["basic", "extended"] = "extended", slim: bool = True
+) -> GraphReport:
+    """Write an optimized copy of the model at `src` to `dst` and report what changed.
+
+    The result runs on any onnxruntime (no hardware-specific layout) and keeps `src`'s signature;
+    `src` is never modified. Raises InputError for an unknown level and ArtifactError when the
+    model cannot be read or onnxruntime's own pass breaks it.
+    """
+    if level not in LEVELS:
+        raise InputError(f"graph optimization level {level!r} is not one of {', '.join(LEVELS)}")
+    original = load(src)
+    if any(init.data_location == onnx.TensorProto.EXTERNAL for init in original.graph.initializer):
+        raise InputError(
+            f"{src}: the model keeps its weights in external data, which graph optimization "
+            "does not handle yet; skip graph optimization for this model"
+        )
+    steps: list[Step] = []
+    warnings: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="pipe-graph-", dir=Path(dst).parent) as scratch:
+        ort_path = Path(scratch) / "ort.onnx"
+        run_onnxruntime(Path(src), ort_path, level)
+        optimized = onnx.load(str(ort_path))
+        problem = _checked(optimized, original, ort_path)
+        if problem:
+            raise ArtifactError(
+                f"{src}: onnxruntime's {level} optimization broke the model ({problem}); "
+                "use level basic or skip graph optimization"
+            )
+        steps.append(_step("onnxruntime", ort.__version__, f"level={level}", original, optimized))
+        if slim:
+            slimmed, note = _slim(optimized, original, Path(scratch) / "slim.onnx")
+            steps.append(_step("onnxslim", onnxslim.__version__, "default passes", optimized, slimmed, note))
+            if slimmed is None:
+                warnings.append(f"onnxslim was not applied, the onnxruntime result is kept: {note}")
+            else:
+                optimized = slimmed
+        _keep_metadata(optimized, original)
+        onnx.save(optimized, str(dst))
+    return GraphReport(
+        level, node_count(original), node_count(optimized), op_counts(original), op_counts(optimized), steps, warnings
+    )
+
+
+def _slim(model: onnx.ModelProto, original: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto | None, str]:
+    """onnxslim's result, or None and why it was not kept."""
+    try:
+        slimmed = onnxslim.slim(onnx.ModelProto.FromString(model.SerializeToString()))
+    except Exception as exc:  # onnxslim raises whatever its passes hit; the report names it
+        return None, f"onnxslim failed: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+    if slimmed is None:
+        return None, "onnxslim returned no model"
+    problem = _checked(slimmed, original, path)
+    return (None, f"onnxslim's result was refused: {problem}") if problem else (slimmed, "")
+
+
+def _keep_metadata(model: onnx.ModelProto, original: onnx.ModelProto) -> None:
+    """Carry `original`'s metadata_props (identity digest, labels, preprocessing) over if a step dropped them."""
+    present = {prop.key for prop in model.metadata_props}
+    for prop in original.metadata_props:
+        if prop.key not in present:
+            model.metadata_props.add(key=prop.key, value=prop.value)

@@ -147,8 +147,22 @@ class ExportSpec(_Strict):
 
 
 class OptimizeSpec(_Strict):
-    quantize: list[Literal["dynamic", "static", "fp16"]] = ["dynamic", "static"]
-    max_accuracy_drop: float = Field(0.01, ge=0)  # variants losing more than this are rejected
+    """`pipe optimize`: which variants to make from model.onnx, and the budget each must meet."""
+
+    graph: Literal["none", "basic", "extended"] = "extended"  # onnxruntime offline level for variants/model.opt.onnx
+    slim: bool = True  # onnxslim after onnxruntime's passes
+    quantize: list[Literal["dynamic", "static", "fp16", "auto"]] = ["dynamic", "static"]  # auto: the budget search
+    per_channel: bool = False  # int8 weights: one scale per output channel instead of per tensor
+    reduce_range: bool = False  # 7-bit weights, for CPUs without VNNI where 8-bit saturates
+    activation_type: Literal["uint8", "int8"] = "uint8"  # static: activations' int8 type
+    calibration: Literal["minmax", "entropy", "percentile"] = "minmax"  # static: how activation ranges are set
+    calibration_samples: int = Field(256, gt=0)  # real training samples the static ranges are measured on
+    # the task-metric budget in its units; None: 0.01 accuracy for classifiers, 1% relative error for regression
+    max_accuracy_drop: float | None = Field(None, ge=0)
+    min_cosine: float = Field(0.99, gt=0, le=1)  # embeddings: minimum cosine similarity to fp32
+    max_exclusions: int = Field(8, ge=0)  # auto: nodes the search may leave in fp32
+    threads: int = Field(1, gt=0)  # intra-op threads the variants are timed with
+    strict: bool = False  # a variant that misses its budget fails the command (exit 1), not only its record
 
 
 class EdgeSpec(_Strict):
@@ -191,6 +205,7 @@ class Recipe(_Strict):
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "train": ("name", "task", "model", "data", "train"),
     "export": ("export",),
+    "optimize": ("optimize",),
 }
 
 

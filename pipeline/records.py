@@ -109,17 +109,29 @@ class ImportRecord(StageRecord):
 
 
 @dataclass(kw_only=True)
+class OptimizeRecord(StageRecord):
+    """`pipe optimize`: settings are the recipe's optimize section and the command-line overrides."""
+
+    parent: str  # sha256 of the model.onnx every variant was made from and judged against
+    policy: dict[str, Any] = field(default_factory=dict)  # the budget the lossy variants were held to
+    variants: list[str] = field(default_factory=list)  # the variants this run made, passed or failed
+    failed: list[str] = field(default_factory=list)  # those that missed their budget
+    report: str = "reports/optimize.json"
+
+
+@dataclass(kw_only=True)
 class Stages:
     """manifest.stages: the record of each stage that ran (absent when it did not)."""
 
     train: TrainRecord | None = field(default=None, metadata={"omit_none": True})
     export: ExportRecord | None = field(default=None, metadata={"omit_none": True})
     import_: ImportRecord | None = field(default=None, metadata={"json": "import", "omit_none": True})
+    optimize: OptimizeRecord | None = field(default=None, metadata={"omit_none": True})
 
     def names(self) -> list[str]:
         """The stages that ran, in pipeline order."""
         return [name for name, record in self.items()]
 
     def items(self) -> list[tuple[str, StageRecord]]:
-        pairs = (("train", self.train), ("import", self.import_), ("export", self.export))
+        pairs = (("train", self.train), ("import", self.import_), ("export", self.export), ("optimize", self.optimize))
         return [(name, record) for name, record in pairs if record is not None]

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifact import Artifact, resolve_artifact
+from pipeline.artifact_recipe import current_recipe, train_record
 from pipeline.backends import backend_for
-from pipeline.errors import ArtifactError, InputError
+from pipeline.errors import InputError
 from pipeline.export.metadata import stamp
 from pipeline.export.onnx_export import ExportResult, export_module
-from pipeline.recipe import ExportSpec, Recipe, load_recipe, parse_recipe
-from pipeline.records import ExportRecord, TrainRecord
+from pipeline.recipe import ExportSpec, Recipe
+from pipeline.records import ExportRecord
 from pipeline.stagewrite import StageWrite
 from pipeline.variants import FP32, MODEL_FILE, Variant
 from pipeline.verify.evaluation import evaluation_set
@@ -50,45 +51,6 @@ class Overrides:
     exporter: str | None = None  # dynamo | torchscript
     atol: float | None = None
     rtol: float | None = None
-
-
-def train_record(artifact: Artifact) -> TrainRecord:
-    record = artifact.manifest.stages.train
-    if record is None:
-        raise ArtifactError(
-            f"artifact {artifact.root} has no stages.train record: it was not trained by `pipe train`. "
-            "Export works on trained artifacts; bring an ONNX model made elsewhere with `pipe import`"
-        )
-    return record
-
-
-def current_recipe(artifact: Artifact, recipe_path: Path | None = None) -> tuple[Recipe, list[str]]:
-    """The recipe as it is now, for its `export:` section, and notes on where it came from.
-
-    The model is always rebuilt from the sections it was trained with (the train record); the
-    recipe file is read for the later stages' sections. It is the file given on the command line,
-    else the one the train record points at (relative to the artifact). Without either, the
-    trained sections are used with default settings for the rest, and a note says so.
-    """
-    record = train_record(artifact)
-    where = f"{artifact.root}/manifest.json stages.train.settings"
-    if recipe_path is None and record.recipe_path is not None:
-        candidate = artifact.root / record.recipe_path
-        if candidate.is_file():
-            recipe_path = candidate
-    if recipe_path is not None:
-        recipe = load_recipe(recipe_path)
-        if recipe.name != artifact.manifest.name:
-            raise InputError(
-                f"recipe {recipe_path} is for model {recipe.name!r}, but the artifact is {artifact.manifest.name!r}; "
-                "pass the recipe this model was trained from (--recipe)"
-            )
-        return recipe, []
-    note = (
-        f"the recipe this model was trained from ({record.recipe_path}, relative to {artifact.root}) is not there; "
-        "using the trained sections and default export settings (pass --recipe to read another)"
-    )
-    return parse_recipe(record.settings, where, artifact.root), [note]
 
 
 def export_settings(recipe: Recipe, overrides: Overrides) -> ExportSpec:

@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.errors import InputError
+from pipeline.errors import ArtifactError, InputError
 from pipeline.golden import load_golden
 from pipeline.verify.runners import Arrays
 
 if TYPE_CHECKING:
     from pipeline.artifact import Artifact
+    from pipeline.data import Splits
     from pipeline.recipe import Recipe
     from pipeline.records import TrainRecord
 
@@ -83,18 +84,8 @@ def evaluation_set(artifact: Artifact, recipe: Recipe | None = None) -> Evaluati
 
 def _trained_split(artifact: Artifact, train: TrainRecord, recipe: Recipe | None) -> tuple[Arrays, np.ndarray]:
     """The test split the model was trained with: its trained data sections, read again."""
-    from pipeline.data import load_splits
-    from pipeline.recipe import parse_recipe
-
-    if recipe is not None:
-        base = recipe.base_dir
-    elif train.recipe_path is not None and (artifact.root / train.recipe_path).is_file():
-        base = (artifact.root / train.recipe_path).parent
-    else:
-        base = Path(artifact.root)
-    trained = parse_recipe(train.settings, f"{artifact.root}/manifest.json stages.train.settings", base)
     try:
-        test = load_splits(trained).test
+        test = trained_splits(artifact, recipe).test
     except InputError as exc:
         raise InputError(
             f"the gate measures the metric on the whole test split, which golden.npz holds only part of, and the "
@@ -102,3 +93,26 @@ def _trained_split(artifact: Artifact, train: TrainRecord, recipe: Recipe | None
             "directory (the train record's recipe_path, or --recipe)"
         ) from exc
     return test.inputs, test.target
+
+
+def trained_splits(artifact: Artifact, recipe: Recipe | None = None) -> Splits:
+    """The train/val/test splits a trained model was trained with, read again from its trained data sections.
+
+    `recipe`: the recipe as it is now, whose directory relative data paths are read from (else the
+    directory of the recipe file the train record names, else the artifact's). Raises InputError
+    when the data cannot be read, ArtifactError when the artifact was not trained.
+    """
+    from pipeline.data import load_splits
+    from pipeline.recipe import parse_recipe
+
+    train = artifact.manifest.stages.train
+    if train is None:
+        raise ArtifactError(f"artifact {artifact.root} was not trained by pipe train: it has no training data")
+    if recipe is not None:
+        base = recipe.base_dir
+    elif train.recipe_path is not None and (artifact.root / train.recipe_path).is_file():
+        base = (artifact.root / train.recipe_path).parent
+    else:
+        base = Path(artifact.root)
+    trained = parse_recipe(train.settings, f"{artifact.root}/manifest.json stages.train.settings", base)
+    return load_splits(trained)

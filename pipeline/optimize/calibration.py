@@ -1,0 +1,50 @@
+"""Calibration data for static quantization: real training samples, never made-up or downloaded ones.
+
+Static int8 fixes each activation's range ahead of time from the samples it is calibrated on, so
+they must be the inputs the model will see, in the layout its graph expects (the model's own
+input specs; normalization is inside the model, so raw inputs are right). A trained artifact's
+training split is read again (deterministic subset); an imported model has only the evaluation
+data given at import, which golden.npz holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.artifact import Artifact
+from pipeline.errors import InputError
+from pipeline.golden import load_golden
+from pipeline.recipe import Recipe
+from pipeline.verify.evaluation import trained_splits
+from pipeline.verify.runners import Arrays
+
+SEED = 0  # the subset is the same on every run, so a re-run quantizes the same way
+
+
+@dataclass
+class Calibration:
+    inputs: Arrays  # one array per model input, `samples` rows
+    source: str  # where they came from, in words, for the report
+
+    def __len__(self) -> int:
+        return len(next(iter(self.inputs.values())))
+
+
+def calibration_set(artifact: Artifact, recipe: Recipe | None, samples: int) -> Calibration:
+    """Up to `samples` real inputs for `artifact`: its training split, or the data given at import."""
+    if samples < 1:
+        raise InputError(f"calibration_samples must be at least 1 (got {samples})")
+    if artifact.manifest.stages.train is not None:
+        split = trained_splits(artifact, recipe).train
+        pool, source = split.inputs, "the training split"
+    else:
+        pool, source = load_golden(artifact).inputs, "golden.npz (the evaluation data given at import, or generated)"
+    names = [spec.name for spec in artifact.manifest.inputs]
+    missing = [n for n in names if n not in pool]
+    if missing:
+        raise InputError(f"calibration data from {source} lacks model inputs {missing}; it has {sorted(pool)}")
+    count = len(pool[names[0]])
+    take = np.sort(np.random.default_rng(SEED).permutation(count)[: min(samples, count)])
+    return Calibration({n: pool[n][take] for n in names}, f"{len(take)} of {count} samples of {source}")

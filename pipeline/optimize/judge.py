@@ -1,0 +1,121 @@
+"""How `pipe optimize` judges a variant: the verifier's gate against model.onnx, plus the budget's figure.
+
+The gate (pipeline/verify) runs every check and holds the variant to a policy: `Exact` for a
+graph-only optimization (lossless), a budget for quantization (lossy): the task metric's drop
+when the evaluation split has targets, top-1 agreement for classifiers without, minimum cosine
+similarity for embeddings, relative error for regression. The budget's own figure and how far
+inside or outside the budget it lies (the margin) are computed here over the whole evaluation
+split, so the auto search can rank candidates that all miss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.artifact import Artifact
+from pipeline.recipe import OptimizeSpec
+from pipeline.verify.evaluation import EvaluationSet
+from pipeline.verify.gate import verify
+from pipeline.verify.metrics import metric_drop, task_metric
+from pipeline.verify.policies import (
+    Exact,
+    MetricDrop,
+    MinCosine,
+    Policy,
+    RelativeError,
+    Top1Agreement,
+    budget_for,
+    row_cosines,
+)
+from pipeline.verify.report import GateReport
+from pipeline.verify.runners import Runner, ort_runner, run_chunked
+
+LOSSLESS = Exact(atol=1e-4, rtol=1e-3)  # a graph-only optimization: fused kernels round differently, nothing more
+
+
+def budget_policy(task: str, has_target: bool, settings: OptimizeSpec) -> Policy:
+    """The budget lossy variants are held to, from the recipe's optimize section and the task."""
+    if task == "embedding":
+        return MinCosine(settings.min_cosine)
+    return budget_for(task, has_target, settings.max_accuracy_drop)
+
+
+@dataclass
+class Verdict:
+    """One variant judged: the gate's table, and the budget's figure over the whole split."""
+
+    passed: bool
+    figure: float  # the budget's statistic: metric drop, agreement, min cosine, relative error (NaN: none)
+    margin: float  # how far inside (+) or outside (-) the budget, in the figure's units
+    detail: str  # one line: the figure against its bound, or the first failed check
+    report: GateReport
+
+
+class Judge:
+    """Judges variant files of one artifact against its model.onnx (made once, used for every candidate)."""
+
+    def __init__(self, artifact: Artifact, reference: Path, evaluation: EvaluationSet, policy: Policy) -> None:
+        self.artifact = artifact
+        self.evaluation = evaluation
+        self.policy = policy
+        self.reference: Runner = ort_runner(reference)
+        first = artifact.manifest.outputs[0].name
+        self._output = first
+        self._want = run_chunked(self.reference, evaluation.data, [first])[first]  # the parent's split outputs
+
+    def __call__(self, candidate: Path, policy: Policy | None = None, scratch: Path | None = None) -> Verdict:
+        policy = policy or self.policy
+        m = self.artifact.manifest
+        e = self.evaluation
+        report = verify(candidate, self.reference, e.samples, m.inputs, m.outputs, policy, m.task,
+                        evaluation=e.split, recorded=e.recorded, scratch=scratch)  # fmt: skip
+        if not report.passed and any(r.check == "onnxruntime load" for r in report.rows):
+            return Verdict(False, float("nan"), float("-inf"), _first_failure(report), report)
+        got = run_chunked(ort_runner(candidate), e.data, [self._output])[self._output]
+        figure, margin, detail = self._figure(policy, got)
+        passed = report.passed and margin >= 0
+        if not report.passed:
+            detail = f"{_first_failure(report)}; {detail}"
+        return Verdict(passed, figure, margin, detail, report)
+
+    def _figure(self, policy: Policy, got: np.ndarray) -> tuple[float, float, str]:
+        got64, want64 = got.astype(np.float64), self._want.astype(np.float64)
+        if not (np.isfinite(got64).all()):
+            return float("nan"), float("-inf"), f"{int((~np.isfinite(got64)).sum())} NaN/Inf outputs on the split"
+        target = self.evaluation.target
+        if isinstance(policy, MetricDrop) and target is not None:
+            measured_ref = task_metric(self.artifact.manifest.task, want64, target)
+            measured = task_metric(self.artifact.manifest.task, got64, target)
+            if measured_ref and measured:
+                name, ref_value = measured_ref
+                drop = metric_drop(name, ref_value, measured[1])
+                detail = f"{name} {measured[1]:.4f} vs {ref_value:.4f} (drop {drop:.4g}, budget <= {policy.max_drop:g})"
+                return drop, policy.max_drop - drop, detail
+        if isinstance(policy, Top1Agreement):
+            agreement = float((got64.argmax(-1) == want64.argmax(-1)).mean())
+            detail = f"top-1 agreement {agreement:.4f} (budget >= {policy.min_agreement:g})"
+            return agreement, agreement - policy.min_agreement, detail
+        if isinstance(policy, MinCosine):
+            cosine = float(row_cosines(got64, want64).min())
+            return cosine, cosine - policy.min_cosine, f"min cosine {cosine:.6f} (budget >= {policy.min_cosine:g})"
+        if isinstance(policy, RelativeError):
+            scale = float(np.linalg.norm(want64)) or 1.0
+            rel = float(np.linalg.norm(got64 - want64)) / scale
+            return rel, policy.max_rel - rel, f"relative error {rel:.4g} (budget <= {policy.max_rel:g})"
+        worst = float(np.abs(got64 - want64).max()) if got64.size else 0.0
+        if isinstance(policy, Exact):
+            bound = policy.atol + policy.rtol * float(np.abs(want64).max(initial=0.0))
+            return worst, bound - worst, f"max abs difference {worst:.3g} on the split"
+        return worst, 0.0, f"max abs difference {worst:.3g} on the split"
+
+
+def _first_failure(report: GateReport) -> str:
+    failed = report.failures
+    if not failed:
+        return "passed"
+    row = failed[0]
+    more = f" (and {len(failed) - 1} more failed checks)" if len(failed) > 1 else ""
+    return f"{row.check} {row.output}: {row.detail}{more}".strip()

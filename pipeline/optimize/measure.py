@@ -1,0 +1,248 @@
+"""Latency of several ONNX models timed side by side, in one run, on onnxruntime's CPU provider.
+
+The machines this runs on are shared and noisy, so a variant is never timed alone and compared
+with a number taken minutes earlier. All models are timed in the same window, interleaved: each
+round runs every model once (starting from a different model each round, so none always follows
+the same neighbour), and rounds go on until every model has `seconds` of samples. A burst of load
+from elsewhere then lands on every model alike, and the ratios between them hold even when the
+absolute milliseconds do not.
+
+Only `session.run` is inside the clock (`time.perf_counter_ns`); feeds are built once per batch.
+The garbage collector is off while a batch is timed: a collection is triggered by allocations
+anywhere, and the pass would be charged to whichever model happened to be running, a bias on one
+model rather than noise shared by all. Nothing timed makes reference cycles (outputs are numpy
+arrays freed by reference counting), so nothing piles up meanwhile; one collection runs before.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from pipeline.errors import ArtifactError, InputError
+from pipeline.verify.session import create_session, first_line
+
+
+@dataclass(frozen=True)
+class BatchLatency:
+    """One model's timings at one batch size."""
+
+    batch: int
+    p50_ms: float  # median of the timed runs
+    p95_ms: float
+    mean_ms: float
+    runs: int  # timed runs (warm-up runs excluded)
+    throughput: float  # samples per second at this batch: batch / mean seconds
+
+    @classmethod
+    def from_samples(cls, batch: int, samples_ns: list[int]) -> BatchLatency:
+        ms = np.asarray(samples_ns, dtype=np.float64) / 1e6
+        mean = float(ms.mean())
+        return cls(
+            batch=batch,
+            p50_ms=float(np.percentile(ms, 50)),
+            p95_ms=float(np.percentile(ms, 95)),
+            mean_ms=mean,
+            runs=len(samples_ns),
+            throughput=batch / (mean / 1e3),
+        )
+
+
+@dataclass(frozen=True)
+class Latency:
+    """One model's latency at each batch it ran at, and how it was measured."""
+
+    batches: dict[int, BatchLatency]  # batch size -> timings
+    threads: int  # onnxruntime intra-op threads
+    fixed_batch: int | None = None  # the model's inputs fix the batch: it ran at this batch only
+    skipped: tuple[int, ...] = field(default=())  # batches asked for that a fixed batch ruled out
+
+    def at(self, batch: int) -> BatchLatency:
+        """The timings at `batch`; InputError naming the batches measured when it did not run there."""
+        if batch not in self.batches:
+            why = f" (its batch dimension is fixed at {self.fixed_batch})" if self.fixed_batch is not None else ""
+            raise InputError(f"no latency at batch {batch}{why}; measured at {sorted(self.batches)}")
+        return self.batches[batch]
+
+    def to_dict(self) -> dict[str, float]:
+        """Flat keys for a variant record's `latency`: p50_ms_b1, p95_ms_b1, mean_ms_b1, throughput_b1, runs_b1, ...
+
+        `threads` always, and `fixed_batch` when the model could run at that batch only.
+        """
+        flat: dict[str, float] = {}
+        for batch, timing in sorted(self.batches.items()):
+            flat[f"p50_ms_b{batch}"] = timing.p50_ms
+            flat[f"p95_ms_b{batch}"] = timing.p95_ms
+            flat[f"mean_ms_b{batch}"] = timing.mean_ms
+            flat[f"throughput_b{batch}"] = timing.throughput
+            flat[f"runs_b{batch}"] = float(timing.runs)
+        flat["threads"] = float(self.threads)
+        if self.fixed_batch is not None:
+            flat["fixed_batch"] = float(self.fixed_batch)
+        return flat
+
+
+def speedup(baseline: Latency, other: Latency, batch: int) -> float:
+    """How many times faster `other` is than `baseline` at `batch`: the ratio of their p50s (> 1: faster)."""
+    return baseline.at(batch).p50_ms / other.at(batch).p50_ms
+
+
+def measure(
+    models: dict[str, Path],
+    inputs: dict[str, np.ndarray],
+    batches: tuple[int, ...] = (1, 32),
+    threads: int = 1,
+    seconds: float = 1.0,
+    warmup: int = 3,
+    min_runs: int = 10,
+    max_runs: int = 2000,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Latency]:
+    """Each model's latency at each batch, all models timed side by side in one run.
+
+    `inputs` are real samples, batch first, by input name; batch b feeds the first b rows
+    (repeated when there are fewer). Each model gets its own CPU session with `threads` intra-op
+    threads, made once before any timing. Per batch, rounds run every model once until each has
+    `seconds` of timed runs and at least `min_runs`, or `max_runs`. A model whose inputs fix the
+    batch dimension runs at that batch only, and its Latency says so (`fixed_batch`, `skipped`);
+    when that batch is not among `batches`, the other models are timed there too, beside it.
+    """
+    _check_settings(models, inputs, batches, threads, seconds, warmup, min_runs, max_runs)
+    say = progress or (lambda _message: None)
+    sessions = {
+        name: create_session(path, "cpu", intra_op_threads=threads, inter_op_threads=1) for name, path in models.items()
+    }
+    fixed = {name: _fixed_batch(name, session) for name, session in sessions.items()}
+    samples: dict[str, dict[int, list[int]]] = {name: {} for name in models}
+    for batch in sorted(set(batches) | {b for b in fixed.values() if b is not None}):
+        here = [name for name in models if fixed[name] in (None, batch)]
+        if not here:  # every model fixes a batch other than this one
+            continue
+        feeds = {name: _feed(name, sessions[name], inputs, batch) for name in here}
+        say(f"latency: timing {len(here)} model(s) at batch {batch}, {seconds:g} s of runs each")
+        timed = _time_interleaved(
+            {name: sessions[name] for name in here}, feeds, batch, seconds, warmup, min_runs, max_runs
+        )
+        for name, runs in timed.items():
+            samples[name][batch] = runs
+    results: dict[str, Latency] = {}
+    for name in models:
+        per_batch = {batch: BatchLatency.from_samples(batch, runs) for batch, runs in samples[name].items()}
+        skipped = tuple(b for b in batches if b != fixed[name]) if fixed[name] is not None else ()
+        results[name] = Latency(per_batch, threads, fixed[name], skipped)
+        if skipped:
+            say(f"latency: {name} has a fixed batch of {fixed[name]}; not timed at batch {list(skipped)}")
+    return results
+
+
+def _time_interleaved(
+    sessions: dict[str, ort.InferenceSession],
+    feeds: dict[str, dict[str, np.ndarray]],
+    batch: int,
+    seconds: float,
+    warmup: int,
+    min_runs: int,
+    max_runs: int,
+) -> dict[str, list[int]]:
+    """Nanoseconds per `session.run`, per model, from rounds that run every unfinished model once."""
+    names = list(sessions)
+    for _ in range(warmup):
+        for name in names:
+            _run(name, sessions[name], feeds[name], batch)
+    samples: dict[str, list[int]] = {name: [] for name in names}
+    total: dict[str, int] = dict.fromkeys(names, 0)
+    budget_ns = int(seconds * 1e9)
+
+    def finished(name: str) -> bool:
+        runs = len(samples[name])
+        return runs >= max_runs or (runs >= min_runs and total[name] >= budget_ns)
+
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    name, start = names[0], 0
+    try:
+        while not all(finished(model) for model in names):
+            # Every model below max_runs runs each round, even one past its budget, so the slow
+            # models' samples keep sharing their window with the fast ones'.
+            for name in names[start:] + names[:start]:
+                if len(samples[name]) >= max_runs:
+                    continue
+                session, feed = sessions[name], feeds[name]
+                begin = time.perf_counter_ns()
+                session.run(None, feed)
+                elapsed = time.perf_counter_ns() - begin
+                samples[name].append(elapsed)
+                total[name] += elapsed
+            start = (start + 1) % len(names)
+    except Exception as exc:  # with warmup=0 a model's first run is a timed one; name it like _run does
+        raise ArtifactError(f"model {name!r} failed to run at batch {batch}: {first_line(exc)}") from exc
+    finally:
+        if was_enabled:
+            gc.enable()
+    return samples
+
+
+def _run(name: str, session: ort.InferenceSession, feed: dict[str, np.ndarray], batch: int) -> None:
+    """One untimed run (warm-up); a model that cannot run on these inputs is an ArtifactError."""
+    try:
+        session.run(None, feed)
+    except Exception as exc:  # onnxruntime's exception types share no base class
+        raise ArtifactError(f"model {name!r} failed to run at batch {batch}: {first_line(exc)}") from exc
+
+
+def _feed(name: str, session: ort.InferenceSession, inputs: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
+    """The model's inputs at `batch`: the first `batch` samples, repeated when there are fewer, contiguous."""
+    feed: dict[str, np.ndarray] = {}
+    for spec in session.get_inputs():
+        if spec.name not in inputs:
+            raise InputError(f"model {name!r} needs input {spec.name!r}; the samples hold {sorted(inputs)}")
+        samples = inputs[spec.name]
+        rows = np.resize(np.arange(len(samples)), batch)  # 0, 1, ..., n-1, 0, 1, ... up to `batch` rows
+        feed[spec.name] = np.ascontiguousarray(samples[rows])
+    return feed
+
+
+def _fixed_batch(name: str, session: ort.InferenceSession) -> int | None:
+    """The batch size the model's inputs fix (a number as the first dimension), or None when it is free."""
+    fixed = {spec.shape[0] for spec in session.get_inputs() if spec.shape and isinstance(spec.shape[0], int)}
+    if len(fixed) > 1:
+        raise ArtifactError(f"model {name!r}: its inputs fix different batch sizes {sorted(fixed)}")
+    return fixed.pop() if fixed else None
+
+
+def _check_settings(
+    models: dict[str, Path],
+    inputs: dict[str, np.ndarray],
+    batches: tuple[int, ...],
+    threads: int,
+    seconds: float,
+    warmup: int,
+    min_runs: int,
+    max_runs: int,
+) -> None:
+    """Refuse settings that would time nothing, or forever, before any session is made."""
+    problems = []
+    if not models:
+        problems.append("no models to time")
+    if not batches or any(not isinstance(b, int) or b < 1 for b in batches):
+        problems.append(f"batches {batches!r} must be positive integers")
+    if threads < 1:
+        problems.append(f"threads is {threads}; give 1 or more (0 would let the timing depend on the machine)")
+    if not seconds > 0:
+        problems.append(f"seconds is {seconds}; give a positive duration")
+    if warmup < 0:
+        problems.append(f"warmup is {warmup}; give 0 or more runs")
+    if not 1 <= min_runs <= max_runs:
+        problems.append(f"min_runs {min_runs} and max_runs {max_runs} need 1 <= min_runs <= max_runs")
+    empty = [name for name, array in inputs.items() if np.ndim(array) == 0 or len(array) == 0]
+    if empty:
+        problems.append(f"inputs {empty} hold no samples (a batch dimension of at least 1 row is needed)")
+    if problems:
+        raise InputError("cannot measure latency: " + "; ".join(problems))

@@ -98,8 +98,8 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--workers", default=1, show_default=True, type=int, help="Server processes (each loads every model).")
 @click.option("--latest", type=int, help="Serve only the newest N loadable versions of each model (default: all).")
-@click.option("--variant", "variants", multiple=True, help="fp32 (model.onnx) or a manifest variant (opt, int8...), "
-              "for every model or as MODEL=VARIANT; repeatable.")  # fmt: skip
+@click.option("--variant", "variants", multiple=True, help="fp32 (model.onnx), a manifest variant (opt, int8...) or "
+              "best (the fastest that passed), for every model or as MODEL=VARIANT; repeatable.")  # fmt: skip
 @click.option("--poll", default=2.0, show_default=True, help="Seconds between scans for new versions (0: no reload).")
 @click.option("--max-batch-size", default=64, show_default=True, help="Rows per onnxruntime run (dynamic batching).")
 @click.option("--max-queue-delay-ms", default=0.0, show_default=True, help="How long a batch waits to fill up.")
@@ -208,6 +208,39 @@ def export(
     via = result.exporter + (f" (fallback: {result.fallback_reason})" if result.fallback_reason else "")
     click.echo(outcome.report.table())
     click.echo(f"exported {outcome.artifact.root / MODEL_FILE}: opset {result.opset}, exporter {via}")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--quantize", "quantize", multiple=True, type=click.Choice(["dynamic", "static", "fp16", "auto"]),
+              help="Variants to make (repeatable) [default: the recipe's optimize.quantize].")  # fmt: skip
+@click.option("--graph", type=click.Choice(["none", "basic", "extended"]), default=None,
+              help="onnxruntime offline level for variants/model.opt.onnx [default: recipe].")  # fmt: skip
+@click.option("--max-accuracy-drop", type=float, default=None, help="Budget: task-metric drop allowed (its units).")
+@click.option("--min-cosine", type=float, default=None, help="Budget for embeddings: minimum cosine similarity.")
+@click.option("--per-channel/--per-tensor", default=None, help="int8 weight scales [default: recipe].")
+@click.option("--calibration", type=click.Choice(["minmax", "entropy", "percentile"]), default=None,
+              help="Static int8: how activation ranges are set [default: recipe].")  # fmt: skip
+@click.option("--threads", type=int, default=None, help="Intra-op threads the variants are timed with.")
+@click.option("--strict", is_flag=True, default=None, help="Exit 1 when a variant misses its budget.")
+@click.option("--recipe", type=click.Path(), default=None, help="Recipe to read optimize settings from.")
+def optimize(artifact: str, quantize: tuple[str, ...], recipe: str | None, **options: Any) -> None:
+    """Graph-optimize and quantize ARTIFACT's model.onnx into verified variants (variants/, reports/optimize.md).
+
+    Every variant is judged against model.onnx (the task metric's drop, or agreement, cosine or
+    relative error without labels) and timed beside it. One that misses its budget is recorded as
+    failed and never served by default; --strict also makes the command exit 1.
+    """
+    from pipeline.optimize.stage import optimize_artifact
+
+    overrides = {**options, "quantize": list(quantize) or None}
+    outcome = optimize_artifact(artifact, overrides, Path(recipe) if recipe else None, say=click.echo)
+    for note in outcome.notes:
+        click.secho(f"note: {note}", err=True, fg="yellow")
+    for m in outcome.made:
+        status = "passed" if m.verdict.passed else "FAILED (not served)"
+        click.echo(f"  {m.name:<13} {status:<20} {m.verdict.detail}")
+    click.echo(f"report: {outcome.artifact.root / 'reports' / 'optimize.md'}")
 
 
 @main.command("import")

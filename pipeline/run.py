@@ -9,6 +9,8 @@ a stage is one line in `STAGES`:
   dataset fingerprint; editing `export:` never retrains.
 - export is up to date when that version records an export with the recipe's `export:` section
   as it is now, from the weights it holds now, and a passed fp32 variant.
+- optimize is up to date when its record has the recipe's `optimize:` section as it is now, was
+  made from the model.onnx the version holds now, and every variant it made is still recorded.
 """
 
 from __future__ import annotations
@@ -107,9 +109,31 @@ def _export_run(ctx: Context) -> str:
     return f"{ctx.root / MODEL_FILE} (opset {outcome.result.opset})"
 
 
+def _optimize_fresh(ctx: Context) -> str | None:
+    assert ctx.root is not None
+    manifest = Artifact.load(ctx.root, verify=False).manifest
+    record = manifest.stages.optimize
+    if record is None or MODEL_FILE not in manifest.files or record.parent != manifest.files[MODEL_FILE].sha256:
+        return None  # never optimized, or model.onnx was exported again since
+    if record.settings_digest() != settings_digest(ctx.recipe.optimize.model_dump(mode="json")):
+        return None
+    if any(name not in manifest.variants for name in record.variants):
+        return None
+    return f"its variants ({', '.join(record.variants)}) were made from this model.onnx with these settings"
+
+
+def _optimize_run(ctx: Context) -> str:
+    from pipeline.optimize.stage import optimize_artifact
+
+    outcome = optimize_artifact(ctx.root, recipe_path=ctx.recipe_path, say=ctx.echo)
+    failed = f"; failed their budget (not served): {', '.join(outcome.failed)}" if outcome.failed else ""
+    return f"{', '.join(m.name for m in outcome.made)} in {ctx.root / 'variants'}{failed}"
+
+
 STAGES = [
     Stage("train", _train_fresh, _train_run),
     Stage("export", _export_fresh, _export_run),
+    Stage("optimize", _optimize_fresh, _optimize_run),
 ]
 
 

@@ -22,8 +22,13 @@ FORMATS = ("onnx", "tflite")
 PASSED, FAILED = "passed", "failed"
 
 
+RESERVED = ("best",)  # `pipe serve --variant best` means the fastest servable variant, so none may be named so
+
+
 def check_variant_name(name: str) -> str | None:
     """None when `name` can name a variant (it becomes part of a file name), else the problem."""
+    if name in RESERVED:
+        return f"variant name {name!r} is reserved (`pipe serve --variant {name}` chooses among the variants)"
     if not isinstance(name, str) or not NAME.match(name):
         return (
             f"variant name {str(name)[:40]!r} is not valid: use 1-64 lowercase letters, digits, '_' and '-', "
@@ -65,7 +70,7 @@ class Variant:
     reason: str = ""  # why it failed (empty when it passed)
     metrics: dict[str, float] = field(default_factory=dict)  # task metrics on the evaluation set
     parity: dict[str, Any] = field(default_factory=dict)  # the verifier's report against its parent
-    latency: dict[str, float] = field(default_factory=dict)  # e.g. {"p50_ms_batch1": ..., "p95_ms_batch1": ...}
+    latency: dict[str, float] = field(default_factory=dict)  # e.g. {"p50_ms_b1": ..., "throughput_b32": ...}
     size: int | None = field(default=None, metadata={"check": _check_size})  # bytes
 
     @property

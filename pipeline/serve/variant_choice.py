@@ -21,6 +21,7 @@ from pipeline.variants import FP32, Variant, check_variant_name, unusable, varia
 log = logging.getLogger("pipe.serve")
 
 EVERY_MODEL = "*"  # the key of a server-wide choice in the model -> variant map
+BEST = "best"  # not a variant: the fastest servable one, by the latency `pipe optimize` recorded
 
 
 class VariantRefused(ArtifactError):
@@ -39,7 +40,7 @@ class Choice:
 def check_choices(chosen: dict[str, str]) -> None:
     """Refuse an invalid variant name before anything loads (exit 2)."""
     for model, variant in chosen.items():
-        if problem := check_variant_name(variant):
+        if variant != BEST and (problem := check_variant_name(variant)):
             where = "" if model == EVERY_MODEL else f"{model}="
             raise InputError(f"--variant {where}{variant}: {problem}")
 
@@ -75,6 +76,8 @@ def choose_quietly(artifact: Artifact, chosen: dict[str, str]) -> tuple[Choice, 
 
     # fp32 (model.onnx) unless its record says it cannot serve, then every servable ONNX variant
     servable = [k for k in dict.fromkeys([FP32, *records]) if problem(k) is None]
+    if name == BEST:
+        name = fastest(artifact, servable)
     why = problem(name)
     if why is not None and name != FP32:
         record = records.get(name)
@@ -105,6 +108,21 @@ def choose_quietly(artifact: Artifact, chosen: dict[str, str]) -> tuple[Choice, 
             "re-create the artifact with pipe export / pipe import"
         )
     return Choice(name, file, entry.sha256), fallback
+
+
+def fastest(artifact: Artifact, servable: list[str]) -> str:
+    """The servable variant with the lowest recorded p50 latency at batch 1 (then batch 32); fp32 when none was timed.
+
+    `pipe optimize` times model.onnx and every variant side by side in one run and records it, so
+    these figures compare; a variant without a timing (made elsewhere) is not a candidate.
+    """
+    records = artifact.manifest.variants
+    timed = [
+        (records[name].latency["p50_ms_b1"], records[name].latency.get("p50_ms_b32", 0.0), name)
+        for name in servable
+        if name in records and "p50_ms_b1" in records[name].latency
+    ]
+    return min(timed)[2] if timed else FP32
 
 
 def _refusal(artifact: Artifact, name: str, why: str, record: Variant, servable: list[str]) -> str:

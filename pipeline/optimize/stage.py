@@ -1,0 +1,290 @@
+"""`pipe optimize ARTIFACT`: graph-optimized and quantized variants of model.onnx, each judged against it.
+
+Steps: read the recipe's `optimize:` section as it is now (command-line values on top; an
+imported artifact has no recipe and uses the defaults); build every variant asked for into a
+scratch directory (`opt`: onnxruntime's portable passes and onnxslim; `int8-dynamic`,
+`int8-static`, `fp16`; `auto`: the budget search, kept as `int8`); judge each against
+model.onnx with the verifier (Exact for the lossless graph pass, the task's budget for the lossy
+ones); time all of them and model.onnx side by side in one run; then, under the artifact's lock,
+move them into place and record each variant (passed, or failed with the reason: never served
+by default), the stage record and reports/optimize.json + .md. A variant that misses its budget
+is still written, so the best effort is there to inspect; `strict` makes the command exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.artifact import Artifact, resolve_artifact
+from pipeline.artifact_recipe import current_recipe
+from pipeline.errors import ArtifactError, CheckFailed, InputError
+from pipeline.optimize.calibration import Calibration, calibration_set
+from pipeline.optimize.graph import optimize_graph
+from pipeline.optimize.judge import LOSSLESS, Judge, Verdict, budget_policy
+from pipeline.optimize.measure import measure
+from pipeline.optimize.quantize import QuantSettings, quantize
+from pipeline.optimize.report import markdown
+from pipeline.recipe import OptimizeSpec, Recipe
+from pipeline.records import OptimizeRecord
+from pipeline.stagewrite import StageWrite
+from pipeline.variants import FP32, MODEL_FILE, Variant, variant_file
+from pipeline.verify.evaluation import evaluation_set
+
+REPORT_JSON, REPORT_MD = "reports/optimize.json", "reports/optimize.md"
+MODES = {"dynamic": "int8-dynamic", "static": "int8-static", "fp16": "fp16", "auto": "int8"}  # mode -> variant
+Say = Callable[[str], None]
+
+
+@dataclass
+class Made:
+    """One variant built in the scratch directory and judged."""
+
+    name: str
+    precision: str
+    settings: dict[str, Any]
+    verdict: Verdict
+    details: dict[str, Any]  # what the transformation reports (graph passes, quantized nodes, the search)
+    latency: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def file(self) -> str:
+        return variant_file(self.name)
+
+
+@dataclass
+class OptimizeOutcome:
+    artifact: Artifact
+    made: list[Made]
+    failed: list[str]  # variants that missed their budget (recorded as failed)
+    notes: list[str]
+
+
+def optimize_settings(recipe: Recipe | None, overrides: dict[str, Any]) -> OptimizeSpec:
+    """The recipe's optimize section (or the defaults) with the command line's values on top, validated."""
+    base = recipe.optimize.model_dump() if recipe is not None else OptimizeSpec().model_dump()
+    update = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return OptimizeSpec.model_validate({**base, **update})
+    except ValueError as exc:
+        raise InputError(f"optimize settings are invalid: {exc}") from None
+
+
+def optimize_artifact(
+    path: str | Path, overrides: dict[str, Any] | None = None, recipe_path: Path | None = None, say: Say = print
+) -> OptimizeOutcome:
+    """Make, judge, time and record the variants the settings ask for; see the module doc."""
+    root = resolve_artifact(path)
+    loaded = Artifact.load(root, verify=False)  # which files this stage rewrites: left out of the check below
+    rewritten = [rel for rel in loaded.manifest.files if rel.startswith("variants/") or rel in (REPORT_JSON, REPORT_MD)]
+    artifact = Artifact.load(root, replacing=rewritten)
+    manifest = artifact.manifest
+    fp32 = manifest.variants.get(FP32)
+    if MODEL_FILE not in manifest.files or (fp32 is not None and not fp32.passed):
+        raise ArtifactError(
+            f"artifact {artifact.root} has no model.onnx that passed its gate; "
+            "run `pipe export` (or `pipe import`) first"
+        )
+    recipe, notes = current_recipe(artifact, recipe_path) if manifest.stages.train else (None, [])
+    settings = optimize_settings(recipe, overrides or {})
+    evaluation = evaluation_set(artifact, recipe)
+    policy = budget_policy(manifest.task, evaluation.target is not None, settings)
+    parent = manifest.files[MODEL_FILE].sha256
+    source = artifact.path(MODEL_FILE)
+    say(f"[optimize] {artifact.root}: budget {policy.name} ({policy.to_dict()}), evaluation on {evaluation.source}")
+    judge = Judge(artifact, source, evaluation, policy)
+    needs_calibration = any(mode in ("static", "auto") for mode in settings.quantize)
+    calibration = calibration_set(artifact, recipe, settings.calibration_samples) if needs_calibration else None
+
+    with StageWrite(artifact.root, "optimize") as write:
+        (write.scratch / "variants").mkdir()
+        made = _make_variants(source, write.scratch, settings, calibration, judge, say)
+        say(f"[optimize] timing model.onnx and {len(made)} variant(s) side by side ({settings.threads} thread)")
+        timed = measure(
+            {FP32: source, **{m.name: write.scratch / m.file for m in made}},
+            evaluation.samples,
+            threads=settings.threads,
+            progress=say,
+        )
+        for m in made:
+            m.latency = timed[m.name].to_dict()
+        summary = _summary(artifact, settings, policy.to_dict(), evaluation.source, calibration, made, timed[FP32])
+        (write.scratch / "reports").mkdir()
+        (write.scratch / REPORT_JSON).write_text(json.dumps(summary, indent=2) + "\n")
+        (write.scratch / REPORT_MD).write_text(markdown(summary))
+        stale = [rel for rel in rewritten if rel not in {m.file for m in made} | {REPORT_JSON, REPORT_MD}]
+
+        def record(fresh: Artifact) -> None:
+            for rel in stale:  # variants of an earlier run that this run did not make again
+                fresh.remove_file(rel)
+                for name in [k for k, v in fresh.manifest.variants.items() if v.file == rel]:
+                    del fresh.manifest.variants[name]
+            for m in made:
+                fresh.add_variant(m.name, _variant(m, parent, fresh))
+            if FP32 in fresh.manifest.variants:  # timed beside the variants: what `--variant best` compares
+                fresh.manifest.variants[FP32].latency = timed[FP32].to_dict()
+            fresh.manifest.stages.optimize = OptimizeRecord(
+                settings=settings.model_dump(mode="json"),
+                inputs={MODEL_FILE: parent},
+                parent=parent,
+                policy=policy.to_dict(),
+                variants=[m.name for m in made],
+                failed=[m.name for m in made if not m.verdict.passed],
+                report=REPORT_JSON,
+            )
+
+        artifact = write.commit([*[m.file for m in made], REPORT_JSON, REPORT_MD], record)
+    failed = [m.name for m in made if not m.verdict.passed]
+    if failed and settings.strict:
+        raise CheckFailed(
+            "variant(s) missed their budget (recorded as failed, not served; see "
+            f"{artifact.root / REPORT_MD}):\n  "
+            + "\n  ".join(f"{m.name}: {m.verdict.detail}" for m in made if m.name in failed)
+        )
+    return OptimizeOutcome(artifact, made, failed, notes)
+
+
+def _make_variants(
+    source: Path, scratch: Path, settings: OptimizeSpec, calibration: Calibration | None, judge: Judge, say: Say
+) -> list[Made]:
+    made = []
+    if settings.graph != "none":
+        say(f"[optimize] opt: onnxruntime {settings.graph} passes{' + onnxslim' if settings.slim else ''}")
+        report = optimize_graph(source, scratch / variant_file("opt"), settings.graph, settings.slim)
+        verdict = judge(scratch / variant_file("opt"), LOSSLESS, scratch)
+        made.append(Made("opt", "fp32", {"graph": settings.graph, "slim": settings.slim}, verdict, report.to_dict()))
+        say(f"[optimize] opt: nodes {report.nodes_before} -> {report.nodes_after}; {verdict.detail}")
+    for mode in dict.fromkeys(settings.quantize):
+        name = MODES[mode]
+        dst = scratch / variant_file(name)
+        if mode == "auto":
+            made.append(_auto(source, dst, scratch, settings, calibration, judge, say))
+            continue
+        quant = _quant_settings(mode, settings)
+        say(f"[optimize] {name}: {quant.describe()}")
+        report = quantize(source, dst, quant, calibration.inputs if calibration else None, scratch,
+                          progress=_calibration_progress(name, say))  # fmt: skip
+        verdict = judge(dst, None, scratch)
+        precision = "fp16" if mode == "fp16" else "int8"
+        made.append(Made(name, precision, quant.to_dict(), verdict, report.to_dict()))
+        say(f"[optimize] {name}: {'passed' if verdict.passed else 'FAILED'}: {verdict.detail}")
+    return made
+
+
+def _auto(
+    source: Path,
+    dst: Path,
+    scratch: Path,
+    settings: OptimizeSpec,
+    calibration: Calibration | None,
+    judge: Judge,
+    say: Say,
+) -> Made:
+    from pipeline.optimize.search import auto_search, default_candidates
+
+    candidates = default_candidates(judge.artifact.manifest.task, calibration is not None)
+    workdir = scratch / "search"
+    workdir.mkdir()
+    result = auto_search(
+        source,
+        workdir,
+        candidates,
+        calibration.inputs if calibration else None,
+        lambda path: judge(path, None, workdir),
+        judge.evaluation.samples,
+        max_exclusions=settings.max_exclusions,
+        threads=settings.threads,
+        progress=lambda message: say(f"[optimize] auto: {message}"),
+    )
+    shutil.copyfile(result.chosen.path, dst)
+    verdict = judge(dst, None, scratch)  # the kept file itself, judged once more with the full table
+    say(f"[optimize] int8 (auto): {result.chosen.settings.describe()}: {'passed' if verdict.passed else 'FAILED'}: "
+        f"{verdict.detail}")  # fmt: skip
+    return Made("int8", "int8", result.chosen.settings.to_dict(), verdict, {"search": result.to_dict()})
+
+
+def _quant_settings(mode: str, settings: OptimizeSpec) -> QuantSettings:
+    return QuantSettings(
+        mode=mode,  # type: ignore[arg-type]
+        per_channel=settings.per_channel,
+        reduce_range=settings.reduce_range,
+        activation_type=settings.activation_type,
+        calibration=settings.calibration,
+    )
+
+
+def _calibration_progress(name: str, say: Say) -> Callable[[int, int], None]:
+    def progress(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 4) == 0:
+            say(f"[optimize] {name}: calibrating {done}/{total} batches")
+
+    return progress
+
+
+def _variant(m: Made, parent: str, artifact: Artifact) -> Variant:
+    metric = m.verdict.report.metric
+    return Variant(
+        file=m.file,
+        precision=m.precision,
+        format="onnx",
+        stage="optimize",
+        parent=parent,
+        settings=m.settings,
+        status="passed" if m.verdict.passed else "failed",
+        reason="" if m.verdict.passed else m.verdict.detail,
+        metrics={metric["name"]: metric["onnx"]} if metric.get("name") and "onnx" in metric else {},
+        parity={**m.verdict.report.summary(), "budget_figure": m.verdict.figure, "margin": m.verdict.margin},
+        latency=m.latency,
+    )
+
+
+def _summary(
+    artifact: Artifact,
+    settings: OptimizeSpec,
+    policy: dict[str, Any],
+    evaluation: str,
+    calibration: Calibration | None,
+    made: list[Made],
+    fp32: Any,
+) -> dict[str, Any]:
+    """reports/optimize.json: everything a person or CI needs to see what was tried and why."""
+    base = fp32.to_dict()
+    size = artifact.manifest.files[MODEL_FILE].size
+    rows = []
+    for m in made:
+        path_size = (artifact.root / m.file).stat().st_size if (artifact.root / m.file).exists() else None
+        rows.append(
+            {
+                "variant": m.name,
+                "file": m.file,
+                "precision": m.precision,
+                "status": "passed" if m.verdict.passed else "failed",
+                "detail": m.verdict.detail,
+                "budget_figure": m.verdict.figure,
+                "margin": m.verdict.margin,
+                "latency": m.latency,
+                "speedup_b1": _ratio(base, m.latency, "p50_ms_b1"),
+                "speedup_b32": _ratio(base, m.latency, "p50_ms_b32"),
+                "size": path_size,
+                "settings": m.settings,
+                "details": m.details,
+                "gate": m.verdict.report.to_dict(),
+            }
+        )
+    return {
+        "model": f"{artifact.manifest.name} v{artifact.manifest.version}",
+        "settings": settings.model_dump(mode="json"),
+        "policy": policy,
+        "evaluation": evaluation,
+        "calibration": calibration.source if calibration else None,
+        "fp32": {"file": MODEL_FILE, "size": size, "latency": base},
+        "variants": rows,
+    }
+
+
+def _ratio(base: dict[str, float], other: dict[str, float], key: str) -> float | None:
+    return base[key] / other[key] if key in base and other.get(key) else None

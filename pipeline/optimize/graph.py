@@ -236,7 +236,7 @@ def optimize_graph(
                 warnings.append(f"onnxslim was not applied, the onnxruntime result is kept: {note}")
             else:
                 optimized = slimmed
-        _keep_metadata(optimized, original)
+        keep_metadata(optimized, original)
         onnx.save(optimized, str(dst))
     return GraphReport(
         level, node_count(original), node_count(optimized), op_counts(original), op_counts(optimized), steps, warnings
@@ -255,7 +255,7 @@ def _slim(model: onnx.ModelProto, original: onnx.ModelProto, path: Path) -> tupl
     return (None, f"onnxslim's result was refused: {problem}") if problem else (slimmed, "")
 
 
-def _keep_metadata(model: onnx.ModelProto, original: onnx.ModelProto) -> None:
+def keep_metadata(model: onnx.ModelProto, original: onnx.ModelProto) -> None:
     """Carry `original`'s metadata_props (identity digest, labels, preprocessing) over if a step dropped them."""
     present = {prop.key for prop in model.metadata_props}
     for prop in original.metadata_props:

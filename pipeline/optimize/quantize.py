@@ -1,0 +1,460 @@
+"""Quantization: an fp32 ONNX file in, a dynamic int8, static int8 (QDQ) or fp16 ONNX file out.
+
+All three go through onnxruntime's own tools (onnxruntime.quantization, and the fp16 converter of
+onnxruntime.transformers), so what is written is what onnxruntime runs. Static int8 fixes each
+activation's range from calibration samples: they must be real inputs in the layout the graph
+expects (the caller brings them; see calibration.py), never made-up ones.
+
+Exclusion works by node name, and ONNX allows empty names: the model is first copied into scratch
+with a stable generated name for every unnamed node (`name_nodes`), the same names
+`quantizable_nodes` lists. The model given is never modified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import onnx
+from onnx import helper
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quant_pre_process,
+    quantize_dynamic,
+    quantize_static,
+)
+from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+from pipeline.errors import ArtifactError, InputError
+from pipeline.optimize.graph import keep_metadata, load, loads_in_onnxruntime, op_counts, signature_changes
+
+MODES = ("dynamic", "static", "fp16")
+TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
+METHODS = {
+    "minmax": CalibrationMethod.MinMax,
+    "entropy": CalibrationMethod.Entropy,
+    "percentile": CalibrationMethod.Percentile,
+}
+# op types each mode's quantizer works on: onnxruntime's own registries (dynamic turns Gemm into MatMul)
+DYNAMIC_OPS = frozenset(IntegerOpsRegistry) | {"Gemm"}
+STATIC_OPS = frozenset(QDQRegistry) | frozenset(QLinearOpsRegistry)
+# ops that only exist in a quantized graph: how much of it runs in integer arithmetic
+QUANT_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "MatMulInteger",
+        "ConvInteger",
+        "QLinearConv",
+        "QLinearMatMul",
+        "QGemm",
+        "QAttention",
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeLSTM",
+        "QEmbedLayerNormalization",
+    }
+)
+Q_TENSOR_OPS = frozenset({"DequantizeLinear", "QuantizeLinear", "DynamicQuantizeLinear"})
+BATCH = 16  # calibration samples per session run: small, so large models calibrate in bounded memory
+# onnxruntime's quantizer cannot type weights a transformers fusion made unless told (DESIGN.md section 5)
+EXTRA_OPTIONS = {"DefaultTensorType": onnx.TensorProto.FLOAT}
+
+Progress = Callable[[int, int], None]  # (samples calibrated so far, samples in all)
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    """How to quantize; every field is a choice onnxruntime.quantization offers."""
+
+    mode: Literal["dynamic", "static", "fp16"]  # int8 weights + runtime activation ranges | calibrated QDQ | fp16
+    per_channel: bool = False  # one weight scale per output channel instead of one per tensor (int8 modes)
+    reduce_range: bool = False  # 7-bit weights: avoids int16 overflow on CPUs without VNNI (int8 modes)
+    weight_type: Literal["int8", "uint8"] = "int8"
+    activation_type: Literal["int8", "uint8"] = "uint8"  # static only; dynamic activations are always uint8
+    calibration: Literal["minmax", "entropy", "percentile"] = "minmax"  # static only: how ranges are chosen
+    nodes_to_exclude: tuple[str, ...] = ()  # node names left in fp32 (see quantizable_nodes)
+    preprocess: bool = True  # shape inference + graph optimization before dynamic/static quantization
+
+    def __post_init__(self) -> None:
+        for name, value, choices in (
+            ("mode", self.mode, MODES),
+            ("weight_type", self.weight_type, TYPES),
+            ("activation_type", self.activation_type, TYPES),
+            ("calibration", self.calibration, METHODS),
+        ):
+            if value not in choices:
+                raise InputError(f"quantization {name} {value!r} is not one of {', '.join(choices)}")
+        if isinstance(self.nodes_to_exclude, str) or not all(isinstance(n, str) for n in self.nodes_to_exclude):
+            raise InputError(f"nodes_to_exclude must be a list of node names, got {self.nodes_to_exclude!r}")
+        object.__setattr__(self, "nodes_to_exclude", tuple(self.nodes_to_exclude))
+
+    def to_dict(self) -> dict[str, object]:
+        return {**asdict(self), "nodes_to_exclude": list(self.nodes_to_exclude)}
+
+    def describe(self) -> str:
+        """A short label, e.g. "static int8, per-channel, entropy, 2 nodes excluded"."""
+        if self.mode == "fp16":
+            parts = ["fp16"]
+        else:
+            parts = [f"{self.mode} {'uint8' if self.weight_type == 'uint8' else 'int8'}"]
+            if self.mode == "static":
+                parts[0] += f" (activations {self.activation_type})"
+            parts += ["per-channel"] if self.per_channel else []
+            parts += ["reduce-range"] if self.reduce_range else []
+            parts += [self.calibration] if self.mode == "static" else []
+        excluded = len(self.nodes_to_exclude)
+        parts += [f"{excluded} node{'s' if excluded != 1 else ''} excluded"] if excluded else []
+        return ", ".join(parts)
+
+
+@dataclass
+class QuantReport:
+    """What quantize did: the settings, what it quantized and what it left alone."""
+
+    settings: dict[str, object]
+    label: str
+    preprocessed: bool  # whether the pre-processing step's result was quantized
+    quant_ops: dict[str, int]  # quantization op type -> count in the output (QuantizeLinear, MatMulInteger...)
+    quantized: dict[str, int]  # op type of a candidate node -> how many now run on quantized inputs
+    left_float: list[str]  # candidate nodes still running in fp32 (the excluded ones among them)
+    excluded: list[str]
+    named: int  # nodes that had no name and were given one in the scratch copy
+    calibration_samples: int
+    weight_bytes_before: int
+    weight_bytes_after: int
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def name_nodes(model: onnx.ModelProto) -> int:
+    """Give every unnamed node a stable name (`<OpType>_<position>`), in place; returns how many."""
+    nodes = list(model.graph.node)
+    taken = {node.name for node in nodes if node.name}
+    named = 0
+    for position, node in enumerate(nodes):
+        if node.name:
+            continue
+        name, suffix = f"{node.op_type}_{position}", 0
+        while name in taken:
+            suffix += 1
+            name = f"{node.op_type}_{position}_{suffix}"
+        node.name = name
+        taken.add(name)
+        named += 1
+    return named
+
+
+def quantizable_nodes(
+    path: Path, mode: Literal["dynamic", "static", "fp16"] = "static", weighted: bool = False
+) -> list[str]:
+    """Names of the nodes `mode` would quantize, in graph order: the candidates for nodes_to_exclude.
+
+    Unnamed nodes are listed under the names `quantize` gives them. Dynamic mode quantizes nodes
+    with a constant weight (MatMul/Gemm with a constant B, Conv, Gather from a table, Attention);
+    static mode every op onnxruntime's QDQ quantizer knows (Add, Relu, Reshape... too); fp16 every
+    node but those onnxruntime's converter keeps in fp32. `weighted` keeps only nodes that carry
+    weights (MatMul, Gemm, Conv, ConvTranspose, Gather, Attention, LSTM...), where exclusion matters most.
+    """
+    if mode not in MODES:
+        raise InputError(f"quantization mode {mode!r} is not one of {', '.join(MODES)}")
+    model = load(path)
+    name_nodes(model)
+    return [node.name for node in candidates(model, mode) if not weighted or _has_weight(node, _constants(model))]
+
+
+def candidates(model: onnx.ModelProto, mode: str) -> list[onnx.NodeProto]:
+    """The nodes of `model`'s main graph that `mode`'s quantizer would convert."""
+    constants = _constants(model)
+    if mode == "fp16":
+        return [n for n in model.graph.node if n.op_type not in DEFAULT_OP_BLOCK_LIST]
+    if mode == "dynamic":  # onnxruntime's MatMulConstBOnly default, and Gemm rewritten as MatMul first
+        return [n for n in model.graph.node if _has_weight(n, constants) and n.op_type in DYNAMIC_OPS]
+    return [n for n in model.graph.node if n.op_type in STATIC_OPS]
+
+
+def _constants(model: onnx.ModelProto) -> set[str]:
+    return {i.name for i in model.graph.initializer} | {
+        o for n in model.graph.node if n.op_type == "Constant" for o in n.output
+    }
+
+
+def _has_weight(node: onnx.NodeProto, constants: set[str]) -> bool:
+    if node.op_type in ("Attention", "LSTM", "GRU", "EmbedLayerNormalization"):
+        return True
+    if node.op_type in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
+        return len(node.input) > 1 and node.input[1] in constants
+    return node.op_type == "Gather" and node.input[0] in constants
+
+
+def quantize(
+    src: Path,
+    dst: Path,
+    settings: QuantSettings,
+    calibration: dict[str, np.ndarray] | None = None,
+    scratch: Path | None = None,
+    progress: Progress | None = None,
+) -> QuantReport:
+    """Write a quantized copy of the model at `src` to `dst` as `settings` say, and report it.
+
+    `calibration`: real inputs, one array per graph input with the samples along axis 0; required
+    for static mode. `scratch`: where the intermediate files go (a temporary directory beside
+    `dst` if not given). `progress(done, total)` is called per calibration batch.
+    """
+    if settings.mode == "static" and calibration is None:
+        raise InputError(
+            "static quantization needs calibration samples: pass real training inputs (one array "
+            "per model input), or use mode dynamic or fp16"
+        )
+    if scratch is None:
+        with tempfile.TemporaryDirectory(prefix="pipe-quantize-", dir=Path(dst).parent) as tmp:
+            return quantize(src, dst, settings, calibration, Path(tmp), progress)
+    original = load(src)
+    model = onnx.ModelProto.FromString(original.SerializeToString())
+    named = name_nodes(model)
+    unknown = [n for n in settings.nodes_to_exclude if n not in {node.name for node in model.graph.node}]
+    if unknown:
+        known = quantizable_nodes(src, settings.mode)
+        raise InputError(
+            f"nodes_to_exclude names nodes the model does not have: {unknown}; "
+            f"its {settings.mode} candidates are {known[:20]}{' ...' if len(known) > 20 else ''}"
+        )
+    samples = _check_calibration(model, calibration) if calibration is not None and settings.mode == "static" else 0
+    scratch.mkdir(parents=True, exist_ok=True)
+    named_path = scratch / "named.onnx"
+    onnx.save(model, str(named_path))
+    warnings: list[str] = []
+    source, excluded, preprocessed = named_path, list(settings.nodes_to_exclude), False
+    if settings.preprocess and settings.mode != "fp16":
+        source, excluded, preprocessed = _preprocess(named_path, scratch / "preprocessed.onnx", excluded, warnings)
+    quantized_from, out = load(source), scratch / "quantized.onnx"  # dst is written only once it checks out
+    if settings.mode == "fp16":
+        result = convert_float_to_float16(quantized_from, keep_io_types=True, node_block_list=excluded or None)
+        onnx.save(result, str(out))
+    else:
+        _quantize_int8(source, out, settings, excluded, calibration, samples, progress)
+        result = load(out)
+    _check_output(original, result, out, settings)
+    keep_metadata(result, original)
+    onnx.save(result, str(dst))
+    quantized, left_float = _what_changed(quantized_from, result, settings.mode, excluded)
+    return QuantReport(
+        settings.to_dict(),
+        settings.describe(),
+        preprocessed,
+        {op: n for op, n in op_counts(result).items() if op.split(".")[-1] in QUANT_OPS},
+        quantized,
+        left_float,
+        excluded,
+        named,
+        samples,
+        weight_bytes(original),
+        weight_bytes(result),
+        warnings,
+    )
+
+
+def _quantize_int8(
+    source: Path,
+    dst: Path,
+    settings: QuantSettings,
+    excluded: list[str],
+    calibration: dict[str, np.ndarray] | None,
+    samples: int,
+    progress: Progress | None,
+) -> None:
+    """onnxruntime's dynamic or static (QDQ) quantizer; its chatter on stdout is kept off the terminal."""
+    # dynamic mode rewrites a Gemm `g` as MatMul `g_MatMul` before it quantizes: exclude both names
+    renamed = [f"{n}_MatMul" for n in excluded] if settings.mode == "dynamic" else []
+    common = dict(
+        per_channel=settings.per_channel,
+        reduce_range=settings.reduce_range,
+        weight_type=TYPES[settings.weight_type],
+        nodes_to_exclude=excluded + renamed or None,
+        extra_options=dict(EXTRA_OPTIONS),
+    )
+    try:
+        if settings.mode == "dynamic":
+            quantize_dynamic(source, dst, **common)
+        elif calibration is not None:  # quantize refused static mode without it
+            reader = SampleReader(calibration, _batch_size(load(source)), samples, progress)
+            with contextlib.redirect_stdout(io.StringIO()):  # the entropy/percentile calibrators print()
+                quantize_static(
+                    source,
+                    dst,
+                    reader,
+                    quant_format=QuantFormat.QDQ,
+                    activation_type=TYPES[settings.activation_type],
+                    calibrate_method=METHODS[settings.calibration],
+                    **common,
+                )
+    except Exception as exc:  # onnxruntime.quantization raises bare Exception/ValueError/KeyError as it goes
+        raise ArtifactError(
+            f"onnxruntime could not quantize {source.name} ({settings.describe()}): "
+            f"{type(exc).__name__}: {_first_line(exc)}; try other settings or exclude the "
+            "failing node"
+        ) from exc
+
+
+class SampleReader(CalibrationDataReader):
+    """The calibration samples in batches of `batch`, reporting progress per batch."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], batch: int, samples: int, progress: Progress | None) -> None:
+        self.arrays, self.batch, self.samples, self.progress, self.start = arrays, batch, samples, progress, 0
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        if self.start >= self.samples:
+            return None
+        stop = min(self.start + self.batch, self.samples)
+        batch = {name: array[self.start : stop] for name, array in self.arrays.items()}
+        self.start = stop
+        if self.progress is not None:
+            self.progress(stop, self.samples)
+        return batch
+
+    def __len__(self) -> int:
+        return math.ceil(self.samples / self.batch)
+
+    def rewind(self) -> None:
+        self.start = 0
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    initializers = {init.name for init in model.graph.initializer}
+    return [value for value in model.graph.input if value.name not in initializers]
+
+
+def _dims(value: onnx.ValueInfoProto) -> list[int | None]:
+    return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+
+
+def _batch_size(model: onnx.ModelProto) -> int:
+    """BATCH, or the batch size the graph fixes (a model exported with batch 1 takes one sample a run)."""
+    fixed = {_dims(value)[0] for value in _graph_inputs(model) if _dims(value)} - {None}
+    return min(fixed) if fixed else BATCH
+
+
+def _check_calibration(model: onnx.ModelProto, calibration: dict[str, np.ndarray]) -> int:
+    """The number of samples, after checking they fit the graph's inputs by name, dtype and fixed dims."""
+    inputs = {value.name: value for value in _graph_inputs(model)}
+    if set(calibration) != set(inputs):
+        raise InputError(
+            f"calibration samples are for inputs {sorted(calibration)} but the model's inputs are "
+            f"{sorted(inputs)}; give one array per model input, named as the model names it"
+        )
+    problems, counts = [], set()
+    for name, value in inputs.items():
+        array = np.asarray(calibration[name])
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
+        if array.dtype != dtype:
+            problems.append(f"{name} is {array.dtype} but the model takes {dtype} (cast it, e.g. .astype('{dtype}'))")
+        dims = _dims(value)
+        if array.ndim != len(dims) or any(
+            d is not None and d != s for d, s in zip(dims[1:], array.shape[1:], strict=False)
+        ):
+            problems.append(
+                f"{name} has shape {list(array.shape)} but the model takes "
+                f"{[d if d is not None else '?' for d in dims]} (samples along axis 0, in the "
+                "model's own layout)"
+            )
+        counts.add(len(array) if array.ndim else 0)
+    if not problems and (len(counts) != 1 or 0 in counts):
+        problems.append(f"each input needs the same number of samples, at least 1; got {sorted(counts)}")
+    if problems:
+        raise InputError("calibration samples do not fit the model: " + "; ".join(problems))
+    return counts.pop()
+
+
+def _preprocess(named: Path, out: Path, excluded: list[str], warnings: list[str]) -> tuple[Path, list[str], bool]:
+    """onnxruntime's pre-processing of `named` into `out`: (the model to quantize, its exclusions, ran).
+
+    Symbolic shape inference fails on graphs holding contrib ops (e.g. after an extended graph
+    optimization), so a second try skips it. A node a fusion renamed (`MatMul_3` -> `MatMul_3/MatMulAddFusion`)
+    is followed to its new name; an excluded node that vanished keeps the model unprocessed.
+    """
+    error = ""
+    for skip_symbolic in (False, True):
+        try:
+            quant_pre_process(str(named), str(out), skip_symbolic_shape=skip_symbolic)
+            break
+        except Exception as exc:  # shape inference raises bare Exception on graphs it cannot follow
+            error = f"{type(exc).__name__}: {_first_line(exc)}"
+    else:
+        warnings.append(f"pre-processing failed ({error}); quantized without it")
+        return named, excluded, False
+    if error:
+        warnings.append(f"symbolic shape inference failed ({error}); pre-processed with onnx shape inference only")
+    names = [node.name for node in load(out).graph.node]
+    followed = []
+    for name in excluded:
+        renamed = [n for n in names if n == name or n.startswith(f"{name}/")]
+        if not renamed:
+            warnings.append(f"pre-processing removed excluded node {name!r}; quantized without pre-processing")
+            return named, excluded, False
+        followed += renamed
+    return out, followed, True
+
+
+def _check_output(original: onnx.ModelProto, result: onnx.ModelProto, path: Path, settings: QuantSettings) -> None:
+    """Refuse a result that onnxruntime cannot load or that changes the model's signature."""
+    problems = [f"it changes the signature: {p}" for p in signature_changes(original, result)]
+    error = loads_in_onnxruntime(path)
+    problems += [f"onnxruntime cannot load it: {error}"] if error else []
+    if problems:
+        raise ArtifactError(
+            f"{settings.describe()} made a broken model ({'; '.join(problems)}); try other settings or "
+            "exclude the nodes named (nodes_to_exclude)"
+        )
+
+
+def _what_changed(
+    before: onnx.ModelProto, after: onnx.ModelProto, mode: str, excluded: list[str]
+) -> tuple[dict[str, int], list[str]]:
+    """Candidate nodes of `before` now quantized, by op type, and the names of those left in fp32.
+
+    A candidate is quantized when its name is gone (replaced by an integer op such as `<name>_quant`)
+    or, still there, it reads a quantized tensor: a (Dynamic)DequantizeLinear/QuantizeLinear output
+    or an 8-bit constant. In fp16 every candidate not excluded is converted.
+    """
+    nodes = candidates(before, mode)
+    if mode == "fp16":
+        quantized = [n for n in nodes if n.name not in set(excluded)]
+    else:
+        eight_bit = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8}
+        quantized_tensors = {i.name for i in after.graph.initializer if i.data_type in eight_bit} | {
+            o for n in after.graph.node if n.op_type in Q_TENSOR_OPS for o in n.output
+        }
+        kept = {n.name: n for n in after.graph.node}
+        quantized = [n for n in nodes if n.name not in kept or any(i in quantized_tensors for i in kept[n.name].input)]
+    names = {n.name for n in quantized}
+    return dict(sorted(Counter(n.op_type for n in quantized).items())), [n.name for n in nodes if n.name not in names]
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes the model's initializers hold (weights, biases, scales)."""
+    total = 0
+    for init in model.graph.initializer:
+        if init.data_type == onnx.TensorProto.STRING:
+            total += sum(len(s) for s in init.string_data)
+        else:
+            total += np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize * math.prod(init.dims)
+    return total
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]

@@ -49,6 +49,7 @@ PART_PROFILES = {
     "pipeline.train": ("train", "cpu"),
     "pipeline.data": ("train", "cpu"),
     "pipeline.export": ("train", "cpu"),
+    "pipeline.optimize": ("optimize", "cpu"),
     "pipeline.edge": ("edge", "cpu"),
 }
 # Imported only when present (inside a try: ... except ImportError), never a dependency.

@@ -247,7 +247,11 @@ def quantize(
         result = convert_float_to_float16(quantized_from, keep_io_types=True, node_block_list=excluded or None)
         onnx.save(result, str(out))
     else:
-        _quantize_int8(source, out, settings, excluded, calibration, samples, progress)
+        reader = None
+        if calibration is not None and settings.mode == "static":
+            reader = _reader(quantized_from, calibration, samples, settings.calibration, progress, warnings)
+            samples = reader.samples
+        _quantize_int8(source, out, settings, excluded, reader)
         result = load(out)
     _check_output(original, result, out, settings)
     keep_metadata(result, original)
@@ -274,9 +278,7 @@ def _quantize_int8(
     dst: Path,
     settings: QuantSettings,
     excluded: list[str],
-    calibration: dict[str, np.ndarray] | None,
-    samples: int,
-    progress: Progress | None,
+    reader: SampleReader | None,
 ) -> None:
     """onnxruntime's dynamic or static (QDQ) quantizer; its chatter on stdout is kept off the terminal."""
     # dynamic mode rewrites a Gemm `g` as MatMul `g_MatMul` before it quantizes: exclude both names
@@ -291,8 +293,7 @@ def _quantize_int8(
     try:
         if settings.mode == "dynamic":
             quantize_dynamic(source, dst, **common)
-        elif calibration is not None:  # quantize refused static mode without it
-            reader = SampleReader(calibration, _batch_size(load(source)), samples, progress)
+        elif reader is not None:  # quantize refused static mode without calibration samples
             with contextlib.redirect_stdout(io.StringIO()):  # the entropy/percentile calibrators print()
                 quantize_static(
                     source,
@@ -343,10 +344,41 @@ def _dims(value: onnx.ValueInfoProto) -> list[int | None]:
     return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
 
 
-def _batch_size(model: onnx.ModelProto) -> int:
-    """BATCH, or the batch size the graph fixes (a model exported with batch 1 takes one sample a run)."""
+def _reader(
+    model: onnx.ModelProto,
+    calibration: dict[str, np.ndarray],
+    samples: int,
+    method: str,
+    progress: Progress | None,
+    warnings: list[str],
+) -> SampleReader:
+    batch, used = _batching(model, samples, method)
+    if used == 0:
+        raise InputError(f"the model takes batches of exactly {batch}; give at least {batch} calibration samples")
+    if used < samples:
+        warnings.append(
+            f"calibrated on {used} of {samples} samples: {method} calibration needs equal batches of {batch}"
+        )
+    return SampleReader(calibration, batch, used, progress)
+
+
+def _batching(model: onnx.ModelProto, samples: int, method: str) -> tuple[int, int]:
+    """(samples per run, samples used) for calibrating `model` on `samples` samples with `method`.
+
+    A graph with a fixed batch size takes exactly that many a run. onnxruntime's histogram
+    calibrators (entropy, percentile) stack the batches into one array, so their batches must be
+    equal too: the largest divisor of `samples` up to BATCH, or BATCH and the remainder left out
+    when that divisor is small (a prime count).
+    """
     fixed = {_dims(value)[0] for value in _graph_inputs(model) if _dims(value)} - {None}
-    return min(fixed) if fixed else BATCH
+    if fixed:
+        batch = min(fixed)
+    elif method == "minmax":
+        return BATCH, samples
+    else:
+        batch = max(d for d in range(1, BATCH + 1) if samples % d == 0)
+        batch = batch if batch > BATCH // 4 or samples < BATCH else BATCH
+    return batch, samples - samples % batch
 
 
 def _check_calibration(model: onnx.ModelProto, calibration: dict[str, np.ndarray]) -> int:
@@ -427,8 +459,8 @@ def _what_changed(
 ) -> tuple[dict[str, int], list[str]]:
     """Candidate nodes of `before` now quantized, by op type, and the names of those left in fp32.
 
-    A candidate is quantized when its name is gone (replaced by an integer op such as `<name>_quant`)
-    or, still there, it reads a quantized tensor: a (Dynamic)DequantizeLinear/QuantizeLinear output
+    A candidate is quantized when it (or, once replaced, a node named after it such as `<name>_quant`)
+    is an integer op or reads a quantized tensor: a (Dynamic)DequantizeLinear/QuantizeLinear output
     or an 8-bit constant. In fp16 every candidate not excluded is converted.
     """
     nodes = candidates(before, mode)
@@ -439,8 +471,14 @@ def _what_changed(
         quantized_tensors = {i.name for i in after.graph.initializer if i.data_type in eight_bit} | {
             o for n in after.graph.node if n.op_type in Q_TENSOR_OPS for o in n.output
         }
-        kept = {n.name: n for n in after.graph.node}
-        quantized = [n for n in nodes if n.name not in kept or any(i in quantized_tensors for i in kept[n.name].input)]
+
+        def became_quantized(node: onnx.NodeProto) -> bool:
+            same = [m for m in after.graph.node if m.name == node.name]
+            # gone: replaced by nodes named after it (`<name>_quant`, a Gemm's `<name>_MatMul_quant`)
+            related = same or [m for m in after.graph.node if m.name.startswith((f"{node.name}_", f"{node.name}/"))]
+            return any(m.op_type in QUANT_OPS or set(m.input) & quantized_tensors for m in related)
+
+        quantized = [n for n in nodes if became_quantized(n)]
     names = {n.name for n in quantized}
     return dict(sorted(Counter(n.op_type for n in quantized).items())), [n.name for n in nodes if n.name not in names]
 

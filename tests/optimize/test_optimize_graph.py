@@ -78,6 +78,32 @@ def test_a_failing_onnxslim_keeps_the_onnxruntime_result_and_says_so(models, tmp
     np.testing.assert_allclose(run(dst, data(3)), run(src, data(3)), atol=1e-4, rtol=1e-4)
 
 
+def frozen(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its batch dim fixed at 1, as a careless pass might leave it."""
+    for value in [*model.graph.input, *model.graph.output]:
+        value.type.tensor_type.shape.dim[0].dim_value = 1
+    return model
+
+
+def test_a_step_that_freezes_the_batch_is_refused(models, tmp_path, monkeypatch) -> None:
+    src, _ = models["cnn"]
+    monkeypatch.setattr(graph.onnxslim, "slim", frozen)  # faults injected into one step at a time
+    report = optimize_graph(src, tmp_path / "opt.onnx")
+    assert not report.steps[-1].kept and "x: shape ['N', 1, 8, 8] became [1, 1, 8, 8]" in report.steps[-1].note
+    assert signature(onnx.load(str(tmp_path / "opt.onnx"))) == signature(onnx.load(str(src)))
+
+    real = graph.run_onnxruntime
+
+    def freezing(src: Path, dst: Path, level: str) -> None:
+        real(src, dst, level)
+        onnx.save(frozen(onnx.load(str(dst))), str(dst))
+
+    monkeypatch.setattr(graph, "run_onnxruntime", freezing)
+    with pytest.raises(ArtifactError, match=r"onnxruntime's extended optimization broke the model .*use level basic"):
+        optimize_graph(src, tmp_path / "opt2.onnx")
+    assert not (tmp_path / "opt2.onnx").exists()
+
+
 def test_a_frozen_batch_or_renamed_output_is_a_signature_change() -> None:
     def model(batch: str, output: str) -> onnx.ModelProto:
         return onnx.parser.parse_model(

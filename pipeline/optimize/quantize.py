@@ -15,9 +15,10 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import os
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -245,6 +246,7 @@ def quantize(
     quantized_from, out = load(source), scratch / "quantized.onnx"  # dst is written only once it checks out
     if settings.mode == "fp16":
         result = convert_float_to_float16(quantized_from, keep_io_types=True, node_block_list=excluded or None)
+        _sort_topologically(result.graph)  # the converter appends the input casts last: the checker refuses that
         onnx.save(result, str(out))
     else:
         reader = None
@@ -271,6 +273,26 @@ def quantize(
         weight_bytes(result),
         warnings,
     )
+
+
+def _sort_topologically(graph: onnx.GraphProto) -> None:
+    """Reorder `graph.node` so every node comes after the nodes producing its inputs (stable otherwise)."""
+    available = {t.name for t in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending = list(range(len(graph.node)))
+    order: list[int] = []
+    while pending:
+        ready = [i for i in pending if all(name in available for name in graph.node[i].input)]
+        if not ready:  # a cycle, or an input from an outer scope: keep the rest as it was
+            order += pending
+            break
+        for i in ready:
+            available.update(graph.node[i].output)
+        order += ready
+        taken = set(ready)
+        pending = [i for i in pending if i not in taken]
+    copies = [onnx.NodeProto.FromString(graph.node[i].SerializeToString()) for i in order]
+    del graph.node[:]
+    graph.node.extend(copies)
 
 
 def _quantize_int8(
@@ -412,6 +434,21 @@ def _check_calibration(model: onnx.ModelProto, calibration: dict[str, np.ndarray
     return counts.pop()
 
 
+@contextlib.contextmanager
+def _working_directory(path: Path) -> Iterator[None]:
+    """Run inside `path`: onnxruntime's symbolic shape inference, when it gives up, dumps
+    `sym_shape_infer_temp.onnx` and a uuid-named weights file into the current directory, which
+    would litter the user's working directory (or the repository). pipe optimize runs this on its
+    main thread alone, so changing the process's directory for the call is safe here.
+    """
+    before = Path.cwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 def _preprocess(named: Path, out: Path, excluded: list[str], warnings: list[str]) -> tuple[Path, list[str], bool]:
     """onnxruntime's pre-processing of `named` into `out`: (the model to quantize, its exclusions, ran).
 
@@ -422,7 +459,8 @@ def _preprocess(named: Path, out: Path, excluded: list[str], warnings: list[str]
     error = ""
     for skip_symbolic in (False, True):
         try:
-            quant_pre_process(str(named), str(out), skip_symbolic_shape=skip_symbolic)
+            with _working_directory(out.parent):
+                quant_pre_process(str(named), str(out), skip_symbolic_shape=skip_symbolic)
             break
         except Exception as exc:  # shape inference raises bare Exception on graphs it cannot follow
             error = f"{type(exc).__name__}: {_first_line(exc)}"

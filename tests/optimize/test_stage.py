@@ -1,0 +1,118 @@
+"""`pipe optimize` end to end: a trained model's variants made, judged, timed, recorded; failures never served."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from pipeline.artifact import Artifact
+from pipeline.cli import main
+from pipeline.serve.variant_choice import choose_quietly
+from pipeline.variants import variant_file
+
+TINY_CNN = {
+    "name": "opt-cnn",
+    "model": {"arch": "cnn", "channels": [8, 16], "hidden": 32},
+    "data": {"source": "digits", "as_image": True},
+    "train": {"epochs": 4, "batch_size": 64, "lr": 0.01},
+    "optimize": {"quantize": ["dynamic", "static", "fp16"], "calibration_samples": 128},
+}
+
+
+def exported(tmp_path: Path, recipe: dict) -> tuple[Path, Path]:
+    """`pipe run` of train + export + optimize on `recipe`: (recipe file, artifact root)."""
+    path = tmp_path / f"{recipe['name']}.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    result = CliRunner().invoke(main, ["run", str(path), "--out", str(tmp_path / "artifacts")])
+    assert result.exit_code == 0, result.output
+    return path, tmp_path / "artifacts" / recipe["name"] / "1"
+
+
+@pytest.mark.slow
+def test_optimize_makes_judges_times_and_records_every_variant(tmp_path: Path) -> None:
+    recipe, root = exported(tmp_path, TINY_CNN)
+    manifest = Artifact.load(root).manifest  # every variant file is listed with its hash
+    assert {"opt", "int8-dynamic", "int8-static", "fp16"} <= set(manifest.variants)
+    parent = manifest.files["model.onnx"].sha256
+    for name in ("opt", "int8-dynamic", "int8-static", "fp16"):
+        v = manifest.variants[name]
+        assert v.file == variant_file(name) and v.parent == parent and v.stage == "optimize"
+        assert {"p50_ms_b1", "p95_ms_b1", "p50_ms_b32", "throughput_b32"} <= set(v.latency), name
+        assert v.size == manifest.files[v.file].size
+        assert v.passed, (name, v.reason)  # a small CNN on digits stays within 1 accuracy point
+        assert abs(v.metrics["accuracy"] - manifest.metrics["accuracy"]) <= 0.01
+    assert manifest.variants["int8-static"].size < manifest.files["model.onnx"].size  # (tiny: the graph dominates)
+    assert "p50_ms_b1" in manifest.variants["fp32"].latency  # timed beside them
+    record = manifest.stages.optimize
+    assert record is not None and record.parent == parent and not record.failed
+
+    report = json.loads((root / "reports" / "optimize.json").read_text())
+    assert [v["variant"] for v in report["variants"]] == ["opt", "int8-dynamic", "int8-static", "fp16"]
+    assert report["calibration"].endswith("samples of the training split")
+    markdown = (root / "reports" / "optimize.md").read_text()
+    assert "| int8-static | passed |" in markdown and "speedup b1" in markdown
+
+    again = CliRunner().invoke(main, ["run", str(recipe), "--out", str(tmp_path / "artifacts")])
+    assert "[optimize] up to date" in again.output, again.output
+
+
+def sensitive_classifier(tmp_path: Path) -> tuple[Path, Path]:
+    """An ONNX classifier whose hidden activation has one channel ~1000x wider than the rest, and eval data.
+
+    fp32 computes the same logits as without the wide channel (the next layer scales it back), but
+    int8 with one scale per tensor rounds every other channel to a level or two: accuracy collapses.
+    """
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((16, 32)).astype(np.float32)
+    w2 = rng.standard_normal((32, 10)).astype(np.float32)
+    w1[:, 0] *= 1000.0
+    w2[0, :] /= 1000.0
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="hidden"),
+         helper.make_node("Relu", ["h"], ["r"], name="relu"),
+         helper.make_node("MatMul", ["r", "w2"], ["logits"], name="head")],
+        "sensitive",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="handwritten")
+    model.ir_version = 9
+    path = tmp_path / "sensitive.onnx"
+    onnx.save(model, str(path))
+    x = rng.standard_normal((400, 16)).astype(np.float32)
+    logits = np.maximum(x @ w1, 0) @ w2
+    data = tmp_path / "eval.npz"
+    np.savez(data, x=x, target=logits.argmax(1))  # fp32 is right on every sample
+    return path, data
+
+
+@pytest.mark.slow
+def test_a_variant_that_misses_its_budget_is_failed_not_served_and_strict_exits_1(tmp_path: Path) -> None:
+    model, data = sensitive_classifier(tmp_path)
+    repo = tmp_path / "artifacts"
+    imported = CliRunner().invoke(main, ["import", str(model), "--name", "sensitive", "--eval-data", str(data),
+                                         "--repository", str(repo)])  # fmt: skip
+    assert imported.exit_code == 0, imported.output
+    root = repo / "sensitive" / "1"
+
+    bad = CliRunner().invoke(main, ["optimize", str(root), "--quantize", "dynamic", "--max-accuracy-drop", "-1"])
+    assert bad.exit_code == 2 and "max_accuracy_drop" in bad.output  # a negative budget is bad input
+
+    loose = CliRunner().invoke(main, ["optimize", str(root), "--quantize", "dynamic", "--graph", "none"])
+    assert loose.exit_code == 0, loose.output  # a miss without --strict: recorded, exit 0
+    dynamic = Artifact.load(root).manifest.variants["int8-dynamic"]
+    assert not dynamic.passed and "accuracy" in dynamic.reason and (root / dynamic.file).is_file()
+    choice, warning = choose_quietly(Artifact.load(root), {"*": "int8-dynamic"})
+    assert choice.variant == "fp32" and warning is not None and "failed optimize" in warning  # never served
+
+    strict = CliRunner().invoke(main, ["optimize", str(root), "--quantize", "dynamic", "--graph", "none", "--strict"])
+    assert strict.exit_code == 1, strict.output
+    assert "missed their budget" in strict.output and "int8-dynamic" in strict.output

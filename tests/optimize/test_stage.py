@@ -116,3 +116,30 @@ def test_a_variant_that_misses_its_budget_is_failed_not_served_and_strict_exits_
     strict = CliRunner().invoke(main, ["optimize", str(root), "--quantize", "dynamic", "--graph", "none", "--strict"])
     assert strict.exit_code == 1, strict.output
     assert "missed their budget" in strict.output and "int8-dynamic" in strict.output
+
+
+@pytest.mark.slow
+def test_auto_leaves_the_sensitive_node_in_fp32_meets_the_budget_and_serve_best_picks_the_fastest(
+    tmp_path: Path,
+) -> None:
+    model, data = sensitive_classifier(tmp_path)
+    repo = tmp_path / "artifacts"
+    args = ["import", str(model), "--name", "sensitive", "--eval-data", str(data), "--repository", str(repo)]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    root = repo / "sensitive" / "1"
+    result = CliRunner().invoke(main, ["optimize", str(root), "--quantize", "auto", "--graph", "none"])
+    assert result.exit_code == 0, result.output
+    manifest = Artifact.load(root).manifest
+    int8 = manifest.variants["int8"]
+    assert int8.passed, int8.reason
+    search = json.loads((root / "reports" / "optimize.json").read_text())["variants"][0]["details"]["search"]
+    assert search["passed"] and search["exclusions"], search  # it had to leave a node in fp32 to get there
+    excluded = search["exclusions"][0]["node"]
+    assert excluded.split("/")[0] in {"hidden", "head"}  # a node touching the wide channel
+    assert f"`{excluded}`" in (root / "reports" / "optimize.md").read_text()  # the report names it
+    assert all(not t["verdict"]["passed"] for t in search["tried"] if not t["excluded"])  # plain int8 missed
+
+    # --variant best: the fastest servable variant by the latency recorded side by side.
+    choice, _ = choose_quietly(Artifact.load(root), {"*": "best"})
+    timed = {k: v.latency["p50_ms_b1"] for k, v in manifest.variants.items() if v.passed and v.latency}
+    assert choice.variant == min(timed, key=timed.get)

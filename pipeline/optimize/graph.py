@@ -88,6 +88,19 @@ def _graphs(graph: onnx.GraphProto):
                     yield from _graphs(sub)
 
 
+def strip_debug_info(model: onnx.ModelProto) -> int:
+    """Drop every node's doc string and metadata (an exporter's source locations and stack traces);
+    return the bytes saved. Nothing at inference reads them, and in a small model they can weigh
+    more than the int8 weights. The model's own metadata (pipe's identity stamp) is kept.
+    """
+    before = model.ByteSize()
+    for graph in _graphs(model.graph):
+        for node in graph.node:
+            node.ClearField("doc_string")
+            node.ClearField("metadata_props")
+    return before - model.ByteSize()
+
+
 def op_type(node: onnx.NodeProto) -> str:
     """`Conv` for the default domain, `com.microsoft.FusedConv` for others."""
     return f"{node.domain}.{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import math
 import os
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -39,7 +41,14 @@ from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, Q
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
 from pipeline.errors import ArtifactError, InputError
-from pipeline.optimize.graph import keep_metadata, load, loads_in_onnxruntime, op_counts, signature_changes
+from pipeline.optimize.graph import (
+    keep_metadata,
+    load,
+    loads_in_onnxruntime,
+    op_counts,
+    signature_changes,
+    strip_debug_info,
+)
 
 MODES = ("dynamic", "static", "fp16")
 TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
@@ -138,6 +147,7 @@ class QuantReport:
     weight_bytes_before: int
     weight_bytes_after: int
     warnings: list[str] = field(default_factory=list)
+    debug_bytes_removed: int = 0  # per-node exporter metadata dropped from the output (see strip_debug_info)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -257,6 +267,7 @@ def quantize(
         result = load(out)
     _check_output(original, result, out, settings)
     keep_metadata(result, original)
+    stripped = strip_debug_info(result)
     onnx.save(result, str(dst))
     quantized, left_float = _what_changed(quantized_from, result, settings.mode, excluded)
     return QuantReport(
@@ -272,6 +283,7 @@ def quantize(
         weight_bytes(original),
         weight_bytes(result),
         warnings,
+        stripped,
     )
 
 
@@ -295,6 +307,23 @@ def _sort_topologically(graph: onnx.GraphProto) -> None:
     graph.node.extend(copies)
 
 
+class _PreprocessAdvice(logging.Filter):
+    """Drops onnxruntime's "Please consider to run pre-processing" warning: pipe runs it (or says why not)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "consider" not in record.getMessage() or "pre-processing" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_advice() -> Iterator[None]:
+    root, advice = logging.getLogger(), _PreprocessAdvice()
+    root.addFilter(advice)
+    try:
+        yield
+    finally:
+        root.removeFilter(advice)
+
+
 def _quantize_int8(
     source: Path,
     dst: Path,
@@ -313,19 +342,20 @@ def _quantize_int8(
         extra_options=dict(EXTRA_OPTIONS),
     )
     try:
-        if settings.mode == "dynamic":
-            quantize_dynamic(source, dst, **common)
-        elif reader is not None:  # quantize refused static mode without calibration samples
-            with contextlib.redirect_stdout(io.StringIO()):  # the entropy/percentile calibrators print()
-                quantize_static(
-                    source,
-                    dst,
-                    reader,
-                    quant_format=QuantFormat.QDQ,
-                    activation_type=TYPES[settings.activation_type],
-                    calibrate_method=METHODS[settings.calibration],
-                    **common,
-                )
+        with _quiet_advice():
+            if settings.mode == "dynamic":
+                quantize_dynamic(source, dst, **common)
+            elif reader is not None:  # quantize refused static mode without calibration samples
+                with contextlib.redirect_stdout(io.StringIO()):  # the entropy/percentile calibrators print()
+                    quantize_static(
+                        source,
+                        dst,
+                        reader,
+                        quant_format=QuantFormat.QDQ,
+                        activation_type=TYPES[settings.activation_type],
+                        calibrate_method=METHODS[settings.calibration],
+                        **common,
+                    )
     except Exception as exc:  # onnxruntime.quantization raises bare Exception/ValueError/KeyError as it goes
         raise ArtifactError(
             f"onnxruntime could not quantize {source.name} ({settings.describe()}): "
@@ -339,6 +369,7 @@ class SampleReader(CalibrationDataReader):
 
     def __init__(self, arrays: dict[str, np.ndarray], batch: int, samples: int, progress: Progress | None) -> None:
         self.arrays, self.batch, self.samples, self.progress, self.start = arrays, batch, samples, progress, 0
+        self.stdout = sys.stdout  # the caller's: calibration runs with stdout muted, progress must still show
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         if self.start >= self.samples:
@@ -347,7 +378,8 @@ class SampleReader(CalibrationDataReader):
         batch = {name: array[self.start : stop] for name, array in self.arrays.items()}
         self.start = stop
         if self.progress is not None:
-            self.progress(stop, self.samples)
+            with contextlib.redirect_stdout(self.stdout):
+                self.progress(stop, self.samples)
         return batch
 
     def __len__(self) -> int:
@@ -459,8 +491,9 @@ def _preprocess(named: Path, out: Path, excluded: list[str], warnings: list[str]
     error = ""
     for skip_symbolic in (False, True):
         try:
-            with _working_directory(out.parent):
-                quant_pre_process(str(named), str(out), skip_symbolic_shape=skip_symbolic)
+            source, target = named.resolve(), out.resolve()  # absolute before the call runs elsewhere
+            with _working_directory(target.parent):
+                quant_pre_process(str(source), str(target), skip_symbolic_shape=skip_symbolic)
             break
         except Exception as exc:  # shape inference raises bare Exception on graphs it cannot follow
             error = f"{type(exc).__name__}: {_first_line(exc)}"

@@ -50,6 +50,7 @@ class Made:
     verdict: Verdict
     details: dict[str, Any]  # what the transformation reports (graph passes, quantized nodes, the search)
     latency: dict[str, float] = field(default_factory=dict)
+    size: int | None = None  # bytes, once written
 
     @property
     def file(self) -> str:
@@ -95,7 +96,8 @@ def optimize_artifact(
     policy = budget_policy(manifest.task, evaluation.target is not None, settings)
     parent = manifest.files[MODEL_FILE].sha256
     source = artifact.path(MODEL_FILE)
-    say(f"[optimize] {artifact.root}: budget {policy.name} ({policy.to_dict()}), evaluation on {evaluation.source}")
+    bounds = ", ".join(f"{k} {v}" for k, v in policy.to_dict().items() if k != "policy")
+    say(f"[optimize] {artifact.root}: budget {policy.name} ({bounds}); evaluated on {evaluation.source}")
     judge = Judge(artifact, source, evaluation, policy)
     needs_calibration = any(mode in ("static", "auto") for mode in settings.quantize)
     calibration = calibration_set(artifact, recipe, settings.calibration_samples) if needs_calibration else None
@@ -112,6 +114,8 @@ def optimize_artifact(
         )
         for m in made:
             m.latency = timed[m.name].to_dict()
+        for m in made:
+            m.size = (write.scratch / m.file).stat().st_size
         summary = _summary(artifact, settings, policy.to_dict(), evaluation.source, calibration, made, timed[FP32])
         (write.scratch / "reports").mkdir()
         (write.scratch / REPORT_JSON).write_text(json.dumps(summary, indent=2) + "\n")
@@ -256,7 +260,6 @@ def _summary(
     size = artifact.manifest.files[MODEL_FILE].size
     rows = []
     for m in made:
-        path_size = (artifact.root / m.file).stat().st_size if (artifact.root / m.file).exists() else None
         rows.append(
             {
                 "variant": m.name,
@@ -269,7 +272,7 @@ def _summary(
                 "latency": m.latency,
                 "speedup_b1": _ratio(base, m.latency, "p50_ms_b1"),
                 "speedup_b32": _ratio(base, m.latency, "p50_ms_b32"),
-                "size": path_size,
+                "size": m.size,
                 "settings": m.settings,
                 "details": m.details,
                 "gate": m.verdict.report.to_dict(),

@@ -39,6 +39,16 @@ def test_dynamic_int8_of_a_weight_heavy_mlp(models, tmp_path: Path) -> None:
     assert all(list(i.dims) in ([], [1]) for i in onnx.load(str(dst)).graph.initializer if i.name.endswith("_scale"))
 
 
+def test_relative_paths_are_preprocessed_too(models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pipe optimize works on `artifacts/...` as given: pre-processing must not lose relative paths."""
+    (tmp_path / "work" / "scratch").mkdir(parents=True)
+    (tmp_path / "work" / "src.onnx").write_bytes(models["mlp"].read_bytes())
+    monkeypatch.chdir(tmp_path)
+    report = quantize(Path("work/src.onnx"), Path("work/int8.onnx"), QuantSettings("dynamic"), None, Path("work/scratch"))
+    assert report.preprocessed and report.warnings == []
+    assert report.debug_bytes_removed >= 0
+
+
 def test_dynamic_int8_per_channel_of_a_transformer(models, tmp_path: Path) -> None:
     src, dst = models["transformer"], tmp_path / "int8.onnx"
     report = quantize(src, dst, QuantSettings("dynamic", per_channel=True, reduce_range=True))

@@ -44,7 +44,9 @@ def test_relative_paths_are_preprocessed_too(models, tmp_path: Path, monkeypatch
     (tmp_path / "work" / "scratch").mkdir(parents=True)
     (tmp_path / "work" / "src.onnx").write_bytes(models["mlp"].read_bytes())
     monkeypatch.chdir(tmp_path)
-    report = quantize(Path("work/src.onnx"), Path("work/int8.onnx"), QuantSettings("dynamic"), None, Path("work/scratch"))
+    report = quantize(
+        Path("work/src.onnx"), Path("work/int8.onnx"), QuantSettings("dynamic"), None, Path("work/scratch")
+    )
     assert report.preprocessed and report.warnings == []
     assert report.debug_bytes_removed >= 0
 

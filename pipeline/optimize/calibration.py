@@ -39,8 +39,14 @@ def calibration_set(artifact: Artifact, recipe: Recipe | None, samples: int) -> 
     if artifact.manifest.stages.train is not None:
         split = trained_splits(artifact, recipe).train
         pool, source = split.inputs, "the training split"
+    elif has_real_samples(artifact):
+        pool, source = load_golden(artifact).inputs, "golden.npz (the evaluation data given at import)"
     else:
-        pool, source = load_golden(artifact).inputs, "golden.npz (the evaluation data given at import, or generated)"
+        raise InputError(
+            f"artifact {artifact.root} was imported without --eval-data: its golden.npz inputs are generated, "
+            "and static int8 calibrated on made-up inputs would fix wrong ranges; re-import it with "
+            "--eval-data FILE (real inputs), or use --quantize dynamic, fp16 or auto (which then tries dynamic only)"
+        )
     names = [spec.name for spec in artifact.manifest.inputs]
     missing = [n for n in names if n not in pool]
     if missing:
@@ -48,3 +54,9 @@ def calibration_set(artifact: Artifact, recipe: Recipe | None, samples: int) -> 
     count = len(pool[names[0]])
     take = np.sort(np.random.default_rng(SEED).permutation(count)[: min(samples, count)])
     return Calibration({n: pool[n][take] for n in names}, f"{len(take)} of {count} samples of {source}")
+
+
+def has_real_samples(artifact: Artifact) -> bool:
+    """Whether the artifact holds real inputs to calibrate on: trained here, or imported with --eval-data."""
+    imported = artifact.manifest.stages.import_
+    return artifact.manifest.stages.train is not None or imported is None or imported.golden != "generated"

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.artifact import Artifact
+from pipeline.errors import InputError
 from pipeline.recipe import OptimizeSpec
 from pipeline.verify.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
@@ -38,6 +39,11 @@ LOSSLESS = Exact(atol=1e-4, rtol=1e-3)  # a graph-only optimization: fused kerne
 
 def budget_policy(task: str, has_target: bool, settings: OptimizeSpec) -> Policy:
     """The budget lossy variants are held to, from the recipe's optimize section and the task."""
+    if task == "embedding" and settings.max_accuracy_drop is not None:
+        raise InputError(
+            f"max_accuracy_drop {settings.max_accuracy_drop:g} cannot be measured: an embedding model has no "
+            f"task metric; its budget is --min-cosine (now {settings.min_cosine:g})"
+        )
     if task == "embedding":
         return MinCosine(settings.min_cosine)
     return budget_for(task, has_target, settings.max_accuracy_drop)

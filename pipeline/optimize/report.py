@@ -13,22 +13,28 @@ from typing import Any
 def markdown(summary: dict[str, Any]) -> str:
     """The Markdown report of an optimize summary (the dict written to reports/optimize.json)."""
     fp32 = summary["fp32"]
+    batches = summary.get("batches", [1, 32])  # the batches model.onnx was timed at
+    fixed = fp32["latency"].get("fixed_batch")
     lines = [
         f"# pipe optimize: {summary['model']}",
         "",
         f"- budget: {_policy(summary['policy'])}",
         f"- evaluated on: {summary['evaluation']}",
         f"- calibrated on: {summary['calibration'] or 'no calibration (no static quantization)'}",
-        f"- timed with {int(fp32['latency'].get('threads', 1))} intra-op thread(s), all models side by side in one run",
+        f"- timed with {int(fp32['latency'].get('threads', 1))} intra-op thread(s), all models side by side in one run"
+        + (f" at batch {int(fixed)}, the batch model.onnx's inputs fix" if fixed else ""),
         "",
-        "| variant | status | budget figure | size | p50 b1 (ms) | speedup b1 | p50 b32 (ms) | speedup b32 | detail |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        _row("fp32 (model.onnx)", "reference", None, fp32["size"], fp32["latency"], 1.0, 1.0, ""),
+        "| variant | status | budget figure | size | "
+        + "".join(f"p50 b{b} (ms) | speedup b{b} | " for b in batches)
+        + "detail |",
+        "| --- | --- | --- | --- | " + "--- | --- | " * len(batches) + "--- |",
+        _row("fp32 (model.onnx)", "reference", None, fp32["size"], fp32["latency"], batches, [1.0] * len(batches), ""),
     ]
     for v in summary["variants"]:
         size = f"{v['size']} ({v['size'] / fp32['size']:.2f}x)" if v["size"] else "-"
-        speedups = (v["speedup_b1"], v["speedup_b32"])
-        lines.append(_row(v["variant"], v["status"], v["budget_figure"], size, v["latency"], *speedups, v["detail"]))
+        speedups = [v.get(f"speedup_b{b}") for b in batches]
+        lines.append(_row(v["variant"], v["status"], v["budget_figure"], size, v["latency"], batches, speedups,
+                          v["detail"]))  # fmt: skip
     for v in summary["variants"]:
         search = v["details"].get("search")
         if search:
@@ -61,12 +67,18 @@ def _search(search: dict[str, Any]) -> list[str]:
 
 
 def _row(
-    name: str, status: str, figure: Any, size: Any, latency: dict[str, float], s1: Any, s32: Any, detail: str
+    name: str,
+    status: str,
+    figure: Any,
+    size: Any,
+    latency: dict[str, float],
+    batches: list[int],
+    speedups: list[Any],
+    detail: str,
 ) -> str:
-    return (
-        f"| {name} | {status} | {_num(figure)} | {size} | {_num(latency.get('p50_ms_b1'))} | {_x(s1)} | "
-        f"{_num(latency.get('p50_ms_b32'))} | {_x(s32)} | {_cell(detail)} |"
-    )
+    pairs = zip(batches, speedups, strict=True)
+    timings = "".join(f"{_num(latency.get(f'p50_ms_b{b}'))} | {_x(s)} | " for b, s in pairs)
+    return f"| {name} | {status} | {_num(figure)} | {size} | {timings}{_cell(detail)} |"
 
 
 def _policy(policy: dict[str, Any]) -> str:

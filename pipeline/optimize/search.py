@@ -326,8 +326,9 @@ def _failed(detail: str) -> Verdict:
 
 
 def _speed(trial: Trial) -> str:
-    b1, b32, _ = trial.speed_key()
-    return f"p50 {b1:.3g} ms at batch 1, {b32:.3g} ms at batch 32"
+    latency = trial.latency or {}
+    p50s = [(key.removeprefix("p50_ms_b"), ms) for key, ms in latency.items() if key.startswith("p50_ms_b")]
+    return ", ".join(f"p50 {ms:.3g} ms at batch {batch}" for batch, ms in p50s)
 
 
 def _finite(value: float) -> float | None:

@@ -20,13 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from pipeline.artifact import Artifact, resolve_artifact
 from pipeline.artifact_recipe import current_recipe
 from pipeline.errors import ArtifactError, CheckFailed, InputError
-from pipeline.optimize.calibration import Calibration, calibration_set
+from pipeline.optimize.calibration import Calibration, calibration_set, has_real_samples
 from pipeline.optimize.graph import optimize_graph
 from pipeline.optimize.judge import LOSSLESS, Judge, Verdict, budget_policy
-from pipeline.optimize.measure import measure
+from pipeline.optimize.measure import Latency, measure
 from pipeline.optimize.quantize import QuantSettings, quantize
 from pipeline.optimize.report import markdown
 from pipeline.recipe import OptimizeSpec, Recipe
@@ -71,8 +73,13 @@ def optimize_settings(recipe: Recipe | None, overrides: dict[str, Any]) -> Optim
     update = {k: v for k, v in overrides.items() if v is not None}
     try:
         return OptimizeSpec.model_validate({**base, **update})
-    except ValueError as exc:
-        raise InputError(f"optimize settings are invalid: {exc}") from None
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = str(err["loc"][0]) if err["loc"] else "optimize"
+            where = f"--{key.replace('_', '-')}" if key in update else "the recipe's"
+            problems.append(f"{where} optimize.{key}: {err['msg']} (got {err.get('input')!r})")
+        raise InputError(f"optimize settings are invalid: {'; '.join(problems)}") from None
 
 
 def optimize_artifact(
@@ -90,8 +97,18 @@ def optimize_artifact(
             f"artifact {artifact.root} has no model.onnx that passed its gate; "
             "run `pipe export` (or `pipe import`) first"
         )
+    if recipe_path is not None and manifest.stages.train is None:
+        raise InputError(
+            f"--recipe {recipe_path}: artifact {artifact.root} was imported, not trained from a recipe; "
+            "give its optimize settings on the command line (--quantize, --max-accuracy-drop ...)"
+        )
     recipe, notes = current_recipe(artifact, recipe_path) if manifest.stages.train else (None, [])
     settings = optimize_settings(recipe, overrides or {})
+    if (overrides or {}).get("min_cosine") is not None and manifest.task != "embedding":
+        raise InputError(
+            f"--min-cosine {overrides['min_cosine']:g} is the budget of embedding models; {artifact.root} is a "
+            f"{manifest.task} model: give --max-accuracy-drop (the task metric's drop) instead"
+        )
     evaluation = evaluation_set(artifact, recipe)
     policy = budget_policy(manifest.task, evaluation.target is not None, settings)
     parent = manifest.files[MODEL_FILE].sha256
@@ -99,8 +116,11 @@ def optimize_artifact(
     bounds = ", ".join(f"{k} {v}" for k, v in policy.to_dict().items() if k != "policy")
     say(f"[optimize] {artifact.root}: budget {policy.name} ({bounds}); evaluated on {evaluation.source}")
     judge = Judge(artifact, source, evaluation, policy)
-    needs_calibration = any(mode in ("static", "auto") for mode in settings.quantize)
+    # auto tries static candidates only with real samples to calibrate on; static itself insists on them
+    needs_calibration = "static" in settings.quantize or ("auto" in settings.quantize and has_real_samples(artifact))
     calibration = calibration_set(artifact, recipe, settings.calibration_samples) if needs_calibration else None
+    if "auto" in settings.quantize and calibration is None:
+        say("[optimize] auto: no real inputs to calibrate on (imported without --eval-data): dynamic candidates only")
 
     with StageWrite(artifact.root, "optimize") as write:
         (write.scratch / "variants").mkdir()
@@ -253,10 +273,11 @@ def _summary(
     evaluation: str,
     calibration: Calibration | None,
     made: list[Made],
-    fp32: Any,
+    fp32: Latency,
 ) -> dict[str, Any]:
     """reports/optimize.json: everything a person or CI needs to see what was tried and why."""
     base = fp32.to_dict()
+    batches = sorted(fp32.batches)  # 1 and 32, or the one batch a model with a fixed batch dimension takes
     size = artifact.manifest.files[MODEL_FILE].size
     rows = []
     for m in made:
@@ -270,8 +291,7 @@ def _summary(
                 "budget_figure": m.verdict.figure,
                 "margin": m.verdict.margin,
                 "latency": m.latency,
-                "speedup_b1": _ratio(base, m.latency, "p50_ms_b1"),
-                "speedup_b32": _ratio(base, m.latency, "p50_ms_b32"),
+                **{f"speedup_b{b}": _ratio(base, m.latency, f"p50_ms_b{b}") for b in batches},
                 "size": m.size,
                 "settings": m.settings,
                 "details": m.details,
@@ -285,6 +305,7 @@ def _summary(
         "evaluation": evaluation,
         "calibration": calibration.source if calibration else None,
         "fp32": {"file": MODEL_FILE, "size": size, "latency": base},
+        "batches": batches,
         "variants": rows,
     }
 

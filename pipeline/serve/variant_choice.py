@@ -111,17 +111,19 @@ def choose_quietly(artifact: Artifact, chosen: dict[str, str]) -> tuple[Choice, 
 
 
 def fastest(artifact: Artifact, servable: list[str]) -> str:
-    """The servable variant with the lowest recorded p50 latency at batch 1 (then batch 32); fp32 when none was timed.
+    """The servable variant with the lowest recorded p50 at batch 1 (then 32), or at its fixed batch; else fp32.
 
     `pipe optimize` times model.onnx and every variant side by side in one run and records it, so
     these figures compare; a variant without a timing (made elsewhere) is not a candidate.
     """
     records = artifact.manifest.variants
-    timed = [
-        (records[name].latency["p50_ms_b1"], records[name].latency.get("p50_ms_b32", 0.0), name)
-        for name in servable
-        if name in records and "p50_ms_b1" in records[name].latency
-    ]
+    timed = []
+    for name in servable:
+        latency = records[name].latency if name in records else {}
+        fixed = latency.get("fixed_batch")  # a fixed batch dimension: timed at that batch only
+        first = f"p50_ms_b{int(fixed)}" if fixed else "p50_ms_b1"
+        if first in latency:
+            timed.append((latency[first], latency.get("p50_ms_b32", 0.0), name))
     return min(timed)[2] if timed else FP32
 
 

@@ -143,3 +143,78 @@ def test_auto_leaves_the_sensitive_node_in_fp32_meets_the_budget_and_serve_best_
     choice, _ = choose_quietly(Artifact.load(root), {"*": "best"})
     timed = {k: v.latency["p50_ms_b1"] for k, v in manifest.variants.items() if v.passed and v.latency}
     assert choice.variant == min(timed, key=timed.get)
+
+
+def imported(tmp_path: Path, name: str, task: str = "classification", batch: int | str = "batch",
+             eval_data: bool = True) -> Path:  # fmt: skip
+    """A 16 -> 32 -> 8 MLP imported as `name` (eval data with targets unless an embedding): its artifact root."""
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.standard_normal((16, 32)).astype(np.float32), rng.standard_normal((32, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"), helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")],
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    onnx.save(model, str(tmp_path / f"{name}.onnx"))
+    x = rng.standard_normal((batch if isinstance(batch, int) else 64, 16)).astype(np.float32)
+    arrays = {"x": x} if task == "embedding" else {"x": x, "target": (np.maximum(x @ w1, 0) @ w2).argmax(1)}
+    np.savez(tmp_path / f"{name}.npz", **arrays)
+    args = ["import", str(tmp_path / f"{name}.onnx"), "--name", name, "--task", task,
+            "--repository", str(tmp_path / "artifacts")]  # fmt: skip
+    result = CliRunner().invoke(main, args + (["--eval-data", str(tmp_path / f"{name}.npz")] if eval_data else []))
+    assert result.exit_code == 0, result.output
+    return tmp_path / "artifacts" / name / "1"
+
+
+def test_invalid_settings_are_one_line_naming_the_option_and_the_value(tmp_path: Path) -> None:
+    root = imported(tmp_path, "lin")
+    result = CliRunner().invoke(main, ["optimize", str(root), "--threads", "0"])
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and "--threads" in result.output and "got 0" in result.output, result.output
+    assert "pydantic" not in result.output
+
+
+def test_a_budget_the_task_does_not_use_is_refused_not_ignored(tmp_path: Path) -> None:
+    embedding, classifier = imported(tmp_path, "emb", "embedding"), imported(tmp_path, "cls")
+    drop = CliRunner().invoke(main, ["optimize", str(embedding), "--max-accuracy-drop", "0.02"])
+    assert drop.exit_code == 2 and "0.02" in drop.output and "--min-cosine" in drop.output, drop.output
+    cosine = CliRunner().invoke(main, ["optimize", str(classifier), "--min-cosine", "0.5"])
+    assert cosine.exit_code == 2 and "0.5" in cosine.output and "--max-accuracy-drop" in cosine.output, cosine.output
+
+
+def test_a_recipe_given_for_an_imported_artifact_is_refused_not_ignored(tmp_path: Path) -> None:
+    root = imported(tmp_path, "lin")
+    recipe = tmp_path / "lin.yaml"
+    recipe.write_text(yaml.safe_dump({**TINY_CNN, "name": "lin", "optimize": {"quantize": ["fp16"]}}))
+    result = CliRunner().invoke(main, ["optimize", str(root), "--recipe", str(recipe)])
+    assert result.exit_code == 2 and "imported" in result.output and str(recipe) in result.output, result.output
+
+
+def test_static_int8_never_calibrates_on_generated_inputs(tmp_path: Path) -> None:
+    """An import without --eval-data has only made-up inputs: static int8 is refused, auto tries dynamic only."""
+    root = imported(tmp_path, "lin", eval_data=False)
+    static = CliRunner().invoke(main, ["optimize", str(root), "--quantize", "static", "--graph", "none"])
+    assert static.exit_code == 2 and "--eval-data" in static.output and "generated" in static.output, static.output
+    auto = CliRunner().invoke(main, ["optimize", str(root), "--quantize", "auto", "--graph", "none"])
+    assert auto.exit_code == 0, auto.output
+    report = json.loads((root / "reports" / "optimize.json").read_text())
+    assert report["calibration"] is None
+    assert {t["settings"]["mode"] for t in report["variants"][0]["details"]["search"]["tried"]} == {"dynamic"}
+
+
+def test_a_fixed_batch_model_is_timed_reported_and_served_best_at_its_own_batch(tmp_path: Path) -> None:
+    root = imported(tmp_path, "fixed", batch=4)
+    result = CliRunner().invoke(main, ["optimize", str(root), "--quantize", "dynamic", "--quantize", "fp16"])
+    assert result.exit_code == 0, result.output
+    markdown = (root / "reports" / "optimize.md").read_text()
+    assert "p50 b4 (ms)" in markdown and "speedup b4" in markdown, markdown
+    report = json.loads((root / "reports" / "optimize.json").read_text())
+    assert all(v["speedup_b4"] is not None for v in report["variants"])
+    manifest = Artifact.load(root).manifest
+    timed = {k: v.latency["p50_ms_b4"] for k, v in manifest.variants.items() if v.passed}
+    choice, _ = choose_quietly(Artifact.load(root), {"*": "best"})
+    assert choice.variant == min(timed, key=timed.get), timed

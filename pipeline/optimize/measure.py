@@ -2,8 +2,10 @@
 
 The machines this runs on are shared and noisy, so a variant is never timed alone and compared
 with a number taken minutes earlier. All models are timed in the same window, interleaved: each
-round runs every model once (starting from a different model each round, so none always follows
-the same neighbour), and rounds go on until every model has `seconds` of samples. A burst of load
+round runs every model once, in a fresh random order (seeded, so a run is repeatable: a fixed
+rotation would leave each model behind the same neighbour most of the time, and a model after a
+cache-thrashing one was measured 10-17% slower for it), and rounds go on until every model has
+`seconds` of samples. A burst of load
 from elsewhere then lands on every model alike, and the ratios between them hold even when the
 absolute milliseconds do not.
 
@@ -27,6 +29,8 @@ import onnxruntime as ort
 
 from pipeline.errors import ArtifactError, InputError
 from pipeline.verify.session import create_session, first_line
+
+ORDER_SEED = 0  # the rounds' random orders: the same on every run
 
 
 @dataclass(frozen=True)
@@ -163,15 +167,17 @@ def _time_interleaved(
         runs = len(samples[name])
         return runs >= max_runs or (runs >= min_runs and total[name] >= budget_ns)
 
+    order = np.random.default_rng(ORDER_SEED)
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
-    name, start = names[0], 0
+    name = names[0]
     try:
         while not all(finished(model) for model in names):
             # Every model below max_runs runs each round, even one past its budget, so the slow
             # models' samples keep sharing their window with the fast ones'.
-            for name in names[start:] + names[:start]:
+            for index in order.permutation(len(names)):
+                name = names[index]
                 if len(samples[name]) >= max_runs:
                     continue
                 session, feed = sessions[name], feeds[name]
@@ -180,7 +186,6 @@ def _time_interleaved(
                 elapsed = time.perf_counter_ns() - begin
                 samples[name].append(elapsed)
                 total[name] += elapsed
-            start = (start + 1) % len(names)
     except Exception as exc:  # with warmup=0 a model's first run is a timed one; name it like _run does
         raise ArtifactError(f"model {name!r} failed to run at batch {batch}: {first_line(exc)}") from exc
     finally:

@@ -227,6 +227,9 @@ class _Search:
             self.sources[path] = scratch / ("preprocessed.onnx" if report.preprocessed else "named.onnx")
             self.say(f"[{number}] judging {name}")
             verdict = self.judge(path)
+            if not report.quantized:  # every candidate node excluded: an fp32 copy, not a quantized model
+                kept = len(report.left_float)
+                verdict = _failed(f"nothing left quantized ({kept} node(s) in fp32); {verdict.detail}")
         size = path.stat().st_size if path.exists() else 0
         trial = Trial(name, settings, verdict, path, size, excluded, warnings=warnings)
         self.say(f"[{number}] {name}: {'within budget' if verdict.passed else 'MISSED'}: {verdict.detail}")
@@ -315,7 +318,7 @@ class _Search:
     def _calibrating(self, number: int) -> Callable[[int, int], None]:
         def report(done: int, total: int) -> None:
             if done == total or done % max(1, total // 4) == 0:
-                self.say(f"[{number}] calibrating {done}/{total} batches")
+                self.say(f"[{number}] calibrating {done}/{total} samples")
 
         return report
 

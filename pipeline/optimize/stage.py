@@ -244,7 +244,7 @@ def _quant_settings(mode: str, settings: OptimizeSpec) -> QuantSettings:
 def _calibration_progress(name: str, say: Say) -> Callable[[int, int], None]:
     def progress(done: int, total: int) -> None:
         if done == total or done % max(1, total // 4) == 0:
-            say(f"[optimize] {name}: calibrating {done}/{total} batches")
+            say(f"[optimize] {name}: calibrating {done}/{total} samples")
 
     return progress
 

@@ -25,7 +25,7 @@ from pipeline.optimize.quantize import QuantSettings, quantize
 from pipeline.optimize.search import SearchResult, Trial, auto_search, default_candidates
 from pipeline.optimize.sensitivity import sensitivity
 from pipeline.verify.evaluation import EvaluationSet
-from pipeline.verify.policies import MetricDrop, Policy
+from pipeline.verify.policies import MetricDrop, MinCosine, Policy
 from pipeline.verify.runners import ort_runner
 
 FEATURES, HIDDEN, CLASSES = 16, 32, 4
@@ -180,3 +180,14 @@ def test_default_candidates_try_static_only_with_calibration_data() -> None:
 def test_no_candidate_at_all_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match="no candidate"):
         auto_search(tmp_path / "unused.onnx", tmp_path, [], None, lambda _: None, {})  # type: ignore[arg-type,return-value]
+
+
+def test_a_model_with_every_node_left_in_fp32_is_not_an_int8_model_that_met_the_budget(tmp_path: Path) -> None:
+    """A budget only fp32 itself meets: excluding every quantized node would "pass" with an fp32 copy."""
+    model = mlp(tmp_path / "benign.onnx", 0.0)
+    result = search(tmp_path, model, [QuantSettings("dynamic")], MinCosine(1 - 1e-9))
+
+    assert not result.passed and not result.chosen.verdict.passed
+    assert all(not t.verdict.passed for t in result.tried)
+    last = result.tried[-1]
+    assert "nothing" in last.verdict.detail and "quantized" in last.verdict.detail, last.verdict.detail

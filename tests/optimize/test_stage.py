@@ -218,3 +218,10 @@ def test_a_fixed_batch_model_is_timed_reported_and_served_best_at_its_own_batch(
     timed = {k: v.latency["p50_ms_b4"] for k, v in manifest.variants.items() if v.passed}
     choice, _ = choose_quietly(Artifact.load(root), {"*": "best"})
     assert choice.variant == min(timed, key=timed.get), timed
+
+
+def test_calibration_progress_counts_samples_as_samples(tmp_path: Path) -> None:
+    root = imported(tmp_path, "lin")  # 64 samples given at import
+    result = CliRunner().invoke(main, ["optimize", str(root), "--quantize", "static", "--graph", "none"])
+    assert result.exit_code == 0, result.output
+    assert "calibrating 64/64 samples" in result.output and "batches" not in result.output, result.output

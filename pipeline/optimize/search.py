@@ -28,7 +28,8 @@ from pipeline.errors import ArtifactError, PipelineError
 from pipeline.optimize.graph import load
 from pipeline.optimize.judge import Verdict
 from pipeline.optimize.measure import measure
-from pipeline.optimize.quantize import QuantSettings, name_nodes, quantizable_nodes, quantize
+from pipeline.optimize.nodes import name_nodes, quantizable_nodes
+from pipeline.optimize.quantize import QuantSettings, quantize
 from pipeline.optimize.sensitivity import NodeScore, sensitivity
 from pipeline.verify.report import GateReport, Row
 

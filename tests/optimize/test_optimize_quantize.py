@@ -12,7 +12,8 @@ from transform_models import cnn, cosine, digits, features, mlp, relative_error,
 
 from pipeline.errors import InputError
 from pipeline.optimize.graph import optimize_graph, signature
-from pipeline.optimize.quantize import QuantSettings, quantizable_nodes, quantize, weight_bytes
+from pipeline.optimize.nodes import quantizable_nodes
+from pipeline.optimize.quantize import QuantSettings, quantize, weight_bytes
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,133 @@
+"""Which nodes of an ONNX graph each quantization mode works on (the candidates for exclusion), and which it did.
+
+Exclusion works by node name, and ONNX allows empty names: `name_nodes` gives every unnamed node a
+stable generated name, the same names `quantizable_nodes` lists and `quantize` uses in its scratch
+copy, so a name a user (or the auto search) reads here is one nodes_to_exclude accepts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Literal
+
+import onnx
+from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
+
+from pipeline.errors import InputError
+from pipeline.optimize.graph import load
+
+MODES = ("dynamic", "static", "fp16")
+# op types each mode's quantizer works on: onnxruntime's own registries (dynamic turns Gemm into MatMul)
+DYNAMIC_OPS = frozenset(IntegerOpsRegistry) | {"Gemm"}
+STATIC_OPS = frozenset(QDQRegistry) | frozenset(QLinearOpsRegistry)
+
+# ops that only exist in a quantized graph: how much of it runs in integer arithmetic
+QUANT_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "MatMulInteger",
+        "ConvInteger",
+        "QLinearConv",
+        "QLinearMatMul",
+        "QGemm",
+        "QAttention",
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeLSTM",
+        "QEmbedLayerNormalization",
+    }
+)
+Q_TENSOR_OPS = frozenset({"DequantizeLinear", "QuantizeLinear", "DynamicQuantizeLinear"})
+
+
+def name_nodes(model: onnx.ModelProto) -> int:
+    """Give every unnamed node a stable name (`<OpType>_<position>`), in place; returns how many."""
+    nodes = list(model.graph.node)
+    taken = {node.name for node in nodes if node.name}
+    named = 0
+    for position, node in enumerate(nodes):
+        if node.name:
+            continue
+        name, suffix = f"{node.op_type}_{position}", 0
+        while name in taken:
+            suffix += 1
+            name = f"{node.op_type}_{position}_{suffix}"
+        node.name = name
+        taken.add(name)
+        named += 1
+    return named
+
+
+def quantizable_nodes(
+    path: Path, mode: Literal["dynamic", "static", "fp16"] = "static", weighted: bool = False
+) -> list[str]:
+    """Names of the nodes `mode` would quantize, in graph order: the candidates for nodes_to_exclude.
+
+    Unnamed nodes are listed under the names `quantize` gives them. Dynamic mode quantizes nodes
+    with a constant weight (MatMul/Gemm with a constant B, Conv, Gather from a table, Attention);
+    static mode every op onnxruntime's QDQ quantizer knows (Add, Relu, Reshape... too); fp16 every
+    node but those onnxruntime's converter keeps in fp32. `weighted` keeps only nodes that carry
+    weights (MatMul, Gemm, Conv, ConvTranspose, Gather, Attention, LSTM...), where exclusion matters most.
+    """
+    if mode not in MODES:
+        raise InputError(f"quantization mode {mode!r} is not one of {', '.join(MODES)}")
+    model = load(path)
+    name_nodes(model)
+    return [node.name for node in candidates(model, mode) if not weighted or _has_weight(node, _constants(model))]
+
+
+def candidates(model: onnx.ModelProto, mode: str) -> list[onnx.NodeProto]:
+    """The nodes of `model`'s main graph that `mode`'s quantizer would convert."""
+    constants = _constants(model)
+    if mode == "fp16":
+        return [n for n in model.graph.node if n.op_type not in DEFAULT_OP_BLOCK_LIST]
+    if mode == "dynamic":  # onnxruntime's MatMulConstBOnly default, and Gemm rewritten as MatMul first
+        return [n for n in model.graph.node if _has_weight(n, constants) and n.op_type in DYNAMIC_OPS]
+    return [n for n in model.graph.node if n.op_type in STATIC_OPS]
+
+
+def _constants(model: onnx.ModelProto) -> set[str]:
+    return {i.name for i in model.graph.initializer} | {
+        o for n in model.graph.node if n.op_type == "Constant" for o in n.output
+    }
+
+
+def _has_weight(node: onnx.NodeProto, constants: set[str]) -> bool:
+    if node.op_type in ("Attention", "LSTM", "GRU", "EmbedLayerNormalization"):
+        return True
+    if node.op_type in ("MatMul", "Gemm", "Conv", "ConvTranspose"):
+        return len(node.input) > 1 and node.input[1] in constants
+    return node.op_type == "Gather" and node.input[0] in constants
+
+
+def quantized_nodes(
+    before: onnx.ModelProto, after: onnx.ModelProto, mode: str, excluded: list[str]
+) -> tuple[dict[str, int], list[str]]:
+    """Candidate nodes of `before` now quantized, by op type, and the names of those left in fp32.
+
+    A candidate is quantized when it (or, once replaced, a node named after it such as `<name>_quant`)
+    is an integer op or reads a quantized tensor: a (Dynamic)DequantizeLinear/QuantizeLinear output
+    or an 8-bit constant. In fp16 every candidate not excluded is converted.
+    """
+    nodes = candidates(before, mode)
+    if mode == "fp16":
+        quantized = [n for n in nodes if n.name not in set(excluded)]
+    else:
+        eight_bit = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8}
+        quantized_tensors = {i.name for i in after.graph.initializer if i.data_type in eight_bit} | {
+            o for n in after.graph.node if n.op_type in Q_TENSOR_OPS for o in n.output
+        }
+
+        def became_quantized(node: onnx.NodeProto) -> bool:
+            same = [m for m in after.graph.node if m.name == node.name]
+            # gone: replaced by nodes named after it (`<name>_quant`, a Gemm's `<name>_MatMul_quant`)
+            related = same or [m for m in after.graph.node if m.name.startswith((f"{node.name}_", f"{node.name}/"))]
+            return any(m.op_type in QUANT_OPS or set(m.input) & quantized_tensors for m in related)
+
+        quantized = [n for n in nodes if became_quantized(n)]
+    names = {n.name for n in quantized}
+    return dict(sorted(Counter(n.op_type for n in quantized).items())), [n.name for n in nodes if n.name not in names]

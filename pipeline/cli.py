@@ -221,8 +221,13 @@ def export(
 @click.option("--per-channel/--per-tensor", default=None, help="int8 weight scales [default: recipe].")
 @click.option("--calibration", type=click.Choice(["minmax", "entropy", "percentile"]), default=None,
               help="Static int8: how activation ranges are set [default: recipe].")  # fmt: skip
+@click.option("--reduce-range/--full-range", default=None, help="int8 weights in 7 bits (CPUs without VNNI).")
+@click.option("--activation-type", type=click.Choice(["uint8", "int8"]), default=None, help="Static int8 activations.")
+@click.option("--calibration-samples", type=int, default=None, help="Real training samples static int8 calibrates on.")
+@click.option("--slim/--no-slim", default=None, help="onnxslim after onnxruntime's passes for the opt variant.")
+@click.option("--max-exclusions", type=int, default=None, help="auto: nodes the search may leave in fp32.")
 @click.option("--threads", type=int, default=None, help="Intra-op threads the variants are timed with.")
-@click.option("--strict", is_flag=True, default=None, help="Exit 1 when a variant misses its budget.")
+@click.option("--strict/--no-strict", default=None, help="Exit 1 when a variant misses its budget [default: recipe].")
 @click.option("--recipe", type=click.Path(), default=None, help="Recipe to read optimize settings from.")
 def optimize(artifact: str, quantize: tuple[str, ...], recipe: str | None, **options: Any) -> None:
     """Graph-optimize and quantize ARTIFACT's model.onnx into verified variants (variants/, reports/optimize.md).
@@ -279,7 +284,7 @@ def import_cmd(
 @click.option("--out", "out_root", default="artifacts", show_default=True, type=click.Path(), help="Model repository.")
 @click.option("--force", is_flag=True, help="Run every stage even when its output is up to date.")
 def run_cmd(recipe: str, out_root: str, force: bool) -> None:
-    """Run every stage for RECIPE (train, export), skipping those already up to date."""
+    """Run every stage for RECIPE (train, export, optimize), skipping those already up to date."""
     from pipeline.run import run_recipe
 
     run_recipe(recipe, out_root=Path(out_root), force=force, echo=click.echo)

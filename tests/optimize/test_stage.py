@@ -225,3 +225,22 @@ def test_calibration_progress_counts_samples_as_samples(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["optimize", str(root), "--quantize", "static", "--graph", "none"])
     assert result.exit_code == 0, result.output
     assert "calibrating 64/64 samples" in result.output and "batches" not in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "key"),
+    [
+        ("--calibration-samples", "0", "calibration_samples"),
+        ("--max-exclusions", "-1", "max_exclusions"),
+        ("--threads", "0", "threads"),
+    ],
+)
+def test_every_optimize_option_reaches_the_settings_and_is_checked(
+    tmp_path: Path, flag: str, value: str, key: str
+) -> None:
+    model, data = sensitive_classifier(tmp_path)
+    repo = tmp_path / "artifacts"
+    args = ["import", str(model), "--name", "sensitive", "--eval-data", str(data), "--repository", str(repo)]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    result = CliRunner().invoke(main, ["optimize", str(repo / "sensitive" / "1"), flag, value])
+    assert result.exit_code == 2 and key in result.output and len(result.output.strip().splitlines()) == 1

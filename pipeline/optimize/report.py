@@ -51,14 +51,24 @@ def markdown(summary: dict[str, Any]) -> str:
 
 def _search(search: dict[str, Any]) -> list[str]:
     lines = [f"{'Met' if search.get('passed') else 'Missed'} the budget. Candidates tried:", ""]
-    lines += ["| candidate | excluded nodes | status | figure | detail |", "| --- | --- | --- | --- | --- |"]
+    lines += [
+        "| candidate | excluded nodes | status | figure | p50 b1 (ms) | p50 b32 (ms) | detail |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for trial in search.get("tried", []):
-        verdict = trial.get("verdict", {})
+        verdict, latency = trial.get("verdict", {}), trial.get("latency") or {}
         lines.append(
             f"| {trial.get('name', '')} | {len(trial.get('excluded', []))} | "
             f"{'passed' if verdict.get('passed') else 'failed'} | {_num(verdict.get('figure'))} | "
+            f"{_num(latency.get('p50_ms_b1'))} | {_num(latency.get('p50_ms_b32'))} | "
             f"{_cell(verdict.get('detail', ''))} |"
         )
+    reference = search.get("reference_latency") or {}
+    if reference:
+        lines += ["", f"fp32 in the same run: p50 {_num(reference.get('p50_ms_b1'))} ms at batch 1, "
+                      f"{_num(reference.get('p50_ms_b32'))} ms at batch 32."]  # fmt: skip
+    for note in search.get("notes", []):
+        lines.append(f"- {note}")
     exclusions = search.get("exclusions", [])
     if exclusions:
         lines += ["", "Nodes left in fp32, worst first:", ""]

@@ -20,7 +20,7 @@ from pipeline.errors import InputError
 from pipeline.recipe import OptimizeSpec
 from pipeline.verify.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
-from pipeline.verify.metrics import metric_drop, task_metric
+from pipeline.verify.metrics import SLACK, metric_drop, task_metric
 from pipeline.verify.policies import (
     Exact,
     MetricDrop,
@@ -82,7 +82,7 @@ class Judge:
             return Verdict(False, float("nan"), float("-inf"), _first_failure(report), report)
         got = run_chunked(ort_runner(candidate), e.data, [self._output])[self._output]
         figure, margin, detail = self._figure(policy, got)
-        passed = report.passed and margin >= 0
+        passed = report.passed and margin >= -SLACK
         if not report.passed:
             detail = f"{_first_failure(report)}; {detail}"
         return Verdict(passed, figure, margin, detail, report)

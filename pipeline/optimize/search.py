@@ -33,6 +33,8 @@ from pipeline.optimize.quantize import QuantSettings, quantize
 from pipeline.optimize.sensitivity import NodeScore, sensitivity
 from pipeline.verify.report import GateReport, Row
 
+REPAIR_FAMILIES = 3  # the closest candidates re-tried with each exclusion (a node left in fp32 can turn
+# a per-channel setting from a miss into a pass where the closest per-tensor one still misses)
 SENSITIVITY_SAMPLES = 64  # real samples compared node by node: enough to rank nodes, cheap on a big model
 SPEED_BATCHES = (1, 32)  # the batches candidates are timed at: p50 at the first decides, the second breaks ties
 Say = Callable[[str], None]
@@ -173,7 +175,9 @@ def auto_search(
             "no candidate could be quantized:\n  " + "\n  ".join(f"{t.name}: {t.verdict.detail}" for t in search.tried)
         )
     if not any(t.verdict.passed for t in search.tried):
-        search.exclude(max(made, key=lambda t: t.verdict.margin), samples, max_exclusions, threads)
+        ranked = sorted(made, key=lambda t: t.verdict.margin, reverse=True)
+        others = [t.settings for t in ranked[1:REPAIR_FAMILIES]]
+        search.exclude(ranked[0], samples, max_exclusions, threads, others)
     search.prune()
     reference = search.time(samples, threads, seconds)
     passing = [t for t in search.tried if t.verdict.passed]
@@ -237,8 +241,19 @@ class _Search:
         self.tried.append(trial)
         return trial
 
-    def exclude(self, start: Trial, samples: Mapping[str, np.ndarray], limit: int, threads: int) -> None:
-        """Leave the worst node of `start` in fp32, re-quantize, judge; repeat until within budget or `limit`."""
+    def exclude(
+        self,
+        start: Trial,
+        samples: Mapping[str, np.ndarray],
+        limit: int,
+        threads: int,
+        others: Sequence[QuantSettings] = (),
+    ) -> None:
+        """Leave the worst node of `start` in fp32, re-quantize, judge; repeat until within budget or `limit`.
+
+        Each exclusion is also tried with the `others` settings (the next closest candidates): the
+        closest trial of the step, by margin, is the one ranked for the next exclusion.
+        """
         self.say(f"no candidate met the budget; repairing the closest, {start.name} ({start.verdict.detail})")
         self.prune(keep=start)
         inputs = {k: v[:SENSITIVITY_SAMPLES] for k, v in samples.items()}
@@ -258,12 +273,18 @@ class _Search:
                 Exclusion(node, score.op_type, score.score, f"{score.why()} in {current.name}{where}")
             )
             excluded = (*excluded, node)
-            settings = replace(start.settings, nodes_to_exclude=(*start.settings.nodes_to_exclude, *excluded))
-            current = self.attempt(settings, excluded)
-            self.prune(keep=current)
-            if not current.size:  # quantization itself failed: nothing left to rank
-                self.notes.append(f"stopped: {current.verdict.detail}")
+            step = []
+            for base in (start.settings, *others):
+                settings = replace(base, nodes_to_exclude=(*base.nodes_to_exclude, *excluded))
+                step.append(self.attempt(settings, excluded))
+                if step[-1].verdict.passed:
+                    break
+            made = [t for t in step if t.size]
+            if not made:  # quantization itself failed: nothing left to rank
+                self.notes.append(f"stopped: {step[0].verdict.detail}")
                 break
+            current = max(made, key=lambda t: (t.verdict.passed, t.verdict.margin))
+            self.prune(keep=current)
 
     def _worst(
         self, trial: Trial, inputs: Mapping[str, np.ndarray], skip: set[str], threads: int

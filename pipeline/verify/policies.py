@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pipeline.errors import InputError
-from pipeline.verify.metrics import metric_drop
+from pipeline.verify.metrics import SLACK, metric_drop
 
 DEFAULT_MAX_DROP = 0.01  # task metric: at most 1 accuracy point lost
 DEFAULT_MIN_AGREEMENT = 0.99  # classifiers: at most 1 sample in 100 changes its predicted class
@@ -111,7 +111,7 @@ class MetricDrop(Policy):
 
     def judge_metric(self, metric: str, reference: float, candidate: float) -> Judgement:
         drop = metric_drop(metric, reference, candidate)
-        if drop <= self.max_drop:
+        if drop <= self.max_drop + SLACK:
             return Judgement(True, f"drop {drop:.4g} within budget {self.max_drop:g}")
         return Judgement(False, f"drops by {drop:.4g} > budget {self.max_drop:g}")
 

@@ -127,9 +127,9 @@ def test_auto_leaves_the_sensitive_node_in_fp32_meets_the_budget_and_serve_best_
     args = ["import", str(model), "--name", "sensitive", "--eval-data", str(data), "--repository", str(repo)]
     assert CliRunner().invoke(main, args).exit_code == 0
     root = repo / "sensitive" / "1"
-    # 0.03: leaving `head` in fp32 costs 2 points with `hidden` still int8; only both in fp32 would meet 0.01,
-    # and that is an fp32 copy, which the search refuses to call int8
-    args = ["optimize", str(root), "--quantize", "auto", "--graph", "none", "--max-accuracy-drop", "0.03"]
+    # The default budget (0.01): per-tensor int8 of `hidden` still costs 2 points once `head` is in fp32;
+    # the search re-tries the exclusion with per-channel weights, which meets it with `hidden` in int8
+    args = ["optimize", str(root), "--quantize", "auto", "--graph", "none"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     manifest = Artifact.load(root).manifest

@@ -108,3 +108,11 @@ def test_a_budget_over_no_values_fails_as_unmeasured(policy, shape: tuple[int, i
     empty = np.zeros(shape)
     judged = policy.compare(empty, empty)
     assert not judged.passed and "no values" in judged.detail
+
+
+def test_a_drop_of_exactly_the_budget_meets_it() -> None:
+    """4 of 400 samples is exactly 1 point, though 1.0 - 0.99 is 0.010000000000000009 in floats."""
+    from pipeline.verify.policies import MetricDrop
+
+    assert MetricDrop(0.01).judge_metric("accuracy", 1.0, 0.99).passed
+    assert not MetricDrop(0.01).judge_metric("accuracy", 1.0, 0.9875).passed

@@ -27,6 +27,7 @@ from pipeline.errors import ArtifactError
 from pipeline.verify.session import create_session, first_line
 
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
+DEAD_CHANNEL = 1e-3  # a channel below this share of the median channel's energy is measured against that share
 CHUNK = 16  # samples per run: every intermediate tensor of both models is held for one chunk at a time
 EXTERNAL_DATA_OVER = 1 << 30  # copies of models larger than this (bytes) keep their weights beside them
 REMOVABLE = ("Relu", "Clip")  # activations static quantization folds into the node before them
@@ -152,11 +153,18 @@ def _exposed(model: onnx.ModelProto, tensors: Mapping[str, onnx.ValueInfoProto],
 def _relative_errors(
     reference: Path, candidate: Path, folds: Mapping[str, Fold], inputs: Mapping[str, np.ndarray], threads: int
 ) -> dict[str, float]:
-    """||candidate - reference|| / ||reference|| per shared output tensor, over all samples, chunk by chunk."""
+    """Per shared output tensor: the mean over its channels of ||candidate - reference|| / ||reference||.
+
+    Per channel, not over the whole tensor: one channel thousands of times wider than the rest
+    (the case int8 with one scale per tensor ruins) would otherwise dominate both norms and hide
+    that every other channel was rounded away. A channel is axis 1 of a 4-D (NCHW) tensor, else
+    the last axis. A channel whose reference is all but zero (a dead ReLU unit) is measured
+    against the tensor's typical channel, so its noise does not blow up.
+    """
     sessions = [create_session(p, "cpu", intra_op_threads=threads, inter_op_threads=1) for p in (reference, candidate)]
     names = [o.name for o in sessions[1].get_outputs() if o.name in {r.name for r in sessions[0].get_outputs()}]
-    diff2 = dict.fromkeys(names, 0.0)
-    ref2 = dict.fromkeys(names, 0.0)
+    diff2: dict[str, np.ndarray | float] = dict.fromkeys(names, 0.0)
+    ref2: dict[str, np.ndarray | float] = dict.fromkeys(names, 0.0)
     mismatched: set[str] = set()  # same name, different shape: not the same value, not compared
     count = len(next(iter(inputs.values())))
     for start in range(0, count, CHUNK):
@@ -170,13 +178,27 @@ def _relative_errors(
                 mismatched.add(name)
                 continue
             with np.errstate(invalid="ignore", over="ignore"):
-                diff2[name] += float(np.square(a - b).sum())
-                ref2[name] += float(np.square(b).sum())
-    return {
-        name: float(np.sqrt(diff2[name] / max(ref2[name], TINY))) if np.isfinite(diff2[name]) else float("inf")
-        for name in names
-        if name not in mismatched
-    }
+                diff2[name] = diff2[name] + _per_channel(np.square(a - b))
+                ref2[name] = ref2[name] + _per_channel(np.square(b))
+    errors = {}
+    for name in names:
+        if name in mismatched:
+            continue
+        d, r = np.atleast_1d(diff2[name]), np.atleast_1d(ref2[name])
+        if not np.isfinite(d).all():
+            errors[name] = float("inf")
+            continue
+        floor = max(float(np.median(r)) * DEAD_CHANNEL, TINY)
+        errors[name] = float(np.mean(np.sqrt(d / np.maximum(r, floor))))
+    return errors
+
+
+def _per_channel(squares: np.ndarray) -> np.ndarray:
+    """Sum of squares per channel: axis 1 of a 4-D tensor, else the last axis (a scalar: one channel)."""
+    if squares.ndim == 0:
+        return np.atleast_1d(squares)
+    axis = 1 if squares.ndim == 4 else squares.ndim - 1
+    return np.moveaxis(squares, axis, -1).reshape(-1, squares.shape[axis]).sum(axis=0)
 
 
 def _scores(

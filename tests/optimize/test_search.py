@@ -126,7 +126,7 @@ def test_sensitivity_blames_the_node_reading_the_outlier_in_dynamic_and_static_i
         ranked = sensitivity(source, tmp_path / f"{settings.mode}.onnx", x, tmp_path)
         worst, runner_up = ranked[0], ranked[1]
         assert worst.node.split("/")[0] == "fc3", [(s.node, s.score) for s in ranked]
-        assert worst.output_error > 0.5 and worst.input_error < 0.01
+        assert worst.output_error > 0.5 and worst.input_error < 0.05
         assert runner_up.score < 0.05  # nothing else adds more than rounding noise
 
 

@@ -175,7 +175,9 @@ def auto_search(
             "no candidate could be quantized:\n  " + "\n  ".join(f"{t.name}: {t.verdict.detail}" for t in search.tried)
         )
     if not any(t.verdict.passed for t in search.tried):
-        ranked = sorted(made, key=lambda t: t.verdict.margin, reverse=True)
+        # Closest first; on a tie, per-channel first: its weights cannot hide a wide row, so what
+        # error is left is the activations', which leaving a node in fp32 repairs.
+        ranked = sorted(made, key=lambda t: (t.verdict.margin, t.settings.per_channel), reverse=True)
         others = [t.settings for t in ranked[1:REPAIR_FAMILIES]]
         search.exclude(ranked[0], samples, max_exclusions, threads, others)
     search.prune()
@@ -283,7 +285,7 @@ class _Search:
             if not made:  # quantization itself failed: nothing left to rank
                 self.notes.append(f"stopped: {step[0].verdict.detail}")
                 break
-            current = max(made, key=lambda t: (t.verdict.passed, t.verdict.margin))
+            current = max(made, key=lambda t: (t.verdict.passed, t.verdict.margin, t.settings.per_channel))
             self.prune(keep=current)
 
     def _worst(

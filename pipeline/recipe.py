@@ -166,9 +166,16 @@ class OptimizeSpec(_Strict):
 
 
 class EdgeSpec(_Strict):
-    enabled: bool = True
+    """`pipe export --target edge`: TFLite models made from model.onnx, and what each must meet."""
+
+    enabled: bool = True  # `pipe run` makes the edge models
     precisions: list[Literal["fp32", "fp16", "int8"]] = ["fp32", "fp16", "int8"]
-    max_accuracy_drop: float = Field(0.02, ge=0)
+    layout: Literal["nhwc", "nchw"] = "nhwc"  # image inputs: NHWC for devices, or keep the server's NCHW
+    atol_fp32: float = Field(1e-4, gt=0)  # fp32 TFLite against model.onnx, per element (plus rtol * |ref|)
+    atol_fp16: float = Field(1e-2, gt=0)  # fp16 weights round at about 1e-3 relative
+    rtol: float = Field(1e-3, ge=0)
+    max_accuracy_drop: float = Field(0.015, ge=0)  # int8: the task metric may drop this much (1.5 points)
+    calibration_samples: int = Field(256, gt=0)  # real training samples full-integer int8 calibrates on
 
 
 class BudgetSpec(_Strict):
@@ -206,6 +213,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "train": ("name", "task", "model", "data", "train"),
     "export": ("export",),
     "optimize": ("optimize",),
+    "edge": ("edge",),
 }
 
 

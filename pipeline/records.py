@@ -120,6 +120,17 @@ class OptimizeRecord(StageRecord):
 
 
 @dataclass(kw_only=True)
+class EdgeRecord(StageRecord):
+    """`pipe export --target edge`: settings are the recipe's edge section and the command-line overrides."""
+
+    parent: str  # sha256 of the model.onnx every edge model was converted from and judged against
+    converter: str  # e.g. "onnx2tf 1.28.8"
+    variants: list[str] = field(default_factory=list)  # the edge variants this run made, passed or failed
+    failed: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)  # conversion wall time per variant
+
+
+@dataclass(kw_only=True)
 class Stages:
     """manifest.stages: the record of each stage that ran (absent when it did not)."""
 
@@ -127,11 +138,18 @@ class Stages:
     export: ExportRecord | None = field(default=None, metadata={"omit_none": True})
     import_: ImportRecord | None = field(default=None, metadata={"json": "import", "omit_none": True})
     optimize: OptimizeRecord | None = field(default=None, metadata={"omit_none": True})
+    edge: EdgeRecord | None = field(default=None, metadata={"omit_none": True})
 
     def names(self) -> list[str]:
         """The stages that ran, in pipeline order."""
         return [name for name, record in self.items()]
 
     def items(self) -> list[tuple[str, StageRecord]]:
-        pairs = (("train", self.train), ("import", self.import_), ("export", self.export), ("optimize", self.optimize))
+        pairs = (
+            ("train", self.train),
+            ("import", self.import_),
+            ("export", self.export),
+            ("optimize", self.optimize),
+            ("edge", self.edge),
+        )
         return [(name, record) for name, record in pairs if record is not None]

@@ -57,6 +57,30 @@ def _check_size(value: int | None) -> str | None:
 
 
 @dataclass(kw_only=True)
+class EdgeTensor:
+    """One input or output of an edge model as a device program must feed or read it."""
+
+    name: str
+    dtype: str  # numpy name: float32, int8, uint8, int64 ...
+    shape: list[int]  # as the interpreter reports it; -1 or 1 in the batch position for a resizable batch
+    scale: float | None = None  # quantized tensors: real = scale * (q - zero_point)
+    zero_point: int | None = None
+
+
+@dataclass(kw_only=True)
+class EdgeIO:
+    """How to feed an edge model, and which runtimes were seen to run it."""
+
+    layout: str  # the image inputs' layout: NHWC or NCHW (non-image inputs keep theirs)
+    inputs: list[EdgeTensor]
+    outputs: list[EdgeTensor]
+    names: dict[str, str] = field(default_factory=dict)  # model.onnx's name -> the edge model's, where renamed
+    runtimes: dict[str, bool] = field(
+        default_factory=dict
+    )  # e.g. {"ai-edge-litert 2.3.0": true, "tflite-runtime 2.14.0": false}
+
+
+@dataclass(kw_only=True)
 class Variant:
     """One model file of the artifact and the evidence about it."""
 
@@ -72,6 +96,7 @@ class Variant:
     parity: dict[str, Any] = field(default_factory=dict)  # the verifier's report against its parent
     latency: dict[str, float] = field(default_factory=dict)  # e.g. {"p50_ms_b1": ..., "throughput_b32": ...}
     size: int | None = field(default=None, metadata={"check": _check_size})  # bytes
+    edge: EdgeIO | None = field(default=None, metadata={"omit_none": True})  # edge models: how to feed them
 
     @property
     def passed(self) -> bool:

@@ -24,8 +24,8 @@ from pydantic import ValidationError
 
 from pipeline.artifact import Artifact, resolve_artifact
 from pipeline.artifact_recipe import current_recipe
+from pipeline.calibration import Calibration, calibration_set, has_real_samples
 from pipeline.errors import ArtifactError, CheckFailed, InputError
-from pipeline.optimize.calibration import Calibration, calibration_set, has_real_samples
 from pipeline.optimize.graph import optimize_graph
 from pipeline.optimize.judge import LOSSLESS, Judge, Verdict, budget_policy
 from pipeline.optimize.measure import Latency, measure

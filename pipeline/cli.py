@@ -248,6 +248,27 @@ def optimize(artifact: str, quantize: tuple[str, ...], recipe: str | None, **opt
     click.echo(f"report: {outcome.artifact.root / 'reports' / 'optimize.md'}")
 
 
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--input", "input_file", required=True, type=click.Path(),
+              help="FILE.npz (one array per input name), FILE.json (an object keyed by input name, or a list for "
+              "one input) or a PNG/JPEG for a model with one image input.")  # fmt: skip
+@click.option("--variant", default="fp32", show_default=True, help="The variant to run: fp32 (model.onnx), opt, "
+              "int8, tflite-fp16 ... (pipe info lists them).")  # fmt: skip
+@click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1), help="Classes shown per sample.")
+@click.option("--allow-failed", is_flag=True, help="Run a failed or stale variant anyway (a note says why it is not "
+              "usable).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: top_k per sample and every output in full.")
+def predict(artifact: str, input_file: str, variant: str, top_k: int, allow_failed: bool, as_json: bool) -> None:
+    """Run one variant of ARTIFACT on an input file, locally, for a quick look (top-k labels for classifiers)."""
+    from pipeline.predict.run import predict_file
+
+    result = predict_file(artifact, input_file, variant, allow_failed)
+    for note in result.notes:
+        click.secho(f"note: {note}", err=True, fg="yellow")
+    click.echo(result.to_json(top_k) if as_json else result.text(top_k))
+
+
 @main.command("import")
 @click.argument("model", type=click.Path())
 @click.option("--name", required=True, help="Artifact name: artifacts/NAME/<next version>/.")

@@ -1,0 +1,95 @@
+"""Which variant to run, and a runner for it: named arrays in -> named arrays out.
+
+fp32 (`model.onnx`) by default. A failed or stale variant (`pipeline.variants.unusable`) is refused
+with the reason unless `allow_failed`: looking at what a failed int8 model answers is a fair
+reason to run it, but it must be asked for, and it is never silent (a note says why it is not
+usable). Its file must still be listed in the manifest, so it was verified on load like every other.
+ONNX variants run through `create_session` on CPU; TFLite variants through the edge runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pipeline.errors import ArtifactError, InputError
+from pipeline.variants import FP32, MODEL_FILE, Variant, check_variant_name, unusable, variant_file
+from pipeline.verify.session import first_line
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from pipeline.artifact import Artifact
+    from pipeline.verify.runners import Runner
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The variant to run and what the user should know about it."""
+
+    name: str  # fp32, int8, tflite-fp16 ...
+    file: str  # relative to the artifact
+    format: str  # onnx | tflite
+    note: str | None = None  # why it is not usable, when run anyway with allow_failed
+
+
+def choose_variant(artifact: Artifact, name: str = FP32, allow_failed: bool = False) -> Chosen:
+    """The variant `name` of `artifact`, refused (InputError) when it is missing, failed or stale."""
+    if problem := check_variant_name(name):
+        raise InputError(f"--variant {name}: {problem}")
+    manifest = artifact.manifest
+    record = manifest.variants.get(name)
+    if record is None and name != FP32:
+        known = ", ".join(dict.fromkeys([FP32, *manifest.variants])) if MODEL_FILE in manifest.files else "none"
+        raise InputError(f"variant {name!r} does not exist in {artifact.root}; its variants: {known}")
+    note = None
+    if record is not None and (why := unusable(record, {e.sha256 for e in manifest.files.values()})):
+        if not allow_failed:
+            raise InputError(
+                f"variant {name!r} is not usable: {why}. Pass --allow-failed to run it anyway for a look, "
+                "or choose a passed variant"
+            )
+        note = f"variant {name!r} is not usable ({why}); running it because --allow-failed was given"
+    file = variant_file(name)
+    if file not in manifest.files:
+        if note:
+            raise ArtifactError(f"variant {name!r} failed and its file {file} was not kept: there is nothing to run")
+        how = "pipe export (or pipe import)" if name == FP32 else "the stage that makes it"
+        raise ArtifactError(f"{artifact.root} lists no {file} (variant {name!r}); make it with {how} first")
+    return Chosen(name, file, record.format if record else "onnx", note)
+
+
+def load_runner(artifact: Artifact, chosen: Chosen) -> Runner:
+    """A runner for the chosen variant's file: onnxruntime for ONNX, the edge runner for TFLite."""
+    path = artifact.path(chosen.file)
+    if chosen.format == "tflite":
+        return _tflite_runner(path, chosen.name, artifact.manifest.variants[chosen.name])
+    from pipeline.verify.runners import OrtRunner
+    from pipeline.verify.session import create_session
+
+    return OrtRunner(create_session(path, "cpu"))
+
+
+def _tflite_runner(path: Path, name: str, record: Variant) -> Runner:
+    """The edge runner on `path`, fed NCHW as the manifest says, with the layout and names the edge stage recorded."""
+    try:
+        from pipeline.edge.runner import TFLiteRunner
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("pipeline.edge", "pipeline.edge.runner"):
+            raise
+        raise InputError(
+            f"variant {name!r} is a TFLite model, and this pipe has no TFLite runner yet "
+            "(pipeline/edge/runner.py has not landed); run an ONNX variant instead, e.g. --variant fp32"
+        ) from None
+    edge = getattr(record, "edge", None)  # the edge stage's record of the converted model's I/O, when present
+    layout = str(getattr(edge, "layout", None) or record.settings.get("layout") or "NCHW").upper()
+    names = dict(getattr(edge, "names", None) or {})
+    try:
+        return TFLiteRunner(path, names=names, layout=layout)
+    except ImportError as exc:
+        raise InputError(
+            f"variant {name!r} is a TFLite model and no TFLite interpreter is installed ({exc}); install the "
+            "edge profile: pip install -c requirements.lock '.[edge]'"
+        ) from None
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise ArtifactError(f"{path}: cannot load it as a TFLite model: {first_line(exc)}") from exc

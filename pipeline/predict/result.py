@@ -1,0 +1,118 @@
+"""What a prediction shows: top-k labels for a classifier, otherwise each output's shape and values.
+
+A classifier's first output ([batch, classes]) is turned into probabilities with a softmax, unless
+its rows already are a distribution (non-negative, summing to 1: a model ending in Softmax), and
+each sample lists its k most likely classes by the manifest's labels (class indexes without them).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipeline.manifest import Manifest
+
+Arrays = dict[str, np.ndarray]
+FIRST_VALUES = 8  # values of each output shown in the text view
+
+
+@dataclass
+class Prediction:
+    """The outputs of one run of one variant, and what is needed to read them."""
+
+    artifact: str  # the version directory
+    variant: str
+    file: str
+    format: str  # onnx | tflite
+    manifest: Manifest
+    outputs: Arrays
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def classifier_output(self) -> str | None:
+        """The output holding class scores, when the model is a classifier with [batch, classes] scores."""
+        if self.manifest.task != "classification" or not self.outputs:
+            return None
+        name = self.manifest.outputs[0].name
+        name = name if name in self.outputs else next(iter(self.outputs))  # a runner naming outputs its own way
+        scores = self.outputs[name]
+        return name if scores.ndim == 2 and scores.dtype.kind == "f" else None
+
+    def top_k(self, k: int) -> list[list[dict[str, Any]]]:
+        """Per sample, the k most likely classes: label, index, probability (most likely first)."""
+        name = self.classifier_output
+        if name is None:
+            return []
+        probs = probabilities(self.outputs[name])
+        labels = self.manifest.labels
+        k = min(k, probs.shape[1])
+        ranked = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+        return [
+            [
+                {"label": labels[i] if i < len(labels) else str(i), "index": int(i), "probability": float(row[i])}
+                for i in order
+            ]
+            for row, order in zip(probs, ranked, strict=True)
+        ]
+
+    def text(self, k: int) -> str:
+        """The terminal view: a header, then top-k per sample or each output's shape and first values."""
+        lines = [f"{self.artifact}: variant {self.variant} ({self.file}, {self.format})"]
+        shown = self.classifier_output
+        for i, classes in enumerate(self.top_k(k)):
+            width = max(len(c["label"]) for c in classes)
+            lines.append(f"sample {i}")
+            lines += [f"  {c['label']:<{width}}  {c['probability']:.4f}" for c in classes]
+        for name, array in self.outputs.items():
+            if name != shown:
+                values = ", ".join(_short(v) for v in array.reshape(-1)[:FIRST_VALUES].tolist())
+                more = " ..." if array.size > FIRST_VALUES else ""
+                lines.append(f"{name}: {array.dtype}{list(array.shape)}  {values}{more}")
+        return "\n".join(lines)
+
+    def to_json(self, k: int) -> str:
+        """Machine-readable: the variant, top_k per sample (classifiers) and every output in full.
+
+        Non-finite floats are written as null (JSON has no NaN).
+        """
+        return json.dumps(
+            {
+                "artifact": self.artifact,
+                "variant": self.variant,
+                "file": self.file,
+                "format": self.format,
+                "notes": self.notes,
+                "top_k": self.top_k(k),
+                "outputs": {
+                    name: {"dtype": str(a.dtype), "shape": list(a.shape), "values": _json_values(a)}
+                    for name, a in self.outputs.items()
+                },
+            },
+            indent=2,
+        )
+
+
+def probabilities(scores: np.ndarray) -> np.ndarray:
+    """Class probabilities per row: the rows themselves if they are a distribution, else a softmax."""
+    scores = scores.astype(np.float64)
+    if (scores >= 0).all() and np.allclose(scores.sum(axis=1), 1.0, atol=1e-3):
+        return scores
+    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _json_values(array: np.ndarray) -> Any:
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        values = array.astype(np.float64).astype(object)  # Python floats, and room for None
+        values[~np.isfinite(array)] = None
+        return values.tolist()
+    if array.dtype.kind in "OS":
+        return np.vectorize(lambda v: v.decode(errors="replace") if isinstance(v, bytes) else str(v))(array).tolist()
+    return array.tolist()

@@ -10,7 +10,7 @@ GPU    ?= 0
 LOCKHASH := $(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)-gpu$(GPU)
 STAMP  := $(VENV)/.installed-$(LOCKHASH)
 
-.PHONY: venv run test lint bench lock clean check-serve-profile
+.PHONY: venv run test lint bench lock clean check-serve-profile edge-runtime edge-check
 
 venv: $(STAMP)
 
@@ -47,6 +47,30 @@ lint: venv
 check-serve-profile: run
 	PIPE_SERVE_PROFILE_ARTIFACT=artifacts/digits-cnn $(BIN)/python -m pytest -s -p no:cacheprovider -m slow \
 		tests/test_install_profiles.py::test_serve_profile_serves_without_torch_or_tensorflow
+
+# A device-like runtime for edge models (docs/DESIGN.md section 5): Python 3.11 with only numpy<2 and
+# tflite-runtime 2.14, the interpreter many devices still have. It cannot share .venv (tflite-runtime
+# needs numpy<2), so it is a venv of its own; the stamp names the pins, so a second call installs nothing.
+EDGE_PYTHON := $(shell command -v python3.11)
+EDGE_VENV   := .venv-edge
+EDGE_PINS   := numpy==1.26.4 tflite-runtime==2.14.0
+EDGE_STAMP  := $(EDGE_VENV)/.installed-$(shell echo '$(EDGE_PINS)' | sha256sum | cut -c1-16)
+
+edge-runtime: $(EDGE_STAMP)
+
+$(EDGE_STAMP):
+	@test -n "$(EDGE_PYTHON)" || (echo "edge-runtime needs python3.11 on PATH (tflite-runtime 2.14 has wheels for 3.11)" && exit 1)
+	@test -x $(EDGE_VENV)/bin/python || $(EDGE_PYTHON) -m venv $(EDGE_VENV)
+	@echo "installing $(EDGE_PINS) into $(EDGE_VENV)"
+	$(EDGE_VENV)/bin/pip install -q --disable-pip-version-check --only-binary=:all: $(EDGE_PINS) 2>&1 | { grep -v "^WARNING: Location" || true; }
+	@$(EDGE_VENV)/bin/python -c "import tflite_runtime.interpreter, numpy" || (echo "$(EDGE_VENV) is incomplete: see the pip output above" && exit 1)
+	@rm -f $(EDGE_VENV)/.installed-*
+	@touch $@
+
+# pipeline/edge/runner.py run by $(EDGE_VENV)'s Python on a tiny .tflite and its golden.npz: it must run
+# there with tflite_runtime and match, with neither tensorflow nor torch importable.
+edge-check: venv edge-runtime
+	$(BIN)/python -m pytest -p no:cacheprovider -m slow tests/edge/test_edge_runner.py -k tflite_runtime
 
 bench: venv
 	@for b in bench/*.py; do echo "== $$b"; PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python $$b || exit 1; done

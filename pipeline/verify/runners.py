@@ -1,11 +1,13 @@
 """Runners: every model the verifier compares, called one way, named numpy arrays in -> named arrays out.
 
 A runner is any callable `Runner`: the torch module a model was trained as (`torch_runner`), an
-onnxruntime session (`OrtRunner`), a numpy function in a test. A TFLite runner
-(LiteRT) joins them by being one more callable of this shape; the gate needs nothing else.
-`run_chunked` runs one over a split too large for a single call.
+onnxruntime session (`OrtRunner`), a .tflite model (`tflite_candidate`, on LiteRT), a numpy
+function in a test. `run_chunked` runs one over a split too large for a single call.
 
-torch is imported inside `torch_runner` only: the server imports this package.
+torch is imported inside `torch_runner` only: the server imports this package. The TFLite runner
+is pipeline/edge/runner.py, imported inside `tflite_candidate` only: that file is the stand-alone
+runner a device copies (numpy and an interpreter, nothing of pipe), so the verifier uses it
+rather than a second copy, and import-linter allows this one import from verify into edge.
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from pipeline.errors import InputError
-from pipeline.verify.session import create_session
+from pipeline.errors import ArtifactError, InputError
+from pipeline.verify.session import create_session, first_line
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import onnxruntime as ort
     import torch
 
     from pipeline.manifest import TensorSpec
+    from pipeline.verify.gate import Candidate
 
 Arrays = dict[str, np.ndarray]
 EVAL_CHUNK = 256  # samples per call over a whole split: bounded memory, few calls
@@ -84,6 +89,31 @@ def torch_runner(module: torch.nn.Module, inputs: list[TensorSpec], outputs: lis
         }
 
     return run
+
+
+def tflite_candidate(
+    path: str | Path,
+    names: Mapping[str, str] | None = None,
+    layout: str | Mapping[str, str] = "NCHW",
+    num_threads: int = 1,
+    runtime: str | None = None,
+) -> Candidate:
+    """The .tflite file at `path` as a gate candidate ("TFLite", run by "LiteRT", else tflite-runtime).
+
+    `names` maps pipe's tensor names to the model's where the converter renamed them; `layout`
+    "NHWC" (or per tensor) when the model takes channels-last images and the caller gives NCHW;
+    int8 inputs and outputs are quantized and dequantized with the model's own parameters, so the
+    gate compares floats. A file no interpreter can load, or no interpreter installed, raises
+    ArtifactError.
+    """
+    from pipeline.edge.runner import TFLiteRunner
+    from pipeline.verify.gate import Candidate
+
+    try:
+        runner = TFLiteRunner(path, num_threads=num_threads, names=names, layout=layout, runtime=runtime)
+    except (ValueError, RuntimeError, OSError, ImportError) as exc:
+        raise ArtifactError(f"cannot load {path} as a TFLite model: {first_line(exc)}") from exc
+    return Candidate(runner, "TFLite", "LiteRT" if runner.runtime == "ai_edge_litert" else "tflite-runtime", None)
 
 
 def run_chunked(run: Runner, inputs: Arrays, names: Sequence[str] | None = None, chunk: int = EVAL_CHUNK) -> Arrays:

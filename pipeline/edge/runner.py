@@ -1,0 +1,315 @@
+"""Run a .tflite model with named numpy arrays in and out: one stand-alone file for a device.
+
+This file imports numpy and a TFLite interpreter, `ai_edge_litert` (LiteRT) when present, else
+`tflite_runtime` (the interpreter many devices still have), and nothing else: not the rest of
+pipe, not tensorflow. Copy it next to a model and run it anywhere those two packages exist:
+
+    python runner.py model.int8.tflite golden.npz --layout NHWC
+
+prints one JSON line: the runtime used and, per output, the largest absolute difference from the
+golden outputs (`in.<name>` arrays in, `out.<name>` arrays compared). `make edge-check` runs it in
+`.venv-edge` (numpy<2 and tflite-runtime 2.14, nothing else).
+
+Why it lives in `pipeline/edge/` although the verifier uses it too: it is the edge stage's
+deliverable, the file a device program copies, and it imports nothing of pipe, so it can sit
+under any layer. pipeline/verify/runners.py imports this one module (inside `tflite_candidate`);
+pyproject's import-linter contracts allow exactly that import and add one, `edge-runner-alone`,
+that keeps this file free of every other pipe module and framework. `pipeline/edge/__init__.py`
+must therefore stay free of imports: importing this module runs it.
+
+`TFLiteRunner` speaks the verifier's runner shape (named arrays in, named arrays out) and hides
+what differs on a device: input names the converter rewrote (`names`), a batch size other than
+the one the model was saved with (resize and re-allocate), int8/uint8/int16 inputs and outputs
+(quantized and dequantized with each tensor's scale and zero point), and a model that takes NHWC
+images from a caller that holds NCHW ones (`layout`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RUNTIMES = ("ai_edge_litert", "tflite_runtime")  # in order of preference
+LAYOUTS = ("NCHW", "NHWC")  # the caller's layout is always channels-first; NHWC names a model that wants channels-last
+QUANTIZED = (np.int8, np.uint8, np.int16)  # integer tensors that carry a (scale, zero point)
+
+Arrays = dict[str, np.ndarray]
+
+
+def load_interpreter_class(runtime: str | None = None) -> tuple[Any, str]:
+    """The Interpreter class of `runtime` (one of RUNTIMES) or of the first one installed, and its name."""
+    if runtime is not None and runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r}; choose one of {list(RUNTIMES)}")
+    for name in (runtime,) if runtime else RUNTIMES:
+        try:
+            if name == "ai_edge_litert":
+                from ai_edge_litert.interpreter import Interpreter
+            else:
+                from tflite_runtime.interpreter import Interpreter
+        except ImportError:
+            continue
+        return Interpreter, name
+    wanted = runtime or " or ".join(RUNTIMES)
+    raise ImportError(
+        f"no TFLite interpreter: {wanted} is not installed; pip install ai-edge-litert (or tflite-runtime)"
+    )
+
+
+def runtime_version(runtime: str) -> str:
+    """The installed version of `runtime`'s package, or "unknown"."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(runtime.replace("_", "-"))
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class TFLiteRunner:
+    """A .tflite model as a runner: `runner({"x": array}) -> {"logits": array}`.
+
+    `names`: pipe's tensor name -> the model's, for inputs and outputs the converter renamed (a
+    model's own name is its signature's key when it has one signature, else its tensor name
+    without `serving_default_` and `:0`). `layout`: "NHWC" when the model takes channels-last
+    tensors while the caller gives channels-first ones; a string applies to every 4-D input and
+    output, a mapping names tensors one by one (by pipe's name). `runtime`: force one of RUNTIMES.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        num_threads: int = 1,
+        names: Mapping[str, str] | None = None,
+        layout: str | Mapping[str, str] = "NCHW",
+        runtime: str | None = None,
+    ) -> None:
+        interpreter_class, self.runtime = load_interpreter_class(runtime)
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no TFLite model at {self.path}")
+        self.interpreter = interpreter_class(model_path=str(self.path), num_threads=num_threads)
+        self.interpreter.allocate_tensors()
+        own = _own_names(self.interpreter)
+        unknown = sorted(set((names or {}).values()) - set(own.values()))
+        if unknown:
+            raise ValueError(f"names maps to tensor(s) {unknown} the model lacks; it has {sorted(own.values())}")
+        renamed = {model: pipe for pipe, model in (names or {}).items()}
+        self.inputs = {renamed.get(own[d["index"]], own[d["index"]]): d for d in self.interpreter.get_input_details()}
+        self.outputs = {renamed.get(own[d["index"]], own[d["index"]]): d for d in self.interpreter.get_output_details()}
+        self.layouts = _layouts(layout, self.inputs, self.outputs)
+        self._shapes = {d["index"]: tuple(int(n) for n in d["shape"]) for d in self.inputs.values()}
+
+    def __call__(self, inputs: Mapping[str, np.ndarray], /) -> Arrays:
+        missing = sorted(set(self.inputs) - set(inputs))
+        if missing:
+            raise ValueError(
+                f"missing input(s) {missing}: got {sorted(inputs)}, the model takes {sorted(self.inputs)}; "
+                "pass names={pipe_name: model_name} for inputs the converter renamed"
+            )
+        fed = {name: self._to_model(name, np.asarray(inputs[name])) for name in self.inputs}
+        self._resize({self.inputs[name]["index"]: array.shape for name, array in fed.items()})
+        for name, array in fed.items():
+            self.interpreter.set_tensor(self.inputs[name]["index"], array)
+        self.interpreter.invoke()
+        return {
+            name: self._from_model(name, self.interpreter.get_tensor(d["index"])) for name, d in self.outputs.items()
+        }
+
+    def details(self) -> dict[str, list[dict[str, Any]]]:
+        """Inputs and outputs as a device program needs them, JSON-ready.
+
+        Each: `name` (pipe's), `tensor` (the model's), `dtype`, `shape` (the model's; None for a
+        dynamic dim), `quantization` ({scale, zero_point} or None) and `layout` ("NHWC" when this
+        runner transposes the tensor between the caller's NCHW and the model's NHWC, else None).
+        """
+
+        def describe(name: str, d: dict[str, Any]) -> dict[str, Any]:
+            signature = d.get("shape_signature", d["shape"])
+            scale, zero_point = _quantization(d)
+            return {
+                "name": name,
+                "tensor": d["name"],
+                "dtype": np.dtype(d["dtype"]).name,
+                "shape": [int(n) if n >= 0 else None for n in signature],
+                "quantization": {"scale": scale, "zero_point": zero_point} if scale else None,
+                "layout": self.layouts.get(name),
+            }
+
+        return {
+            "inputs": [describe(name, d) for name, d in self.inputs.items()],
+            "outputs": [describe(name, d) for name, d in self.outputs.items()],
+        }
+
+    def _to_model(self, name: str, array: np.ndarray) -> np.ndarray:
+        """The caller's array as the model's input tensor: layout, then quantization or dtype."""
+        detail = self.inputs[name]
+        if self.layouts.get(name) == "NHWC":
+            if array.ndim != 4:
+                raise ValueError(f"input {name!r} has shape {list(array.shape)}; an NCHW image needs 4 dims")
+            array = array.transpose(0, 2, 3, 1)
+        dtype = np.dtype(detail["dtype"])
+        scale, zero_point = _quantization(detail)
+        if scale and dtype in QUANTIZED and np.issubdtype(array.dtype, np.floating):
+            return quantize(array, scale, zero_point, dtype)
+        return np.ascontiguousarray(array, dtype=dtype)
+
+    def _from_model(self, name: str, array: np.ndarray) -> np.ndarray:
+        """The model's output tensor as the caller expects it: dequantized floats, channels-first."""
+        scale, zero_point = _quantization(self.outputs[name])
+        if scale and array.dtype in QUANTIZED:
+            array = dequantize(array, scale, zero_point)
+        if self.layouts.get(name) == "NHWC" and array.ndim == 4:
+            array = np.ascontiguousarray(array.transpose(0, 3, 1, 2))
+        return array
+
+    def _resize(self, shapes: dict[int, tuple[int, ...]]) -> None:
+        """Resize inputs whose shape changed (strict: only the model's dynamic dims may change), then re-allocate."""
+        changed = {index: shape for index, shape in shapes.items() if self._shapes[index] != shape}
+        if not changed:
+            return
+        for index, shape in changed.items():
+            # strict: a dim the model fixed (a batch saved as 1) is refused here, not silently resized
+            self.interpreter.resize_tensor_input(index, list(shape), strict=True)
+        self.interpreter.allocate_tensors()
+        self._shapes.update(changed)
+
+
+def quantize(array: np.ndarray, scale: float, zero_point: int, dtype: np.dtype) -> np.ndarray:
+    """Floats -> integers of `dtype`: round(x / scale) + zero_point, clipped to the dtype's range."""
+    info = np.iinfo(dtype)
+    q = np.round(np.asarray(array, dtype=np.float64) / scale) + zero_point
+    return np.clip(q, info.min, info.max).astype(dtype)
+
+
+def dequantize(array: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    """Integers -> float32: (q - zero_point) * scale."""
+    return ((array.astype(np.float64) - zero_point) * scale).astype(np.float32)
+
+
+def _quantization(detail: Mapping[str, Any]) -> tuple[float, int]:
+    """(scale, zero point) of a tensor; scale 0.0 means not quantized."""
+    scale, zero_point = detail.get("quantization", (0.0, 0))
+    return float(scale), int(zero_point)
+
+
+def _own_names(interpreter: Any) -> dict[int, str]:
+    """Tensor index -> the model's name for it: its signature key when there is one signature, else its tensor name."""
+    names = {}
+    for d in [*interpreter.get_input_details(), *interpreter.get_output_details()]:
+        name = d["name"].removeprefix("serving_default_")
+        names[d["index"]] = name.rsplit(":", 1)[0] if name.rsplit(":", 1)[-1].isdigit() else name
+    signatures = interpreter._get_full_signature_list() if hasattr(interpreter, "_get_full_signature_list") else {}
+    if len(signatures) == 1:  # keys as the converter was told them (onnx2tf: the ONNX names)
+        (signature,) = signatures.values()
+        for side in ("inputs", "outputs"):
+            names.update({index: key for key, index in signature.get(side, {}).items()})
+    return names
+
+
+def _layouts(layout: str | Mapping[str, str], inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> dict[str, str]:
+    """Pipe's tensor name -> the model's layout, for the tensors that differ from the caller's (NHWC)."""
+    if isinstance(layout, str):
+        layout = layout.upper()
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r}; choose one of {list(LAYOUTS)}")
+        tensors = {**inputs, **outputs}
+        return {name: layout for name, d in tensors.items() if len(d["shape"]) == 4 and layout == "NHWC"}
+    unknown = sorted(set(layout) - set(inputs) - set(outputs))
+    if unknown:
+        raise ValueError(f"layout names unknown tensor(s) {unknown}; the model has {sorted([*inputs, *outputs])}")
+    bad = {name: value for name, value in layout.items() if value.upper() not in LAYOUTS}
+    if bad:
+        raise ValueError(f"unknown layout(s) {bad}; choose one of {list(LAYOUTS)}")
+    return {name: "NHWC" for name, value in layout.items() if value.upper() == "NHWC"}
+
+
+def check_golden(runner: TFLiteRunner, golden: Path) -> dict[str, Any]:
+    """Run `runner` on golden.npz's `in.*` arrays and measure each output against `out.*`."""
+    with np.load(golden, allow_pickle=False) as data:
+        inputs = {k[3:]: data[k] for k in data.files if k.startswith("in.")}
+        expected = {k[4:]: data[k] for k in data.files if k.startswith("out.")}
+    if not inputs:
+        raise ValueError(f"{golden} holds no in.<name> arrays (it has {sorted(data.files)})")
+    count = len(next(iter(inputs.values())))
+    first = next(iter(runner.inputs.values()))
+    fixed = int(first.get("shape_signature", first["shape"])[0])
+    step = fixed if fixed > 0 else max(count, 1)  # a model saved with a fixed batch runs that many at a time
+    parts: dict[str, list[np.ndarray]] = {}
+    for start in range(0, count, step):
+        for name, array in runner({k: v[start : start + step] for k, v in inputs.items()}).items():
+            parts.setdefault(name, []).append(array)
+    got = {name: np.concatenate(arrays) for name, arrays in parts.items()}
+    outputs = {}
+    for name, want in expected.items():
+        if name not in got:
+            outputs[name] = {"error": f"the model has no output {name!r} (it has {sorted(got)})"}
+            continue
+        a, b = got[name].astype(np.float64), want.astype(np.float64)
+        if a.shape != b.shape:
+            outputs[name] = {"error": f"shape {list(a.shape)}, golden {list(b.shape)}"}
+            continue
+        outputs[name] = {
+            "max_abs": float(np.max(np.abs(a - b))) if a.size else 0.0,
+            "non_finite": int((~np.isfinite(a)).sum()),
+        }
+    worst = [o["max_abs"] for o in outputs.values() if "max_abs" in o]
+    return {
+        "model": str(runner.path),
+        "runtime": runner.runtime,
+        "runtime_version": runtime_version(runner.runtime),
+        "numpy": np.__version__,
+        "samples": count,
+        "max_abs": max(worst) if len(worst) == len(outputs) and worst else None,
+        "outputs": outputs,
+    }
+
+
+def _installed(runtime: str) -> bool:
+    from importlib.util import find_spec
+
+    return find_spec(runtime) is not None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line: one JSON line; exit 0 when the model ran on every golden sample, gave every
+    golden output with its shape and no NaN/Inf (and within --atol, if given), else 1 (2: bad usage).
+    """
+    parser = argparse.ArgumentParser(description="Run a .tflite model on golden.npz and print one JSON line.")
+    parser.add_argument("model", type=Path, help="the .tflite file")
+    parser.add_argument("golden", type=Path, help="an .npz with in.<name> inputs and out.<name> expected outputs")
+    parser.add_argument("--layout", choices=LAYOUTS, default="NCHW", help="NHWC: the model takes channels-last")
+    parser.add_argument("--name", action="append", default=[], metavar="PIPE=MODEL", help="a renamed tensor")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runtime", choices=RUNTIMES, help="force an interpreter (default: the first installed)")
+    parser.add_argument("--atol", type=float, help="exit 1 when an output differs by more than this")
+    args = parser.parse_args(argv)
+    bad = [pair for pair in args.name if "=" not in pair]
+    if bad:
+        parser.error(f"--name takes PIPE=MODEL, got {bad}")
+    names = dict(pair.split("=", 1) for pair in args.name)
+    try:
+        runner = TFLiteRunner(args.model, args.threads, names, args.layout, args.runtime)
+        result = check_golden(runner, args.golden)
+    except (ValueError, RuntimeError, OSError, ImportError) as exc:
+        # The answer a device check needs: this runtime cannot load or run this model (e.g. an op
+        # version newer than the interpreter), said as one JSON line like a result.
+        runtime = args.runtime or next((r for r in RUNTIMES if _installed(r)), None)
+        error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        version = runtime_version(runtime) if runtime else None
+        print(json.dumps({"model": str(args.model), "runtime": runtime, "runtime_version": version, "error": error}))
+        return 1
+    print(json.dumps(result))
+    failed = result["max_abs"] is None or any(o.get("non_finite") for o in result["outputs"].values())
+    if args.atol is not None and not failed:
+        failed = result["max_abs"] > args.atol
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,391 @@
+"""ONNX -> TFLite with onnx2tf: fp32, fp16 and full-integer int8 files from one ONNX model.
+
+`convert` is a pure function: a model file in, .tflite files in a scratch directory out, each
+described the way a device program must feed it. It never touches the file it is given: onnx2tf
+overwrites its input, so it converts a copy, with the names it would reject rewritten (see
+`sanitize`). onnx2tf runs in a child process (`python -c`, in the scratch directory, `.venv/bin`
+first on PATH for the `onnxsim` command it calls, with a timeout and its output in a log): so
+tensorflow never loads in pipe's own process, and onnx2tf's global state and prints stay out.
+
+What this module does about onnx2tf's habits (shared/DESIGN.md section 5):
+- it downloads sample images whenever every input is a fixed-size 3-channel 4-D image, unless
+  `calibration_image_sample_data_20x128x128x3_float32.npy` is in its working directory: that file
+  is always written there, made from the caller's samples (zeros when there is no such input),
+  and the child's HTTP(S) proxy points at a closed port, so any other download fails at once;
+- the batch stays dynamic (never `-b 1`: a fixed batch made a transformer silently wrong);
+- int8 calibrates on the caller's samples (`custom_input_op_name_np_data_path`, mean 0 and std 1,
+  since our models hold their own normalization) in the layout the converted graph takes;
+- full-integer int8 cannot calibrate integer inputs (token ids), so int8 is skipped for them.
+
+The int8 file is onnx2tf's `*_full_integer_quant.tflite`: int8 inputs and outputs, every op in
+int8. It is the one integer-only accelerators (Edge TPU, Ethos-U, Hexagon) and microcontrollers
+run whole; a device program quantizes its input with the input's `scale` and `zero_point` and
+dequantizes the output the same way (both are in `Converted.inputs`/`outputs`, and
+pipeline/edge/runner.py does it). The float-I/O `*_integer_quant.tflite` would be fed like fp32
+but keeps a float quantize/dequantize pair on the CPU at each end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from pipeline.errors import CheckFailed, InputError
+
+PRECISIONS = ("fp32", "fp16", "int8")
+SUFFIX = {"fp32": "float32", "fp16": "float16", "int8": "full_integer_quant"}  # onnx2tf's <name>_<suffix>.tflite
+SAMPLE_FILE = "calibration_image_sample_data_20x128x128x3_float32.npy"  # onnx2tf reads it instead of downloading
+SAMPLE_SHAPE = (20, 128, 128, 3)
+COPY = "model.onnx"  # the copy onnx2tf converts (and overwrites), in the scratch directory
+LOG = "onnx2tf.log"
+FLOAT_TYPES = (1, 10, 11, 16)  # ONNX FLOAT, FLOAT16, DOUBLE, BFLOAT16: the input types int8 can calibrate
+ADVICE = (  # onnx2tf's ERROR lines that give no reason of their own
+    "The trace log is below",
+    "input_onnx_file_path",
+    "onnx_op_name",
+    "Read this and deal with it",
+    "Alternatively, if the input OP",
+    "If the input OP of ONNX",
+    "Also, for models that include",
+)
+NO_NETWORK = "http://127.0.0.1:9"  # a closed port: a download attempt fails at once instead of hanging
+
+Progress = Callable[[str], None]
+Inputs = list[tuple[str, int, list[int | str]]]  # model.onnx's inputs: name, ONNX element type, dims
+
+# The child: one call of onnx2tf.convert with the keyword arguments in the JSON file argv[1].
+DRIVER = "import json, sys, onnx2tf; onnx2tf.convert(**json.load(open(sys.argv[1])))"
+
+
+@dataclass(frozen=True)
+class EdgeSettings:
+    """What `convert` makes."""
+
+    precisions: tuple[str, ...] = PRECISIONS  # of fp32, fp16, int8
+    layout: Literal["nhwc", "nchw"] = "nhwc"  # 4-D image inputs: NHWC for devices, or keep the server's NCHW
+    timeout_s: float = 1800.0  # onnx2tf is stopped after this long and the conversion fails
+
+
+@dataclass
+class Converted:
+    """One .tflite file and what a device program needs to feed it."""
+
+    precision: str  # fp32 | fp16 | int8
+    path: Path  # <workdir>/model.<precision>.tflite
+    input_layout: str  # NHWC or NCHW: the 4-D image inputs' layout (NCHW when the model has none)
+    inputs: list[dict[str, Any]]  # model.onnx's order and names: name, dtype, shape (-1: resizable), scale, zero_point
+    outputs: list[dict[str, Any]]  # the same; scale and zero_point are None for a float tensor
+    names: dict[str, str] = field(default_factory=dict)  # model.onnx's I/O name -> the edge model's, where they differ
+    converter: str = ""  # e.g. "onnx2tf 1.28.8"
+    seconds: float = 0.0  # wall time: fp32 includes the graph conversion; fp16 and int8 the time each added after it
+    warnings: list[str] = field(default_factory=list)  # e.g. a precision asked for and not made, and why
+
+
+def convert(
+    onnx_path: Path,
+    workdir: Path,
+    settings: EdgeSettings,
+    calibration: dict[str, np.ndarray] | None,
+    progress: Progress | None = None,
+) -> list[Converted]:
+    """Convert `onnx_path` to the TFLite files `settings` asks for, in `workdir`.
+
+    `calibration`: real samples per model.onnx input name, in model.onnx's layout (NCHW images),
+    needed for int8. Returns one `Converted` per file made, in `settings.precisions` order; a
+    precision that cannot be made (int8 of a model with integer inputs, or int8 that onnx2tf
+    failed to quantize) is missing from the list and every returned model's `warnings` says why.
+    A model onnx2tf cannot convert raises CheckFailed with onnx2tf's own reason.
+    """
+    import onnx
+
+    say = progress or (lambda _message: None)
+    unknown = [p for p in settings.precisions if p not in PRECISIONS]
+    if unknown or not settings.precisions:
+        raise InputError(f"edge precisions {list(settings.precisions)} are not valid: choose from {list(PRECISIONS)}")
+    if settings.layout not in ("nhwc", "nchw"):
+        raise InputError(f"edge layout {settings.layout!r} is not valid: choose 'nhwc' or 'nchw'")
+    workdir = Path(workdir)
+    scratch = workdir / "onnx2tf"
+    scratch.mkdir(parents=True, exist_ok=True)
+
+    model = onnx.load(str(onnx_path))  # external data, if any, is read here and saved inline in the copy
+    inputs = [(v.name, v.type.tensor_type.elem_type, _dims(v)) for v in model.graph.input if v.name not in
+              {t.name for t in model.graph.initializer}]  # fmt: skip
+    outputs = [(v.name, _dims(v)) for v in model.graph.output]
+    renamed = sanitize(model.graph)
+    onnx.save(model, str(scratch / COPY))
+
+    precisions = list(dict.fromkeys(settings.precisions))
+    warnings = []
+    if "int8" in precisions and (ints := [name for name, kind, _ in inputs if kind not in FLOAT_TYPES]):
+        precisions.remove("int8")
+        warnings.append(
+            f"int8 not made: full-integer int8 calibrates float inputs only, and {ints} hold integers (token ids); "
+            "use fp16 for this model"
+        )
+        if not precisions:
+            raise InputError(f"{warnings[0]}; ask for fp32 or fp16")
+    if "int8" in precisions and calibration is None:
+        raise InputError("int8 needs real calibration samples (calibration=None was given); or leave int8 out")
+
+    # onnx2tf transposes every 3-D, 4-D and 5-D input to channels-last; only 4-D images may change layout
+    nhwc = {n for n, _, dims in inputs if len(dims) == 4 and settings.layout == "nhwc"}
+    kept = [renamed.get(n, n) for n, _, dims in inputs if len(dims) in (3, 4, 5) and n not in nhwc]
+    np.save(scratch / SAMPLE_FILE, _sample_images(inputs, calibration))
+    kwargs: dict[str, Any] = {
+        "input_onnx_file_path": COPY,
+        "output_folder_path": "out",
+        "non_verbose": True,
+        "keep_ncw_or_nchw_or_ncdhw_input_names": kept or None,
+    }
+    if "int8" in precisions and calibration is not None:
+        kwargs["output_integer_quantized_tflite"] = True
+        kwargs["custom_input_op_name_np_data_path"] = _calibration_files(scratch, inputs, renamed, nhwc, calibration)
+    (scratch / "convert.json").write_text(json.dumps(kwargs))
+
+    images = f"; image inputs {settings.layout.upper()}" if any(len(d) == 4 for _, _, d in inputs) else ""
+    say(f"onnx2tf: converting {onnx_path.name} ({', '.join(precisions)}{images})")
+    started = time.time()
+    _run(scratch, settings.timeout_s, {v: k for k, v in renamed.items()})
+    made: list[Converted] = []
+    previous = started
+    for precision in precisions:
+        produced = scratch / "out" / f"{Path(COPY).stem}_{SUFFIX[precision]}.tflite"
+        if not produced.is_file():
+            if precision != "int8":
+                raise CheckFailed(f"onnx2tf finished but wrote no {precision} model: {_reason(scratch / LOG, {})}")
+            warnings.append(f"int8 not made: onnx2tf could not quantize the model: {_reason(scratch / LOG, {})}")
+            continue
+        finished = produced.stat().st_mtime
+        target = workdir / f"model.{precision}.tflite"
+        produced.replace(target)
+        made.append(_describe(precision, target, inputs, outputs, renamed, settings.layout,
+                              round(max(finished - previous, 0.0), 2)))  # fmt: skip
+        previous = max(previous, finished)
+    for converted in made:
+        converted.warnings = list(warnings) + converted.warnings
+    say(f"onnx2tf: {', '.join(f'{c.precision} {c.seconds:.1f} s' for c in made)} (total {time.time() - started:.1f} s)")
+    return made
+
+
+def sanitize(graph: Any) -> dict[str, str]:
+    """Rename, in place, every node and tensor name onnx2tf rejects; returns old -> new.
+
+    onnx2tf turns names into TensorFlow op and scope names, which must match
+    `[A-Za-z0-9.][A-Za-z0-9_.\\/>-]*`: `Softmax@0` stops it, and `:` and a leading `/` need its own
+    rewrites. A name that is not a plain identifier becomes one (`/conv/Conv` -> `conv_Conv`,
+    `Softmax@0` -> `Softmax_0`), made unique, and the same in nodes, graph inputs and outputs,
+    initializers, value_info and subgraphs. Empty names (an omitted optional input) stay empty.
+    """
+    taken: set[str] = set()
+    for g in _graphs(graph):
+        taken.update(n.name for n in g.node)
+        taken.update(t for n in g.node for t in [*n.input, *n.output])
+        taken.update(v.name for v in [*g.input, *g.output, *g.value_info, *g.initializer])
+    mapping: dict[str, str] = {}
+
+    def new(name: str) -> str:
+        if not name or re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+            return name
+        if name not in mapping:
+            base = re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9_]", "_", name)).strip("_") or "t"
+            base = base if base[0].isalpha() else f"t_{base}"
+            candidate, k = base, 1
+            while candidate in taken:
+                k += 1
+                candidate = f"{base}_{k}"
+            taken.add(candidate)
+            mapping[name] = candidate
+        return mapping[name]
+
+    for g in _graphs(graph):
+        for node in g.node:
+            node.name = new(node.name)
+            node.input[:] = [new(t) for t in node.input]
+            node.output[:] = [new(t) for t in node.output]
+        for v in [*g.input, *g.output, *g.value_info, *g.initializer, *g.sparse_initializer]:
+            target = v.values if hasattr(v, "values") and hasattr(v, "indices") else v
+            target.name = new(target.name)
+    return mapping
+
+
+def _graphs(graph: Any) -> list[Any]:
+    """`graph` and every subgraph (If, Loop, Scan bodies) in it."""
+    found = [graph]
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                found += _graphs(attr.g)
+            for sub in attr.graphs:
+                found += _graphs(sub)
+    return found
+
+
+def _dims(value: Any) -> list[int | str]:
+    return [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in value.type.tensor_type.shape.dim]
+
+
+def _sample_images(inputs: Inputs, calibration: dict[str, np.ndarray] | None) -> np.ndarray:
+    """onnx2tf's sample-image file: the caller's 3-channel images, NHWC, resized to 128x128, 20 of them.
+
+    onnx2tf reads it only for a model whose inputs are all fixed-size 3-channel images (for its own
+    output check), where it would otherwise download COCO pictures; zeros when there are none.
+    """
+    for name, _, dims in inputs:
+        if len(dims) == 4 and dims[1] == 3 and calibration is not None and name in calibration:
+            x = np.asarray(calibration[name], np.float32)
+            rows = np.arange(128) * x.shape[2] // 128
+            cols = np.arange(128) * x.shape[3] // 128
+            nhwc = x[:, :, rows][:, :, :, cols].transpose(0, 2, 3, 1)  # nearest neighbour to 128x128
+            return np.resize(nhwc, SAMPLE_SHAPE).astype(np.float32)
+    return np.zeros(SAMPLE_SHAPE, np.float32)
+
+
+def _calibration_files(
+    scratch: Path,
+    inputs: Inputs,
+    renamed: dict[str, str],
+    nhwc: set[str],
+    calibration: dict[str, np.ndarray],
+) -> list[list[Any]]:
+    """One .npy per input in the layout the converted graph takes, as onnx2tf's [name, file, mean, std] rows."""
+    missing = [name for name, _, _ in inputs if name not in calibration]
+    if missing:
+        raise InputError(f"int8 calibration has no samples for input(s) {missing}; it has {sorted(calibration)}")
+    rows = []
+    for i, (name, _, dims) in enumerate(inputs):
+        x = np.asarray(calibration[name], np.float32)
+        if x.ndim != len(dims):
+            raise InputError(f"calibration samples for {name!r} have shape {list(x.shape)}; the model takes {dims}")
+        if name in nhwc:
+            x = x.transpose(0, 2, 3, 1)
+        path = scratch / f"calibration_{i}.npy"
+        np.save(path, np.ascontiguousarray(x))
+        rows.append([renamed.get(name, name), path.name, 0.0, 1.0])  # mean 0, std 1: normalization is in the model
+    return rows
+
+
+def _run(scratch: Path, timeout_s: float, original: dict[str, str]) -> None:
+    """onnx2tf in a child process in `scratch`; a failure or a timeout raises CheckFailed with its reason."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # onnxsim
+    env.update({"HTTP_PROXY": NO_NETWORK, "HTTPS_PROXY": NO_NETWORK, "http_proxy": NO_NETWORK,
+                "https_proxy": NO_NETWORK, "NO_PROXY": "", "no_proxy": "",
+                "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"})  # fmt: skip
+    log = scratch / LOG
+    with log.open("wb") as out:
+        child = subprocess.Popen([sys.executable, "-c", DRIVER, "convert.json"], cwd=scratch, env=env,
+                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            code = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)  # onnx2tf and the onnxsim it started
+            child.wait()
+            raise CheckFailed(f"onnx2tf did not finish within {timeout_s:.0f} s (edge timeout_s); log: {log}") from None
+    if code != 0:
+        raise CheckFailed(f"onnx2tf could not convert the model: {_reason(log, original)} (log: {log})")
+
+
+def _reason(log: Path, original: dict[str, str]) -> str:
+    """onnx2tf's own reason from its log: its specific ERROR lines, the last exception, the node it stopped at."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace")) if log.is_file() else ""
+    lines = [line.strip() for line in text.splitlines()]
+    node = next((m.group(1) for line in reversed(lines) if (m := re.search(r"onnx_op_name: (\S+)", line))), None)
+    where = f"at node {node!r}: " if node else ""
+    if node in original:
+        where = f"at node {original[node]!r} (renamed {node!r} for onnx2tf): "
+    errors = [line.split("ERROR:", 1)[1].strip() for line in lines if line.startswith("ERROR:")]
+    said = [e for e in errors if not e.startswith(ADVICE)][-2:]  # e.g. "Frobnicate OP is not yet implemented."
+    raised = [i for i, line in enumerate(lines) if re.match(r"[A-Za-z_][\w.]*(Error|Exception)\b", line)]
+    exception: list[str] = []
+    for line in lines[raised[-1] : raised[-1] + 6] if raised else []:
+        if line.startswith("Call arguments") or (not line and len(exception) > 1):
+            break
+        if line:  # keras puts a blank line between the exception and its cause
+            exception.append(line)
+    reason = " ".join([*said, *([f"({' '.join(exception)})"] if said and exception else exception)])
+    return where + (reason or " | ".join([line for line in lines if line][-3:]) or "no output")
+
+
+def _describe(
+    precision: str,
+    path: Path,
+    inputs: Inputs,
+    outputs: list[tuple[str, list[int | str]]],
+    renamed: dict[str, str],
+    layout: str,
+    seconds: float,
+) -> Converted:
+    """What the .tflite at `path` takes and gives, read with the LiteRT interpreter, in model.onnx's names and order."""
+    from importlib.metadata import version
+
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path))
+    warnings = []
+    by_index = {d["index"]: d for d in [*interpreter.get_input_details(), *interpreter.get_output_details()]}
+    signatures = interpreter._get_full_signature_list()
+    if len(signatures) == 1:  # int8: keys are the (sanitized) input names and output_0, output_1, ...
+        (signature,) = signatures.values()
+        own_in = {key: by_index[i] for key, i in signature["inputs"].items()}
+        own_out = {key: by_index[i] for key, i in signature["outputs"].items()}
+        out_keys = [f"output_{k}" for k in range(len(outputs))]
+    else:  # fp32/fp16: input tensors keep the (sanitized) names; outputs are Identity, Identity_1, ...
+        own_in = {d["name"]: d for d in interpreter.get_input_details()}
+        own_out = {d["name"]: d for d in interpreter.get_output_details()}
+        out_keys = ["Identity"] + [f"Identity_{k}" for k in range(1, len(outputs))]
+    in_keys = [renamed.get(name, name) for name, _, _ in inputs]
+    if set(in_keys) != set(own_in) or set(out_keys) != set(own_out):
+        warnings.append(
+            f"onnx2tf named the I/O {sorted(own_in)}, {sorted(own_out)}: matched to model.onnx's by position"
+        )
+        in_keys = list(own_in)[: len(inputs)]
+        out_keys = list(own_out)[: len(outputs)]
+
+    def entry(name: str, detail: dict[str, Any]) -> dict[str, Any]:
+        scale, zero_point = detail["quantization"]
+        shape = [int(n) for n in detail["shape_signature"]]
+        if not scale:
+            return {
+                "name": name,
+                "dtype": np.dtype(detail["dtype"]).name,
+                "shape": shape,
+                "scale": None,
+                "zero_point": None,
+            }
+        return {"name": name, "dtype": np.dtype(detail["dtype"]).name, "shape": shape, "scale": float(scale),
+                "zero_point": int(zero_point)}  # fmt: skip
+
+    described_in = [entry(name, own_in[key]) for (name, _, _), key in zip(inputs, in_keys, strict=True)]
+    described_out = [entry(name, own_out[key]) for (name, _), key in zip(outputs, out_keys, strict=True)]
+    names = {}
+    for (name, *_), key in [*zip(inputs, in_keys, strict=True), *zip(outputs, out_keys, strict=True)]:
+        if key != name:
+            names[name] = key
+    for (name, dims), d in zip(outputs, described_out, strict=True):
+        static = [(a, b) for a, b in zip(dims, d["shape"], strict=False) if isinstance(a, int) and b != -1]
+        if len(dims) != len(d["shape"]) or any(a != b for a, b in static):
+            warnings.append(f"output {name!r} is {d['shape']} in the edge model but {dims} in model.onnx")
+    has_images = any(len(dims) == 4 for _, _, dims in inputs)
+    return Converted(
+        precision=precision,
+        path=path,
+        input_layout=layout.upper() if has_images else "NCHW",
+        inputs=described_in,
+        outputs=described_out,
+        names=names,
+        converter=f"onnx2tf {version('onnx2tf')}",
+        seconds=seconds,
+        warnings=warnings,
+    )

@@ -31,10 +31,11 @@ endif
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-run: venv
+# Both build the device-like runtime too (.venv-edge, seconds): the edge stage runs every TFLite model there.
+run: venv edge-runtime
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pipe run models/digits-cnn.yaml
 
-test: venv
+test: venv edge-runtime
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv

@@ -152,12 +152,16 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
 @click.argument("artifact", type=click.Path())
 @click.option(
     "--target",
-    type=click.Choice(["server", "triton"]),
+    type=click.Choice(["server", "edge", "triton"]),
     default="server",
     show_default=True,
-    help="server: model.onnx in the artifact, parity-gated against torch; triton: a Triton model repository "
-    "from the already exported model.onnx (needs --out).",
+    help="server: model.onnx in the artifact, parity-gated against torch; edge: TFLite fp32/fp16/int8 from "
+    "model.onnx, verified on LiteRT; triton: a Triton model repository from model.onnx (needs --out).",
 )
+@click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16", "int8"]),
+              help="Edge: TFLite models to make (repeatable) [default: recipe edge.precisions].")  # fmt: skip
+@click.option("--layout", type=click.Choice(["nhwc", "nchw"]), default=None,
+              help="Edge: image input layout, NHWC for devices or the server's NCHW [default: recipe].")  # fmt: skip
 @click.option("--opset", type=click.IntRange(min=7), default=None, help="ONNX opset [default: recipe export.opset]")
 @click.option(
     "--exporter",
@@ -174,6 +178,8 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
 def export(
     artifact: str,
     target: str,
+    precisions: tuple[str, ...],
+    layout: str | None,
     opset: int | None,
     exporter: str | None,
     atol: float | None,
@@ -187,6 +193,16 @@ def export(
     Settings come from the recipe's export section as it is now; --opset, --exporter, --atol and
     --rtol override it for this run.
     """
+    if target == "edge":
+        from pipeline.edge.stage import edge_artifact
+
+        overrides = {"precisions": list(precisions) or None, "layout": layout, "max_accuracy_drop": None}
+        outcome = edge_artifact(artifact, overrides, Path(recipe) if recipe else None, say=click.echo)
+        for note in outcome.notes:
+            click.secho(f"note: {note}", err=True, fg="yellow")
+        for m in outcome.made:
+            click.echo(f"  {m.name:<13} passed  {m.converted.path.name}  ({m.converted.seconds:.1f} s to convert)")
+        return
     if target == "triton":
         from pipeline.artifact import Artifact, resolve_artifact
         from pipeline.errors import InputError

@@ -11,6 +11,7 @@ a stage is one line in `STAGES`:
   as it is now, from the weights it holds now, and a passed fp32 variant.
 - optimize is up to date when its record has the recipe's `optimize:` section as it is now, was
   made from the model.onnx the version holds now, and every variant it made is still recorded.
+- edge likewise, with the `edge:` section; it is skipped when the recipe says `edge.enabled: false`.
 """
 
 from __future__ import annotations
@@ -130,10 +131,33 @@ def _optimize_run(ctx: Context) -> str:
     return f"{', '.join(m.name for m in outcome.made)} in {ctx.root / 'variants'}{failed}"
 
 
+def _edge_fresh(ctx: Context) -> str | None:
+    assert ctx.root is not None
+    if not ctx.recipe.edge.enabled:
+        return "edge.enabled is false in the recipe"
+    manifest = Artifact.load(ctx.root, verify=False).manifest
+    record = manifest.stages.edge
+    if record is None or MODEL_FILE not in manifest.files or record.parent != manifest.files[MODEL_FILE].sha256:
+        return None  # never converted, or model.onnx was exported again since
+    if record.settings_digest() != settings_digest(ctx.recipe.edge.model_dump(mode="json")):
+        return None
+    if not record.variants or any(name not in manifest.variants for name in record.variants):
+        return None
+    return f"its edge models ({', '.join(record.variants)}) were converted from this model.onnx with these settings"
+
+
+def _edge_run(ctx: Context) -> str:
+    from pipeline.edge.stage import edge_artifact
+
+    outcome = edge_artifact(ctx.root, recipe_path=ctx.recipe_path, say=ctx.echo)
+    return f"{', '.join(m.name for m in outcome.made)} in {ctx.root / 'edge'}"
+
+
 STAGES = [
     Stage("train", _train_fresh, _train_run),
     Stage("export", _export_fresh, _export_run),
     Stage("optimize", _optimize_fresh, _optimize_run),
+    Stage("edge", _edge_fresh, _edge_run),
 ]
 
 

@@ -16,6 +16,7 @@ TINY = {
     "model": {"arch": "mlp", "hidden": [32]},
     "data": {"source": "digits"},
     "train": {"epochs": 3, "batch_size": 64, "lr": 0.01},
+    "edge": {"enabled": False},  # TFLite conversion has its own tests (tests/edge); it costs seconds a run
 }
 
 

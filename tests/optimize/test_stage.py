@@ -23,6 +23,7 @@ TINY_CNN = {
     "data": {"source": "digits", "as_image": True},
     "train": {"epochs": 4, "batch_size": 64, "lr": 0.01},
     "optimize": {"quantize": ["dynamic", "static", "fp16"], "calibration_samples": 128},
+    "edge": {"enabled": False},  # TFLite conversion is tested in tests/edge
 }
 
 

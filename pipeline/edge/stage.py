@@ -1,0 +1,291 @@
+"""`pipe export ARTIFACT --target edge`: TFLite models of model.onnx, each proven on a real LiteRT interpreter.
+
+Steps: read the recipe's `edge:` section as it is now (command-line values on top; an imported
+artifact uses the defaults); convert a copy of model.onnx with onnx2tf in a scratch directory
+(pipeline/edge/convert.py: fp32, fp16, and full-integer int8 calibrated on real training
+samples); judge each .tflite with the verifier on the LiteRT interpreter against model.onnx:
+fp32 and fp16 element by element (`atol_fp32`, `atol_fp16`), int8 by the task's budget (the
+metric's drop on the test split, or agreement / cosine / relative error without labels), NaN/Inf
+always, the batch at 1, 2 and 16. Then, under the artifact's lock, move them into
+`edge/model.<precision>.tflite` and record each as a `tflite-<precision>` variant with what a
+device program needs (layout, dtypes, shapes, quantization) and its status. Any failure, a
+conversion onnx2tf refuses included, is recorded and exits 1; the other variants stay as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from pipeline.artifact import Artifact, resolve_artifact
+from pipeline.artifact_recipe import current_recipe
+from pipeline.calibration import calibration_set, has_real_samples
+from pipeline.edge.convert import Converted, EdgeSettings, convert
+from pipeline.errors import ArtifactError, CheckFailed, InputError
+from pipeline.golden import GOLDEN_NAME
+from pipeline.recipe import EdgeSpec, Recipe
+from pipeline.records import EdgeRecord
+from pipeline.stagewrite import StageWrite
+from pipeline.variants import EDGE_PREFIX, FP32, MODEL_FILE, EdgeIO, EdgeTensor, Variant, variant_file
+from pipeline.verify.evaluation import EvaluationSet, evaluation_set
+from pipeline.verify.gate import verify
+from pipeline.verify.policies import Exact, MinCosine, Policy, budget_for
+from pipeline.verify.report import GateReport
+from pipeline.verify.runners import ort_runner, tflite_candidate
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class EdgeMade:
+    """One edge model converted and judged."""
+
+    name: str  # tflite-fp32 ...
+    converted: Converted
+    report: GateReport
+    device: tuple[str, bool, str] | None = None  # (runtime, ran on the golden inputs, why not)
+
+    @property
+    def passed(self) -> bool:
+        """Verified on LiteRT, and runs on the device-like runtime when one was checked."""
+        return self.report.passed and (self.device is None or self.device[1])
+
+
+@dataclass
+class EdgeOutcome:
+    artifact: Artifact
+    made: list[EdgeMade]
+    failed: list[str]
+    notes: list[str]
+
+
+def edge_settings(recipe: Recipe | None, overrides: dict[str, Any]) -> EdgeSpec:
+    """The recipe's edge section (or the defaults) with the command line's values on top, validated."""
+    base = recipe.edge.model_dump() if recipe is not None else EdgeSpec().model_dump()
+    update = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return EdgeSpec.model_validate({**base, **update})
+    except ValidationError as exc:
+        problems = "; ".join(f"edge.{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e.get('input')!r})"
+                             for e in exc.errors())  # fmt: skip
+        raise InputError(f"edge settings are invalid: {problems}") from None
+
+
+def policy_for(precision: str, settings: EdgeSpec, task: str, has_target: bool) -> Policy:
+    """fp32 and fp16 are held to model.onnx element by element; int8 to the task's budget."""
+    if precision == "fp32":
+        return Exact(atol=settings.atol_fp32, rtol=settings.rtol)
+    if precision == "fp16":
+        return Exact(atol=settings.atol_fp16, rtol=settings.rtol, metric=settings.max_accuracy_drop)
+    if task == "embedding":
+        return MinCosine()
+    return budget_for(task, has_target, settings.max_accuracy_drop if has_target else None)
+
+
+def edge_artifact(
+    path: str | Path, overrides: dict[str, Any] | None = None, recipe_path: Path | None = None, say: Say = print
+) -> EdgeOutcome:
+    """Convert, judge and record the edge models the settings ask for; see the module doc."""
+    root = resolve_artifact(path)
+    loaded = Artifact.load(root, verify=False)  # which files this stage rewrites: left out of the check below
+    rewritten = [rel for rel in loaded.manifest.files if rel.startswith("edge/")]
+    artifact = Artifact.load(root, replacing=rewritten)
+    manifest = artifact.manifest
+    fp32 = manifest.variants.get(FP32)
+    if MODEL_FILE not in manifest.files or (fp32 is not None and not fp32.passed):
+        raise ArtifactError(f"artifact {artifact.root} has no model.onnx that passed its gate; run `pipe export` first")
+    if recipe_path is not None and manifest.stages.train is None:
+        raise InputError("--recipe applies to trained artifacts; an imported model takes its edge settings from flags")
+    recipe, notes = current_recipe(artifact, recipe_path) if manifest.stages.train else (None, [])
+    settings = edge_settings(recipe, overrides or {})
+    evaluation = evaluation_set(artifact, recipe)
+    parent = manifest.files[MODEL_FILE].sha256
+    source = artifact.path(MODEL_FILE)
+    precisions = list(dict.fromkeys(settings.precisions))
+    calibration = None
+    if "int8" in precisions:
+        if has_real_samples(artifact):
+            calibration = calibration_set(artifact, recipe, settings.calibration_samples).inputs
+        else:
+            notes.append("int8 skipped: the artifact was imported without --eval-data, so there are no real samples")
+            precisions.remove("int8")
+    say(f"[edge] {artifact.root}: converting with onnx2tf ({', '.join(precisions)}; layout {settings.layout})")
+
+    with StageWrite(artifact.root, "edge") as write:
+        try:
+            converted = convert(source, write.scratch / "convert",
+                                EdgeSettings(tuple(precisions), settings.layout), calibration, say)  # fmt: skip
+        except CheckFailed as exc:
+            _record_failure(write, parent, settings, precisions, str(exc))
+            raise
+        made = [_judge(c, artifact, evaluation, settings, write.scratch, say) for c in converted]
+        device = device_python()
+        if device is None:
+            notes.append(
+                "no device-like runtime to check on (make edge-runtime builds one: numpy<2 + tflite-runtime 2.14; "
+                f"or set {DEVICE_PYTHON_ENV}); the edge models were verified on LiteRT only"
+            )
+        for m in made:
+            if device is not None:
+                m.device = device_check(device, m.converted, artifact.path(GOLDEN_NAME))
+                label, ran, detail = m.device
+                say(f"[edge] {m.name} on {label}: {'runs' if ran else 'DOES NOT RUN'}{'' if ran else ': ' + detail}")
+        for m in made:
+            target = write.scratch / variant_file(m.name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(m.converted.path, target)
+
+        def record(fresh: Artifact) -> None:
+            for rel in rewritten:  # edge models of an earlier run that this run did not make again
+                if rel not in {variant_file(m.name) for m in made}:
+                    fresh.remove_file(rel)
+            for name in [k for k in fresh.manifest.variants if k.startswith(EDGE_PREFIX)]:
+                if name not in {m.name for m in made}:
+                    del fresh.manifest.variants[name]
+            for m in made:
+                fresh.add_variant(m.name, _variant(m, parent))
+            fresh.manifest.stages.edge = EdgeRecord(
+                settings=settings.model_dump(mode="json"),
+                inputs={MODEL_FILE: parent},
+                parent=parent,
+                converter=converted[0].converter if converted else "onnx2tf",
+                variants=[m.name for m in made],
+                failed=[m.name for m in made if not m.passed],
+                seconds={m.name: m.converted.seconds for m in made},
+            )
+
+        artifact = write.commit([variant_file(m.name) for m in made], record)
+    failed = [m.name for m in made if not m.passed]
+    if failed:
+        lines = "\n".join(f"{m.name}:\n{m.report.table(only_failures=True)}" for m in made if not m.passed)
+        raise CheckFailed(f"edge model(s) failed verification (recorded as failed, not shipped): {', '.join(failed)}\n"
+                          f"{lines}")  # fmt: skip
+    return EdgeOutcome(artifact, made, failed, notes)
+
+
+def _judge(c: Converted, artifact: Artifact, evaluation: EvaluationSet, settings: EdgeSpec, scratch: Path,
+           say: Say) -> EdgeMade:  # fmt: skip
+    m = artifact.manifest
+    name = f"{EDGE_PREFIX}{c.precision}"
+    policy = policy_for(c.precision, settings, m.task, evaluation.target is not None)
+    candidate = tflite_candidate(c.path, names=c.names, layout=c.input_layout)
+    report = verify(
+        candidate,
+        ort_runner(artifact.path(MODEL_FILE)),
+        evaluation.samples,
+        m.inputs,
+        m.outputs,
+        policy,
+        m.task,
+        evaluation=evaluation.split,
+        recorded=evaluation.recorded,
+        scratch=scratch,
+    )
+    status = "passed" if report.passed else "FAILED"
+    say(f"[edge] {name}: converted in {c.seconds:.1f} s, {c.path.stat().st_size} bytes; {policy.name}: {status}")
+    return EdgeMade(name, c, report)
+
+
+def _variant(m: EdgeMade, parent: str) -> Variant:
+    c = m.converted
+    metric = m.report.metric
+    name = metric.get("name")
+    value = next((v for k, v in metric.items() if k not in ("name", "reference", "difference", "samples")), None)
+    runtime = f"ai-edge-litert {_litert_version()}"
+    return Variant(
+        file=variant_file(m.name),
+        precision=c.precision,
+        format="tflite",
+        stage="edge",
+        parent=parent,
+        settings={"layout": c.input_layout, "converter": c.converter},
+        status="passed" if m.passed else "failed",
+        reason="" if m.passed else _reason(m),
+        metrics={name: float(value)} if name and isinstance(value, int | float) else {},
+        parity=m.report.summary(),
+        edge=EdgeIO(
+            layout=c.input_layout.upper(),
+            inputs=[EdgeTensor(**t) for t in c.inputs],
+            outputs=[EdgeTensor(**t) for t in c.outputs],
+            names=dict(c.names),
+            runtimes={runtime: m.report.passed, **({m.device[0]: m.device[1]} if m.device else {})},
+        ),
+    )
+
+
+def _record_failure(write: StageWrite, parent: str, settings: EdgeSpec, precisions: list[str], reason: str) -> None:
+    """A conversion onnx2tf refused: recorded in the edge stage record; no file moves, nothing else changes."""
+
+    def record(fresh: Artifact) -> None:
+        fresh.manifest.stages.edge = EdgeRecord(
+            settings={**settings.model_dump(mode="json"), "error": reason.splitlines()[0][:500]},
+            inputs={MODEL_FILE: parent},
+            parent=parent,
+            converter="onnx2tf",
+            variants=[],
+            failed=[f"{EDGE_PREFIX}{p}" for p in precisions],
+        )
+
+    write.commit([], record)
+
+
+DEVICE_PYTHON_ENV = "PIPE_EDGE_PYTHON"  # a Python holding only numpy<2 and tflite-runtime (a device's runtime)
+DEVICE_ATOL = {"fp32": 1e-3, "fp16": 5e-2}  # against golden.npz's recorded outputs; int8: only that it runs
+
+
+def device_python() -> Path | None:
+    """The device-like environment's Python: $PIPE_EDGE_PYTHON, else the repository's .venv-edge if built."""
+    if value := os.environ.get(DEVICE_PYTHON_ENV):
+        return Path(value)
+    built = Path(__file__).resolve().parents[2] / ".venv-edge" / "bin" / "python"
+    return built if built.exists() else None
+
+
+def device_check(python: Path, c: Converted, golden: Path) -> tuple[str, bool, str]:
+    """Run the stand-alone runner in the device-like environment on golden.npz: (runtime, ran, why not)."""
+    runner = Path(__file__).with_name("runner.py")
+    names = [arg for pipe_name, model_name in c.names.items() for arg in ("--name", f"{pipe_name}={model_name}")]
+    atol = ["--atol", str(DEVICE_ATOL[c.precision])] if c.precision in DEVICE_ATOL else []
+    cmd = [str(python), "-I", str(runner), str(c.path), str(golden), "--layout", c.input_layout.upper(), *names, *atol]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return "tflite-runtime", False, f"the device-like runtime could not be run: {exc}"
+    try:
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return "tflite-runtime", False, (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    label = f"{result.get('runtime', 'tflite-runtime')} {result.get('runtime_version', '')}".strip()
+    if proc.returncode == 0:
+        return label, True, ""
+    return label, False, str(result.get("error") or f"max abs difference {result.get('max_abs')}")[:300]
+
+
+def _reason(m: EdgeMade) -> str:
+    if not m.report.passed:
+        return _first_failure(m.report)
+    label, _, detail = m.device or ("", True, "")
+    return f"verified on LiteRT but does not run on {label}: {detail}; not shipped to devices with that runtime"
+
+
+def _first_failure(report: GateReport) -> str:
+    row = report.failures[0]
+    more = f" (and {len(report.failures) - 1} more failed checks)" if len(report.failures) > 1 else ""
+    return f"{row.check} {row.output}: {row.detail}{more}".strip()
+
+
+def _litert_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ai-edge-litert")
+    except PackageNotFoundError:
+        return "?"

@@ -124,8 +124,11 @@ def edge_artifact(
             converted = convert(source, write.scratch / "convert",
                                 EdgeSettings(tuple(precisions), settings.layout), calibration, say)  # fmt: skip
         except CheckFailed as exc:
-            _record_failure(write, parent, settings, precisions, str(exc))
-            raise
+            kept = _record_failure(write, parent, settings, precisions, str(exc))
+            message = str(exc)
+            if kept:  # point at the copy kept in the artifact, not at the scratch directory about to go
+                message = message.replace(str(write.scratch / "convert" / "onnx2tf" / "onnx2tf.log"), kept)
+            raise CheckFailed(message) from None
         made = [_judge(c, artifact, evaluation, settings, write.scratch, say) for c in converted]
         device = device_python()
         if device is None:
@@ -221,8 +224,21 @@ def _variant(m: EdgeMade, parent: str) -> Variant:
     )
 
 
-def _record_failure(write: StageWrite, parent: str, settings: EdgeSpec, precisions: list[str], reason: str) -> None:
-    """A conversion onnx2tf refused: recorded in the edge stage record; no file moves, nothing else changes."""
+CONVERT_LOG = "reports/edge-convert.log"  # onnx2tf's own log of a conversion that failed
+
+
+def _record_failure(
+    write: StageWrite, parent: str, settings: EdgeSpec, precisions: list[str], reason: str
+) -> str | None:
+    """A conversion onnx2tf refused: recorded in the edge stage record, with onnx2tf's log kept in reports/
+    (the scratch directory it was written in goes away); no model file changes. Returns the log's path.
+    """
+    log = write.scratch / "convert" / "onnx2tf" / "onnx2tf.log"
+    kept = None
+    if log.is_file():
+        (write.scratch / "reports").mkdir(exist_ok=True)
+        shutil.copyfile(log, write.scratch / CONVERT_LOG)
+        kept = CONVERT_LOG
 
     def record(fresh: Artifact) -> None:
         fresh.manifest.stages.edge = EdgeRecord(
@@ -234,7 +250,8 @@ def _record_failure(write: StageWrite, parent: str, settings: EdgeSpec, precisio
             failed=[f"{EDGE_PREFIX}{p}" for p in precisions],
         )
 
-    write.commit([], record)
+    write.commit([kept] if kept else [], record)
+    return kept
 
 
 DEVICE_PYTHON_ENV = "PIPE_EDGE_PYTHON"  # a Python holding only numpy<2 and tflite-runtime (a device's runtime)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,6 @@ from tests.conftest import LINEAR, train_record
 W = np.array([[1.0, -1.0, 0.5], [0.5, 2.0, -1.0], [-1.5, 0.0, 1.0], [0.0, 1.0, 2.0]], dtype=np.float32)
 B = np.array([0.1, -0.2, 0.3], dtype=np.float32)
 KERNEL = np.random.default_rng(0).standard_normal((3, 1, 8, 8)).astype(np.float32).round(3) / 16
-RUNNER = Path(__file__).resolve().parents[1] / "pipeline" / "edge" / "runner.py"
 
 
 def invoke(*args: str | Path) -> Result:
@@ -223,7 +221,6 @@ def linear_tflite(path: Path) -> None:
     path.write_bytes(converter.convert())
 
 
-@pytest.mark.skipif(not RUNNER.exists(), reason="pipeline/edge/runner.py (the TFLite runner) has not landed")
 def test_a_tflite_variant_runs_through_the_edge_runner(linear: Path, tmp_path: Path) -> None:
     (linear / "edge").mkdir()
     linear_tflite(linear / "edge" / "model.fp32.tflite")
@@ -237,17 +234,3 @@ def test_a_tflite_variant_runs_through_the_edge_runner(linear: Path, tmp_path: P
     assert (out["file"], out["format"]) == ("edge/model.fp32.tflite", "tflite")
     np.testing.assert_allclose(out["outputs"]["y"]["values"], x @ W + B, rtol=1e-5, atol=1e-6)
     assert [t[0]["index"] for t in out["top_k"]] == (x @ W + B).argmax(1).tolist()
-
-
-def test_a_tflite_variant_is_refused_clearly_without_the_edge_runner(
-    linear: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (linear / "edge").mkdir()
-    (linear / "edge" / "model.fp32.tflite").write_bytes(b"TFL3 placeholder")
-    record_variant(linear, "tflite-fp32", "edge/model.fp32.tflite", stage="edge")
-    np.savez(tmp_path / "in.npz", x=np.ones((1, 4), np.float32))
-    monkeypatch.setitem(sys.modules, "pipeline.edge.runner", None)  # as on a tree where it has not landed
-
-    result = invoke("predict", linear, "--variant", "tflite-fp32", "--input", tmp_path / "in.npz")
-    assert result.exit_code == 2
-    assert "variant 'tflite-fp32' is a TFLite model, and this pipe has no TFLite runner yet" in result.output

@@ -72,18 +72,11 @@ def load_runner(artifact: Artifact, chosen: Chosen) -> Runner:
 
 def _tflite_runner(path: Path, name: str, record: Variant) -> Runner:
     """The edge runner on `path`, fed NCHW as the manifest says, with the layout and names the edge stage recorded."""
-    try:
-        from pipeline.edge.runner import TFLiteRunner
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("pipeline.edge", "pipeline.edge.runner"):
-            raise
-        raise InputError(
-            f"variant {name!r} is a TFLite model, and this pipe has no TFLite runner yet "
-            "(pipeline/edge/runner.py has not landed); run an ONNX variant instead, e.g. --variant fp32"
-        ) from None
-    edge = getattr(record, "edge", None)  # the edge stage's record of the converted model's I/O, when present
-    layout = str(getattr(edge, "layout", None) or record.settings.get("layout") or "NCHW").upper()
-    names = dict(getattr(edge, "names", None) or {})
+    from pipeline.edge.runner import TFLiteRunner
+
+    edge = record.edge  # the edge stage's record of the converted model's I/O
+    layout = (edge.layout if edge is not None else str(record.settings.get("layout") or "NCHW")).upper()
+    names = dict(edge.names) if edge is not None else {}
     try:
         return TFLiteRunner(path, names=names, layout=layout)
     except ImportError as exc:

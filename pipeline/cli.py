@@ -321,7 +321,7 @@ def import_cmd(
 @click.option("--out", "out_root", default="artifacts", show_default=True, type=click.Path(), help="Model repository.")
 @click.option("--force", is_flag=True, help="Run every stage even when its output is up to date.")
 def run_cmd(recipe: str, out_root: str, force: bool) -> None:
-    """Run every stage for RECIPE (train, export, optimize), skipping those already up to date."""
+    """Run every stage for RECIPE (train, export, optimize, edge), skipping those already up to date."""
     from pipeline.run import run_recipe
 
     run_recipe(recipe, out_root=Path(out_root), force=force, echo=click.echo)

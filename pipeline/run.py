@@ -43,6 +43,7 @@ class Stage:
     name: str
     fresh: Callable[[Context], str | None]  # why the stage's output is up to date, or None to run it
     run: Callable[[Context], str]  # do the work; returns what it made
+    off: Callable[[Context], str | None] = lambda ctx: None  # why the recipe turns it off (even with --force)
 
 
 @dataclass
@@ -133,16 +134,14 @@ def _optimize_run(ctx: Context) -> str:
 
 def _edge_fresh(ctx: Context) -> str | None:
     assert ctx.root is not None
-    if not ctx.recipe.edge.enabled:
-        return "edge.enabled is false in the recipe"
     manifest = Artifact.load(ctx.root, verify=False).manifest
     record = manifest.stages.edge
     if record is None or MODEL_FILE not in manifest.files or record.parent != manifest.files[MODEL_FILE].sha256:
         return None  # never converted, or model.onnx was exported again since
     if record.settings_digest() != settings_digest(ctx.recipe.edge.model_dump(mode="json")):
         return None
-    if not record.variants or any(name not in manifest.variants for name in record.variants):
-        return None
+    if record.failed or not record.variants or any(name not in manifest.variants for name in record.variants):
+        return None  # a failed edge model fails the run again (exit 1) rather than pass as up to date
     return f"its edge models ({', '.join(record.variants)}) were converted from this model.onnx with these settings"
 
 
@@ -157,7 +156,7 @@ STAGES = [
     Stage("train", _train_fresh, _train_run),
     Stage("export", _export_fresh, _export_run),
     Stage("optimize", _optimize_fresh, _optimize_run),
-    Stage("edge", _edge_fresh, _edge_run),
+    Stage("edge", _edge_fresh, _edge_run, lambda ctx: None if ctx.recipe.edge.enabled else "edge.enabled: false"),
 ]
 
 
@@ -172,13 +171,15 @@ def run_recipe(
     ctx = Context(load_recipe(recipe_path), Path(recipe_path), Path(out_root), echo)
     results = []
     for stage in STAGES:
-        reason = None if force else stage.fresh(ctx)
+        off = stage.off(ctx)
+        reason = off or (None if force else stage.fresh(ctx))
         if reason is None:
             echo(f"[{stage.name}] running")
             result = StageResult(stage.name, True, stage.run(ctx))
         else:
             result = StageResult(stage.name, False, reason)
-        echo(f"[{stage.name}] {'done' if result.ran else 'up to date'}: {result.detail}")
+        state = "done" if result.ran else "skipped" if off else "up to date"
+        echo(f"[{stage.name}] {state}: {result.detail}")
         results.append(result)
 
     assert ctx.root is not None

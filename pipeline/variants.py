@@ -77,7 +77,7 @@ class EdgeIO:
     names: dict[str, str] = field(default_factory=dict)  # model.onnx's name -> the edge model's, where renamed
     runtimes: dict[str, bool] = field(
         default_factory=dict
-    )  # e.g. {"ai-edge-litert 2.3.0": true, "tflite-runtime 2.14.0": false}
+    )  # e.g. {"ai-edge-litert 2.3.0": true, "tflite_runtime 2.14.0": false}
 
 
 @dataclass(kw_only=True)

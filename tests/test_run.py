@@ -45,11 +45,16 @@ def test_run_trains_exports_then_skips_what_is_up_to_date(tmp_path: Path) -> Non
     assert "[train] up to date" in again.output and "[export] up to date" in again.output
     assert versions(out / "run-tiny") == [1]
 
+    forced = runner.invoke(main, ["run", str(recipe), "--out", str(out), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert "[edge] skipped: edge.enabled: false" in forced.output  # the recipe's off switch holds under --force
+    assert versions(out / "run-tiny") == [1, 2]
+
     recipe.write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"], "epochs": 2}}))
     changed = runner.invoke(main, ["run", str(recipe), "--out", str(out)])
     assert changed.exit_code == 0, changed.output
     assert "[train] done" in changed.output
-    assert versions(out / "run-tiny") == [1, 2]
+    assert versions(out / "run-tiny") == [1, 2, 3]
 
 
 @pytest.mark.slow

@@ -117,6 +117,11 @@ def edge_artifact(
         else:
             notes.append("int8 skipped: the artifact was imported without --eval-data, so there are no real samples")
             precisions.remove("int8")
+            if not precisions:
+                raise InputError(
+                    "int8 edge models calibrate on real samples, and this artifact was imported without --eval-data; "
+                    "re-import it with --eval-data FILE, or ask for --precision fp32 / fp16"
+                )
     say(f"[edge] {artifact.root}: converting with onnx2tf ({', '.join(precisions)}; layout {settings.layout})")
 
     with StageWrite(artifact.root, "edge") as write:
@@ -129,6 +134,9 @@ def edge_artifact(
             if kept:  # point at the copy kept in the artifact, not at the scratch directory about to go
                 message = message.replace(str(write.scratch / "convert" / "onnx2tf" / "onnx2tf.log"), kept)
             raise CheckFailed(message) from None
+        for warning in dict.fromkeys(w for c in converted for w in c.warnings):  # e.g. int8 not made, and why
+            notes.append(warning)
+            say(f"[edge] note: {warning}")
         made = [_judge(c, artifact, evaluation, settings, write.scratch, say) for c in converted]
         device = device_python()
         if device is None:

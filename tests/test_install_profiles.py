@@ -52,8 +52,9 @@ PART_PROFILES = {
     "pipeline.optimize": ("optimize", "cpu"),
     "pipeline.edge": ("edge", "cpu"),
 }
-# Imported only when present (inside a try: ... except ImportError), never a dependency.
-OPTIONAL_IMPORTS = {"mlflow"}
+# Imported only when present (inside a try: ... except ImportError), never a dependency. tflite_runtime is
+# the device runtime the stand-alone edge runner falls back to; it lives in .venv-edge, never beside numpy 2.
+OPTIONAL_IMPORTS = {"mlflow", "tflite_runtime"}
 
 
 def canonical(name: str) -> str:

@@ -292,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     bad = [pair for pair in args.name if "=" not in pair]
     if bad:
         parser.error(f"--name takes PIPE=MODEL, got {bad}")
+    if args.threads < 1:
+        parser.error(f"--threads must be 1 or more, got {args.threads}")
+    if args.atol is not None and not args.atol >= 0:  # NaN too: every comparison with it is false
+        parser.error(f"--atol must be a number >= 0, got {args.atol}")
+    if not args.golden.is_file():
+        parser.error(f"golden file {args.golden} not found; give an .npz with in.<name> and out.<name> arrays")
     names = dict(pair.split("=", 1) for pair in args.name)
     try:
         runner = TFLiteRunner(args.model, args.threads, names, args.layout, args.runtime)

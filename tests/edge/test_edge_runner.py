@@ -327,3 +327,25 @@ def test_runner_in_the_tflite_runtime_environment(models: Path) -> None:
     code, result = run_cli(EDGE_PYTHON, RUNNER, model, npz, "--name", "y=Identity")
     assert code == 1 and result["runtime"] == "tflite_runtime", result
     assert "Didn't find op for builtin opcode 'FULLY_CONNECTED' version" in result["error"], result
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--threads", "0"], "--threads"),
+        (["--atol", "nan"], "--atol"),
+        (["--atol", "-1"], "--atol"),
+        ([], "no-such.npz"),
+    ],
+)
+def test_cli_bad_usage_exits_2_naming_the_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], named: str
+) -> None:
+    from pipeline.edge.runner import main
+
+    model = tmp_path / "m.tflite"
+    model.write_bytes(b"not read: usage is checked first")
+    with pytest.raises(SystemExit) as exc:
+        main([str(model), str(tmp_path / "no-such.npz"), *args])
+    assert exc.value.code == 2
+    assert named in capsys.readouterr().err

@@ -234,3 +234,18 @@ def test_a_tflite_variant_runs_through_the_edge_runner(linear: Path, tmp_path: P
     assert (out["file"], out["format"]) == ("edge/model.fp32.tflite", "tflite")
     np.testing.assert_allclose(out["outputs"]["y"]["values"], x @ W + B, rtol=1e-5, atol=1e-6)
     assert [t[0]["index"] for t in out["top_k"]] == (x @ W + B).argmax(1).tolist()
+
+
+@pytest.mark.parametrize("side", [12, 30])  # past Pillow's limit (a warning), past twice it (an error)
+def test_an_image_too_large_to_decode_is_one_line_naming_its_size(
+    cnn: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, side: int
+) -> None:
+    artifact = Artifact.load(cnn)
+    artifact.manifest.inputs[0].preprocessing = {"pixel_range": [0, 1]}
+    artifact.save()
+    Image.new("L", (side, side)).save(tmp_path / "huge.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # a 20000x20000 picture, scaled down to keep the test fast
+
+    result = invoke("predict", cnn, "--input", tmp_path / "huge.png")
+    assert result.exit_code == 2, result.output
+    assert f"{side * side} pixels" in result.output and "smaller" in result.output

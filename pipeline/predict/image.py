@@ -16,6 +16,7 @@ channel unless it says `applied_in_model: true` (every model `pipe train` makes 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,15 @@ def image_input(path: Path, manifest: Manifest) -> tuple[TensorSpec, np.ndarray]
             "1 (grey) or 3 (RGB): pass the input as .npz or .json"
         )
     try:
-        with Image.open(path) as img:
-            picture = img.convert(MODES[channels])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # a bomb is refused, not decoded
+            with Image.open(path) as img:
+                picture = img.convert(MODES[channels])
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise InputError(  # Pillow's message names the size: "Image size (N pixels) exceeds limit of M pixels"
+            f"{path.name} is too large to decode safely ({str(exc).split(', could')[0]}); "
+            f"give a smaller picture (the model takes {spec.shape})"
+        ) from None
     except (UnidentifiedImageError, OSError) as exc:
         raise InputError(f"{path.name} is not a readable image ({exc}); give a PNG or JPEG file") from None
     if isinstance(height, int) and isinstance(width, int) and picture.size != (width, height):

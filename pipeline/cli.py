@@ -160,7 +160,7 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
 )
 @click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16", "int8"]),
               help="Edge: TFLite models to make (repeatable) [default: recipe edge.precisions].")  # fmt: skip
-@click.option("--layout", type=click.Choice(["nhwc", "nchw"]), default=None,
+@click.option("--layout", type=click.Choice(["nhwc", "nchw"], case_sensitive=False), default=None,
               help="Edge: image input layout, NHWC for devices or the server's NCHW [default: recipe].")  # fmt: skip
 @click.option("--opset", type=click.IntRange(min=7), default=None, help="ONNX opset [default: recipe export.opset]")
 @click.option(
@@ -196,7 +196,7 @@ def export(
     if target == "edge":
         from pipeline.edge.stage import edge_artifact
 
-        overrides = {"precisions": list(precisions) or None, "layout": layout, "max_accuracy_drop": None}
+        overrides = {"precisions": list(precisions) or None, "layout": layout and layout.lower()}
         outcome = edge_artifact(artifact, overrides, Path(recipe) if recipe else None, say=click.echo)
         for note in outcome.notes:
             click.secho(f"note: {note}", err=True, fg="yellow")

@@ -103,6 +103,8 @@ class Variant:
         return self.status == PASSED
 
 
+# the command that remakes the variants of a stage
+RERUN = {"optimize": "pipe optimize", "edge": "pipe export --target edge"}
 ROOT_STAGES = ("export", "import")  # stages that make model.onnx itself, from outside the artifact's files
 
 
@@ -118,6 +120,6 @@ def unusable(variant: Variant, listed_digests: set[str]) -> str | None:
     if variant.stage not in ROOT_STAGES and variant.parent not in listed_digests:
         return (
             f"is stale: {variant.stage} made it from a file this artifact no longer holds (parent sha256 "
-            f"{str(variant.parent)[:12]}); re-run {variant.stage}"
+            f"{str(variant.parent)[:12]}); re-run {RERUN.get(variant.stage, variant.stage)}"
         )
     return None

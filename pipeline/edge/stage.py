@@ -117,7 +117,7 @@ def edge_artifact(
         else:
             notes.append("int8 skipped: the artifact was imported without --eval-data, so there are no real samples")
             precisions.remove("int8")
-            if not precisions:
+            if "int8" in ((overrides or {}).get("precisions") or []) or not precisions:  # asked for by name
                 raise InputError(
                     "int8 edge models calibrate on real samples, and this artifact was imported without --eval-data; "
                     "re-import it with --eval-data FILE, or ask for --precision fp32 / fp16"

@@ -104,3 +104,15 @@ def test_a_model_onnx2tf_cannot_convert_exits_1_with_its_reason_and_leaves_the_r
     assert after.stages.edge is not None and after.stages.edge.failed == ["tflite-fp32"]
     assert "Frobnicate" in json.dumps(after.stages.edge.settings)
     assert not (root / "edge").exists()
+
+
+def test_int8_asked_for_by_name_without_real_samples_is_refused(tmp_path: Path) -> None:
+    """An import without --eval-data has no samples to calibrate on: int8 named on the command line is exit 2."""
+    source = cnn(tmp_path / "plain.onnx")
+    repo = tmp_path / "artifacts"
+    imported = CliRunner().invoke(main, ["import", str(source), "--name", "plain", "--repository", str(repo),
+                                         "--task", "embedding"])  # fmt: skip
+    assert imported.exit_code == 0, imported.output
+    result = CliRunner().invoke(main, ["export", str(repo / "plain" / "1"), "--target", "edge",
+                                       "--precision", "fp32", "--precision", "int8", "--layout", "NHWC"])  # fmt: skip
+    assert result.exit_code == 2 and "--eval-data" in result.output, result.output

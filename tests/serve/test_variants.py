@@ -60,7 +60,7 @@ def test_a_stale_variant_is_not_served(artifact: Artifact) -> None:
     with pytest.raises(VariantRefused, match=r"variant 'opt' is stale: optimize made it from a file this artifact"):
         choose(artifact, {"m": "opt"})
     choice, warning = choose_quietly(artifact, {"*": "opt"})
-    assert choice.variant == "fp32" and warning is not None and "re-run optimize" in warning
+    assert choice.variant == "fp32" and warning is not None and "re-run pipe optimize" in warning
 
 
 def test_a_failed_fp32_is_not_served_by_default(artifact: Artifact) -> None:

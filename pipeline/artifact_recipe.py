@@ -8,6 +8,9 @@ rebuilt from the sections it was trained with, which the train record keeps.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
 
 from pipeline.artifact import Artifact
 from pipeline.errors import ArtifactError, InputError
@@ -53,3 +56,22 @@ def current_recipe(artifact: Artifact, recipe_path: Path | None = None) -> tuple
         "using the trained sections and default settings for the later stages (pass --recipe to read another)"
     )
     return parse_recipe(record.settings, where, artifact.root), [note]
+
+
+def section_settings(recipe: Recipe | None, section: str, overrides: dict[str, Any]) -> Any:
+    """A later stage's recipe section (its defaults without a recipe) with the command line's values on top.
+
+    Validated like the recipe; each problem names the flag (`--threads`) or the recipe key it came from.
+    """
+    spec = type(Recipe.model_fields[section].default)  # OptimizeSpec, EdgeSpec ...
+    base = (getattr(recipe, section) if recipe is not None else spec()).model_dump()
+    update = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return spec.model_validate({**base, **update})
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = str(err["loc"][0]) if err["loc"] else section
+            where = f"--{key.replace('_', '-')}" if key in update else "the recipe's"
+            problems.append(f"{where} {section}.{key}: {err['msg']} (got {err.get('input')!r})")
+        raise InputError(f"{section} settings are invalid: {'; '.join(problems)}") from None

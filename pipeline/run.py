@@ -111,17 +111,25 @@ def _export_run(ctx: Context) -> str:
     return f"{ctx.root / MODEL_FILE} (opset {outcome.result.opset})"
 
 
-def _optimize_fresh(ctx: Context) -> str | None:
+def _derived_fresh(ctx: Context, stage: str, what: str) -> str | None:
+    """Up to date when the stage's record has the recipe's section as it is now, was made from the model.onnx
+    the version holds now, and every variant it made is still recorded and none failed fatally."""
     assert ctx.root is not None
     manifest = Artifact.load(ctx.root, verify=False).manifest
-    record = manifest.stages.optimize
+    record = getattr(manifest.stages, stage)
     if record is None or MODEL_FILE not in manifest.files or record.parent != manifest.files[MODEL_FILE].sha256:
-        return None  # never optimized, or model.onnx was exported again since
-    if record.settings_digest() != settings_digest(ctx.recipe.optimize.model_dump(mode="json")):
+        return None  # never ran, or model.onnx was exported again since
+    if record.settings_digest() != settings_digest(getattr(ctx.recipe, stage).model_dump(mode="json")):
         return None
     if any(name not in manifest.variants for name in record.variants):
         return None
-    return f"its variants ({', '.join(record.variants)}) were made from this model.onnx with these settings"
+    if stage == "edge" and (record.failed or not record.variants):
+        return None  # a failed edge model fails the run again (exit 1) rather than pass as up to date
+    return f"its {what} ({', '.join(record.variants)}) were made from this model.onnx with these settings"
+
+
+def _optimize_fresh(ctx: Context) -> str | None:
+    return _derived_fresh(ctx, "optimize", "variants")
 
 
 def _optimize_run(ctx: Context) -> str:
@@ -133,16 +141,7 @@ def _optimize_run(ctx: Context) -> str:
 
 
 def _edge_fresh(ctx: Context) -> str | None:
-    assert ctx.root is not None
-    manifest = Artifact.load(ctx.root, verify=False).manifest
-    record = manifest.stages.edge
-    if record is None or MODEL_FILE not in manifest.files or record.parent != manifest.files[MODEL_FILE].sha256:
-        return None  # never converted, or model.onnx was exported again since
-    if record.settings_digest() != settings_digest(ctx.recipe.edge.model_dump(mode="json")):
-        return None
-    if record.failed or not record.variants or any(name not in manifest.variants for name in record.variants):
-        return None  # a failed edge model fails the run again (exit 1) rather than pass as up to date
-    return f"its edge models ({', '.join(record.variants)}) were converted from this model.onnx with these settings"
+    return _derived_fresh(ctx, "edge", "edge models")
 
 
 def _edge_run(ctx: Context) -> str:

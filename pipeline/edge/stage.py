@@ -23,10 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from pipeline.artifact import Artifact, resolve_artifact
-from pipeline.artifact_recipe import current_recipe
+from pipeline.artifact_recipe import current_recipe, section_settings
 from pipeline.calibration import calibration_set, has_real_samples
 from pipeline.edge.convert import Converted, EdgeSettings, convert
 from pipeline.errors import ArtifactError, CheckFailed, InputError
@@ -69,14 +67,7 @@ class EdgeOutcome:
 
 def edge_settings(recipe: Recipe | None, overrides: dict[str, Any]) -> EdgeSpec:
     """The recipe's edge section (or the defaults) with the command line's values on top, validated."""
-    base = recipe.edge.model_dump() if recipe is not None else EdgeSpec().model_dump()
-    update = {k: v for k, v in overrides.items() if v is not None}
-    try:
-        return EdgeSpec.model_validate({**base, **update})
-    except ValidationError as exc:
-        problems = "; ".join(f"edge.{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e.get('input')!r})"
-                             for e in exc.errors())  # fmt: skip
-        raise InputError(f"edge settings are invalid: {problems}") from None
+    return section_settings(recipe, "edge", overrides)
 
 
 def policy_for(precision: str, settings: EdgeSpec, task: str, has_target: bool) -> Policy:

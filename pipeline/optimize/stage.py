@@ -20,10 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from pipeline.artifact import Artifact, resolve_artifact
-from pipeline.artifact_recipe import current_recipe
+from pipeline.artifact_recipe import current_recipe, section_settings
 from pipeline.calibration import Calibration, calibration_set, has_real_samples
 from pipeline.errors import ArtifactError, CheckFailed, InputError
 from pipeline.optimize.graph import optimize_graph
@@ -69,17 +67,7 @@ class OptimizeOutcome:
 
 def optimize_settings(recipe: Recipe | None, overrides: dict[str, Any]) -> OptimizeSpec:
     """The recipe's optimize section (or the defaults) with the command line's values on top, validated."""
-    base = recipe.optimize.model_dump() if recipe is not None else OptimizeSpec().model_dump()
-    update = {k: v for k, v in overrides.items() if v is not None}
-    try:
-        return OptimizeSpec.model_validate({**base, **update})
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            key = str(err["loc"][0]) if err["loc"] else "optimize"
-            where = f"--{key.replace('_', '-')}" if key in update else "the recipe's"
-            problems.append(f"{where} optimize.{key}: {err['msg']} (got {err.get('input')!r})")
-        raise InputError(f"optimize settings are invalid: {'; '.join(problems)}") from None
+    return section_settings(recipe, "optimize", overrides)
 
 
 def optimize_artifact(

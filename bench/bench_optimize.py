@@ -160,8 +160,8 @@ def matmul_share(model: Path, samples: dict[str, np.ndarray], batch: int, work: 
 
 def dynamic_sweep(name: str, root: Path, work: Path, seconds: float, repeats: int, out: Out) -> dict[str, Any]:
     from pipeline.artifact import Artifact
+    from pipeline.latency import measure
     from pipeline.optimize.judge import Judge, budget_policy
-    from pipeline.optimize.measure import measure
     from pipeline.optimize.quantize import QuantSettings, quantize
     from pipeline.recipe import load_recipe
     from pipeline.verify.evaluation import evaluation_set

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import ArtifactError, PipelineError
+from pipeline.latency import measure
 from pipeline.optimize.graph import load
 from pipeline.optimize.judge import Verdict
-from pipeline.optimize.measure import measure
 from pipeline.optimize.nodes import name_nodes, quantizable_nodes
 from pipeline.optimize.quantize import QuantSettings, quantize
 from pipeline.optimize.sensitivity import NodeScore, sensitivity

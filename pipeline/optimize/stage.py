@@ -24,9 +24,9 @@ from pipeline.artifact import Artifact, resolve_artifact
 from pipeline.artifact_recipe import current_recipe, section_settings
 from pipeline.calibration import Calibration, calibration_set, has_real_samples
 from pipeline.errors import ArtifactError, CheckFailed, InputError
+from pipeline.latency import Latency, measure
 from pipeline.optimize.graph import optimize_graph
 from pipeline.optimize.judge import LOSSLESS, Judge, Verdict, budget_policy
-from pipeline.optimize.measure import Latency, measure
 from pipeline.optimize.quantize import QuantSettings, quantize
 from pipeline.optimize.report import markdown
 from pipeline.recipe import OptimizeSpec, Recipe

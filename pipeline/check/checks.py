@@ -1,0 +1,143 @@
+"""The checks `pipe check` runs, each a named result: what was compared, the figures, one line of detail.
+
+Every check is a plain function of the candidate's summary, the baseline and the budgets; none
+stops the others, so one run lists every regression at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pipeline.check.baseline import Baseline
+from pipeline.manifest import TensorSpec
+from pipeline.recipe import BudgetSpec
+from pipeline.verify.metrics import HIGHER_IS_BETTER, SLACK, metric_drop
+
+Status = Literal["passed", "failed", "skipped"]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str  # e.g. metric.accuracy, variant.int8, signature.inputs, size, latency
+    status: Status
+    detail: str  # one line: what held or what broke, with the numbers
+    figures: dict[str, Any] = field(default_factory=dict)  # baseline, candidate, ratio or drop, budget
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+
+def _result(name: str, ok: bool, detail: str, **figures: Any) -> CheckResult:
+    return CheckResult(name, "passed" if ok else "failed", detail, figures)
+
+
+def check_metrics(candidate: Baseline, baseline: Baseline, budgets: BudgetSpec) -> list[CheckResult]:
+    """Each metric the baseline records, its drop in the candidate within max_accuracy_drop."""
+    if not baseline.metrics:
+        return [CheckResult("metrics", "skipped", "the baseline records no task metrics (import it with --eval-data)")]
+    results = []
+    for name, before in sorted(baseline.metrics.items()):
+        check = f"metric.{name}"
+        if name not in HIGHER_IS_BETTER:
+            results.append(CheckResult(check, "skipped", f"{name}: no known direction to judge a drop"))
+        elif name not in candidate.metrics:
+            results.append(_result(check, False, f"{name} is {before:.4g} in the baseline; the candidate has none"))
+        else:
+            after, drop = candidate.metrics[name], metric_drop(name, before, candidate.metrics[name])
+            results.append(
+                _result(
+                    check,
+                    drop <= budgets.max_accuracy_drop + SLACK,
+                    f"{name} {before:.4g} -> {after:.4g}: drop {drop:+.4g} (budget {budgets.max_accuracy_drop:g})",
+                    baseline=before,
+                    candidate=after,
+                    drop=drop,
+                    budget=budgets.max_accuracy_drop,
+                )
+            )
+    return results
+
+
+def check_variants(candidate: Baseline, baseline: Baseline, budgets: BudgetSpec) -> list[CheckResult]:
+    """A variant that passed in the baseline must pass now, and its metrics stay within the budget."""
+    results = []
+    for name, before in sorted(baseline.variants.items()):
+        check, now = f"variant.{name}", candidate.variants.get(name)
+        if before.status != "passed":
+            status = now.status if now else "missing"
+            results.append(CheckResult(check, "skipped", f"{before.status} in the baseline; {status} now", {}))
+            continue
+        if now is None or now.status != "passed":
+            results.append(_result(check, False, f"passed in the baseline, {now.status if now else 'missing'} now"))
+            continue
+        drops = {
+            m: metric_drop(m, v, now.metrics[m])
+            for m, v in before.metrics.items()
+            if m in now.metrics and m in HIGHER_IS_BETTER
+        }
+        worse = {m: d for m, d in drops.items() if d > budgets.max_accuracy_drop + SLACK}
+        shown = ", ".join(f"{m} drop {d:+.4g}" for m, d in drops.items()) or "no shared metric"
+        results.append(
+            _result(check, not worse, f"passed in both; {shown} (budget {budgets.max_accuracy_drop:g})", drops=drops)
+        )
+    return results
+
+
+def check_signature(candidate: Baseline, baseline: Baseline) -> list[CheckResult]:
+    """Breaking changes of inputs, outputs and labels: what a client of the baseline would trip over."""
+    results = []
+    for kind, old, new in (
+        ("inputs", baseline.inputs, candidate.inputs),
+        ("outputs", baseline.outputs, candidate.outputs),
+    ):
+        problems = _breaks(kind[:-1], old, new)
+        if kind == "inputs":  # a client of the baseline does not send an input it never had
+            known = {s.name for s in old}
+            problems += [f"input {s.name!r} is new and required" for s in new if s.name not in known]
+        shown = ", ".join(f"{s.name} {s.dtype}{s.shape}" for s in new)
+        results.append(_result(f"signature.{kind}", not problems, "; ".join(problems) or f"compatible: {shown}"))
+    if baseline.labels == candidate.labels:
+        results.append(_result("signature.labels", True, f"{len(baseline.labels)} labels, unchanged"))
+    else:
+        gone = [x for x in baseline.labels if x not in candidate.labels]
+        added = [x for x in candidate.labels if x not in baseline.labels]
+        what = f"removed {gone[:5]}, added {added[:5]}" if gone or added else "same labels in another order"
+        results.append(_result("signature.labels", False, f"label set changed: {what}"))
+    return results
+
+
+def _breaks(kind: str, old: list[TensorSpec], new: list[TensorSpec]) -> list[str]:
+    by_name = {s.name: s for s in new}
+    names = [s.name for s in new]
+    problems = []
+    for spec in old:
+        now = by_name.get(spec.name)
+        if now is None:
+            problems.append(f"{kind} {spec.name!r} was renamed or removed (the candidate has {names})")
+            continue
+        if now.dtype != spec.dtype:
+            problems.append(f"{kind} {spec.name!r} dtype changed {spec.dtype} -> {now.dtype}")
+        if len(now.shape) != len(spec.shape):
+            problems.append(f"{kind} {spec.name!r} rank changed {len(spec.shape)} -> {len(now.shape)}")
+            continue
+        for axis, (a, b) in enumerate(zip(spec.shape, now.shape, strict=True)):
+            if isinstance(a, str) and isinstance(b, int):
+                problems.append(f"{kind} {spec.name!r} axis {axis} was dynamic ({a!r}) and is fixed at {b}")
+            elif isinstance(a, int) and isinstance(b, int) and a != b:
+                problems.append(f"{kind} {spec.name!r} axis {axis} changed size {a} -> {b}")
+    return problems
+
+
+def check_size(candidate: Baseline, baseline: Baseline, budgets: BudgetSpec) -> CheckResult:
+    """model.onnx's size ratio within 1 + max_size_increase."""
+    if not candidate.model_size or not baseline.model_size:
+        return CheckResult("size", "skipped", "model.onnx's size is not recorded in both")
+    ratio, limit = candidate.model_size / baseline.model_size, 1 + budgets.max_size_increase
+    return _result(
+        "size",
+        ratio <= limit + SLACK,
+        f"model.onnx {baseline.model_size} -> {candidate.model_size} bytes: x{ratio:.3f} (budget x{limit:.3f})",
+        baseline=baseline.model_size, candidate=candidate.model_size, ratio=ratio, budget=limit,
+    )  # fmt: skip

@@ -1,7 +1,7 @@
 """`pipe optimize`: graph optimization and quantization of an artifact's model into verified variants.
 
 `graph.py` rewrites an ONNX file with onnxruntime's portable offline passes and onnxslim;
-`quantize.py` (with `nodes.py`) makes dynamic int8, static int8 (QDQ) and fp16 copies with
+`quantize.py` (with `nodes.py` and `samples.py`) makes dynamic int8, static int8 (QDQ) and fp16 copies with
 onnxruntime.quantization; `search.py` (with `sensitivity.py`) looks for the fastest variant within
 an accuracy budget; `judge.py` holds each against model.onnx; `stage.py` is the stage itself
 (recipe, verifier, records, reports). Variants are timed side by side by `pipeline/latency.py` and

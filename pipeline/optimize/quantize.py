@@ -16,9 +16,8 @@ import io
 import logging
 import math
 import os
-import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -27,7 +26,6 @@ import numpy as np
 import onnx
 from onnx import helper
 from onnxruntime.quantization import (
-    CalibrationDataReader,
     CalibrationMethod,
     QuantFormat,
     QuantType,
@@ -47,6 +45,7 @@ from pipeline.optimize.graph import (
     strip_debug_info,
 )
 from pipeline.optimize.nodes import MODES, QUANT_OPS, name_nodes, quantizable_nodes, quantized_nodes
+from pipeline.optimize.samples import Progress, SampleReader, check_calibration, sample_reader
 
 TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
 METHODS = {
@@ -54,11 +53,8 @@ METHODS = {
     "entropy": CalibrationMethod.Entropy,
     "percentile": CalibrationMethod.Percentile,
 }
-BATCH = 16  # calibration samples per session run: small, so large models calibrate in bounded memory
 # onnxruntime's quantizer cannot type weights a transformers fusion made unless told (DESIGN.md section 5)
 EXTRA_OPTIONS = {"DefaultTensorType": onnx.TensorProto.FLOAT}
-
-Progress = Callable[[int, int], None]  # (samples calibrated so far, samples in all)
 
 
 @dataclass(frozen=True)
@@ -160,7 +156,7 @@ def quantize(
             f"nodes_to_exclude names nodes the model does not have: {unknown}; "
             f"its {settings.mode} candidates are {known[:20]}{' ...' if len(known) > 20 else ''}"
         )
-    samples = _check_calibration(model, calibration) if calibration is not None and settings.mode == "static" else 0
+    samples = check_calibration(model, calibration) if calibration is not None and settings.mode == "static" else 0
     scratch.mkdir(parents=True, exist_ok=True)
     named_path = scratch / "named.onnx"
     onnx.save(model, str(named_path))
@@ -176,7 +172,7 @@ def quantize(
     else:
         reader = None
         if calibration is not None and settings.mode == "static":
-            reader = _reader(quantized_from, calibration, samples, settings.calibration, progress, warnings)
+            reader = sample_reader(quantized_from, calibration, samples, settings.calibration, progress, warnings)
             samples = reader.samples
         _quantize_int8(source, out, settings, excluded, reader)
         result = load(out)
@@ -282,108 +278,6 @@ def _quantize_int8(
             f"{type(exc).__name__}: {_first_line(exc)}; try other settings or exclude the "
             "failing node"
         ) from exc
-
-
-class SampleReader(CalibrationDataReader):
-    """The calibration samples in batches of `batch`, reporting progress per batch."""
-
-    def __init__(self, arrays: dict[str, np.ndarray], batch: int, samples: int, progress: Progress | None) -> None:
-        self.arrays, self.batch, self.samples, self.progress, self.start = arrays, batch, samples, progress, 0
-        self.stdout = sys.stdout  # the caller's: calibration runs with stdout muted, progress must still show
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        if self.start >= self.samples:
-            return None
-        stop = min(self.start + self.batch, self.samples)
-        batch = {name: array[self.start : stop] for name, array in self.arrays.items()}
-        self.start = stop
-        if self.progress is not None:
-            with contextlib.redirect_stdout(self.stdout):
-                self.progress(stop, self.samples)
-        return batch
-
-    def __len__(self) -> int:
-        return math.ceil(self.samples / self.batch)
-
-    def rewind(self) -> None:
-        self.start = 0
-
-
-def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    initializers = {init.name for init in model.graph.initializer}
-    return [value for value in model.graph.input if value.name not in initializers]
-
-
-def _dims(value: onnx.ValueInfoProto) -> list[int | None]:
-    return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
-
-
-def _reader(
-    model: onnx.ModelProto,
-    calibration: dict[str, np.ndarray],
-    samples: int,
-    method: str,
-    progress: Progress | None,
-    warnings: list[str],
-) -> SampleReader:
-    batch, used = _batching(model, samples, method)
-    if used == 0:
-        raise InputError(f"the model takes batches of exactly {batch}; give at least {batch} calibration samples")
-    if used < samples:
-        warnings.append(
-            f"calibrated on {used} of {samples} samples: {method} calibration needs equal batches of {batch}"
-        )
-    return SampleReader(calibration, batch, used, progress)
-
-
-def _batching(model: onnx.ModelProto, samples: int, method: str) -> tuple[int, int]:
-    """(samples per run, samples used) for calibrating `model` on `samples` samples with `method`.
-
-    A graph with a fixed batch size takes exactly that many a run. onnxruntime's histogram
-    calibrators (entropy, percentile) stack the batches into one array, so their batches must be
-    equal too: the largest divisor of `samples` up to BATCH, or BATCH and the remainder left out
-    when that divisor is small (a prime count).
-    """
-    fixed = {_dims(value)[0] for value in _graph_inputs(model) if _dims(value)} - {None}
-    if fixed:
-        batch = min(fixed)
-    elif method == "minmax":
-        return BATCH, samples
-    else:
-        batch = max(d for d in range(1, BATCH + 1) if samples % d == 0)
-        batch = batch if batch > BATCH // 4 or samples < BATCH else BATCH
-    return batch, samples - samples % batch
-
-
-def _check_calibration(model: onnx.ModelProto, calibration: dict[str, np.ndarray]) -> int:
-    """The number of samples, after checking they fit the graph's inputs by name, dtype and fixed dims."""
-    inputs = {value.name: value for value in _graph_inputs(model)}
-    if set(calibration) != set(inputs):
-        raise InputError(
-            f"calibration samples are for inputs {sorted(calibration)} but the model's inputs are "
-            f"{sorted(inputs)}; give one array per model input, named as the model names it"
-        )
-    problems, counts = [], set()
-    for name, value in inputs.items():
-        array = np.asarray(calibration[name])
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
-        if array.dtype != dtype:
-            problems.append(f"{name} is {array.dtype} but the model takes {dtype} (cast it, e.g. .astype('{dtype}'))")
-        dims = _dims(value)
-        if array.ndim != len(dims) or any(
-            d is not None and d != s for d, s in zip(dims[1:], array.shape[1:], strict=False)
-        ):
-            problems.append(
-                f"{name} has shape {list(array.shape)} but the model takes "
-                f"{[d if d is not None else '?' for d in dims]} (samples along axis 0, in the "
-                "model's own layout)"
-            )
-        counts.add(len(array) if array.ndim else 0)
-    if not problems and (len(counts) != 1 or 0 in counts):
-        problems.append(f"each input needs the same number of samples, at least 1; got {sorted(counts)}")
-    if problems:
-        raise InputError("calibration samples do not fit the model: " + "; ".join(problems))
-    return counts.pop()
 
 
 @contextlib.contextmanager

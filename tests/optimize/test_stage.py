@@ -95,14 +95,19 @@ def sensitive_classifier(tmp_path: Path) -> tuple[Path, Path]:
     return path, data
 
 
-@pytest.mark.slow
-def test_a_variant_that_misses_its_budget_is_failed_not_served_and_strict_exits_1(tmp_path: Path) -> None:
+def imported_sensitive(tmp_path: Path) -> Path:
+    """`sensitive_classifier` through `pipe import` with its eval data: the artifact root."""
     model, data = sensitive_classifier(tmp_path)
     repo = tmp_path / "artifacts"
-    imported = CliRunner().invoke(main, ["import", str(model), "--name", "sensitive", "--eval-data", str(data),
-                                         "--repository", str(repo)])  # fmt: skip
+    args = ["import", str(model), "--name", "sensitive", "--eval-data", str(data), "--repository", str(repo)]
+    imported = CliRunner().invoke(main, args)
     assert imported.exit_code == 0, imported.output
-    root = repo / "sensitive" / "1"
+    return repo / "sensitive" / "1"
+
+
+@pytest.mark.slow
+def test_a_variant_that_misses_its_budget_is_failed_not_served_and_strict_exits_1(tmp_path: Path) -> None:
+    root = imported_sensitive(tmp_path)
 
     bad = CliRunner().invoke(main, ["optimize", str(root), "--quantize", "dynamic", "--max-accuracy-drop", "-1"])
     assert bad.exit_code == 2 and "max_accuracy_drop" in bad.output  # a negative budget is bad input
@@ -123,11 +128,7 @@ def test_a_variant_that_misses_its_budget_is_failed_not_served_and_strict_exits_
 def test_auto_leaves_the_sensitive_node_in_fp32_meets_the_budget_and_serve_best_picks_the_fastest(
     tmp_path: Path,
 ) -> None:
-    model, data = sensitive_classifier(tmp_path)
-    repo = tmp_path / "artifacts"
-    args = ["import", str(model), "--name", "sensitive", "--eval-data", str(data), "--repository", str(repo)]
-    assert CliRunner().invoke(main, args).exit_code == 0
-    root = repo / "sensitive" / "1"
+    root = imported_sensitive(tmp_path)
     # The default budget (0.01): per-tensor int8 of `hidden` still costs 2 points once `head` is in fp32;
     # the search re-tries the exclusion with per-channel weights, which meets it with `hidden` in int8
     args = ["optimize", str(root), "--quantize", "auto", "--graph", "none"]
@@ -243,9 +244,5 @@ def test_calibration_progress_counts_samples_as_samples(tmp_path: Path) -> None:
 def test_every_optimize_option_reaches_the_settings_and_is_checked(
     tmp_path: Path, flag: str, value: str, key: str
 ) -> None:
-    model, data = sensitive_classifier(tmp_path)
-    repo = tmp_path / "artifacts"
-    args = ["import", str(model), "--name", "sensitive", "--eval-data", str(data), "--repository", str(repo)]
-    assert CliRunner().invoke(main, args).exit_code == 0
-    result = CliRunner().invoke(main, ["optimize", str(repo / "sensitive" / "1"), flag, value])
+    result = CliRunner().invoke(main, ["optimize", str(imported_sensitive(tmp_path)), flag, value])
     assert result.exit_code == 2 and key in result.output and len(result.output.strip().splitlines()) == 1

@@ -72,7 +72,7 @@ def train(
 def info(artifact: str, as_json: bool, no_verify: bool) -> None:
     """Show an artifact's manifest (ARTIFACT: artifacts/NAME[/VERSION])."""
     from pipeline.artifact import Artifact, resolve_artifact
-    from pipeline.report import manifest_table
+    from pipeline.info import manifest_table
 
     loaded = Artifact.load(resolve_artifact(artifact), verify=not no_verify)
     if as_json:

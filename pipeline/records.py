@@ -131,6 +131,24 @@ class EdgeRecord(StageRecord):
 
 
 @dataclass(kw_only=True)
+class BenchmarkRecord(StageRecord):
+    """`pipe benchmark`: every format timed side by side; inputs are the timed files' sha256 by path."""
+
+    report: str = "reports/benchmark.json"
+    plot: str | None = "reports/benchmark.png"
+    formats: list[str] = field(default_factory=list)  # the rows measured, in table order
+    failed: list[str] = field(default_factory=list)  # rows that could not be timed (the report says why)
+
+
+@dataclass(kw_only=True)
+class ReportRecord(StageRecord):
+    """`pipe report`: the model card and the training curves, made from the manifest and reports/ as they were."""
+
+    card: str = "reports/model-card.md"
+    curves: str | None = None  # reports/training-curves.png, when the artifact was trained here
+
+
+@dataclass(kw_only=True)
 class Stages:
     """manifest.stages: the record of each stage that ran (absent when it did not)."""
 
@@ -139,6 +157,8 @@ class Stages:
     import_: ImportRecord | None = field(default=None, metadata={"json": "import", "omit_none": True})
     optimize: OptimizeRecord | None = field(default=None, metadata={"omit_none": True})
     edge: EdgeRecord | None = field(default=None, metadata={"omit_none": True})
+    benchmark: BenchmarkRecord | None = field(default=None, metadata={"omit_none": True})
+    report: ReportRecord | None = field(default=None, metadata={"omit_none": True})
 
     def names(self) -> list[str]:
         """The stages that ran, in pipeline order."""
@@ -151,5 +171,7 @@ class Stages:
             ("export", self.export),
             ("optimize", self.optimize),
             ("edge", self.edge),
+            ("benchmark", self.benchmark),
+            ("report", self.report),
         )
         return [(name, record) for name, record in pairs if record is not None]

@@ -131,6 +131,17 @@ class EdgeRecord(StageRecord):
 
 
 @dataclass(kw_only=True)
+class CheckRecord(StageRecord):
+    """`pipe run`'s check against the committed baseline: inputs are the baseline file's sha256 and the digest
+    of the candidate's summary (what the checks read); settings are the budgets."""
+
+    baseline: str  # the baseline file, as given
+    passed: bool
+    failures: list[str] = field(default_factory=list)  # the checks that failed
+    reports: list[str] = field(default_factory=list)  # reports/check.json, .md, .xml
+
+
+@dataclass(kw_only=True)
 class BenchmarkRecord(StageRecord):
     """`pipe benchmark`: every format timed side by side; inputs are the timed files' sha256 by path."""
 
@@ -157,6 +168,7 @@ class Stages:
     import_: ImportRecord | None = field(default=None, metadata={"json": "import", "omit_none": True})
     optimize: OptimizeRecord | None = field(default=None, metadata={"omit_none": True})
     edge: EdgeRecord | None = field(default=None, metadata={"omit_none": True})
+    check: CheckRecord | None = field(default=None, metadata={"omit_none": True})
     benchmark: BenchmarkRecord | None = field(default=None, metadata={"omit_none": True})
     report: ReportRecord | None = field(default=None, metadata={"omit_none": True})
 
@@ -171,6 +183,7 @@ class Stages:
             ("export", self.export),
             ("optimize", self.optimize),
             ("edge", self.edge),
+            ("check", self.check),
             ("benchmark", self.benchmark),
             ("report", self.report),
         )

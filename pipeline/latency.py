@@ -1,4 +1,6 @@
-"""Latency of several ONNX models timed side by side, in one run, on onnxruntime's CPU provider.
+"""Latency of several models timed side by side, in one run: ONNX files on onnxruntime's CPU provider,
+or any loaded model called the way an onnxruntime session is (`Session`: pipe benchmark's torch and
+LiteRT rows).
 
 The machines this runs on are shared and noisy, so a variant is never timed alone and compared
 with a number taken minutes earlier. All models are timed in the same window, interleaved: each
@@ -20,17 +22,35 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
-import onnxruntime as ort
 
 from pipeline.errors import ArtifactError, InputError
 from pipeline.verify.session import create_session, first_line
 
 ORDER_SEED = 0  # the rounds' random orders: the same on every run
+
+
+class InputSpec(Protocol):
+    """One input as a Session declares it (onnxruntime's NodeArg has both)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def shape(self) -> Sequence[Any]: ...  # an int first dim fixes the batch; a str or None leaves it free
+
+
+class Session(Protocol):
+    """What is timed: an onnxruntime InferenceSession, or another runtime's model wrapped to be called alike."""
+
+    def get_inputs(self) -> Sequence[InputSpec]: ...
+
+    def run(self, output_names: None, feed: dict[str, np.ndarray], /) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -63,7 +83,7 @@ class Latency:
     """One model's latency at each batch it ran at, and how it was measured."""
 
     batches: dict[int, BatchLatency]  # batch size -> timings
-    threads: int  # onnxruntime intra-op threads
+    threads: int  # the threads the model ran with (onnxruntime: intra-op threads)
     fixed_batch: int | None = None  # the model's inputs fix the batch: it ran at this batch only
     skipped: tuple[int, ...] = field(default=())  # batches asked for that a fixed batch ruled out
 
@@ -117,11 +137,47 @@ def measure(
     batch dimension runs at that batch only, and its Latency says so (`fixed_batch`, `skipped`);
     when that batch is not among `batches`, the other models are timed there too, beside it.
     """
-    _check_settings(models, inputs, batches, threads, seconds, warmup, min_runs, max_runs)
-    say = progress or (lambda _message: None)
+    _check_settings(list(models), inputs, batches, threads, seconds, warmup, min_runs, max_runs)
     sessions = {
         name: create_session(path, "cpu", intra_op_threads=threads, inter_op_threads=1) for name, path in models.items()
     }
+    return _measure(sessions, inputs, batches, threads, seconds, warmup, min_runs, max_runs, progress)
+
+
+def measure_sessions(
+    sessions: Mapping[str, Session],
+    inputs: dict[str, np.ndarray],
+    batches: tuple[int, ...] = (1, 32),
+    threads: int = 1,
+    seconds: float = 1.0,
+    warmup: int = 3,
+    min_runs: int = 10,
+    max_runs: int = 2000,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Latency]:
+    """`measure` for models already loaded, of any runtime wrapped as a `Session`, timed side by side.
+
+    The caller made each with `threads` threads (recorded in every Latency); the rest is as in
+    `measure`: the same inputs, batches, interleaved rounds and fixed-batch handling.
+    """
+    _check_settings(list(sessions), inputs, batches, threads, seconds, warmup, min_runs, max_runs)
+    return _measure(dict(sessions), inputs, batches, threads, seconds, warmup, min_runs, max_runs, progress)
+
+
+def _measure(
+    sessions: dict[str, Session],
+    inputs: dict[str, np.ndarray],
+    batches: tuple[int, ...],
+    threads: int,
+    seconds: float,
+    warmup: int,
+    min_runs: int,
+    max_runs: int,
+    progress: Callable[[str], None] | None,
+) -> dict[str, Latency]:
+    """Time `sessions` (settings already checked) batch by batch, interleaved; see `measure`."""
+    say = progress or (lambda _message: None)
+    models = list(sessions)
     fixed = {name: _fixed_batch(name, session) for name, session in sessions.items()}
     samples: dict[str, dict[int, list[int]]] = {name: {} for name in models}
     for batch in sorted(set(batches) | {b for b in fixed.values() if b is not None}):
@@ -146,7 +202,7 @@ def measure(
 
 
 def _time_interleaved(
-    sessions: dict[str, ort.InferenceSession],
+    sessions: dict[str, Session],
     feeds: dict[str, dict[str, np.ndarray]],
     batch: int,
     seconds: float,
@@ -194,7 +250,7 @@ def _time_interleaved(
     return samples
 
 
-def _run(name: str, session: ort.InferenceSession, feed: dict[str, np.ndarray], batch: int) -> None:
+def _run(name: str, session: Session, feed: dict[str, np.ndarray], batch: int) -> None:
     """One untimed run (warm-up); a model that cannot run on these inputs is an ArtifactError."""
     try:
         session.run(None, feed)
@@ -202,7 +258,7 @@ def _run(name: str, session: ort.InferenceSession, feed: dict[str, np.ndarray], 
         raise ArtifactError(f"model {name!r} failed to run at batch {batch}: {first_line(exc)}") from exc
 
 
-def _feed(name: str, session: ort.InferenceSession, inputs: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
+def _feed(name: str, session: Session, inputs: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
     """The model's inputs at `batch`: the first `batch` samples, repeated when there are fewer, contiguous."""
     feed: dict[str, np.ndarray] = {}
     for spec in session.get_inputs():
@@ -214,7 +270,7 @@ def _feed(name: str, session: ort.InferenceSession, inputs: dict[str, np.ndarray
     return feed
 
 
-def _fixed_batch(name: str, session: ort.InferenceSession) -> int | None:
+def _fixed_batch(name: str, session: Session) -> int | None:
     """The batch size the model's inputs fix (a number as the first dimension), or None when it is free."""
     fixed = {spec.shape[0] for spec in session.get_inputs() if spec.shape and isinstance(spec.shape[0], int)}
     if len(fixed) > 1:
@@ -223,7 +279,7 @@ def _fixed_batch(name: str, session: ort.InferenceSession) -> int | None:
 
 
 def _check_settings(
-    models: dict[str, Path],
+    models: list[str],
     inputs: dict[str, np.ndarray],
     batches: tuple[int, ...],
     threads: int,

@@ -178,12 +178,30 @@ class EdgeSpec(_Strict):
     calibration_samples: int = Field(256, gt=0)  # real training samples full-integer int8 calibrates on
 
 
+class MetricBudget(_Strict):
+    """One task metric's budgets in `budgets.metrics`: it fails `pipe check` when it breaks either."""
+
+    max_drop: float | None = Field(None, ge=0)  # in the metric's units (for MAE a rise is a drop)
+    max_relative_drop: float | None = Field(None, ge=0)  # drop / |baseline value|: 0.02 = 2% of it
+
+    @model_validator(mode="after")
+    def _one_at_least(self) -> MetricBudget:
+        if self.max_drop is None and self.max_relative_drop is None:
+            raise ValueError("give max_drop, max_relative_drop or both (or leave the metric out)")
+        return self
+
+
 class BudgetSpec(_Strict):
     """What `pipe check` treats as a regression against the committed baseline."""
 
-    max_accuracy_drop: float = Field(0.005, ge=0)
-    max_latency_increase: float = Field(0.25, ge=0)  # fraction: 0.25 = 25% slower fails
+    max_accuracy_drop: float = Field(0.005, ge=0)  # absolute drop of every metric not listed in `metrics`
+    metrics: dict[str, MetricBudget] = {}  # per metric (accuracy, mae): its own budgets, in place of the above
+    max_latency_increase: float = Field(0.10, ge=0)  # fraction: 0.10 = more than 10% slower fails (docs/check.md)
     max_size_increase: float = Field(0.10, ge=0)
+
+    def for_metric(self, name: str) -> MetricBudget:
+        """The budgets `name` is held to: its `metrics` entry, else max_accuracy_drop as an absolute drop."""
+        return self.metrics.get(name) or MetricBudget(max_drop=self.max_accuracy_drop)
 
 
 class Recipe(_Strict):

@@ -6,6 +6,7 @@ stops the others, so one run lists every regression at once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -33,8 +34,36 @@ def _result(name: str, ok: bool, detail: str, **figures: Any) -> CheckResult:
     return CheckResult(name, "passed" if ok else "failed", detail, figures)
 
 
+def judge_metric(name: str, before: float, after: float, budgets: BudgetSpec) -> tuple[bool, str, dict[str, Any]]:
+    """One metric's drop against every budget it has: (held, one line naming each budget and the numbers, figures).
+
+    The drop is `metric_drop` (for MAE a rise is a drop); the relative drop is drop / |baseline|.
+    """
+    budget = budgets.for_metric(name)
+    drop = metric_drop(name, before, after)
+    relative = drop / abs(before) if before else (math.inf if drop > 0 else 0.0)
+    parts, broken = [], []
+    if budget.max_drop is not None:
+        key = "max_drop" if name in budgets.metrics else "max_accuracy_drop"
+        held = drop <= budget.max_drop + SLACK
+        parts.append(f"drop {drop:+.4g} {'within' if held else 'breaks'} {key} {budget.max_drop:g}")
+        broken += [] if held else [key]
+    if budget.max_relative_drop is not None:
+        held = relative <= budget.max_relative_drop + SLACK
+        shown = f"{relative:+.2%}" if math.isfinite(relative) else "unbounded (the baseline is 0)"
+        parts.append(f"relative drop {shown} {'within' if held else 'breaks'} max_relative_drop "
+                     f"{budget.max_relative_drop:.4g} ({budget.max_relative_drop:.2%})")  # fmt: skip
+        broken += [] if held else ["max_relative_drop"]
+    figures = {
+        "baseline": before, "candidate": after, "drop": drop,
+        "relative_drop": relative if math.isfinite(relative) else None,
+        "budget": budget.max_drop, "relative_budget": budget.max_relative_drop, "broken": broken,
+    }  # fmt: skip
+    return not broken, f"{name} {before:.4g} -> {after:.4g}: " + "; ".join(parts), figures
+
+
 def check_metrics(candidate: Baseline, baseline: Baseline, budgets: BudgetSpec) -> list[CheckResult]:
-    """Each metric the baseline records, its drop in the candidate within max_accuracy_drop."""
+    """Each metric the baseline records, its drop in the candidate within that metric's budgets."""
     if not baseline.metrics:
         return [CheckResult("metrics", "skipped", "the baseline records no task metrics (import it with --eval-data)")]
     results = []
@@ -45,23 +74,13 @@ def check_metrics(candidate: Baseline, baseline: Baseline, budgets: BudgetSpec) 
         elif name not in candidate.metrics:
             results.append(_result(check, False, f"{name} is {before:.4g} in the baseline; the candidate has none"))
         else:
-            after, drop = candidate.metrics[name], metric_drop(name, before, candidate.metrics[name])
-            results.append(
-                _result(
-                    check,
-                    drop <= budgets.max_accuracy_drop + SLACK,
-                    f"{name} {before:.4g} -> {after:.4g}: drop {drop:+.4g} (budget {budgets.max_accuracy_drop:g})",
-                    baseline=before,
-                    candidate=after,
-                    drop=drop,
-                    budget=budgets.max_accuracy_drop,
-                )
-            )
+            held, detail, figures = judge_metric(name, before, candidate.metrics[name], budgets)
+            results.append(CheckResult(check, "passed" if held else "failed", detail, figures))
     return results
 
 
 def check_variants(candidate: Baseline, baseline: Baseline, budgets: BudgetSpec) -> list[CheckResult]:
-    """A variant that passed in the baseline must pass now, and its metrics stay within the budget."""
+    """A variant that passed in the baseline must pass now, its metrics within the same per-metric budgets."""
     results = []
     for name, before in sorted(baseline.variants.items()):
         check, now = f"variant.{name}", candidate.variants.get(name)
@@ -72,16 +91,15 @@ def check_variants(candidate: Baseline, baseline: Baseline, budgets: BudgetSpec)
         if now is None or now.status != "passed":
             results.append(_result(check, False, f"passed in the baseline, {now.status if now else 'missing'} now"))
             continue
-        drops = {
-            m: metric_drop(m, v, now.metrics[m])
-            for m, v in before.metrics.items()
+        judged = {
+            m: judge_metric(m, v, now.metrics[m], budgets)
+            for m, v in sorted(before.metrics.items())
             if m in now.metrics and m in HIGHER_IS_BETTER
         }
-        worse = {m: d for m, d in drops.items() if d > budgets.max_accuracy_drop + SLACK}
-        shown = ", ".join(f"{m} drop {d:+.4g}" for m, d in drops.items()) or "no shared metric"
-        results.append(
-            _result(check, not worse, f"passed in both; {shown} (budget {budgets.max_accuracy_drop:g})", drops=drops)
-        )
+        held = all(ok for ok, _, _ in judged.values())
+        shown = "; ".join(text for _, text, _ in judged.values()) or "no shared metric"
+        figures = {m: fig for m, (_, _, fig) in judged.items()}
+        results.append(_result(check, held, f"passed in both; {shown}", metrics=figures))
     return results
 
 

@@ -72,25 +72,45 @@ def budgets_for(artifact: Artifact, overrides: dict[str, Any]) -> tuple[BudgetSp
     return section_settings(recipe, "budgets", overrides), list(notes)
 
 
+LATENCY_MEASURES = 3  # at most: a ratio past the budget is measured again, twice, and the median judged
+MAX_RUNS = 1_000_000  # runs per model: high enough that --latency-seconds, not a count, ends a fast model's timing
+
+
 def check_latency(artifact: Artifact, baseline: Artifact | None, budgets: BudgetSpec, seconds: float) -> CheckResult:
-    """The candidate's model.onnx timed beside the baseline's in this run: p50 ratio within 1 + max_latency_increase."""
+    """The candidate's model.onnx timed beside the baseline's in this run: p50 ratio within 1 + max_latency_increase.
+
+    One measurement decides a pass. A ratio past the budget is measured again in two fresh windows
+    (new sessions) and the median of the three ratios decides: a burst of load from elsewhere that
+    lands on one model in one window does not fail the gate, while a model that is really slower is
+    slower in every window.
+    """
     if baseline is None:
         why = "the baseline is a JSON summary: latency is only compared side by side with a baseline artifact"
         return CheckResult("latency", "skipped", why)
     models = {"baseline": baseline.path(MODEL_FILE), "candidate": artifact.path(MODEL_FILE)}
-    try:  # the candidate's golden inputs, both models in one interleaved run (pipeline/latency.py)
-        timed = measure(models, load_golden(artifact).inputs, batches=(1,), threads=1, seconds=seconds)
-    except (InputError, ArtifactError) as exc:  # e.g. a renamed input: the signature check reports that
-        return CheckResult("latency", "skipped", f"the two models cannot be timed on the same inputs: {exc}")
-    base, cand = timed["baseline"], timed["candidate"]
-    batch = base.fixed_batch or cand.fixed_batch or 1
-    ratio = cand.at(batch).p50_ms / base.at(batch).p50_ms
-    limit = 1 + budgets.max_latency_increase
+    inputs, limit = load_golden(artifact).inputs, 1 + budgets.max_latency_increase
+    timings: list[tuple[float, float, float, int, int]] = []  # (ratio, baseline p50, candidate p50, runs, batch)
+    while len(timings) < LATENCY_MEASURES and (not timings or timings[0][0] > limit):
+        try:  # the candidate's golden inputs, both models in one interleaved run (pipeline/latency.py)
+            timed = measure(models, inputs, batches=(1,), threads=1, seconds=seconds, max_runs=MAX_RUNS)
+        except (InputError, ArtifactError) as exc:  # e.g. a renamed input: the signature check reports that
+            return CheckResult("latency", "skipped", f"the two models cannot be timed on the same inputs: {exc}")
+        base, cand = timed["baseline"], timed["candidate"]
+        batch = base.fixed_batch or cand.fixed_batch or 1
+        b, c = base.at(batch).p50_ms, cand.at(batch).p50_ms
+        timings.append((c / b, b, c, cand.at(batch).runs, batch))
+    ratio, base_ms, cand_ms, runs, batch = sorted(timings)[len(timings) // 2]  # the median measurement
+    ratios = [t[0] for t in timings]
+    again = (
+        f", the median of {len(ratios)} measurements x{', x'.join(f'{r:.3f}' for r in ratios)}"
+        if len(ratios) > 1
+        else ""
+    )
     return CheckResult(
         "latency",
         "passed" if ratio <= limit else "failed",
-        f"p50 at batch {batch} {base.at(batch).p50_ms:.4g} -> {cand.at(batch).p50_ms:.4g} ms side by side: "
-        f"x{ratio:.3f} (budget x{limit:.3f}, {cand.at(batch).runs} runs each)",
-        {"baseline_ms": base.at(batch).p50_ms, "candidate_ms": cand.at(batch).p50_ms, "ratio": ratio,
-         "budget": limit, "runs": cand.at(batch).runs},
+        f"p50 at batch {batch} {base_ms:.4g} -> {cand_ms:.4g} ms side by side: x{ratio:.3f} "
+        f"(budget x{limit:.3f}, {runs} runs each{again})",
+        {"baseline_ms": base_ms, "candidate_ms": cand_ms, "ratio": ratio, "budget": limit, "runs": runs,
+         "ratios": ratios},
     )  # fmt: skip

@@ -3,63 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
-import onnx
-import onnx.parser
-from click.testing import CliRunner, Result
 
-from pipeline.check.baseline import Baseline, VariantSummary
+from pipeline.check.baseline import VariantSummary
 from pipeline.check.checks import check_signature, check_size, check_variants
-from pipeline.cli import main
 from pipeline.manifest import TensorSpec
 from pipeline.recipe import BudgetSpec
-
-W = np.array([[1.0, -1.0, 0.5], [0.5, 2.0, -1.0], [-1.5, 0.0, 1.0], [0.0, 1.0, 2.0]], dtype=np.float32)
-B = np.array([0.1, -0.2, 0.3], dtype=np.float32)
-FAST = ("--latency-seconds", "0.2")  # the latency check runs in every test; keep it short
-
-
-def linear(weights: np.ndarray = W, name: str = "x", dtype: str = "float") -> onnx.ModelProto:
-    """y = x @ W + b over a symbolic batch N, in ONNX's text syntax."""
-    w = ", ".join(str(float(v)) for v in weights.reshape(-1))
-    b = ", ".join(str(float(v)) for v in B)
-    cast = f"xf = Cast<to = 1>({name})" if dtype != "float" else f"xf = Identity({name})"
-    text = f"""
-    <ir_version: 8, opset_import: ["" : 18], producer_name: "handwritten">
-    linear ({dtype}[N, 4] {name}) => (float[N, 3] y)
-    <float[4, 3] W = {{{w}}}, float[3] b = {{{b}}}>
-    {{
-        {cast}
-        t = MatMul(xf, W)
-        y = Add(t, b)
-    }}
-    """
-    model = onnx.parser.parse_model(text)
-    onnx.checker.check_model(model)
-    return model
-
-
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
-
-
-def imported(tmp_path: Path, model: onnx.ModelProto, name: str, input_name: str = "x", dtype=np.float32) -> Path:
-    """`pipe import` of `model` with evaluation data labelled by the reference weights: a classifier with accuracy."""
-    source = tmp_path / f"{name}.onnx"
-    onnx.save(model, source)
-    x = np.random.default_rng(0).standard_normal((60, 4)).astype(np.float32)
-    target = (x @ W + B).argmax(1)
-    np.savez(tmp_path / f"{name}.npz", **{input_name: x.astype(dtype), "target": target})
-    repo = tmp_path / "artifacts"
-    result = invoke(
-        "import", str(source), "--name", name, "--eval-data", str(tmp_path / f"{name}.npz"),
-        "--labels", "a,b,c", "--repository", str(repo),
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    return repo / name / "1"
+from tests.check.check_models import FAST, W, imported, invoke, linear, regressions, reports, summary
 
 
 def test_the_same_model_against_itself_passes_every_check(tmp_path: Path) -> None:
@@ -76,12 +30,12 @@ def test_the_same_model_against_itself_passes_every_check(tmp_path: Path) -> Non
 def test_perturbed_weights_that_lose_accuracy_fail_on_the_metric_with_its_numbers(tmp_path: Path) -> None:
     base = imported(tmp_path, linear(), "base")
     worse = imported(tmp_path, linear(W + np.random.default_rng(1).normal(0, 2.0, W.shape).astype(np.float32)), "worse")
-    result = invoke("check", str(worse), "--baseline", str(base), "--markdown", str(tmp_path / "c.md"), *FAST)
+    result = invoke("check", str(worse), "--baseline", str(base), *reports(tmp_path), *FAST)
     assert result.exit_code == 1, result.output
-    assert "metric.accuracy: accuracy 1 -> " in result.output and "budget 0.005" in result.output
+    failed = regressions(result.output, tmp_path)
+    assert set(failed) == {"metric.accuracy", "variant.fp32"}, failed
+    assert failed["metric.accuracy"].startswith("accuracy 1 -> 0.7333: drop +0.2667 breaks max_accuracy_drop 0.005")
     assert "note: the candidate is 'worse', the baseline 'base'" in result.output
-    markdown = (tmp_path / "c.md").read_text()
-    assert "| `metric.accuracy` | ❌ failed | accuracy 1 -> " in markdown
     # the budget flag overrides the default: a drop this size is allowed under --max-accuracy-drop 1
     assert invoke("check", str(worse), "--baseline", str(base), "--max-accuracy-drop", "1", *FAST).exit_code == 0
 
@@ -89,10 +43,14 @@ def test_perturbed_weights_that_lose_accuracy_fail_on_the_metric_with_its_number
 def test_a_renamed_input_is_a_breaking_change(tmp_path: Path) -> None:
     base = imported(tmp_path, linear(), "base")
     renamed = imported(tmp_path, linear(name="features"), "renamed", input_name="features")
-    result = invoke("check", str(renamed), "--baseline", str(base), *FAST)
+    result = invoke("check", str(renamed), "--baseline", str(base), *reports(tmp_path), *FAST)
     assert result.exit_code == 1, result.output
-    assert "signature.inputs: input 'x' was renamed or removed (the candidate has ['features'])" in result.output
-    assert "input 'features' is new and required" in result.output
+    failed = regressions(result.output, tmp_path)
+    assert set(failed) == {"signature.inputs"}, failed
+    assert failed["signature.inputs"] == (
+        "input 'x' was renamed or removed (the candidate has ['features']); input 'features' is new and required"
+    )
+    assert re.search(r"^  latency +skipped +the two models cannot be timed on the same inputs", result.output, re.M)
 
 
 def test_a_changed_input_dtype_is_a_breaking_change(tmp_path: Path) -> None:
@@ -161,17 +119,6 @@ def test_a_different_task_is_bad_input(tmp_path: Path) -> None:
     saved.write_text(json.dumps({**data, "task": "regression"}))
     result = invoke("check", str(base), "--baseline", str(saved), *FAST)
     assert result.exit_code == 2 and "is a classification model, the baseline" in result.output, result.output
-
-
-def summary(**changes: object) -> Baseline:
-    """A baseline summary written inline, for the checks that need no model."""
-    fields: dict = {
-        "name": "toy", "version": 1, "task": "classification", "labels": ["a", "b", "c"],
-        "inputs": [TensorSpec("x", "float32", ["batch", 4])], "outputs": [TensorSpec("y", "float32", ["batch", 3])],
-        "metrics": {"accuracy": 0.9}, "variants": {"fp32": VariantSummary(status="passed", precision="fp32")},
-        "model_size": 1000, "created": "2026-01-01T00:00:00+00:00",
-    }  # fmt: skip
-    return Baseline(**{**fields, **changes})
 
 
 def test_a_dynamic_axis_made_fixed_a_changed_rank_and_a_changed_label_set_are_breaking() -> None:

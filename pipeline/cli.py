@@ -364,6 +364,31 @@ def check(
     outcome.raise_on_failure()
 
 
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--seconds", type=float, default=1.0, show_default=True, help="Timed runs per row and batch.")
+@click.option("--threads", type=int, default=1, show_default=True, help="Threads every runtime runs with.")
+@click.option("--json", "json_copy", type=click.Path(), default=None, help="Also write the JSON report to this file.")
+@click.option("--no-plot", is_flag=True, help="Write no reports/benchmark.png.")
+def benchmark(artifact: str, seconds: float, threads: int, json_copy: str | None, no_plot: bool) -> None:
+    """Time every format of ARTIFACT side by side: torch, ONNX and its variants, TFLite (size, metric, latency)."""
+    from pipeline.artifact import resolve_artifact
+    from pipeline.benchmark.run import benchmark_artifact
+    from pipeline.benchmark.table import render
+
+    outcome = benchmark_artifact(
+        resolve_artifact(artifact), seconds=seconds, threads=threads, say=click.echo, plot=not no_plot
+    )
+    click.echo(render(outcome))
+    for note in outcome.notes:
+        click.secho(f"note: {note}", err=True, fg="yellow")
+    if json_copy is not None:
+        Path(json_copy).write_text(outcome.report.read_text())
+    for path in (outcome.report, outcome.plot, json_copy):
+        if path is not None:
+            click.echo(f"report: {path}")
+
+
 @main.command("run")
 @click.argument("recipe", type=click.Path())
 @click.option("--out", "out_root", default="artifacts", show_default=True, type=click.Path(), help="Model repository.")

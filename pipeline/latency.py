@@ -264,10 +264,14 @@ def _feed(name: str, session: Session, inputs: dict[str, np.ndarray], batch: int
     for spec in session.get_inputs():
         if spec.name not in inputs:
             raise InputError(f"model {name!r} needs input {spec.name!r}; the samples hold {sorted(inputs)}")
-        samples = inputs[spec.name]
-        rows = np.resize(np.arange(len(samples)), batch)  # 0, 1, ..., n-1, 0, 1, ... up to `batch` rows
-        feed[spec.name] = np.ascontiguousarray(samples[rows])
+        feed[spec.name] = batch_of(inputs[spec.name], batch)
     return feed
+
+
+def batch_of(samples: np.ndarray, batch: int) -> np.ndarray:
+    """`batch` rows of `samples`, contiguous: the first ones, repeated when there are fewer (0, 1, ..., n-1, 0, ...)."""
+    rows = np.resize(np.arange(len(samples)), batch)
+    return np.ascontiguousarray(samples[rows])
 
 
 def _fixed_batch(name: str, session: Session) -> int | None:

@@ -1,0 +1,170 @@
+"""reports/model-card.md: what the model is, where it came from, how good it is, and how to use it.
+
+Sections, in order: identity, lineage, data, metrics (with the training curves), variants, edge
+models, benchmark, how to serve it, how to run it on a device, how to check a candidate against
+it. Every figure is read from the artifact (the manifest, its stage records, reports/ and
+golden.npz) or from the recipe it was trained from as that file is now (description, budgets);
+where something is missing the card says so instead of guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.artifact import Artifact
+from pipeline.golden import GOLDEN_NAME
+from pipeline.recipe import BudgetSpec
+from pipeline.report.curves import CURVES_PNG, Curves
+from pipeline.report.markdown import cell, code, number, shape, table
+from pipeline.report.usage import check_section, device_section, serve_section
+from pipeline.report.variants import benchmark_section, edge_section, variants_section
+
+CARD_MD = "reports/model-card.md"
+LABELS_SHOWN = 30  # a card lists this many class names; more are counted
+
+
+@dataclass
+class CardFacts:
+    """What the card needs besides the artifact: the recipe's parts and the curves, as the stage read them."""
+
+    description: str  # the recipe's description ("" when none)
+    budgets: BudgetSpec  # what `pipe check` holds a candidate to against this version
+    budgets_from: str  # where those budgets came from, in words
+    recipe_now: str | None  # sha256 of the recipe file as it is now (None: not found)
+    curves: Curves | None
+    curves_note: str  # why there are no curves (empty when there are)
+    notes: list[str] = field(default_factory=list)  # anything the stage could not read, said on the card
+
+
+def model_card(artifact: Artifact, facts: CardFacts) -> str:
+    """The whole card as Markdown."""
+    sections = [
+        identity_section(artifact, facts),
+        lineage_section(artifact, facts),
+        data_section(artifact),
+        metrics_section(artifact, facts),
+        variants_section(artifact),
+        edge_section(artifact),
+        benchmark_section(artifact),
+        serve_section(artifact),
+        device_section(artifact),
+        check_section(artifact, facts.budgets, facts.budgets_from),
+    ]
+    return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
+
+
+def identity_section(artifact: Artifact, facts: CardFacts) -> list[str]:
+    m = artifact.manifest
+    lines = [f"# {m.name} v{m.version}: model card", ""]
+    if facts.description:
+        lines += [cell(facts.description), ""]
+    stages = [name for name in m.stages.names() if name != "report"]  # the card's own record says nothing new
+    lines += table(["field", "value"], [
+        ["name", code(m.name)], ["version", m.version], ["task", m.task], ["created", m.created],
+        ["identity digest", code(m.identity_digest())], ["stages run", ", ".join(stages) or "-"],
+    ])  # fmt: skip
+    for note in facts.notes:
+        lines += ["", f"> note: {cell(note)}"]
+    return lines
+
+
+def lineage_section(artifact: Artifact, facts: CardFacts) -> list[str]:
+    m = artifact.manifest
+    lineage, train, imported = m.lineage, m.stages.train, m.stages.import_
+    rows: list[list[Any]] = []
+    if train is not None:
+        data = train.settings.get("data", {})
+        source = data.get("source", "?") + (f" ({code(data['path'])})" if data.get("path") else "")
+        rows += [
+            ["recipe", f"{code(train.recipe_path)} (relative to the artifact)" if train.recipe_path else "-"],
+            ["recipe sha256", _recipe_digest(lineage.recipe_digest, facts.recipe_now)],
+            ["data source", source],
+            ["dataset fingerprint", code(lineage.dataset_fingerprint)],
+            ["backend", lineage.backend],
+            ["device, precision", f"{train.device}, {train.precision}"],
+            ["processes", f"{train.world_size} ({train.strategy})"],
+            ["framework", train.framework or "-"], ["python", train.python or "-"],
+            ["seed", lineage.seed],
+            ["run", f"{train.epochs_run} epochs, {train.steps} steps, {number(train.wall_s, 3)} s wall, "
+                    f"{train.samples_per_s:,.0f} samples/s"],
+        ]  # fmt: skip
+    if imported is not None:
+        rows += [
+            ["imported from", code(imported.source)],
+            ["source sha256", code(imported.source_sha256)],
+            ["producer", imported.producer or "-"],
+            ["ONNX IR version, opset", f"{imported.ir_version}, {imported.opset}"],
+            ["golden outputs from", f"{imported.golden} inputs" + (f" ({code(imported.eval_data)})"
+                                                                  if imported.eval_data else "")],
+        ]  # fmt: skip
+    if m.stages.export is not None:
+        e = m.stages.export
+        via = e.exporter + (f" (fallback: {e.fallback_reason})" if e.fallback_reason else "")
+        rows.append(["exported", f"{via}, opset {e.opset}, {e.finished}"])
+    rows += [["pipe version", lineage.code_version], ["parent artifact", code(lineage.parent_digest)
+                                                      if lineage.parent_digest else "-"]]  # fmt: skip
+    return ["## Lineage", "", *table(["what", "value"], rows)]
+
+
+def _recipe_digest(trained: str | None, now: str | None) -> str:
+    if trained is None:
+        return "-"
+    if now is None:
+        return f"{code(trained)} (the file is not there now)"
+    return code(trained) + ("" if now == trained else f" (the file has changed since: now {code(now[:12])})")
+
+
+def data_section(artifact: Artifact) -> list[str]:
+    m = artifact.manifest
+    lines = ["## Data", ""]
+    train, imported = m.stages.train, m.stages.import_
+    if train is not None:
+        splits = ", ".join(f"{name} {count}" for name, count in train.splits.items())
+        g = train.golden
+        lines.append(f"Splits: {splits}. `{GOLDEN_NAME}` holds {g.samples} samples of the {g.split} split"
+                     f"{' (the whole split)' if g.whole_split else f' (of {g.split_size})'}.")  # fmt: skip
+    elif imported is not None:
+        lines.append(f"Imported: the evaluation samples in `{GOLDEN_NAME}` come from {imported.golden} inputs.")
+    rows = [[kind, code(s.name), s.dtype, shape(s.shape), s.layout, _preprocessing(s.preprocessing)]
+            for kind, specs in (("input", m.inputs), ("output", m.outputs)) for s in specs]  # fmt: skip
+    lines += ["", *table(["tensor", "name", "dtype", "shape", "layout", "preprocessing"], rows)]
+    if m.labels:
+        shown = ", ".join(code(label) for label in m.labels[:LABELS_SHOWN])
+        more = f" and {len(m.labels) - LABELS_SHOWN} more" if len(m.labels) > LABELS_SHOWN else ""
+        lines += ["", f"Labels ({len(m.labels)}, index = output position): {shown}{more}."]
+    return lines
+
+
+def _preprocessing(pre: dict[str, Any]) -> str:
+    if not pre:
+        return "none"
+    parts = []
+    for key, value in pre.items():
+        shown = "[" + ", ".join(number(v) for v in value) + "]" if isinstance(value, list) else number(value)
+        parts.append(f"{key} {shown}")
+    return "; ".join(parts)
+
+
+def metrics_section(artifact: Artifact, facts: CardFacts) -> list[str]:
+    m = artifact.manifest
+    lines = ["## Metrics", ""]
+    split = "test split" if m.stages.train is not None else "evaluation data"
+    if m.metrics:
+        lines += table(["metric", f"on the {split}"], [[k, number(v)] for k, v in m.metrics.items()])
+    else:
+        lines.append("No task metrics recorded (no labelled evaluation data).")
+    curves, train = facts.curves, m.stages.train
+    if train is not None:
+        stop = "stopped early" if train.stopped_early else "ran every epoch"
+        if train.stopped_early and curves is not None and curves.patience:
+            stop += f" after {curves.patience} epochs without improvement"
+        best = ""
+        if curves is not None and curves.best_epoch in curves.epochs:
+            best = f" (validation {curves.metric} {number(curves.val_metric[curves.epochs.index(curves.best_epoch)])})"
+        lines += ["", f"Kept the weights of epoch {train.best_epoch}{best} of {train.epochs_run} run; {stop}."]
+    if curves is not None:
+        lines += ["", f"![training curves]({CURVES_PNG.removeprefix('reports/')})"]
+    else:
+        lines += ["", f"No training curves: {facts.curves_note}."]
+    return lines

@@ -1,0 +1,212 @@
+"""The card's how-to sections: serve it, run it on a device, check a candidate against it.
+
+Every name, shape, datatype and file comes from the artifact: the request examples send the first
+golden sample (a real input) with the input's real name, shape and V2 datatype; the device
+commands name the edge model's layout, renamed tensors and the runtimes it was seen to run on.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from pipeline.artifact import Artifact
+from pipeline.golden import GOLDEN_NAME, load_golden
+from pipeline.recipe import BudgetSpec
+from pipeline.report.markdown import code, shape, table
+from pipeline.report.variants import usable
+from pipeline.serve.protocols.datatypes import V2_TO_NUMPY
+from pipeline.variants import FP32
+
+INLINE_ELEMENTS = 256  # a request up to this many values is written out in full; a larger one is built from golden.npz
+NUMPY_TO_V2 = {dtype.name: v2 for v2, dtype in V2_TO_NUMPY.items() if v2 != "BYTES"}
+
+
+def _place(artifact: Artifact) -> str:
+    """The artifact as `pipe` commands name it: artifacts/NAME/VERSION under its model repository."""
+    return f"artifacts/{artifact.name}/{artifact.version}"
+
+
+def _sample(artifact: Artifact) -> dict[str, np.ndarray]:
+    """The first golden sample of each input (batch 1), or zeros of the declared shape without golden.npz."""
+    if GOLDEN_NAME in artifact.manifest.files:
+        inputs = load_golden(artifact).inputs
+        if all(spec.name in inputs for spec in artifact.manifest.inputs):
+            return {spec.name: inputs[spec.name][:1] for spec in artifact.manifest.inputs}
+    return {
+        spec.name: np.zeros([d if isinstance(d, int) else 1 for d in spec.shape], dtype=spec.dtype)
+        for spec in artifact.manifest.inputs
+    }
+
+
+def _values(array: np.ndarray) -> list[Any]:
+    """Nested lists, floats to 6 significant digits (enough to reproduce a float32 input's prediction)."""
+    if array.dtype.kind == "f":
+        return np.vectorize(lambda v: float(f"{v:.6g}"), otypes=[object])(array).tolist()
+    return array.tolist()
+
+
+def serve_section(artifact: Artifact) -> list[str]:
+    m = artifact.manifest
+    place, base = _place(artifact), "http://127.0.0.1:8000"
+    servable = [n for n, v in usable(artifact).items() if v.format == "onnx"]
+    sample = _sample(artifact)
+    dtypes = {name: NUMPY_TO_V2.get(str(x.dtype), str(x.dtype)) for name, x in sample.items()}
+    lines = [
+        "## How to serve it",
+        "",
+        "```sh",
+        f"pipe serve {place}    # KServe V2 and TF Serving REST on 127.0.0.1:8000",
+        "```",
+        "",
+        f"Servable variants: {', '.join(code(n) for n in servable) or 'none'} (`--variant NAME`; `--variant best` "
+        f"serves the fastest by recorded latency). The default is {code(FP32)} (model.onnx).",
+        "",
+        f"KServe V2 request with the first golden sample (input {', '.join(code(n) for n in sample)}):",
+        "",
+        "```sh",
+    ]
+    url = f"{base}/v2/models/{m.name}/versions/{m.version}/infer"
+    if sum(x.size for x in sample.values()) <= INLINE_ELEMENTS:
+        body = {"inputs": [{"name": n, "shape": list(x.shape), "datatype": dtypes[n], "data": _values(x.ravel())}
+                           for n, x in sample.items()]}  # fmt: skip
+        lines.append(f"curl -s {url} -H 'Content-Type: application/json' -d '{json.dumps(body)}'")
+    else:
+        build = ", ".join(
+            f"{{'name': {n!r}, 'shape': list(g['in.{n}'][:1].shape), 'datatype': {dtypes[n]!r}, "
+            f"'data': g['in.{n}'][:1].ravel().tolist()}}"
+            for n in sample
+        )
+        lines += [
+            f"python -c \"import json, numpy as np; g = np.load('{place}/{GOLDEN_NAME}'); "
+            f"json.dump({{'inputs': [{build}]}}, open('request.json', 'w'))\"",
+            f"curl -s {url} -H 'Content-Type: application/json' -d @request.json",
+        ]
+    lines += ["```", "", _answer(artifact), "", "TF Serving REST, the same sample in row form:", "", "```sh"]
+    if len(sample) == 1 and sum(x.size for x in sample.values()) <= INLINE_ELEMENTS:
+        (x,) = sample.values()
+        instances = json.dumps({"instances": _values(x)})
+        lines.append(f"curl -s {base}/v1/models/{m.name}/versions/{m.version}:predict -d '{instances}'")
+    elif sum(x.size for x in sample.values()) <= INLINE_ELEMENTS:
+        instances = json.dumps({"instances": [{n: _values(x[0]) for n, x in sample.items()}]})
+        lines.append(f"curl -s {base}/v1/models/{m.name}/versions/{m.version}:predict -d '{instances}'")
+    else:
+        lines.append(f"curl -s {base}/v1/models/{m.name}/versions/{m.version}:predict "
+                     "-d '{\"instances\": [...]}'    # one value per example, without the batch axis")  # fmt: skip
+    lines += ["```", "", "See docs/http-api.md for binary tensors, metadata and readiness."]
+    return lines
+
+
+def _answer(artifact: Artifact) -> str:
+    """What the V2 request returns, and what the model said for this sample when it was recorded."""
+    m = artifact.manifest
+    outputs = ", ".join(f"{code(o.name)} {o.dtype} {shape(o.shape)}" for o in m.outputs)
+    text = f"The answer holds {outputs} (the batch axis is 1 here)."
+    if GOLDEN_NAME in m.files and m.task == "classification" and m.labels:
+        golden = load_golden(artifact)
+        first = golden.outputs.get(m.outputs[0].name)
+        if first is not None and len(first):
+            label = m.labels[int(np.argmax(first[0]))]
+            text += f" For this sample the recorded output's top class is {code(label)}"
+            if golden.target is not None:
+                text += f"; its label is {code(m.labels[int(golden.target[0])])}"
+            text += "."
+    return text
+
+
+def device_section(artifact: Artifact) -> list[str]:
+    head = ["## How to run it on a device", ""]
+    edge = {name: v for name, v in usable(artifact).items() if v.format == "tflite" and v.edge is not None}
+    if not edge:
+        return [*head, "No edge model passed its checks, so none is shipped to devices "
+                "(`pipe export ARTIFACT --target edge` makes them)."]  # fmt: skip
+    place = _place(artifact)
+    files = " ".join(f"{place}/{v.file}" for v in edge.values())
+    runtimes = sorted({r for v in edge.values() for r, ok in v.edge.runtimes.items() if ok})
+    lines = [
+        *head,
+        "Copy the stand-alone runner (numpy and a TFLite interpreter, nothing of pipe), the model and the golden "
+        "file to the device:",
+        "",
+        "```sh",
+        f"scp pipeline/edge/runner.py {files} {place}/{GOLDEN_NAME} device:model/",
+        "```",
+        "",
+        "On the device, install one of the runtimes these models were seen to run on:",
+        "",
+        "```sh",
+        *(_install(r) for r in runtimes),
+        "```",
+        "",
+        "Check each model on the device against the recorded golden outputs (one JSON line; exit 0 when it runs):",
+        "",
+        "```sh",
+        "cd model",
+    ]
+    for v in edge.values():
+        names = "".join(f" --name {a}={b}" for a, b in v.edge.names.items())
+        lines.append(f"python runner.py {v.file.rsplit('/', 1)[-1]} {GOLDEN_NAME} --layout {v.edge.layout}{names}")
+    first_name, first = next(iter(edge.items()))
+    specs = artifact.manifest.inputs
+    inputs = ", ".join(f"{code(s.name)} {s.dtype} {shape(s.shape)}" for s in specs)
+    arrays = {s.name: "x" if len(specs) == 1 else f"x{i}" for i, s in enumerate(specs)}  # a variable per input
+    lines += [
+        "```",
+        "",
+        f"In a program, `TFLiteRunner` takes the inputs as model.onnx does ({inputs}, channels-first, raw units) "
+        f"and quantizes, transposes and renames them itself, e.g. for {code(first_name)}:",
+        "",
+        "```python",
+        "from runner import TFLiteRunner",
+        "",
+        f"model = TFLiteRunner({first.file.rsplit('/', 1)[-1]!r}, names={dict(first.edge.names)!r}, "
+        f"layout={first.edge.layout!r})",
+        *(f"{arrays[s.name]} = ...  # {s.dtype} {shape(s.shape)}, {s.layout}, as model.onnx takes it" for s in specs),
+        f"outputs = model({{{', '.join(f'{n!r}: {v}' for n, v in arrays.items())}}})  # named numpy arrays out",
+        "```",
+        "",
+        "See docs/edge.md for feeding the raw interpreter by hand.",
+    ]
+    return lines
+
+
+def _install(runtime: str) -> str:
+    """`pip install` line for a runtime as the edge record names it, e.g. 'tflite_runtime 2.14.0'."""
+    name, _, version = runtime.partition(" ")
+    package = name.replace("_", "-")
+    pin = f"=={version}" if version else ""
+    numpy = ' "numpy<2"' if package == "tflite-runtime" else ""  # tflite-runtime 2.14 needs numpy 1.x
+    return f"pip install {package}{pin}{numpy}"
+
+
+def check_section(artifact: Artifact, budgets: BudgetSpec, where: str) -> list[str]:
+    place = _place(artifact)
+    rows = []
+    for name in dict.fromkeys([*artifact.manifest.metrics, *budgets.metrics]):  # each metric by its own budget
+        b = budgets.for_metric(name)
+        bounds = [
+            f"drops by more than {b.max_drop:g}" if b.max_drop is not None else "",
+            f"drops by more than {b.max_relative_drop:g} of its value" if b.max_relative_drop is not None else "",
+        ]
+        rows.append([f"metric {code(name)}", " or ".join(filter(None, bounds)), "this version's and each variant's"])
+    rows += [
+        ["other metrics", f"drops by more than {budgets.max_accuracy_drop:g}", "`max_accuracy_drop`"],
+        ["latency", f"more than x{1 + budgets.max_latency_increase:g} the baseline's", "p50 at batch 1, side by side"],
+        ["size", f"more than x{1 + budgets.max_size_increase:g} the baseline's", "model.onnx with its external data"],
+    ]  # fmt: skip
+    return [
+        "## How to check a candidate against it",
+        "",
+        f"`pipe check` is the CI regression gate; this version as the baseline (budgets: {where}):",
+        "",
+        *table(["check", "fails when it", "of"], rows),
+        "",
+        "```sh",
+        f"pipe check artifacts/{artifact.name}/NEW_VERSION --baseline {place}",
+        f"pipe check {place} --write-baseline models/{artifact.name}.baseline.json    # a summary to commit",
+        "```",
+        "",
+        "Exit 0: every check held; 1: a regression, each listed with its numbers; 2: bad input (docs/check.md).",
+    ]

@@ -1,0 +1,106 @@
+"""The model card's Markdown: tables that render, failed and stale variants with their reasons, the benchmark."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from pipeline.artifact import Artifact
+from pipeline.records import BenchmarkRecord
+from pipeline.report.card import model_card
+from pipeline.report.run import card_facts
+from pipeline.report.variants import benchmark_section
+from pipeline.stagewrite import StageWrite
+from pipeline.variants import Variant
+from tests.conftest import build_artifact
+
+UNESCAPED_PIPE = re.compile(r"(?<!\\)\|")
+
+
+def tables(text: str) -> list[list[str]]:
+    """Each run of lines starting with '|' in `text`."""
+    found: list[list[str]] = []
+    previous = False
+    for line in text.splitlines():
+        if line.startswith("|"):
+            if not previous:
+                found.append([])
+            found[-1].append(line)
+        previous = line.startswith("|")
+    return found
+
+
+def assert_tables_render(text: str) -> None:
+    """Every table has a header rule and the same number of cells on every line (no stray pipe splits one)."""
+    assert tables(text), "no table at all"
+    for lines in tables(text):
+        assert re.fullmatch(r"\|( --- \|)+", lines[1]), lines[:2]
+        widths = {len(UNESCAPED_PIPE.findall(line)) for line in lines}
+        assert len(widths) == 1, lines
+
+
+def toy_with_variants(root: Path) -> Artifact:
+    """The toy artifact with a failed variant (its reason holds a pipe and a line break) and a stale one."""
+    artifact = build_artifact(root)
+    artifact.write_file("variants/model.int8.onnx", b"int8 bytes")
+    artifact.write_file("variants/model.opt.onnx", b"opt bytes")
+    artifact.add_variant("int8", Variant(
+        file="variants/model.int8.onnx", precision="int8", format="onnx", stage="optimize",
+        parent=artifact.manifest.files["model.onnx"].sha256, status="failed",
+        reason="top-1 agreement 0.91 < 0.99 | see\nreports/optimize.md", metrics={"accuracy": 0.9},
+    ))  # fmt: skip
+    artifact.add_variant("opt", Variant(
+        file="variants/model.opt.onnx", precision="fp32", format="onnx", stage="optimize", parent="0" * 64,
+        metrics={"accuracy": 0.97},
+    ))  # fmt: skip
+    artifact.save()
+    return Artifact.load(root)
+
+
+def test_failed_and_stale_variants_are_shown_with_their_reasons_in_tables_that_render(tmp_path: Path) -> None:
+    artifact = toy_with_variants(tmp_path / "artifacts" / "toy" / "1")
+    card = model_card(artifact, card_facts(artifact))
+    assert_tables_render(card)
+    int8 = next(line for line in card.splitlines() if line.startswith("| `int8` |"))
+    assert "| failed: top-1 agreement 0.91 < 0.99 \\| see reports/optimize.md |" in int8
+    opt = next(line for line in card.splitlines() if line.startswith("| `opt` |"))
+    assert "| stale: optimize made it from a file this artifact no longer holds" in opt
+    # neither is offered to serve
+    assert "Servable variants: none" in card
+
+
+def test_the_benchmark_is_read_by_its_keys_and_skipped_with_a_note_when_unreadable(tmp_path: Path) -> None:
+    root = tmp_path / "artifacts" / "toy" / "1"
+    artifact = build_artifact(root)
+    assert benchmark_section(artifact)[-1].startswith("No benchmark recorded")
+    rows = [
+        {"name": "fp32", "runtime": "onnxruntime", "precision": "fp32", "size_bytes": 230909, "metric": 0.9889,
+         "drop": 0.0, "p50_ms": 0.0113, "p95_ms": 0.0118, "throughput": 298346.3, "latency_batch": 1,
+         "latency": {"1": {"p50_ms": 0.0113}}, "reason": "a | in a field the card does not show"},
+        {"name": "torch", "runtime": "torch", "precision": "fp32", "size_bytes": None, "metric": 0.9889,
+         "drop": None, "p50_ms": 0.0521, "latency_batch": 1, "not_timed": ""},
+    ]  # fmt: skip
+    report = {"model": "toy", "metric": "accuracy", "rows": rows}
+
+    def commit(text: str) -> Artifact:
+        with StageWrite(root, "benchmark") as write:
+            (write.scratch / "reports").mkdir()
+            (write.scratch / "reports" / "benchmark.json").write_text(text)
+            (write.scratch / "reports" / "benchmark.png").write_bytes(b"\x89PNG a plot")
+            return write.commit(
+                ["reports/benchmark.json", "reports/benchmark.png"],
+                lambda fresh: setattr(fresh.manifest.stages, "benchmark", BenchmarkRecord(formats=["fp32", "torch"])),
+            )
+
+    section = "\n".join(benchmark_section(commit(json.dumps(report))))
+    assert_tables_render(section)
+    assert "| name | runtime | precision | size_bytes | metric | drop | p50_ms | p95_ms | throughput |" in section
+    assert "| fp32 | onnxruntime | fp32 | 225.5 KiB | 0.9889 | 0 | 0.0113 | 0.0118 | 2.983e+05 |" in section
+    assert "| torch | torch | fp32 | - | 0.9889 | - | 0.0521 | - | - |" in section
+    assert "metric: accuracy; latency at batch 1" in section and "![benchmark](benchmark.png)" in section
+
+    section = "\n".join(benchmark_section(commit("{not json")))
+    assert "cannot be read" in section and "run `pipe benchmark` again" in section and "|" not in section
+    section = "\n".join(benchmark_section(commit(json.dumps({"rows": "none"}))))
+    assert "holds no rows of figures" in section

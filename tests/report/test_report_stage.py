@@ -1,0 +1,122 @@
+"""`pipe report`: the card and curves written into the artifact, listed and verified; remade only when stale."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.artifact import Artifact
+from pipeline.report.card import CARD_MD
+from pipeline.report.curves import CURVES_PNG
+from pipeline.report.markdown import number
+from pipeline.report.run import report_artifact, report_fresh
+from tests.report.conftest import invoke
+
+
+@pytest.mark.slow
+def test_the_card_of_a_trained_artifact_names_what_the_artifact_holds(trained: Path) -> None:
+    result = invoke("report", trained)
+    assert result.exit_code == 0, result.output
+    assert f"card: {trained / CARD_MD}" in result.output and f"curves: {trained / CURVES_PNG}" in result.output
+
+    artifact = Artifact.load(trained)  # verifies every listed file, the card and the curves among them
+    m = artifact.manifest
+    assert {CARD_MD, CURVES_PNG} <= set(m.files)
+    assert m.stages.report is not None and (m.stages.report.card, m.stages.report.curves) == (CARD_MD, CURVES_PNG)
+    card = (trained / CARD_MD).read_text()
+    train = m.stages.train
+    assert "# rep-tiny v1: model card" in card
+    assert "a tiny MLP \\| for the report tests" in card  # the recipe's description, its pipe escaped
+    assert f"| accuracy | {number(m.metrics['accuracy'])} |" in card  # the test metric as recorded
+    assert f"Kept the weights of epoch {train.best_epoch} " in card and f"of {train.epochs_run} run" in card
+    assert f"train {train.splits['train']}, val {train.splits['val']}, test {train.splits['test']}" in card
+    assert f"| `{m.lineage.dataset_fingerprint}` |" in card
+    assert "| input | `input` | float32 | [batch, 64] | NC |" in card
+    assert "| `fp32` | `model.onnx` | fp32 | onnx | passed |" in card
+    assert "![training curves](training-curves.png)" in card
+    # the request examples carry the real input name, shape and datatype, and one real sample
+    request = json.loads(card.split("-d '", 1)[1].split("'", 1)[0])
+    assert [(i["name"], i["shape"], i["datatype"]) for i in request["inputs"]] == [("input", [1, 64], "FP32")]
+    assert len(request["inputs"][0]["data"]) == 64
+    assert "pipe serve artifacts/rep-tiny/1" in card and "/v1/models/rep-tiny/versions/1:predict" in card
+    # the check budgets are the recipe's, as the file says now
+    assert (
+        "| metric `accuracy` | drops by more than 0.02 |" in card and "| size | more than x1.3 the baseline's |" in card
+    )
+    assert "No edge models" in card and "No benchmark recorded" in card
+
+
+@pytest.mark.slow
+def test_the_card_is_remade_only_when_what_it_shows_changed(trained: Path) -> None:
+    assert report_fresh(trained) is None  # never made
+    first = report_artifact(trained, say=lambda _: None)
+    assert "was made from this manifest" in (report_fresh(trained) or "")
+    made = (trained / CARD_MD).stat().st_mtime_ns, first.artifact.manifest.stages.report.finished
+
+    # a stage that ran again (its record's time and settings change, even to the same model.onnx) makes it stale
+    exported = invoke("export", trained, "--atol", "2e-4")
+    assert exported.exit_code == 0, exported.output
+    assert report_fresh(trained) is None
+    report_artifact(trained, say=lambda _: None)
+    assert report_fresh(trained) is not None
+    assert (trained / CARD_MD).stat().st_mtime_ns != made[0]
+    assert "0.0002 + 0.001·\\|ref\\|" in (trained / CARD_MD).read_text()  # the re-export's tolerance is shown
+
+    # editing the recipe changes the budgets the card shows
+    recipe = trained.parents[2] / "rep-tiny.yaml"
+    recipe.write_text(recipe.read_text().replace("max_size_increase: 0.3", "max_size_increase: 0.4"))
+    assert report_fresh(trained) is None
+    report_artifact(trained, say=lambda _: None)
+    assert "| size | more than x1.4 the baseline's |" in (trained / CARD_MD).read_text()
+
+    # a card edited by hand is not up to date (and the artifact no longer verifies until it is remade)
+    (trained / CARD_MD).write_text("edited")
+    assert report_fresh(trained) is None
+    report_artifact(trained, say=lambda _: None)
+    Artifact.load(trained)
+
+
+def test_an_imported_artifact_gets_a_card_without_curves_and_a_new_variant_makes_it_stale(imported: Path) -> None:
+    result = invoke("report", imported)
+    assert result.exit_code == 0, result.output
+    assert "curves: none" in result.output and "imported model: it was not trained here" in result.output
+    artifact = Artifact.load(imported)
+    assert CARD_MD in artifact.manifest.files and CURVES_PNG not in artifact.manifest.files
+    assert artifact.manifest.stages.report.curves is None and not (imported / CURVES_PNG).exists()
+    card = (imported / CARD_MD).read_text()
+    assert "No training curves: imported model" in card and "![training curves]" not in card
+    assert "| producer | handwritten |" in card and "| ONNX IR version, opset | 8, 18 |" in card
+    assert "budgets: the defaults: an imported model has no recipe" in card
+    assert report_fresh(imported) is not None
+
+    optimized = invoke("optimize", imported, "--quantize", "dynamic", "--graph", "none")
+    assert optimized.exit_code == 0, optimized.output
+    assert report_fresh(imported) is None  # a new variant: the card no longer shows everything
+    assert invoke("report", imported).exit_code == 0
+    card = (imported / CARD_MD).read_text()
+    assert "| `int8-dynamic` | `variants/model.int8-dynamic.onnx` | int8 | onnx | passed |" in card
+    assert "metric drop <= 0.01 (against model.onnx)" in card
+    assert report_fresh(imported) is not None
+    Artifact.load(imported)
+
+
+def test_bad_input_is_exit_2_with_the_reason_and_no_traceback(tmp_path: Path, imported: Path) -> None:
+    broken = tmp_path / "broken" / "1"
+    broken.mkdir(parents=True)
+    (broken / "manifest.json").write_text("{not json")
+    tampered = imported
+    (tampered / "golden.npz").write_bytes(b"not the golden file")
+    cases = {
+        tmp_path / "missing": "does not exist",
+        tmp_path: "holds no artifact",
+        broken: "not valid JSON",
+        tampered: "golden.npz: size",
+    }
+    for path, message in cases.items():
+        result = invoke("report", path)
+        assert result.exit_code == 2, (path, result.output)
+        assert message in result.output and "Traceback" not in result.output, result.output
+        assert result.output.startswith("error: ")
+    assert not (tampered / CARD_MD).exists()  # nothing written into an artifact that does not verify

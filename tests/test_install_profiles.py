@@ -53,6 +53,7 @@ PART_PROFILES = {
     "pipeline.latency": ("cpu",),  # onnxruntime sessions timed side by side, for optimize and check
     "pipeline.edge": ("edge", "cpu"),
     "pipeline.benchmark": ("report", "cpu"),  # the table and plot, onnxruntime sessions timed side by side
+    "pipeline.report": ("report",),  # the curves drawn by matplotlib; the card is the manifest and reports/ read back
 }
 # A part's imports that are only used when present, each inside a function that leaves its work out with
 # the install command when the package is missing: pipe benchmark times a torch row only where torch is.

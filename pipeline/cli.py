@@ -375,6 +375,7 @@ def benchmark(artifact: str, seconds: float, threads: int, json_copy: str | None
     from pipeline.artifact import resolve_artifact
     from pipeline.benchmark.run import benchmark_artifact
     from pipeline.benchmark.table import render
+    from pipeline.errors import InputError
 
     outcome = benchmark_artifact(
         resolve_artifact(artifact), seconds=seconds, threads=threads, say=click.echo, plot=not no_plot
@@ -383,7 +384,12 @@ def benchmark(artifact: str, seconds: float, threads: int, json_copy: str | None
     for note in outcome.notes:
         click.secho(f"note: {note}", err=True, fg="yellow")
     if json_copy is not None:
-        Path(json_copy).write_text(outcome.report.read_text())
+        try:
+            Path(json_copy).write_text(outcome.report.read_text())
+        except OSError as exc:
+            raise InputError(
+                f"--json {json_copy}: cannot write it ({exc.strerror}); the report is in {outcome.report}"
+            ) from None
     for path in (outcome.report, outcome.plot, json_copy):
         if path is not None:
             click.echo(f"report: {path}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.artifact import Artifact
-from pipeline.golden import GOLDEN_NAME
+from pipeline.golden import GOLDEN_NAME, load_golden
 from pipeline.recipe import BudgetSpec
 from pipeline.report.curves import CURVES_PNG, Curves
 from pipeline.report.markdown import cell, code, number, shape, table
@@ -124,8 +124,10 @@ def data_section(artifact: Artifact) -> list[str]:
         g = train.golden
         lines.append(f"Splits: {splits}. `{GOLDEN_NAME}` holds {g.samples} samples of the {g.split} split"
                      f"{' (the whole split)' if g.whole_split else f' (of {g.split_size})'}.")  # fmt: skip
-    elif imported is not None:
-        lines.append(f"Imported: the evaluation samples in `{GOLDEN_NAME}` come from {imported.golden} inputs.")
+    elif imported is not None and GOLDEN_NAME in m.files:
+        inputs = load_golden(artifact).inputs
+        count = len(next(iter(inputs.values()))) if inputs else 0
+        lines.append(f"Imported: `{GOLDEN_NAME}` holds {count} evaluation samples, from {imported.golden} inputs.")
     rows = [[kind, code(s.name), s.dtype, shape(s.shape), s.layout, _preprocessing(s.preprocessing)]
             for kind, specs in (("input", m.inputs), ("output", m.outputs)) for s in specs]  # fmt: skip
     lines += ["", *table(["tensor", "name", "dtype", "shape", "layout", "preprocessing"], rows)]

@@ -19,6 +19,7 @@ from pipeline.report.markdown import code, shape, table
 from pipeline.report.variants import usable
 from pipeline.serve.protocols.datatypes import V2_TO_NUMPY
 from pipeline.variants import FP32
+from pipeline.verify.metrics import HIGHER_IS_BETTER
 
 INLINE_ELEMENTS = 256  # a request up to this many values is written out in full; a larger one is built from golden.npz
 NUMPY_TO_V2 = {dtype.name: v2 for v2, dtype in V2_TO_NUMPY.items() if v2 != "BYTES"}
@@ -185,6 +186,9 @@ def check_section(artifact: Artifact, budgets: BudgetSpec, where: str) -> list[s
     place = _place(artifact)
     rows = []
     for name in dict.fromkeys([*artifact.manifest.metrics, *budgets.metrics]):  # each metric by its own budget
+        if name not in HIGHER_IS_BETTER:
+            rows.append([f"metric {code(name)}", "is not judged: no known direction for a drop", "-"])
+            continue
         b = budgets.for_metric(name)
         bounds = [
             f"drops by more than {b.max_drop:g}" if b.max_drop is not None else "",

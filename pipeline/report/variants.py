@@ -21,8 +21,11 @@ from pipeline.verify.metrics import HIGHER_IS_BETTER, metric_drop
 
 BENCHMARK_JSON = "reports/benchmark.json"
 # The benchmark's columns a card shows, when its rows have them; otherwise the first BENCHMARK_COLUMNS it has.
-BENCHMARK_KEYS = ("name", "runtime", "precision", "size_bytes", "metric", "drop", "p50_ms", "p95_ms", "throughput",
-                  "not_timed")  # fmt: skip
+BENCHMARK_KEYS = {  # key -> column heading
+    "name": "model", "runtime": "runtime", "precision": "precision", "size_bytes": "size", "metric": "metric",
+    "drop": "drop vs fp32", "p50_ms": "p50 (ms)", "p95_ms": "p95 (ms)", "throughput": "throughput (samples/s)",
+    "not_timed": "not timed because",
+}  # fmt: skip
 BENCHMARK_COLUMNS = 8
 
 
@@ -146,14 +149,23 @@ def benchmark_section(artifact: Artifact) -> list[str]:
     about = [f"measured {record.finished}"]
     if isinstance(data, dict) and isinstance(data.get("metric"), str):
         about.append(f"metric: {data['metric']}")
-    batches = {row.get("latency_batch") for row in rows} - {None}
-    if len(batches) == 1:
-        about.append(f"latency at batch {batches.pop()}")
-    cells = [[size(row.get(k)) if k == "size_bytes" else number(row.get(k)) for k in columns] for row in rows]
-    lines = [*head, f"From {code(report)}: {'; '.join(about)}.", "", *table(columns, cells)]
+    for key, what in (("latency_batch", "latency at batch"), ("throughput_batch", "throughput at batch")):
+        if len(batches := {row.get(key) for row in rows} - {None}) == 1:
+            about.append(f"{what} {batches.pop()}")
+    cells = [[_figure(k, row.get(k)) for k in columns] for row in rows]
+    headings = [BENCHMARK_KEYS.get(k, k) for k in columns]
+    lines = [*head, f"From {code(report)}: {'; '.join(about)}.", "", *table(headings, cells)]
     if record.plot and record.plot in artifact.manifest.files:
         lines += ["", f"![benchmark]({posixpath.relpath(record.plot, 'reports')})"]
     return lines
+
+
+def _figure(key: str, value: Any) -> str:
+    if key == "size_bytes":
+        return size(value)
+    if key == "throughput" and isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:,.0f}"
+    return number(value)
 
 
 def benchmark_rows(data: Any) -> list[dict[str, Any]]:

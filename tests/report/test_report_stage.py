@@ -87,6 +87,7 @@ def test_an_imported_artifact_gets_a_card_without_curves_and_a_new_variant_makes
     assert artifact.manifest.stages.report.curves is None and not (imported / CURVES_PNG).exists()
     card = (imported / CARD_MD).read_text()
     assert "No training curves: imported model" in card and "![training curves]" not in card
+    assert "`golden.npz` holds 60 evaluation samples, from eval-data inputs" in card
     assert "| producer | handwritten |" in card and "| ONNX IR version, opset | 8, 18 |" in card
     assert "budgets: the defaults: an imported model has no recipe" in card
     assert report_fresh(imported) is not None

@@ -138,7 +138,8 @@ def device_section(artifact: Artifact) -> list[str]:
         "On the device, install one of the runtimes these models were seen to run on:",
         "",
         "```sh",
-        *(_install(r) for r in runtimes),
+        *(f"{_install(r)}    # or" for r in runtimes[:-1]),
+        *(_install(r) for r in runtimes[-1:]),
         "```",
         "",
         "Check each model on the device against the recorded golden outputs (one JSON line; exit 0 when it runs):",
@@ -156,7 +157,7 @@ def device_section(artifact: Artifact) -> list[str]:
     lines += [
         "```",
         "",
-        f"In a program, `TFLiteRunner` takes the inputs as model.onnx does ({inputs}, channels-first, raw units) "
+        f"In a program, `TFLiteRunner` takes the inputs as model.onnx does ({inputs}, in its layout and raw units) "
         f"and quantizes, transposes and renames them itself, e.g. for {code(first_name)}:",
         "",
         "```python",

@@ -322,7 +322,7 @@ def import_cmd(
               help="An artifact (artifacts/NAME[/VERSION]) or a .json written by --write-baseline.")  # fmt: skip
 @click.option("--write-baseline", type=click.Path(), default=None, help="Write CANDIDATE's summary to this .json.")
 @click.option("--max-accuracy-drop", type=float, default=None, help="Budget: metric drop allowed [default: recipe].")
-@click.option("--max-latency-increase", type=float, default=None, help="Budget: 0.25 = 25% slower [default: recipe].")
+@click.option("--max-latency-increase", type=float, default=None, help="Budget: 0.10 = 10% slower [default: recipe].")
 @click.option("--max-size-increase", type=float, default=None, help="Budget: 0.10 = 10% larger [default: recipe].")
 @click.option("--latency-seconds", type=click.FloatRange(min=0), default=2.0, show_default=True,
               help="Time spent timing both models side by side.")  # fmt: skip

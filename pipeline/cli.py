@@ -366,6 +366,19 @@ def check(
 
 @main.command()
 @click.argument("artifact", type=click.Path())
+def report(artifact: str) -> None:
+    """Write ARTIFACT's model card (reports/model-card.md) and training curves (reports/training-curves.png)."""
+    from pipeline.report.run import report_artifact
+
+    outcome = report_artifact(Path(artifact), say=click.echo)
+    for note in outcome.notes:
+        click.secho(f"note: {note}", err=True, fg="yellow")
+    click.echo(f"card: {outcome.card}")
+    click.echo(f"curves: {outcome.curves or 'none (see the note)'}")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
 @click.option("--seconds", type=float, default=1.0, show_default=True, help="Timed runs per row and batch.")
 @click.option("--threads", type=int, default=1, show_default=True, help="Threads every runtime runs with.")
 @click.option("--json", "json_copy", type=click.Path(), default=None, help="Also write the JSON report to this file.")

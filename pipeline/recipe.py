@@ -191,6 +191,14 @@ class MetricBudget(_Strict):
         return self
 
 
+class BenchmarkSpec(_Strict):
+    """`pipe benchmark` as `pipe run` calls it: every format of the artifact timed side by side."""
+
+    enabled: bool = True  # `pipe run` benchmarks the version it ends on
+    seconds: float = Field(1.0, gt=0, le=60)  # timed runs per format and batch size
+    threads: int = Field(1, gt=0)  # the threads every runtime gets (onnxruntime, torch, LiteRT)
+
+
 class BudgetSpec(_Strict):
     """What `pipe check` treats as a regression against the committed baseline."""
 
@@ -214,6 +222,7 @@ class Recipe(_Strict):
     export: ExportSpec = ExportSpec()
     optimize: OptimizeSpec = OptimizeSpec()
     edge: EdgeSpec = EdgeSpec()
+    benchmark: BenchmarkSpec = BenchmarkSpec()
     budgets: BudgetSpec = BudgetSpec()
 
     # Set by load_recipe, not by the YAML: where relative data paths start, and the file's digest.
@@ -232,6 +241,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "export": ("export",),
     "optimize": ("optimize",),
     "edge": ("edge",),
+    "benchmark": ("benchmark",),
 }
 
 

@@ -17,6 +17,7 @@ TINY = {
     "data": {"source": "digits"},
     "train": {"epochs": 3, "batch_size": 64, "lr": 0.01},
     "edge": {"enabled": False},  # TFLite conversion has its own tests (tests/edge); it costs seconds a run
+    "benchmark": {"seconds": 0.2},
 }
 
 
@@ -113,3 +114,40 @@ def test_a_damaged_older_version_is_not_up_to_date_and_does_not_stop_the_run(tmp
     assert up_to_date_version(load_recipe(recipe), out) is None
     assert CliRunner().invoke(main, ["train", str(recipe), "--out", str(out), "--quiet"]).exit_code == 0
     assert up_to_date_version(load_recipe(recipe), out) == out / "run-tiny" / "2"
+
+
+@pytest.mark.slow
+def test_run_gates_on_the_committed_baseline_and_fails_a_regressed_model_after_the_other_stages(
+    tmp_path: Path,
+) -> None:
+    recipe, out, output = first_run(tmp_path)
+    runner = CliRunner()
+    baseline = tmp_path / "run-tiny.baseline.json"  # where a repository commits it: beside the recipe
+    assert f"[check] skipped: no baseline committed at {baseline}" in output
+    assert "[benchmark] done" in output and "[report] done" in output
+    assert "pipe run: run-tiny v1" in output and "reports/model-card.md" in output  # the summary at the end
+
+    written = runner.invoke(main, ["check", str(out / "run-tiny" / "1"), "--write-baseline", str(baseline)])
+    assert written.exit_code == 0, written.output
+    gated = runner.invoke(main, ["run", str(recipe), "--out", str(out)])
+    assert gated.exit_code == 0, gated.output
+    assert "[check] done" in gated.output and "[benchmark] up to date" in gated.output
+    record = Artifact.load(out / "run-tiny" / "1").manifest.stages.check
+    assert record is not None and record.passed and not record.failures
+    again = runner.invoke(main, ["run", str(recipe), "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    for stage in ("train", "export", "optimize", "check", "benchmark", "report"):
+        assert f"[{stage}] up to date" in again.output, again.output
+
+    # One epoch at a tenth of the learning rate: a worse model, a new version, the gate fails the run.
+    recipe.write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"], "epochs": 1, "lr": 0.001}}))
+    regressed = runner.invoke(main, ["run", str(recipe), "--out", str(out)])
+    assert regressed.exit_code == 1, regressed.output
+    assert "[check] failed" in regressed.output and "metric.accuracy" in regressed.output
+    assert "[benchmark] done" in regressed.output and "[report] done" in regressed.output  # ran after it
+    assert "check failed for" in regressed.output
+    worse = Artifact.load(out / "run-tiny" / "2")
+    assert "metric.accuracy" in worse.manifest.stages.check.failures
+    assert "metric.accuracy" in (worse.root / "reports" / "check.md").read_text()
+    again = runner.invoke(main, ["run", str(recipe), "--out", str(out)])
+    assert again.exit_code == 1 and "[check] failed" in again.output  # a failed verdict is never up to date

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipeline.check.baseline import VariantSummary
 from pipeline.check.checks import check_metrics, check_variants
 from pipeline.errors import RecipeError
 from pipeline.recipe import BudgetSpec, MetricBudget, parse_recipe
-from tests.check.check_models import summary
+from tests.check.check_models import FAST, imported, invoke, linear, summary
 
 RECIPE = {"name": "toy", "model": {"arch": "mlp"}, "data": {"source": "digits"}}
 
@@ -85,3 +87,12 @@ def test_variant_metrics_are_held_to_the_same_per_metric_budgets() -> None:
         "passed in both; accuracy 0.9 -> 0.88: relative drop +2.22% breaks max_relative_drop 0.01 (1.00%)"
     )
     assert tight.figures["metrics"]["accuracy"]["broken"] == ["max_relative_drop"]
+
+
+def test_a_negative_budget_flag_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    base = imported(tmp_path, linear(), "base")
+    result = invoke("check", str(base), "--baseline", str(base), "--max-latency-increase", "-0.1", *FAST)
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "--max-latency-increase budgets.max_latency_increase: Input should be greater than or equal to 0" in (
+        result.output
+    )

@@ -348,7 +348,11 @@ def check(
         from pipeline.artifact import Artifact, resolve_artifact
         from pipeline.check.baseline import write_baseline as write
 
-        written = write(Artifact.load(resolve_artifact(candidate)), Path(write_baseline))
+        loaded = Artifact.load(resolve_artifact(candidate))
+        try:
+            written = write(loaded, Path(write_baseline))
+        except OSError as exc:
+            raise InputError(f"--write-baseline {write_baseline}: cannot write it ({exc.strerror or exc})") from None
         click.echo(f"baseline: {written.name} v{written.version} -> {write_baseline}")
         return
     from pipeline.check.reports import to_table, write_reports

@@ -9,9 +9,10 @@ dotted path.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pipeline.artifact import Artifact, resolve_artifact
 from pipeline.errors import InputError
@@ -21,6 +22,16 @@ from pipeline.manifest import TensorSpec
 from pipeline.variants import MODEL_FILE, unusable
 
 FORMAT = "pipe-baseline/1"  # the `format` key of a baseline file; bumped when its meaning changes
+# Text a baseline cannot hold: the checks put its names in the terminal, JUnit XML and Markdown, where a
+# control character (an escape sequence, a newline) forges or breaks lines, and a lone surrogate cannot
+# be written as UTF-8 at all.
+CONTROL, SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f]"), re.compile("[\ud800-\udfff]")
+
+
+def _positive_size(value: int | None) -> str | None:
+    if value is None or value > 0:
+        return None
+    return f"expected a positive number of bytes, got {value if value > -(10**18) else 'a huge negative number'}"
 
 
 @dataclass(kw_only=True)
@@ -29,7 +40,7 @@ class VariantSummary:
 
     status: Literal["passed", "failed", "stale"]  # stale: made from a model.onnx the artifact no longer holds
     precision: str
-    size: int | None = None  # bytes
+    size: int | None = field(default=None, metadata={"check": _positive_size})  # bytes
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -46,7 +57,7 @@ class Baseline:
     outputs: list[TensorSpec]
     metrics: dict[str, float] = field(default_factory=dict)
     variants: dict[str, VariantSummary] = field(default_factory=dict)
-    model_size: int | None = None  # bytes of model.onnx (and model.onnx.data)
+    model_size: int | None = field(default=None, metadata={"check": _positive_size})  # bytes of model.onnx (+ .data)
     created: str
 
 
@@ -115,7 +126,31 @@ def _read_file(path: Path) -> Baseline:
         raise InputError(
             f"baseline {path}: format {str(found)[:40]!r} is not {FORMAT!r}; write it with --write-baseline"
         )
+    if problems := _unprintable(data, ""):
+        more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+        raise InputError(f"baseline {path}: {'; '.join(problems[:5])}{more}; write it again with --write-baseline")
     try:
         return decode(Baseline, data)
     except ValueError as exc:
         raise InputError(f"baseline {path}: {exc}; write it again with --write-baseline") from None
+
+
+def _unprintable(data: Any, where: str) -> list[str]:
+    """Each string (key or value) in parsed JSON holding a control character or a lone surrogate, by dotted path."""
+    if isinstance(data, str):
+        return [f"{where or 'top level'}: {data[:40]!r} holds {bad}"] if (bad := _bad_text(data)) else []
+    problems = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if bad := _bad_text(key):
+                problems.append(f"{where or 'top level'}: key {key[:40]!r} holds {bad}")
+            else:
+                problems += _unprintable(value, f"{where}.{key}" if where else key)
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            problems += _unprintable(value, f"{where}[{i}]")
+    return problems
+
+
+def _bad_text(text: str) -> str | None:
+    return "a control character" if CONTROL.search(text) else "a lone surrogate" if SURROGATE.search(text) else None

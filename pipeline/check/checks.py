@@ -96,8 +96,14 @@ def check_variants(candidate: Baseline, baseline: Baseline, budgets: BudgetSpec)
             for m, v in sorted(before.metrics.items())
             if m in now.metrics and m in HIGHER_IS_BETTER
         }
-        held = all(ok for ok, _, _ in judged.values())
-        shown = "; ".join(text for _, text, _ in judged.values()) or "no shared metric"
+        # a metric the baseline's variant was judged by and the candidate's lacks cannot be shown to hold
+        lost = [
+            f"{m} is {v:.4g} in the baseline; the candidate's variant has none"
+            for m, v in sorted(before.metrics.items())
+            if m in HIGHER_IS_BETTER and m not in now.metrics
+        ]
+        held = not lost and all(ok for ok, _, _ in judged.values())
+        shown = "; ".join([*lost, *(text for _, text, _ in judged.values())]) or "no shared metric"
         figures = {m: fig for m, (_, _, fig) in judged.items()}
         results.append(_result(check, held, f"passed in both; {shown}", metrics=figures))
     return results

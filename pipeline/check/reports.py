@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 from pipeline.check.run import CheckRun
+from pipeline.errors import InputError
 from pipeline.fsutil import atomic_write_bytes
 from pipeline.jsontypes import encode
 
 SUITE = "pipe check"
 MARK = {"passed": "✅ passed", "failed": "❌ failed", "skipped": "➖ skipped"}
+# Characters XML 1.0 cannot hold, even escaped (control characters, lone surrogates, U+FFFE/U+FFFF):
+# a parser rejects the whole file, so they are written as Python escapes (`\x07`) instead.
+NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def to_json(run: CheckRun) -> str:
@@ -20,13 +27,14 @@ def to_json(run: CheckRun) -> str:
         {
             "candidate": {"name": run.candidate.name, "version": run.candidate.version},
             "baseline": {"name": run.baseline.name, "version": run.baseline.version},
-            "budgets": run.budgets.model_dump(),
+            "budgets": _finite(run.budgets.model_dump()),
             "passed": failed == 0,
             "failures": failed,
-            "checks": [encode(r) for r in run.results],
+            "checks": [_finite(encode(r)) for r in run.results],
             "notes": run.notes,
         },
         indent=2,
+        allow_nan=False,
     )
 
 
@@ -38,13 +46,14 @@ def to_junit(run: CheckRun) -> str:
         name=SUITE, tests=str(len(run.results)), failures=str(len(run.failures)), errors="0", skipped=str(skipped),
     )  # fmt: skip
     for result in run.results:
-        case = ET.SubElement(suite, "testcase", classname=f"pipe.check.{run.candidate.name}", name=result.name)
+        name, detail = _xml(result.name), _xml(result.detail)
+        case = ET.SubElement(suite, "testcase", classname=_xml(f"pipe.check.{run.candidate.name}"), name=name)
         if result.status == "failed":
-            ET.SubElement(case, "failure", message=result.detail, type="regression").text = result.detail
+            ET.SubElement(case, "failure", message=detail, type="regression").text = detail
         elif result.status == "skipped":
-            ET.SubElement(case, "skipped", message=result.detail)
+            ET.SubElement(case, "skipped", message=detail)
         else:
-            ET.SubElement(case, "system-out").text = result.detail
+            ET.SubElement(case, "system-out").text = detail
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
 
@@ -58,7 +67,7 @@ def to_markdown(run: CheckRun) -> str:
         "| check | status | figures |",
         "| --- | --- | --- |",
     ]
-    lines += [f"| `{r.name}` | {MARK[r.status]} | {_cell(r.detail)} |" for r in run.results]
+    lines += [f"| {_code(_cell(r.name))} | {MARK[r.status]} | {_cell(r.detail)} |" for r in run.results]
     lines += [f"\n> note: {_cell(n)}" for n in run.notes]
     return "\n".join(lines) + "\n"
 
@@ -69,15 +78,41 @@ def to_table(run: CheckRun) -> str:
 
 
 def write_reports(run: CheckRun, junit: Path | None, markdown: Path | None, json_file: Path | None) -> list[Path]:
-    """Write each report asked for; the paths written."""
+    """Write each report asked for; the paths written. One that cannot be written is InputError naming its flag."""
     written = []
-    for path, render in ((junit, to_junit), (markdown, to_markdown), (json_file, to_json)):
+    for flag, path, render in (("--junit", junit, to_junit), ("--markdown", markdown, to_markdown),
+                               ("--json", json_file, to_json)):  # fmt: skip
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(path, render(run).encode())
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(path, render(run).encode())
+            except OSError as exc:
+                raise InputError(f"{flag} {path}: cannot write it ({exc.strerror or exc})") from None
             written.append(path)
     return written
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    """`text` as a Markdown code span, fenced by one more backtick than the longest run inside it."""
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _xml(text: str) -> str:
+    return NOT_XML.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+def _finite(data: Any) -> Any:
+    """JSON without NaN or Infinity, which strict parsers (jq, JavaScript) refuse: a figure past any float is null."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_finite(v) for v in data]
+    return data

@@ -93,11 +93,11 @@ def check_latency(artifact: Artifact, baseline: Artifact | None, budgets: Budget
     while len(timings) < LATENCY_MEASURES and (not timings or timings[0][0] > limit):
         try:  # the candidate's golden inputs, both models in one interleaved run (pipeline/latency.py)
             timed = measure(models, inputs, batches=(1,), threads=1, seconds=seconds, max_runs=MAX_RUNS)
+            base, cand = timed["baseline"], timed["candidate"]
+            batch = base.fixed_batch or cand.fixed_batch or 1
+            b, c = base.at(batch).p50_ms, cand.at(batch).p50_ms  # two different fixed batches: no shared one
         except (InputError, ArtifactError) as exc:  # e.g. a renamed input: the signature check reports that
             return CheckResult("latency", "skipped", f"the two models cannot be timed on the same inputs: {exc}")
-        base, cand = timed["baseline"], timed["candidate"]
-        batch = base.fixed_batch or cand.fixed_batch or 1
-        b, c = base.at(batch).p50_ms, cand.at(batch).p50_ms
         timings.append((c / b, b, c, cand.at(batch).runs, batch))
     ratio, base_ms, cand_ms, runs, batch = sorted(timings)[len(timings) // 2]  # the median measurement
     ratios = [t[0] for t in timings]

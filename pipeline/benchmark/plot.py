@@ -1,10 +1,11 @@
 """reports/benchmark.png: the task metric (y) against p50 latency at batch 1 (x), one labelled point per row.
 
-The trade-off a deployment chooses on: up and to the left is better. The marker says the runtime
-(torch, onnxruntime, LiteRT); a hollow marker is a failed or stale variant (timed, not servable).
-Rows without a latency at batch 1 (not timed, or a model with another fixed batch) are left out and
-named under the title. An artifact whose records hold no task metric (an embedding model) is
-plotted as size against latency instead.
+The trade-off a deployment chooses on: up and to the left is better (for MAE, down and to the
+left). The marker says the runtime (torch, onnxruntime, LiteRT); a hollow marker is a failed or
+stale variant (timed, not servable). Rows without a latency at batch 1 (not timed, or a model
+with another fixed batch) or without a finite metric are left out and named under the title. An
+artifact whose records hold no task metric (an embedding model) is plotted as size against
+latency instead.
 """
 
 from __future__ import annotations
@@ -30,14 +31,7 @@ def write_plot(outcome: BenchmarkOutcome, path: Path) -> None:
     from pipeline.benchmark.run import BATCH
 
     metric = outcome.metric
-    points, left_out = [], []
-    for result in outcome.results:
-        timing = result.latency.batches.get(BATCH) if result.latency else None
-        value = result.row.metric if metric else result.row.size / 1024
-        if timing is None or value is None:
-            left_out.append(result.row.name)
-            continue
-        points.append((result, timing.p50_ms, value))
+    points, left_out = plotted(outcome)
 
     figure, axes = plt.subplots(figsize=(8.5, 5.5), dpi=120)
     try:
@@ -77,7 +71,7 @@ def write_plot(outcome: BenchmarkOutcome, path: Path) -> None:
             f"{threads} thread{'s' if threads != 1 else ''}"
         )
         if left_out:
-            title += f"\nnot plotted (no batch-{BATCH} latency or no metric): {', '.join(left_out)}"
+            title += f"\nnot plotted (no batch-{BATCH} latency, or no finite metric): {', '.join(left_out)}"
         axes.set_title(title, fontsize=10)
         axes.grid(True, alpha=0.3)
         if points:
@@ -88,6 +82,23 @@ def write_plot(outcome: BenchmarkOutcome, path: Path) -> None:
         figure.savefig(path, format="png")
     finally:
         plt.close(figure)
+
+
+def plotted(outcome: BenchmarkOutcome) -> tuple[list[tuple[Result, float, float]], list[str]]:
+    """(result, p50 ms at batch 1, metric or KiB) for each row that can be drawn, and the names of those that
+    cannot: not timed at batch 1, or no metric, or one that is not a finite number (a NaN MAE of a model that
+    overflowed in fp16 would make the axis limits NaN)."""
+    from pipeline.benchmark.run import BATCH
+
+    points, left_out = [], []
+    for result in outcome.results:
+        timing = result.latency.batches.get(BATCH) if result.latency else None
+        value = result.row.metric if outcome.metric else result.row.size / 1024
+        if timing is None or value is None or not math.isfinite(value):
+            left_out.append(result.row.name)
+            continue
+        points.append((result, timing.p50_ms, value))
+    return points, left_out
 
 
 def _label(axes: Any, points: list[tuple[Result, float, float]], log: bool) -> None:

@@ -15,6 +15,7 @@ STATUS_STYLE = {"reference": "cyan", "passed": "green", "failed": "red", "stale"
 def render(outcome: BenchmarkOutcome, width: int | None = None) -> str:
     """The table as text with ANSI colours (click.echo drops them when stdout is not a terminal)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from pipeline.benchmark.run import BATCH, THROUGHPUT_BATCH
@@ -40,8 +41,8 @@ def render(outcome: BenchmarkOutcome, width: int | None = None) -> str:
     for result in outcome.results:
         row = result.row
         status = f"[{STATUS_STYLE.get(row.status, 'white')}]{row.status}[/]"
-        table.add_row(
-            row.name,
+        table.add_row(  # names and reasons are text, not markup: "[batch, 64]" in an error is a shape
+            escape(row.name),
             row.runtime,
             row.precision,
             status,
@@ -49,7 +50,7 @@ def render(outcome: BenchmarkOutcome, width: int | None = None) -> str:
             _number(row.metric),
             _signed(result.drop),
             *_timings(result, BATCH, THROUGHPUT_BATCH),
-            _note(result),
+            escape(_note(result)),
         )
     columns = width or shutil.get_terminal_size(fallback=(200, 24)).columns
     buffer = io.StringIO()

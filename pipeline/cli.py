@@ -324,7 +324,7 @@ def import_cmd(
 @click.option("--max-accuracy-drop", type=float, default=None, help="Budget: metric drop allowed [default: recipe].")
 @click.option("--max-latency-increase", type=float, default=None, help="Budget: 0.10 = 10% slower [default: recipe].")
 @click.option("--max-size-increase", type=float, default=None, help="Budget: 0.10 = 10% larger [default: recipe].")
-@click.option("--latency-seconds", type=click.FloatRange(min=0), default=2.0, show_default=True,
+@click.option("--latency-seconds", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
               help="Time spent timing both models side by side.")  # fmt: skip
 @click.option("--junit", type=click.Path(), default=None, help="Write JUnit XML (one testcase per check).")
 @click.option("--markdown", type=click.Path(), default=None, help="Write Markdown (e.g. $GITHUB_STEP_SUMMARY).")

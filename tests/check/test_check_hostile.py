@@ -138,3 +138,12 @@ def test_a_report_or_baseline_path_that_cannot_be_written_is_exit_2_naming_the_f
     result = invoke("check", str(artifact), "--write-baseline", str(tmp_path / "folder"))
     assert result.exit_code == 2, (result.output, result.exception)
     assert f"error: --write-baseline {tmp_path / 'folder'}: cannot write it" in result.output, result.output
+
+
+def test_a_latency_window_of_zero_seconds_is_bad_input_not_a_skipped_latency_check(
+    tmp_path: Path, base: tuple[Path, dict]
+) -> None:
+    artifact, _ = base
+    result = invoke("check", str(artifact), "--baseline", str(artifact), "--latency-seconds", "0")
+    assert result.exit_code == 2, result.output
+    assert "--latency-seconds" in result.output and "latency  " not in result.output, result.output

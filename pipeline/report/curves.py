@@ -61,8 +61,9 @@ def read_curves(artifact: Artifact) -> tuple[Curves | None, str]:
         metric=metric,
         val_metric=[float(r[metric]) if _finite(r.get(metric)) else math.nan for r in records],
         train_loss=_train_loss(artifact),
-        best_epoch=int(summary.get("best_epoch", record.best_epoch)),
-        stopped_early=bool(summary.get("stopped_early", record.stopped_early)),
+        # the report's own figures where they read as such; else the train record's (typed, verified)
+        best_epoch=int(best) if _finite(best := summary.get("best_epoch")) else record.best_epoch,
+        stopped_early=stop if isinstance(stop := summary.get("stopped_early"), bool) else record.stopped_early,
         patience=patience if isinstance(patience, int) else None,
     )
     return curves, ""
@@ -83,7 +84,8 @@ def _train_loss(artifact: Artifact) -> dict[int, float]:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and record.get("kind") == "train" and _finite(record.get("loss")):
+        usable = isinstance(record, dict) and _finite(record.get("epoch")) and _finite(record.get("loss"))
+        if usable and record.get("kind") == "train":
             sums.setdefault(int(record["epoch"]), []).append(float(record["loss"]))
     return {epoch: sum(values) / len(values) for epoch, values in sorted(sums.items())}
 

@@ -85,3 +85,28 @@ def test_a_run_without_metrics_jsonl_still_plots_validation_and_says_nothing_of_
     image = pixels(tmp_path / "v.png")
     assert near(image, SERIES["validation loss"]).sum() > 100 and near(image, RED).sum() > 100
     assert near(image, SERIES["train loss"]).sum() == 0  # no training-loss series drawn
+
+
+# metrics.jsonl lines a hand or another tool may leave: no epoch, a text epoch, an infinite one, not an object
+STEPS = [{"kind": "train", "loss": 0.5}, {"kind": "train", "epoch": "x", "loss": 1}, {"kind": "train", "epoch": 1e400},
+         [1], {"kind": "train", "epoch": 1, "loss": 2}]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_reports_with_wrong_types_give_curves_from_what_reads_and_the_record_for_the_rest(trained: Path) -> None:
+    """train.json and metrics.jsonl written by hand (or by another pipe) and listed again: no traceback."""
+    artifact = Artifact.load(trained)
+    summary = json.loads((trained / TRAIN_JSON).read_text())
+    record = artifact.manifest.stages.train
+    steps = "".join(json.dumps(step) + "\n" for step in STEPS).encode()
+    for best_epoch in ("x", None, 1e400, True):
+        hostile = {**summary, "best_epoch": best_epoch, "stopped_early": "no"}
+        artifact.write_file(TRAIN_JSON, json.dumps(hostile).encode())
+        artifact.write_file(METRICS_JSONL, steps)
+        artifact.save()
+        curves, note = read_curves(Artifact.load(trained))
+        assert curves is not None and note == ""
+        assert (curves.best_epoch, curves.stopped_early) == (record.best_epoch, record.stopped_early), best_epoch
+        assert curves.train_loss == {1: 2.0}  # the one step record with a usable epoch
+    result = invoke("report", trained)
+    assert result.exit_code == 0, result.output

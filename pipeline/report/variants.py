@@ -148,10 +148,10 @@ def benchmark_section(artifact: Artifact) -> list[str]:
     columns = columns if len(columns) >= 2 else found[:BENCHMARK_COLUMNS]
     about = [f"measured {record.finished}"]
     if isinstance(data, dict) and isinstance(data.get("metric"), str):
-        about.append(f"metric: {data['metric']}")
+        about.append(f"metric: {cell(data['metric'])}")  # folded onto this line, like every value read here
     for key, what in (("latency_batch", "latency at batch"), ("throughput_batch", "throughput at batch")):
         if len(batches := {row.get(key) for row in rows} - {None}) == 1:
-            about.append(f"{what} {batches.pop()}")
+            about.append(f"{what} {cell(batches.pop())}")
     cells = [[_figure(k, row.get(k)) for k in columns] for row in rows]
     headings = [BENCHMARK_KEYS.get(k, k) for k in columns]
     lines = [*head, f"From {code(report)}: {'; '.join(about)}.", "", *table(headings, cells)]

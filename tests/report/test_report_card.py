@@ -107,3 +107,23 @@ def test_the_benchmark_is_read_by_its_keys_and_skipped_with_a_note_when_unreadab
     assert "cannot be read" in section and "run `pipe benchmark` again" in section and "|" not in section
     section = "\n".join(benchmark_section(commit(json.dumps({"rows": "none"}))))
     assert "holds no rows of figures" in section
+
+
+def test_text_from_the_benchmark_report_stays_inside_its_line(tmp_path: Path) -> None:
+    root = tmp_path / "artifacts" / "toy" / "1"
+    build_artifact(root)
+    report = {
+        "metric": "accuracy\n\n# not a heading | nor a table",
+        "rows": [{"name": "fp32\n# nor this", "p50_ms": 1}],
+    }
+    with StageWrite(root, "benchmark") as write:
+        (write.scratch / "reports").mkdir()
+        (write.scratch / "reports" / "benchmark.json").write_text(json.dumps(report))
+        artifact = write.commit(
+            ["reports/benchmark.json"],
+            lambda fresh: setattr(fresh.manifest.stages, "benchmark", BenchmarkRecord(formats=["fp32"])),
+        )
+    section = "\n".join(benchmark_section(artifact))
+    assert not [line for line in section.splitlines() if line.startswith("#") and line != "## Benchmark"], section
+    assert "metric: accuracy # not a heading \\| nor a table." in section
+    assert_tables_render(section)

@@ -30,12 +30,23 @@ def _place(artifact: Artifact) -> str:
     return f"artifacts/{artifact.name}/{artifact.version}"
 
 
+def _batch(artifact: Artifact) -> int:
+    """The batch a request sends: 1, or the batch the model's inputs fix (the server refuses any other)."""
+    fixed = [spec.shape[0] for spec in artifact.manifest.inputs if spec.shape and isinstance(spec.shape[0], int)]
+    return fixed[0] if fixed and fixed[0] > 0 else 1
+
+
 def _sample(artifact: Artifact) -> dict[str, np.ndarray]:
-    """The first golden sample of each input (batch 1), or zeros of the declared shape without golden.npz."""
+    """The first golden samples of each input (`_batch` of them, repeated when golden.npz holds fewer), or
+    zeros of the declared shape without golden.npz."""
+    batch = _batch(artifact)
     if GOLDEN_NAME in artifact.manifest.files:
         inputs = load_golden(artifact).inputs
-        if all(spec.name in inputs for spec in artifact.manifest.inputs):
-            return {spec.name: inputs[spec.name][:1] for spec in artifact.manifest.inputs}
+        if all(spec.name in inputs and len(inputs[spec.name]) for spec in artifact.manifest.inputs):
+            return {
+                spec.name: inputs[spec.name][np.resize(np.arange(len(inputs[spec.name])), batch)]
+                for spec in artifact.manifest.inputs
+            }
     return {
         spec.name: np.zeros([d if isinstance(d, int) else 1 for d in spec.shape], dtype=spec.dtype)
         for spec in artifact.manifest.inputs
@@ -53,7 +64,8 @@ def serve_section(artifact: Artifact) -> list[str]:
     m = artifact.manifest
     place, base = _place(artifact), "http://127.0.0.1:8000"
     servable = [n for n, v in usable(artifact).items() if v.format == "onnx"]
-    sample = _sample(artifact)
+    sample, batch = _sample(artifact), _batch(artifact)
+    what = "sample" if batch == 1 else f"{batch} samples (the model fixes its batch at {batch})"
     dtypes = {name: NUMPY_TO_V2.get(str(x.dtype), str(x.dtype)) for name, x in sample.items()}
     lines = [
         "## How to serve it",
@@ -65,7 +77,7 @@ def serve_section(artifact: Artifact) -> list[str]:
         f"Servable variants: {', '.join(code(n) for n in servable) or 'none'} (`--variant NAME`; `--variant best` "
         f"serves the fastest by recorded latency). The default is {code(FP32)} (model.onnx).",
         "",
-        f"KServe V2 request with the first golden sample (input {', '.join(code(n) for n in sample)}):",
+        f"KServe V2 request with the first golden {what} (input {', '.join(code(n) for n in sample)}):",
         "",
         "```sh",
     ]
@@ -76,8 +88,8 @@ def serve_section(artifact: Artifact) -> list[str]:
         lines.append(f"curl -s {url} -H 'Content-Type: application/json' -d '{json.dumps(body)}'")
     else:
         build = ", ".join(
-            f"{{'name': {n!r}, 'shape': list(g['in.{n}'][:1].shape), 'datatype': {dtypes[n]!r}, "
-            f"'data': g['in.{n}'][:1].ravel().tolist()}}"
+            f"{{'name': {n!r}, 'shape': list(g['in.{n}'][:{batch}].shape), 'datatype': {dtypes[n]!r}, "
+            f"'data': g['in.{n}'][:{batch}].ravel().tolist()}}"
             for n in sample
         )
         lines += [
@@ -85,13 +97,21 @@ def serve_section(artifact: Artifact) -> list[str]:
             f"json.dump({{'inputs': [{build}]}}, open('request.json', 'w'))\"",
             f"curl -s {url} -H 'Content-Type: application/json' -d @request.json",
         ]
-    lines += ["```", "", _answer(artifact), "", "TF Serving REST, the same sample in row form:", "", "```sh"]
+    lines += [
+        "```",
+        "",
+        _answer(artifact, batch),
+        "",
+        f"TF Serving REST, the same {'sample' if batch == 1 else 'samples'} in row form:",
+        "",
+        "```sh",
+    ]
     if len(sample) == 1 and sum(x.size for x in sample.values()) <= INLINE_ELEMENTS:
         (x,) = sample.values()
         instances = json.dumps({"instances": _values(x)})
         lines.append(f"curl -s {base}/v1/models/{m.name}/versions/{m.version}:predict -d '{instances}'")
     elif sum(x.size for x in sample.values()) <= INLINE_ELEMENTS:
-        instances = json.dumps({"instances": [{n: _values(x[0]) for n, x in sample.items()}]})
+        instances = json.dumps({"instances": [{n: _values(x[i]) for n, x in sample.items()} for i in range(batch)]})
         lines.append(f"curl -s {base}/v1/models/{m.name}/versions/{m.version}:predict -d '{instances}'")
     else:
         lines.append(f"curl -s {base}/v1/models/{m.name}/versions/{m.version}:predict "
@@ -100,17 +120,19 @@ def serve_section(artifact: Artifact) -> list[str]:
     return lines
 
 
-def _answer(artifact: Artifact) -> str:
-    """What the V2 request returns, and what the model said for this sample when it was recorded."""
+def _answer(artifact: Artifact, batch: int) -> str:
+    """What the V2 request returns, and what the model said for its first sample when it was recorded."""
     m = artifact.manifest
     outputs = ", ".join(f"{code(o.name)} {o.dtype} {shape(o.shape)}" for o in m.outputs)
-    text = f"The answer holds {outputs} (the batch axis is 1 here)."
+    text = f"The answer holds {outputs} (the batch axis is {batch} here)."
     if GOLDEN_NAME in m.files and m.task == "classification" and m.labels:
         golden = load_golden(artifact)
         first = golden.outputs.get(m.outputs[0].name)
         if first is not None and len(first):
             label = m.labels[int(np.argmax(first[0]))]
-            text += f" For this sample the recorded output's top class is {code(label)}"
+            text += (
+                f" For {'this' if batch == 1 else 'the first'} sample the recorded output's top class is {code(label)}"
+            )
             if golden.target is not None:
                 text += f"; its label is {code(m.labels[int(golden.target[0])])}"
             text += "."

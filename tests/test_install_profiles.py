@@ -51,6 +51,7 @@ PART_PROFILES = {
     "pipeline.export": ("train", "cpu"),
     "pipeline.optimize": ("optimize", "cpu"),
     "pipeline.latency": ("cpu",),  # onnxruntime sessions timed side by side, for optimize and check
+    "pipeline.images": ("http",),  # pictures decoded by Pillow, for pipe serve (http) and pipe predict
     "pipeline.edge": ("edge", "cpu"),
     "pipeline.benchmark": ("report", "cpu"),  # the table and plot, onnxruntime sessions timed side by side
     "pipeline.report": ("report",),  # the curves drawn by matplotlib; the card is the manifest and reports/ read back

@@ -174,7 +174,7 @@ def test_an_image_needs_the_manifest_to_say_its_pixel_values(cnn: Path, tmp_path
 
     refused = invoke("predict", cnn, "--input", tmp_path / "digit.png")
     assert refused.exit_code == 2
-    assert "lacks inputs[0].preprocessing.pixel_range" in refused.output and "not trained by pipe" in refused.output
+    assert "lacks inputs[].preprocessing.image" in refused.output and "--image-preprocessing" in refused.output
 
     # A digits model trained by pipe takes raw 0..16 values: its train record says so.
     artifact = Artifact.load(cnn)
@@ -190,7 +190,7 @@ def test_an_image_needs_the_manifest_to_say_its_pixel_values(cnn: Path, tmp_path
 
 def test_an_image_is_converted_to_the_channels_and_size_the_input_declares(cnn: Path, tmp_path: Path) -> None:
     artifact = Artifact.load(cnn)
-    artifact.manifest.inputs[0].preprocessing = {"pixel_range": [0, 1]}
+    artifact.manifest.inputs[0].preprocessing = {"image": {"mode": "L", "size": [8, 8], "scale": 1 / 255}}
     artifact.save()
     rgb = np.random.default_rng(2).integers(0, 256, (16, 12, 3), dtype=np.uint8)
     Image.fromarray(rgb, mode="RGB").save(tmp_path / "photo.png")
@@ -241,7 +241,7 @@ def test_an_image_too_large_to_decode_is_one_line_naming_its_size(
     cnn: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, side: int
 ) -> None:
     artifact = Artifact.load(cnn)
-    artifact.manifest.inputs[0].preprocessing = {"pixel_range": [0, 1]}
+    artifact.manifest.inputs[0].preprocessing = {"image": {"mode": "L", "size": [8, 8], "scale": 1 / 255}}
     artifact.save()
     Image.new("L", (side, side)).save(tmp_path / "huge.png")
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # a 20000x20000 picture, scaled down to keep the test fast

@@ -11,10 +11,12 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pipeline.errors import InputError
+from pipeline.images import digits_record
 from pipeline.recipe import BUILTIN_DATASETS, Recipe
 
 KINDS = ("features", "image", "tokens")
@@ -29,6 +31,9 @@ class RawData:
     y: np.ndarray  # [n] int64 class index
     labels: list[str]  # class names; y indexes into this list
     kind: str  # one of KINDS
+    # images: how a 0..255 picture becomes a sample in these units (pipeline/images.py's image record:
+    # mode, size, resize, scale); None when the source does not say (an npz of arrays)
+    image: dict[str, Any] | None = None
 
 
 def read_source(recipe: Recipe) -> RawData:
@@ -58,7 +63,8 @@ def _builtin(name: str, as_image: bool) -> RawData:
     if name == "digits" and as_image:
         x = x.reshape(-1, 1, 8, 8)  # 8x8 grey images, one channel, values 0..16
     labels = [str(t) for t in bunch.target_names]
-    return RawData(x, np.asarray(bunch.target, dtype=np.int64), labels, "image" if x.ndim == 4 else "features")
+    image = digits_record() if x.ndim == 4 else None  # a picture's 0..255 maps onto 0..16
+    return RawData(x, np.asarray(bunch.target, dtype=np.int64), labels, "image" if x.ndim == 4 else "features", image)
 
 
 def _classes(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -192,7 +198,9 @@ def _images(path: Path, recipe: Recipe) -> RawData:
             f"images under {path} have different sizes {sorted(s[1:] for s in shapes)[:4]}; "
             "set data.image_size: [height, width] to resize them"
         )
-    return RawData(np.stack(images), np.asarray(targets, dtype=np.int64), classes, "image")
+    height, width = images[0].shape[1:]
+    image = {"mode": "RGB", "size": [height, width], "resize": "bilinear", "scale": 1 / 255}  # as read above
+    return RawData(np.stack(images), np.asarray(targets, dtype=np.int64), classes, "image", image)
 
 
 def _hidden(path: Path) -> bool:

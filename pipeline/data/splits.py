@@ -29,6 +29,7 @@ class DataInfo:
     vocab_size: int | None = None  # tokens: largest id + 1
     mean: list[float] | None = None  # train-split mean per feature (features) or per channel (images)
     std: list[float] | None = None  # matching std; 1.0 where a feature is constant
+    image: dict[str, Any] | None = None  # images: how a picture becomes a sample (pipeline/images.py)
 
     @property
     def input_name(self) -> str:
@@ -87,6 +88,7 @@ def load_splits(recipe: Recipe) -> Splits:
         vocab_size=int(raw.x.max()) + 1 if raw.kind == "tokens" else None,
         mean=mean,
         std=std,
+        image=raw.image,
     )
 
     def take(idx: np.ndarray) -> Split:

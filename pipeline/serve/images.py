@@ -1,0 +1,113 @@
+"""Encoded pictures in inference requests -> the tensors an image input takes.
+
+A client may send an image input (NCHW or NHWC, float or uint8) as the pictures themselves, PNG or
+JPEG bytes, one per row: TF Serving's `{"b64": "..."}` values, or a V2 BYTES tensor of shape [n]
+(base64 strings in JSON `data`, raw bytes in the binary extension). The protocols decode either into
+an object array of one element per picture: its raw bytes, or its base64 text (V2 JSON). Here each picture is
+converted as the manifest records the model was trained (`pipeline/images.py`, the same conversion
+`pipe predict` uses) and the rows are stacked into the input's own tensor, before the usual check
+of every input against the model. A picture that cannot be read is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import InputError
+from pipeline.images import ImageInput, image_input
+from pipeline.manifest import Manifest
+from pipeline.serve.errors import RequestError
+from pipeline.serve.protocols.datatypes import IOSpec
+
+# The first bytes of every format pipeline.images decodes (WebP: RIFF, then WEBP at byte 8).
+SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM", b"RIFF")
+
+
+@dataclass(frozen=True)
+class ServedImages:
+    """Which inputs of a served version take encoded pictures, and how; why the others do not."""
+
+    inputs: dict[str, ImageInput] = field(default_factory=dict)  # input name -> its conversion
+    refused: dict[str, str] = field(default_factory=dict)  # input name -> why pictures cannot feed it
+    recorded: dict[str, dict[str, Any]] = field(default_factory=dict)  # input name -> its preprocessing
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> ServedImages:
+        inputs, refused, recorded = {}, {}, {}
+        for spec in manifest.inputs:
+            if spec.preprocessing:
+                recorded[spec.name] = dict(spec.preprocessing)
+            try:
+                inputs[spec.name] = image_input(manifest, spec)
+            except InputError as exc:
+                refused[spec.name] = str(exc)
+                continue
+            recorded[spec.name] = {**recorded.get(spec.name, {}), "image": inputs[spec.name].describe()}
+        return cls(inputs, refused, recorded)
+
+    async def converted(self, feeds: dict[str, np.ndarray], specs: dict[str, IOSpec]) -> dict[str, np.ndarray]:
+        """`feeds` with every input sent as encoded pictures converted (in a worker thread: decoding a
+        photo takes milliseconds the event loop should spend elsewhere); unchanged when there is none."""
+        if not any(_is_encoded(array, specs.get(name)) for name, array in feeds.items()):
+            return feeds
+        return await asyncio.to_thread(self.decode, feeds, specs)
+
+    def decode(self, feeds: dict[str, np.ndarray], specs: dict[str, IOSpec]) -> dict[str, np.ndarray]:
+        """Each input sent as encoded pictures -> the input's tensor, [n, C, H, W] or [n, H, W, C]."""
+        decoded = dict(feeds)
+        for name, array in feeds.items():
+            spec = specs.get(name)
+            if spec is None or not _is_encoded(array, spec):
+                continue
+            image = self.inputs.get(name)
+            if image is None:
+                raise RequestError(
+                    f"input {name!r} was sent as encoded pictures (BYTES or b64), but {self.refused.get(name, '')}"
+                )
+            if array.ndim != 1:
+                raise RequestError(
+                    f"input {name!r}: encoded pictures come as a list of shape [n], one per row; got shape "
+                    f"{list(array.shape)}"
+                )
+            try:
+                rows = [image.convert(_picture(item, name, i), f"input {name!r} picture {i}") for i, item in
+                        enumerate(array)]  # fmt: skip
+            except InputError as exc:
+                raise RequestError(str(exc)) from None
+            decoded[name] = np.stack(rows) if rows else np.zeros((0, *_sample_shape(image)), image.dtype)
+        return decoded
+
+
+def _is_encoded(array: np.ndarray, spec: IOSpec | None) -> bool:
+    """An object array for an input that is not itself a string tensor: pictures to convert."""
+    return spec is not None and spec.datatype != "BYTES" and array.dtype == object
+
+
+def _picture(item: Any, name: str, index: int) -> bytes:
+    """One element -> the picture's bytes: raw when it starts with a PNG, JPEG, GIF, BMP or WebP
+    signature (V2 binary data; TF Serving's b64, already decoded), else the base64 text of one (V2 JSON
+    strings). No base64 text starts with one of those signatures (the base64 of a PNG starts `iVBOR`, of
+    a JPEG `/9j/`), so the two cannot be confused. Anything else is handed to Pillow as it is, which
+    refuses it naming the formats it reads.
+    """
+    if not isinstance(item, bytes | str):
+        raise RequestError(f"input {name!r} picture {index}: expected encoded picture bytes, got {type(item).__name__}")
+    raw = item.encode(errors="replace") if isinstance(item, str) else item
+    if raw.startswith(SIGNATURES) and (raw[:4] != b"RIFF" or raw[8:12] == b"WEBP"):
+        return raw
+    try:
+        return base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        return raw
+
+
+def _sample_shape(image: ImageInput) -> tuple[int, int, int]:
+    channels = len(image.mode)  # L: 1, RGB: 3
+    height, width = image.size
+    return (channels, height, width) if image.layout == "NCHW" else (height, width, channels)

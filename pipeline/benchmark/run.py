@@ -35,6 +35,10 @@ REPORT = "reports/benchmark.json"
 PLOT = "reports/benchmark.png"
 BATCH = 1  # latency (p50, p95) is taken at this batch
 THROUGHPUT_BATCH = 32  # throughput (samples/s) at this one
+# Timed runs per row and batch at most: a model of tens of microseconds reaches it long before `seconds`. Every
+# row runs in every round, so going on until the fastest row has `seconds` of runs would take about
+# seconds x (sum of the rows' latencies / the fastest's), tens of seconds per batch for digits-cnn.
+MAX_RUNS = 2000
 
 
 @dataclass
@@ -141,7 +145,13 @@ def benchmark_artifact(
             say(f"[benchmark] {name}: not timed: {why}")
         timed = (
             measure_sessions(
-                sessions, inputs, batches, threads, seconds, progress=lambda message: say(f"[benchmark] {message}")
+                sessions,
+                inputs,
+                batches,
+                threads,
+                seconds,
+                max_runs=MAX_RUNS,
+                progress=lambda message: say(f"[benchmark] {message}"),
             )
             if sessions
             else {}

@@ -18,12 +18,13 @@ def render(outcome: BenchmarkOutcome, width: int | None = None) -> str:
     from rich.markup import escape
     from rich.table import Table
 
-    from pipeline.benchmark.run import BATCH, THROUGHPUT_BATCH
+    from pipeline.benchmark.run import BATCH, MAX_RUNS, THROUGHPUT_BATCH
 
     threads = outcome.settings["threads"]
     table = Table(
         title=f"{outcome.name} v{outcome.version}: every format side by side "
-        f"({threads} thread{'s' if threads != 1 else ''}, {outcome.settings['seconds']:g} s per row and batch)",
+        f"({threads} thread{'s' if threads != 1 else ''}, {outcome.settings['seconds']:g} s or {MAX_RUNS} runs "
+        "per row and batch, whichever ends first)",
         title_justify="left",
     )
     table.add_column("row")

@@ -56,3 +56,8 @@ def test_a_plot_with_metrics_that_are_not_finite_leaves_those_rows_out_and_names
         with Image.open(path) as image:
             assert image.format == "PNG" and image.size[0] >= 600
             assert (np.asarray(image.convert("L")) < 128).mean() > 0.005  # axes and text, not a blank file
+
+
+def test_the_title_says_the_run_cap_that_ends_a_fast_models_timing_before_its_seconds() -> None:
+    text = render(outcome([("fp32", 0.5, "")]), width=200)
+    assert "1 s or 2000 runs per row and batch" in text.replace("\n", ""), text

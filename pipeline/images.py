@@ -93,7 +93,7 @@ class ImageInput:
         return np.ascontiguousarray(values.transpose(2, 0, 1) if self.layout == "NCHW" else values)
 
 
-def image_input(manifest: Manifest, spec: TensorSpec) -> ImageInput:
+def image_input(manifest: Manifest | None, spec: TensorSpec) -> ImageInput:
     """How pictures feed input `spec`, from its recorded preprocessing; an InputError naming what is
     missing or wrong, and how to record it, when pictures cannot feed it."""
     where = f"input {spec.name!r} ({spec.dtype}{spec.shape} {spec.layout})"
@@ -105,7 +105,7 @@ def image_input(manifest: Manifest, spec: TensorSpec) -> ImageInput:
         raise InputError(f"{where} is {spec.dtype}, not pixels; send it as a tensor")
     channels, height, width = (spec.shape[1:4]) if spec.layout == "NCHW" else (spec.shape[3], *spec.shape[1:3])
     record = spec.preprocessing.get("image")
-    if record is None:
+    if record is None and manifest is not None:
         record = _from_train_record(manifest, spec)
     if record is None:
         raise InputError(
@@ -229,3 +229,39 @@ def _decode(data: bytes | Path, source: str, image: ImageInput) -> Any:
         raise InputError(
             f"{source} is not a readable picture ({str(exc)[:200]}); send a {', '.join(FORMATS)} file"
         ) from None
+
+
+def record_image_option(text: str, inputs: list[TensorSpec]) -> None:
+    """`pipe import --image-preprocessing JSON`: record how pictures feed the model's image input.
+
+    The JSON object holds the image record (`mode`, `size`, `resize`, `scale`), optionally `mean` and
+    `std` the model does not apply itself (per channel, after the scale), `layout` (NCHW, the default
+    import guess for 4-D inputs, or NHWC) and `input` (the input's name, needed when several inputs are
+    4-D). It is checked here as pipe serve and pipe predict will read it.
+    """
+    import json
+
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--image-preprocessing is not valid JSON ({exc}): {text[:80]!r}") from None
+    if not isinstance(given, dict):
+        raise InputError(f"--image-preprocessing must be a JSON object, got {text[:80]!r}")
+    given = dict(given)
+    name, layout = given.pop("input", None), given.pop("layout", None)
+    normalization = {k: given.pop(k) for k in ("mean", "std") if k in given}
+    images = [s for s in inputs if len(s.shape) == 4] if name is None else [s for s in inputs if s.name == name]
+    if len(images) != 1:
+        shown = ", ".join(f"{s.name}: {s.dtype}{s.shape}" for s in inputs)
+        why = f"has no input {name!r}" if name is not None else f"has {len(images)} four-dimensional inputs"
+        raise InputError(f'--image-preprocessing: the model {why} ({shown}); name the image input with "input"')
+    spec = images[0]
+    if layout is not None:
+        if layout not in ("NCHW", "NHWC"):
+            raise InputError(f"--image-preprocessing: layout {layout!r} is not NCHW or NHWC")
+        spec.layout = layout
+    record = check_record(given, "--image-preprocessing")
+    spec.preprocessing = {**spec.preprocessing, **normalization, "image": record}
+    if normalization:
+        spec.preprocessing["applied_in_model"] = False
+    image_input(None, spec)  # every problem now, not at the first request

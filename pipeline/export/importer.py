@@ -24,6 +24,7 @@ from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
 from pipeline.fsutil import sha256_file
 from pipeline.golden import Golden, save_golden
+from pipeline.images import record_image_option
 from pipeline.manifest import TASKS, Lineage, Manifest, TensorSpec, check_name
 from pipeline.records import ImportRecord
 from pipeline.variants import FP32, MODEL_FILE, Variant
@@ -184,8 +185,13 @@ def import_onnx(
     eval_data: Path | None = None,
     labels: list[str] | None = None,
     task: str = "classification",
+    image_preprocessing: str | None = None,
 ) -> Artifact:
-    """Create `repository/<name>/<next version>/` from the ONNX file `source` and return it."""
+    """Create `repository/<name>/<next version>/` from the ONNX file `source` and return it.
+
+    `image_preprocessing`: the JSON of `--image-preprocessing`, how pictures feed the image input
+    (pipeline/images.py, `record_image_option`).
+    """
     source = Path(source)
     if problem := check_name(name):
         raise InputError(f"--name: {problem}")
@@ -201,6 +207,8 @@ def import_onnx(
     extra = external_files(model, source.parent)
     inputs, outputs = graph_specs(model)
     _check_specs(source, inputs, outputs)
+    if image_preprocessing is not None:
+        record_image_option(image_preprocessing, inputs)
     evaluation = read_eval_data(eval_data, inputs) if eval_data is not None else None
     root = allocate_version(Path(repository) / name)
     try:

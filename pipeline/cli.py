@@ -115,6 +115,9 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--api-key-env", help="Env var holding a token; requests must send 'Authorization: Bearer <token>'.")
 @click.option("--graceful-timeout", default=30.0, show_default=True, help="Seconds accepted requests get on SIGTERM.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+@click.option("--access-log", metavar="PATH|-", help="Append one JSON line per request to PATH (- for stdout).")
+@click.option("--read-timeout", default=30.0, show_default=True,
+              help="Seconds a request's headers, then its body, may take to arrive (408 beyond).")  # fmt: skip
 def serve(paths: tuple[str, ...], **options: Any) -> None:
     """Serve artifacts over HTTP: KServe V2 (binary tensors too), TF Serving REST, /metrics."""
     from pathlib import Path
@@ -139,6 +142,8 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
                 api_key_env=o["api_key_env"],
                 graceful_s=o["graceful_timeout"],
                 log_level=o["log_level"],
+                access_log=o["access_log"],
+                read_timeout_s=o["read_timeout"],
             ),
             session=SessionOptions(o["provider"], o["intra_op_threads"], o["inter_op_threads"], o["spin"]),
             batching=BatchSettings(
@@ -175,6 +180,9 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
               help="Recipe to read export settings from [default: the one it was trained from].")  # fmt: skip
 @click.option("--out", type=click.Path(), default=None, help="Triton: the model repository directory to write into.")
 @click.option("--max-batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Triton batching.")
+@click.option("--instance-kind", type=click.Choice(["cpu", "gpu"]), default=None,
+              help="Triton: pin the model to CPU or GPU instances [default: none written; Triton uses its GPUs "
+              "when it has them, else the CPU].")  # fmt: skip
 def export(
     artifact: str,
     target: str,
@@ -187,6 +195,7 @@ def export(
     recipe: str | None,
     out: str | None,
     max_batch_size: int,
+    instance_kind: str | None,
 ) -> None:
     """Export a trained ARTIFACT to ONNX through the parity gate (exit 1 when it drifts).
 
@@ -210,7 +219,9 @@ def export(
 
         if out is None:
             raise InputError("--target triton writes a model repository: pass --out DIR (e.g. --out triton-models)")
-        model_dir = write_repository(Artifact.load(resolve_artifact(artifact)), Path(out), max_batch_size)
+        model_dir = write_repository(
+            Artifact.load(resolve_artifact(artifact)), Path(out), max_batch_size, instance_kind
+        )
         click.echo(f"Triton model repository: {model_dir} (config.pbtxt + version directory)")
         return
     from pipeline.export.stage import Overrides, export_artifact

@@ -6,13 +6,17 @@
 
 A model whose inputs and outputs all lead with a symbolic batch dim gets `max_batch_size` and
 dynamic batching, and its dims are written without the batch axis (Triton's convention); other
-symbolic dims become -1. The text is Triton's protobuf text format; the tests parse it with the
-ModelConfig message shipped in tritonclient.
+symbolic dims become -1. No `instance_group` is written unless an instance kind is asked for
+(`--instance-kind cpu|gpu`): Triton then places one instance per GPU when it has GPUs, else on CPU.
+The text is Triton's protobuf text format; the tests parse it with the ModelConfig message shipped
+in tritonclient. Everything written gets the modes `mkdir` and `open` would give (0755 and 0644
+under the usual umask), so a Triton container running as another user can read it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,6 +30,7 @@ from pipeline.manifest import TensorSpec
 
 MODEL_FILE = "model.onnx"
 DEFAULT_MAX_BATCH = 64
+INSTANCE_KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU"}  # --instance-kind -> Triton's instance_group kind
 TRITON_TYPES = {
     "bool": "TYPE_BOOL",
     "uint8": "TYPE_UINT8",
@@ -64,8 +69,10 @@ def _tensor(spec: TensorSpec, batched: bool, label_file: str | None = None) -> s
     return "  {\n" + "\n".join(lines) + "\n  }"
 
 
-def config_text(artifact: Artifact, max_batch_size: int = DEFAULT_MAX_BATCH) -> str:
-    """config.pbtxt for the artifact's model.onnx."""
+def config_text(artifact: Artifact, max_batch_size: int = DEFAULT_MAX_BATCH, instance_kind: str | None = None) -> str:
+    """config.pbtxt for the artifact's model.onnx; `instance_kind` (cpu|gpu) pins where Triton runs it."""
+    if instance_kind is not None and instance_kind not in INSTANCE_KINDS:
+        raise InputError(f"instance kind {instance_kind!r} is not one of {sorted(INSTANCE_KINDS)} (or omit it)")
     manifest = artifact.manifest
     batched = batchable(artifact)
     labels = "labels.txt" if manifest.labels and manifest.task == "classification" else None
@@ -75,6 +82,11 @@ def config_text(artifact: Artifact, max_batch_size: int = DEFAULT_MAX_BATCH) -> 
         f'parameters {{\n  key: "{key}"\n  value {{ string_value: {json.dumps(value)} }}\n}}\n'
         for key, value in identity(manifest).items()
     )
+    instances = (
+        f"instance_group [\n  {{\n    count: 1\n    kind: {INSTANCE_KINDS[instance_kind]}\n  }}\n]\n"
+        if instance_kind
+        else ""  # Triton's default: an instance per GPU when it has GPUs, else on CPU
+    )
     return (
         f'name: "{manifest.name}"\n'
         'platform: "onnxruntime_onnx"\n'
@@ -83,12 +95,21 @@ def config_text(artifact: Artifact, max_batch_size: int = DEFAULT_MAX_BATCH) -> 
         f"input [\n{inputs}\n]\n"
         f"output [\n{outputs}\n]\n"
         + ("dynamic_batching {\n  max_queue_delay_microseconds: 100\n}\n" if batched else "")
-        + "instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]\n"
+        + instances
         + parameters
     )
 
 
-def write_repository(artifact: Artifact, out: Path, max_batch_size: int = DEFAULT_MAX_BATCH) -> Path:
+def _directory_mode() -> int:
+    """The mode `mkdir` gives a new directory here: 0777 less the umask (0755 under the usual 022)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o777 & ~umask
+
+
+def write_repository(
+    artifact: Artifact, out: Path, max_batch_size: int = DEFAULT_MAX_BATCH, instance_kind: str | None = None
+) -> Path:
     """Write (or update) `out/<name>/` for the artifact's model.onnx; returns the model directory.
 
     The version directory is assembled beside its final place and renamed in, so Triton polling the
@@ -103,8 +124,9 @@ def write_repository(artifact: Artifact, out: Path, max_batch_size: int = DEFAUL
         )
     model_dir = Path(out) / artifact.name
     model_dir.mkdir(parents=True, exist_ok=True)
-    config = config_text(artifact, max_batch_size)
+    config = config_text(artifact, max_batch_size, instance_kind)
     staging = Path(tempfile.mkdtemp(prefix=f".{artifact.version}.", dir=model_dir))
+    staging.chmod(_directory_mode())  # mkdtemp makes it owner-only (0700); it becomes the version directory
     try:
         weights = external_files(load_graph(artifact.path(MODEL_FILE)), artifact.root)
         for rel in [MODEL_FILE, *weights]:

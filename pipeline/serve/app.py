@@ -8,6 +8,7 @@ traceback and answered 500 (a real server fault), never a dropped connection.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
@@ -21,15 +22,17 @@ import orjson
 
 from pipeline import __version__
 from pipeline.errors import InputError
+from pipeline.serve.access_log import AccessLog
 from pipeline.serve.config import ServeConfig
 from pipeline.serve.errors import NotFound, RequestError
-from pipeline.serve.metrics import Metrics
+from pipeline.serve.metrics import CONTENT_TYPE, Metrics
 from pipeline.serve.openapi import document
 from pipeline.serve.protocols import tfserving, v2
 from pipeline.serve.protocols.base import Protocol
 from pipeline.serve.protocols.tfserving import TFServing
 from pipeline.serve.protocols.v2 import V2
 from pipeline.serve.repository import LoadedVersion, Repository, version_number
+from pipeline.serve.timing import current_request
 
 log = logging.getLogger("pipe.serve")
 
@@ -109,6 +112,19 @@ class ServeApp:
         for key, value in scope["headers"]:
             if key == b"content-length" and value.isdigit() and int(value) > limit:
                 raise RequestError(f"the body is {int(value)} bytes, over the {limit}-byte limit (--max-body-mb)", 413)
+        # A client that stops sending mid-body (slowloris) must not hold a connection forever.
+        deadline = self.config.http.read_timeout_s
+        try:
+            async with asyncio.timeout(deadline):
+                return await self._receive_body(receive, limit)
+        except TimeoutError:
+            raise RequestError(
+                f"the body did not arrive within {deadline:g}s (--read-timeout); send it whole",
+                408,
+                {"connection": "close"},
+            ) from None
+
+    async def _receive_body(self, receive: Any, limit: int) -> bytes:
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -175,13 +191,20 @@ class ServeApp:
         return _json({"live": True})
 
     def _ready(self) -> Response:
+        # KServe V2: 200 is ready, a 4xx is not (Triton answers 400). Ready means serving at least one
+        # model version: a server whose every version was refused, or whose repository is still empty,
+        # must not receive traffic.
         if not self.ready:
-            raise RequestError("not ready: starting up or shutting down", 503, {"retry-after": "1"})
+            raise RequestError("not ready: starting up or shutting down", 400, {"retry-after": "1"})
+        if not self._repo().models:
+            failed = sorted(f"{n} v{v}" for n, v in self._repo().failed)
+            why = f"every version was refused ({', '.join(failed)}; see GET /v2/models/NAME/ready)" if failed else (
+                "the repository holds no model version yet")  # fmt: skip
+            raise RequestError(f"not ready: no model is loaded: {why}", 400, {"retry-after": "1"})
         return _json({"ready": True})
 
     def _metrics(self) -> Response:
-        text = self.metrics.render(self._repo().ready_map())
-        return 200, text.encode(), {"content-type": "text/plain; version=0.0.4; charset=utf-8"}
+        return 200, self.metrics.render(self._repo().ready_map()), {"content-type": CONTENT_TYPE}
 
     def _openapi(self) -> Response:
         return _json(document(sorted(self._repo().models)))
@@ -238,14 +261,15 @@ class ServeApp:
     def _counted(self, model: LoadedVersion) -> Iterator[None]:
         """Count one inference request for the model's metrics: a success with its time, or a failure."""
         stats = self.metrics.model(model.name, model.version)
+        if (record := current_request.get()) is not None:  # the access log's record of this request
+            record.model, record.version = model.name, model.version
         started = time.perf_counter()
         try:
             yield
         except Exception:  # refused (4xx/503) or a server fault (500): either way the request failed
-            stats.failure += 1
+            stats.failed()
             raise
-        stats.success += 1
-        stats.request_seconds += time.perf_counter() - started
+        stats.answered(time.perf_counter() - started)
 
     # -- TF Serving REST ---------------------------------------------------------------------------
 
@@ -302,8 +326,9 @@ def _output_names(model: LoadedVersion, asked: list[str] | None) -> list[str]:
     return asked
 
 
-def create_app() -> ServeApp:
+def create_app() -> ServeApp | AccessLog:
     """uvicorn factory for worker processes: the config arrives in PIPE_SERVE_CONFIG."""
     config = ServeConfig.from_env()
     logging.basicConfig(level=config.http.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return ServeApp(config)
+    app = ServeApp(config)
+    return AccessLog(app, config.http.access_log) if config.http.access_log else app

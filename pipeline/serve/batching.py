@@ -27,6 +27,7 @@ import numpy as np
 from pipeline.serve.errors import RequestError, Unavailable
 from pipeline.serve.metrics import ModelStats
 from pipeline.serve.session import ORT_ERRORS
+from pipeline.serve.timing import current_request
 
 log = logging.getLogger("pipe.serve")
 
@@ -62,6 +63,8 @@ class _Pending:
     key: tuple  # inputs' names, dtypes and non-batch dims: only equal keys can be concatenated
     future: asyncio.Future[Feeds]
     enqueued: float = field(default_factory=time.perf_counter)
+    queue_s: float | None = None  # set when its batch starts
+    compute_s: float | None = None  # its batch's run time
 
 
 def _batch_key(feeds: Feeds) -> tuple:
@@ -110,6 +113,8 @@ class Batcher:
             return await pending.future
         finally:
             timer.cancel()
+            if (record := current_request.get()) is not None:  # the access log's record of this request
+                record.rows, record.queue_s, record.compute_s = rows, pending.queue_s, pending.compute_s
 
     def _expire(self, future: asyncio.Future[Feeds]) -> None:
         if not future.done():
@@ -206,16 +211,17 @@ class Batcher:
             self._slots.release()
         compute = time.perf_counter() - started
         self._run_s = compute if not self._run_s else 0.8 * self._run_s + 0.2 * compute
-        self._stats.executions += 1
-        self._stats.compute_seconds += compute
+        self._stats.executed(sum(p.rows for p in batch), compute)
         for pending, result in zip(batch, results, strict=True):
-            self._stats.queue_seconds += started - pending.enqueued
+            queue_s = pending.queue_s = started - pending.enqueued
+            pending.compute_s = compute
+            answered = not pending.future.done() and not isinstance(result, Exception)
+            self._stats.ran(pending.rows, queue_s, compute if answered else None)
             if pending.future.done():
                 continue
             if isinstance(result, Exception):
                 pending.future.set_exception(result)
             else:
-                self._stats.inferences += pending.rows
                 pending.future.set_result(result)
 
     def _execute(self, batch: list[_Pending]) -> list[Feeds | Exception]:

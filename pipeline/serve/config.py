@@ -31,6 +31,8 @@ class HTTPSettings:
     api_key_env: str | None = None  # name of an env var holding a bearer token every request must carry
     graceful_s: float = 30.0  # on SIGTERM, how long accepted requests may take to finish
     log_level: str = "info"
+    access_log: str | None = None  # a file to append one JSON line per request to, or "-" for stdout
+    read_timeout_s: float = 30.0  # a request's headers, and then its body, must arrive within this
 
 
 @dataclass(frozen=True)

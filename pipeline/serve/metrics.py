@@ -1,71 +1,131 @@
-"""Prometheus metrics in the text exposition format, kept in plain counters (no extra dependency).
+"""Prometheus metrics through prometheus_client, summed across every `--workers` process.
 
 Per model version: request successes and failures, inferences (rows) and executions (onnxruntime
-calls; inferences / executions is the average batch size), and cumulative queue, compute and request
-time. Counters only grow; a model unloaded by hot reload keeps its last values so rates stay sane.
+calls; inferences / executions is the average batch size), cumulative queue, compute and request
+time (the counters kept from before), and histograms of each request's queue, compute and total
+time and of each execution's batch size. Counters only grow; a model unloaded by hot reload keeps
+its last values so rates stay sane.
+
+Several workers: `pipe serve` points PROMETHEUS_MULTIPROC_DIR at a temporary directory it owns
+(`server.run`) before any worker starts, every worker writes its values there, and a scrape,
+whichever worker answers it, sums them all. prometheus_client reads that variable when it is first
+imported, so it is imported here inside `Metrics()`, never at module level.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import os
+from typing import Any
+
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # the name prometheus_client reads
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LABELS = ("model", "version")
+# Seconds: from 0.1 ms (a small MLP's run) to 30 s (the default --timeout).
+LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # rows per onnxruntime run
 
 
-@dataclass
 class ModelStats:
-    """Cumulative counters for one model version. Updated only from the event loop thread."""
+    """The metrics of one model version; updated from the event loop thread."""
 
-    success: int = 0  # requests answered with outputs
-    failure: int = 0  # requests refused or failed after reaching this model
-    inferences: int = 0  # rows inferred (a request of shape [8, ...] counts 8)
-    executions: int = 0  # onnxruntime runs; inferences / executions = average batch size
-    queue_seconds: float = 0.0  # time requests waited before their batch started
-    compute_seconds: float = 0.0  # time batches spent in onnxruntime
-    request_seconds: float = 0.0  # end to end, decode to encode
+    def __init__(self, families: dict[str, Any], name: str, version: int) -> None:
+        self._c = {key: family.labels(name, str(version)) for key, family in families.items() if key != "http"}
+        # This process's own totals (the exported ones sum every worker): rows and runs, for tests and logs.
+        self.inferences = 0
+        self.executions = 0
 
+    def answered(self, seconds: float) -> None:
+        """A request answered with outputs, `seconds` from decode to encode."""
+        self._c["success"].inc()
+        self._c["request_total"].inc(seconds)
+        self._c["request"].observe(seconds)
 
-_HELP = {
-    "success": ("pipe_request_success_total", "counter", "Inference requests answered with outputs."),
-    "failure": ("pipe_request_failure_total", "counter", "Inference requests that failed or were refused."),
-    "inferences": ("pipe_inference_count_total", "counter", "Rows inferred (batch dim summed over requests)."),
-    "executions": ("pipe_execution_count_total", "counter", "onnxruntime runs (inference_count / this = batch)."),
-    "queue_seconds": ("pipe_queue_duration_seconds_total", "counter", "Seconds requests waited in the queue."),
-    "compute_seconds": ("pipe_compute_duration_seconds_total", "counter", "Seconds batches spent computing."),
-    "request_seconds": ("pipe_request_duration_seconds_total", "counter", "Seconds from decode to encode."),
-}
+    def failed(self) -> None:
+        """A request refused or failed after reaching this model."""
+        self._c["failure"].inc()
+
+    def executed(self, rows: int, compute_s: float) -> None:
+        """One onnxruntime run of `rows` rows."""
+        self.executions += 1
+        self._c["executions"].inc()
+        self._c["compute_total"].inc(compute_s)
+        self._c["batch"].observe(rows)
+
+    def ran(self, rows: int, queue_s: float, compute_s: float | None) -> None:
+        """One request's share of a run: its wait, and its batch's compute time when it got outputs."""
+        self._c["queue_total"].inc(queue_s)
+        self._c["queue"].observe(queue_s)
+        if compute_s is not None:
+            self.inferences += rows
+            self._c["inferences"].inc(rows)
+            self._c["compute"].observe(compute_s)
 
 
 class Metrics:
-    """All counters of one server process, rendered on GET /metrics."""
+    """Every metric of one server process, rendered on GET /metrics (all workers' values summed)."""
 
     def __init__(self) -> None:
-        self.models: dict[tuple[str, int], ModelStats] = {}
-        self.http: dict[int, int] = {}  # status code -> responses sent
+        import prometheus_client as prom
+        from prometheus_client import multiprocess
+
+        self._prom = prom
+        self._registry = prom.CollectorRegistry()
+        shared = os.environ.get(MULTIPROCESS_ENV)
+        if shared:  # values live in files in that directory; the collector sums every process's files
+            multiprocess.MultiProcessCollector(self._registry, path=shared)
+        into = None if shared else self._registry
+
+        def counter(name: str, text: str, labels: tuple[str, ...] = _LABELS) -> Any:
+            return prom.Counter(name, text, labels, registry=into)
+
+        def histogram(name: str, text: str, buckets: tuple[float, ...]) -> Any:
+            return prom.Histogram(name, text, _LABELS, registry=into, buckets=buckets)
+
+        self._families = {
+            "success": counter("pipe_request_success", "Inference requests answered with outputs."),
+            "failure": counter("pipe_request_failure", "Inference requests that failed or were refused."),
+            "inferences": counter("pipe_inference_count", "Rows inferred (batch dim summed over requests)."),
+            "executions": counter("pipe_execution_count", "onnxruntime runs (inference_count / this = batch)."),
+            "queue_total": counter("pipe_queue_duration_seconds", "Seconds requests waited in the queue."),
+            "compute_total": counter("pipe_compute_duration_seconds", "Seconds batches spent computing."),
+            "request_total": counter("pipe_request_duration_seconds", "Seconds from decode to encode."),
+            "queue": histogram("pipe_request_queue_seconds", "Per request: seconds waiting for its batch.",
+                               LATENCY_BUCKETS),
+            "compute": histogram("pipe_request_compute_seconds", "Per request: seconds its batch computed.",
+                                 LATENCY_BUCKETS),
+            "request": histogram("pipe_request_latency_seconds", "Per request: seconds from decode to encode.",
+                                 LATENCY_BUCKETS),
+            "batch": histogram("pipe_batch_size", "Per onnxruntime run: rows in the batch.", BATCH_BUCKETS),
+            "http": counter("pipe_http_responses", "HTTP responses by status code.", ("code",)),
+        }  # fmt: skip
+        self._models: dict[tuple[str, int], ModelStats] = {}
 
     def model(self, name: str, version: int) -> ModelStats:
-        return self.models.setdefault((name, version), ModelStats())
+        key = (name, version)
+        if key not in self._models:
+            self._models[key] = ModelStats(self._families, name, version)
+        return self._models[key]
 
     def count_response(self, status: int) -> None:
-        self.http[status] = self.http.get(status, 0) + 1
+        self._families["http"].labels(str(status)).inc()
 
-    def render(self, ready: dict[tuple[str, int], bool]) -> str:
-        """The Prometheus text format (version 0.0.4)."""
-        lines: list[str] = []
-        for f in fields(ModelStats):
-            metric, kind, text = _HELP[f.name]
-            lines += [f"# HELP {metric} {text}", f"# TYPE {metric} {kind}"]
-            for (name, version), stats in sorted(self.models.items()):
-                lines.append(f'{metric}{{model="{_escape(name)}",version="{version}"}} {getattr(stats, f.name)}')
-        lines += ["# HELP pipe_model_ready 1 when the model version serves requests.", "# TYPE pipe_model_ready gauge"]
+    def render(self, ready: dict[tuple[str, int], bool]) -> bytes:
+        """The Prometheus text format (version 0.0.4): every worker's counts, and this worker's readiness."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        gauge = GaugeMetricFamily("pipe_model_ready", "1 when the model version serves requests.", labels=_LABELS)
         for (name, version), is_ready in sorted(ready.items()):
-            lines.append(f'pipe_model_ready{{model="{_escape(name)}",version="{version}"}} {int(is_ready)}')
-        lines += [
-            "# HELP pipe_http_responses_total HTTP responses by status code.",
-            "# TYPE pipe_http_responses_total counter",
-        ]
-        for code, count in sorted(self.http.items()):
-            lines.append(f'pipe_http_responses_total{{code="{code}"}} {count}')
-        return "\n".join(lines) + "\n"
+            gauge.add_metric([name, str(version)], int(is_ready))
+        readiness = self._prom.CollectorRegistry()
+        readiness.register(_Fixed([gauge]))
+        return self._prom.generate_latest(self._registry) + self._prom.generate_latest(readiness)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _Fixed:
+    """A collector yielding metric families made at scrape time."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self._families = families
+
+    def collect(self) -> Any:
+        return iter(self._families)

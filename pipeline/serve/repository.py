@@ -32,7 +32,7 @@ from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.protocols.base import ModelIO
 from pipeline.serve.session import ModelSession, SessionOptions
-from pipeline.serve.variant_choice import Choice, VariantRefused, choose
+from pipeline.serve.variant_choice import Choice, NotExported, VariantRefused, choose
 
 log = logging.getLogger("pipe.serve")
 
@@ -193,6 +193,9 @@ class Repository:
 
     def _refuse(self, name: str, version: int, root: Path, stamp: Stamp, exc: BaseException) -> None:
         self.failed[(name, version)] = (stamp, scan.one_line(exc))
+        if isinstance(exc, NotExported):  # work in progress (train ran, export not yet): no fault to report
+            log.warning("not serving %s v%d yet: %s", name, version, scan.one_line(exc))
+            return
         log.error("refused %s v%d from %s: %s", name, version, root, scan.one_line(exc))
 
     async def _recheck(self, loaded: LoadedVersion) -> LoadedVersion | None:

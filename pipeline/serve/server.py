@@ -1,22 +1,33 @@
 """Start uvicorn (httptools + uvloop) with the app, and stop it gracefully.
 
-On SIGTERM or Ctrl-C uvicorn stops accepting connections, lets accepted requests finish (up to
-`graceful_s`), then runs the app's shutdown, which drains every batcher. Worker processes
-(`--workers N`) rebuild the config from PIPE_SERVE_CONFIG through the `create_app` factory.
+Everything that would make the server useless is refused before any model loads, so the CLI exits 2
+with the fix: bad settings, a port already in use, `--provider cuda` where CUDA cannot run, an
+access log that cannot be written. On SIGTERM or Ctrl-C uvicorn stops accepting connections, lets
+accepted requests finish (up to `graceful_s`), then runs the app's shutdown, which drains every
+batcher. Worker processes (`--workers N`) rebuild the config from PIPE_SERVE_CONFIG through the
+`create_app` factory, and share one metrics directory the server makes and removes (metrics.py).
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
+import shutil
+import socket
+import tempfile
+from typing import Any
 
 from pipeline.errors import InputError
+from pipeline.serve.access_log import STDOUT
 from pipeline.serve.config import CONFIG_ENV, ServeConfig
+from pipeline.serve.metrics import MULTIPROCESS_ENV
 from pipeline.serve.scan import check_paths
 from pipeline.serve.variant_choice import check_choices
 
 log = logging.getLogger("pipe.serve")
+HTTP_PROTOCOL = "pipeline.serve.http_protocol:HeaderDeadlineProtocol"  # httptools with a header deadline
 
 
 def _check(config: ServeConfig) -> None:
@@ -40,6 +51,78 @@ def _check(config: ServeConfig) -> None:
         raise InputError(f"--latest {config.repository.latest} must be at least 1 (omit it to serve all versions)")
     if http.api_key_env and not os.environ.get(http.api_key_env):
         raise InputError(f"--api-key-env {http.api_key_env}: that environment variable is empty or unset")
+    if not http.read_timeout_s > 0:
+        raise InputError(f"--read-timeout {http.read_timeout_s:g} must be > 0 (seconds a request may take to arrive)")
+    if http.access_log and http.access_log != STDOUT:
+        _check_writable(http.access_log)
+    if config.session.provider == "cuda":
+        _check_cuda()
+    _check_port(http.host, http.port)
+
+
+def _check_writable(path: str) -> None:
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+    except OSError as exc:
+        raise InputError(
+            f"--access-log {path}: cannot append to it ({exc.strerror}); give a writable file or -"
+        ) from None
+
+
+# A one-node ONNX model (Identity, float[1]; onnx.helper, opset 13, IR 8): the smallest session that
+# shows whether onnxruntime really runs on CUDA here.
+_PROBE_MODEL = bytes.fromhex(
+    "080812003a370a100a017812017922084964656e746974791201705a0f0a0178120a0a08080112040a020801620f0a0179120a0a"
+    "08080112040a02080142040a00100d"
+)
+
+
+def _check_cuda() -> None:
+    """`--provider cuda` must mean CUDA: onnxruntime-gpu lists it even where it cannot load and would then
+    run every model on CPU (DESIGN.md section 5), so a probe session must really get it."""
+    import onnxruntime as ort
+
+    from pipeline.verify.session import CUDA
+
+    available = ort.get_available_providers()
+    if CUDA not in available:
+        raise InputError(
+            f"--provider cuda: this onnxruntime offers only {available}; install onnxruntime-gpu "
+            "(make GPU=1) on a machine with a CUDA GPU, or use --provider auto or cpu"
+        )
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # the probe's own failure is reported below, in one line
+    try:
+        got = ort.InferenceSession(_PROBE_MODEL, options, providers=[CUDA]).get_providers()
+    except Exception as exc:  # onnxruntime's exception types share no base
+        got, reason = [], str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    else:
+        reason = f"onnxruntime ran a probe model on {got}"
+    if CUDA not in got:
+        raise InputError(
+            f"--provider cuda: CUDA is listed but cannot run here ({reason}); check the GPU driver and the CUDA "
+            "and cuDNN libraries onnxruntime-gpu needs, or use --provider auto or cpu"
+        )
+
+
+def _check_port(host: str, port: int) -> None:
+    """Bind the address as uvicorn will (SO_REUSEADDR), so a taken port is exit 2 before any model loads."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise InputError(f"--host {host}: cannot resolve it ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise InputError(
+                    f"--port {port}: {host}:{port} is taken (address already in use); stop the process "
+                    f"listening there (e.g. `ss -ltnp 'sport = :{port}'`) or choose another --port"
+                ) from None
+            raise InputError(f"--host {host} --port {port}: cannot listen there ({exc.strerror})") from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -64,6 +147,17 @@ def run(config: ServeConfig) -> None:
             "" if config.http.api_key_env else "; no --api-key-env is set, so anyone who can reach it may use it",
         )
     os.environ[CONFIG_ENV] = config.to_env()
+    # Every worker writes its metrics here and a scrape sums them; the directory is this server's own.
+    metrics_dir = tempfile.mkdtemp(prefix="pipe-serve-metrics-")
+    os.environ[MULTIPROCESS_ENV] = metrics_dir
+    log.info("metrics: every worker's values are summed through %s (removed on exit)", metrics_dir)
+    try:
+        _run_uvicorn(uvicorn, config)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _run_uvicorn(uvicorn: Any, config: ServeConfig) -> None:
     uvicorn.run(
         "pipeline.serve.app:create_app",
         factory=True,
@@ -71,7 +165,7 @@ def run(config: ServeConfig) -> None:
         port=config.http.port,
         workers=config.http.workers,
         loop="uvloop",
-        http="httptools",
+        http=HTTP_PROTOCOL,
         lifespan="on",
         access_log=False,
         log_level=config.http.log_level,

@@ -28,6 +28,10 @@ class VariantRefused(ArtifactError):
     """The manifest is sound, and says this version cannot serve the variant asked for."""
 
 
+class NotExported(ArtifactError):
+    """A version that training wrote but export has not reached yet: a step to take, not a fault."""
+
+
 @dataclass(frozen=True)
 class Choice:
     """The variant a version serves. Two equal choices run the same model file."""
@@ -102,6 +106,11 @@ def choose_quietly(artifact: Artifact, chosen: dict[str, str]) -> tuple[Choice, 
             f"{file!r}; re-create the variant with the stage that made it"
         )
     entry = artifact.manifest.files.get(file)
+    if entry is None and name == FP32:
+        raise NotExported(
+            f"{artifact.root} is trained but not exported yet (no {file}); run `pipe export {artifact.root}` "
+            "and it is served at the next scan"
+        )
     if entry is None:
         raise ArtifactError(
             f"{artifact.root}: {file} is not listed in the manifest's files, so it cannot be verified; "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import onnx
@@ -88,3 +90,29 @@ def test_triton_target_needs_out_and_an_exported_model(tmp_path: Path) -> None:
     no_model = runner.invoke(main, ["export", str(root), "--target", "triton", "--out", str(tmp_path / "t")])
     assert no_model.exit_code == 2 and "has no model.onnx yet; run `pipe export" in no_model.output
     assert not (tmp_path / "t").exists()  # refused before anything was written
+
+
+def test_instance_kind_is_omitted_unless_asked_and_files_are_readable_by_others(tmp_path: Path) -> None:
+    artifact = import_onnx(write(tmp_path, "batch", "m"), "kinds", tmp_path / "artifacts")
+    out = tmp_path / "triton"
+    previous = os.umask(0o022)  # the usual umask: new directories 0755, new files 0644
+    try:
+        result = CliRunner().invoke(main, ["export", str(artifact.root), "--target", "triton", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        assert not parse(out / "kinds").instance_group  # Triton decides: its GPUs when it has them, else CPU
+        version = out / "kinds" / "1"
+        assert stat.S_IMODE(version.stat().st_mode) == 0o755  # not mkdtemp's owner-only 0700
+        for path in (version / "model.onnx", out / "kinds" / "config.pbtxt"):
+            assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+
+        for kind, expected in (("gpu", "KIND_GPU"), ("cpu", "KIND_CPU")):
+            args = ["export", str(artifact.root), "--target", "triton", "--out", str(out), "--instance-kind", kind]
+            result = CliRunner().invoke(main, args)
+            assert result.exit_code == 0, result.output
+            groups = parse(out / "kinds").instance_group
+            assert [(g.count, model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind)) for g in groups] == [(1, expected)]
+    finally:
+        os.umask(previous)
+    bad = CliRunner().invoke(main, ["export", str(artifact.root), "--target", "triton", "--out", str(out),
+                                    "--instance-kind", "tpu"])  # fmt: skip
+    assert bad.exit_code == 2 and "'tpu' is not one of" in bad.output

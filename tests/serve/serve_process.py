@@ -65,25 +65,29 @@ class Server:
         return self.proc.returncode
 
 
-def start_server(paths: list[Path], log: Path, *args: str, env: dict[str, str] | None = None) -> Server:
-    """Start `python -m pipeline serve` and wait (bounded) until /v2/health/ready answers 200.
+def start_server(
+    paths: list[Path], log: Path, *args: str, env: dict[str, str] | None = None, probe: str = "ready"
+) -> Server:
+    """Start `python -m pipeline serve` and wait (bounded) until /v2/health/{probe} answers 200.
+
+    `probe="live"` for a server that serves no model yet (it is live but, rightly, not ready).
 
     The free port is only free when asked for: another process may take it before the server binds,
     so a server that could not bind is started again on a new port (a few times at most).
     """
     for _ in range(BIND_ATTEMPTS - 1):
         try:
-            return _start_once(paths, log, args, env)
+            return _start_once(paths, log, args, env, probe)
         except PortTaken:
             continue
-    return _start_once(paths, log, args, env)
+    return _start_once(paths, log, args, env, probe)
 
 
 class PortTaken(RuntimeError):
     pass
 
 
-def _start_once(paths: list[Path], log: Path, args: tuple[str, ...], env: dict[str, str] | None) -> Server:
+def _start_once(paths: list[Path], log: Path, args: tuple[str, ...], env: dict[str, str] | None, probe: str) -> Server:
     port = free_port()
     command = [sys.executable, "-m", "pipeline", "serve", *map(str, paths), "--port", str(port)]
     command += ["--intra-op-threads", "1", "--inter-op-threads", "1", *args]
@@ -93,12 +97,12 @@ def _start_once(paths: list[Path], log: Path, args: tuple[str, ...], env: dict[s
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            error = PortTaken if "address already in use" in server.logs() else RuntimeError
+            error = PortTaken if "address already in use" in server.logs() else RuntimeError  # exit 2's line too
             raise error(f"pipe serve exited with {proc.returncode}:\n{server.logs()}")
         # Until this server has bound the port, an answer there would come from whoever took it.
         bound = f"running on {server.url}" in server.logs()
         try:
-            if bound and httpx.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200:
+            if bound and httpx.get(f"{server.url}/v2/health/{probe}", timeout=1).status_code == 200:
                 return server
         except httpx.TransportError:
             pass

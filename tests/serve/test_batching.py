@@ -15,7 +15,7 @@ from serve_models import embed, mlp, run_reference
 
 from pipeline.serve.batching import Batcher, BatchSettings
 from pipeline.serve.errors import RequestError, Unavailable
-from pipeline.serve.metrics import ModelStats
+from pipeline.serve.metrics import Metrics
 from pipeline.serve.session import ModelSession, SessionOptions
 
 OPTIONS = SessionOptions(provider="cpu", intra_op_threads=1, inter_op_threads=1)
@@ -31,7 +31,7 @@ def mlp_session(tmp_path_factory: pytest.TempPathFactory) -> ModelSession:
 def test_requests_of_different_sizes_are_batched_and_split_back(mlp_session: ModelSession) -> None:
     rng = np.random.default_rng(0)
     requests = [rng.standard_normal((int(rng.integers(1, 6)), 4)).astype(np.float32) for _ in range(24)]
-    stats = ModelStats()
+    stats = Metrics().model("m", 1)
 
     async def main() -> list[dict[str, np.ndarray]]:
         with ThreadPoolExecutor(2) as pool:
@@ -61,7 +61,7 @@ def test_one_bad_request_does_not_fail_its_batch(tmp_path: Path) -> None:
 
     async def main() -> list:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(session.run, True, BatchSettings(max_queue_delay_ms=20), pool, ModelStats())
+            batcher = Batcher(session.run, True, BatchSettings(max_queue_delay_ms=20), pool, Metrics().model("m", 1))
             results = await asyncio.gather(
                 *(batcher.infer({"ids": a}, 1) for a in (good, bad, good)), return_exceptions=True
             )
@@ -82,7 +82,7 @@ def test_full_queue_and_timeout_are_503(mlp_session: ModelSession) -> None:
         with ThreadPoolExecutor(1) as pool:
             pool.submit(release.wait, 10)  # the only compute thread is busy: requests pile up
             settings = BatchSettings(max_queue=3, max_queue_delay_ms=0, timeout_s=0.5)
-            batcher = Batcher(mlp_session.run, True, settings, pool, ModelStats())
+            batcher = Batcher(mlp_session.run, True, settings, pool, Metrics().model("m", 1))
             tasks = [asyncio.ensure_future(batcher.infer({"x": x}, 1)) for _ in range(6)]
             await asyncio.sleep(0.1)
             refused = [t.exception() for t in tasks if t.done()]
@@ -102,7 +102,7 @@ def test_full_queue_and_timeout_are_503(mlp_session: ModelSession) -> None:
 def test_oversized_request_is_refused(mlp_session: ModelSession) -> None:
     async def main() -> None:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(mlp_session.run, True, BatchSettings(max_batch_size=4), pool, ModelStats())
+            batcher = Batcher(mlp_session.run, True, BatchSettings(max_batch_size=4), pool, Metrics().model("m", 1))
             try:
                 with pytest.raises(RequestError, match="holds 5 rows, more than this model's max batch size 4"):
                     await batcher.infer({"x": np.zeros((5, 4), np.float32)}, 5)
@@ -120,7 +120,7 @@ def test_fixed_batch_model_runs_each_request_alone(tmp_path: Path) -> None:
     with pytest.raises(RequestError, match=r"shape \[2, 4\], the model expects x: FP32\[1, 4\]"):
         session.check_inputs({"x": np.zeros((2, 4), np.float32)})
     xs = [np.full((1, 4), i, np.float32) for i in range(5)]
-    stats = ModelStats()
+    stats = Metrics().model("m", 1)
 
     async def main() -> list:
         with ThreadPoolExecutor(1) as pool:
@@ -145,7 +145,7 @@ def test_a_server_fault_in_a_run_answers_every_request_at_once(mlp_session: Mode
     async def main() -> list:
         with ThreadPoolExecutor(1) as pool:
             settings = BatchSettings(max_queue_delay_ms=20, timeout_s=30)
-            batcher = Batcher(broken, True, settings, pool, ModelStats())
+            batcher = Batcher(broken, True, settings, pool, Metrics().model("m", 1))
             results = await asyncio.wait_for(
                 asyncio.gather(*(batcher.infer({"x": x}, 1) for _ in range(3)), return_exceptions=True), 10
             )
@@ -163,7 +163,7 @@ def test_close_answers_a_request_whose_batch_is_still_filling(mlp_session: Model
     async def main() -> dict[str, np.ndarray]:
         with ThreadPoolExecutor(1) as pool:
             settings = BatchSettings(max_queue_delay_ms=300, timeout_s=5)
-            batcher = Batcher(mlp_session.run, True, settings, pool, ModelStats())
+            batcher = Batcher(mlp_session.run, True, settings, pool, Metrics().model("m", 1))
             request = asyncio.ensure_future(batcher.infer({"x": x}, 1))
             await asyncio.sleep(0.05)  # taken from the queue; the batch waits up to 300 ms for more
             await asyncio.wait_for(batcher.close(), 3)
@@ -184,7 +184,7 @@ def test_a_closed_batcher_lets_go_of_its_session_at_once(mlp_session: ModelSessi
     async def main() -> weakref.ref:
         with ThreadPoolExecutor(1) as pool:
             run = Run()
-            batcher = Batcher(run, True, BatchSettings(), pool, ModelStats())
+            batcher = Batcher(run, True, BatchSettings(), pool, Metrics().model("m", 1))
             await batcher.infer({"x": np.ones((1, 4), np.float32)}, 1)
             await batcher.close()
             alive = weakref.ref(run)

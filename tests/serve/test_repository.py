@@ -100,10 +100,12 @@ def test_latest_variant_choice_and_a_tampered_model_at_startup(tmp_path: Path) -
 def test_per_model_variant_that_does_not_exist_is_reported(tmp_path: Path) -> None:
     repo = tmp_path / "artifacts"
     write_artifact(repo, "m", 1, mlp([4, 8, 3], seed=1))
-    server = start_server([repo], tmp_path / "serve.log", "--variant", "m=int8", "--poll", "0")
+    server = start_server([repo], tmp_path / "serve.log", "--variant", "m=int8", "--poll", "0", probe="live")
     try:
         r = httpx.get(f"{server.url}/v2/models/m/ready")
         assert r.status_code == 404 and "variant 'int8' does not exist; available: ['fp32']" in r.json()["error"]
+        r = httpx.get(f"{server.url}/v2/health/ready")  # its only version refused: the server is not ready
+        assert r.status_code == 400 and "every version was refused (m v1" in r.json()["error"], r.text
     finally:
         server.stop()
 

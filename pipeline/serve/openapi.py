@@ -56,7 +56,7 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _errors(*codes: int) -> dict[str, Any]:
     text = {400: "bad request", 401: "missing or wrong API key", 404: "unknown model or version",
-            413: "body too large", 503: "overloaded or not ready"}  # fmt: skip
+            408: "request not received in time", 413: "body too large", 503: "overloaded or not ready"}  # fmt: skip
     return {str(c): _json(_ERROR, text[c]) for c in codes}
 
 
@@ -81,7 +81,7 @@ def document(models: list[str]) -> dict[str, Any]:
     paths: dict[str, Any] = {
         "/v2": _get("Server metadata: name, version, supported extensions", "server metadata"),
         "/v2/health/live": _get("Liveness", "live"),
-        "/v2/health/ready": _get("Readiness: models loaded and not shutting down", "ready", 503),
+        "/v2/health/ready": _get("Readiness: a model version served and not shutting down", "ready", 400),
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {
             "description": "text exposition format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
         "/openapi.json": _get("This document", "OpenAPI document"),
@@ -94,7 +94,7 @@ def document(models: list[str]) -> dict[str, Any]:
         paths[f"{prefix}/ready"] = with_params(_get("V2 model readiness", "ready", 400, 404), *params)
         paths[f"{prefix}/infer"] = with_params(
             _post("V2 inference (JSON, or binary tensors with Inference-Header-Content-Length)",
-                  _INFER_REQUEST, 400, 404, 413, 503), *params)  # fmt: skip
+                  _INFER_REQUEST, 400, 404, 408, 413, 503), *params)  # fmt: skip
     for prefix, params in (
         ("/v1/models/{model_name}", (model,)),
         ("/v1/models/{model_name}/versions/{version}", (model, version)),
@@ -102,7 +102,7 @@ def document(models: list[str]) -> dict[str, Any]:
         paths[prefix] = with_params(_get("TF Serving model status", "version states", 400, 404), *params)
         paths[f"{prefix}/metadata"] = with_params(_get("TF Serving model metadata", "signature", 400, 404), *params)
         paths[f"{prefix}:predict"] = with_params(
-            _post("TF Serving predict (instances or inputs)", _PREDICT_REQUEST, 400, 404, 413, 503), *params
+            _post("TF Serving predict (instances or inputs)", _PREDICT_REQUEST, 400, 404, 408, 413, 503), *params
         )
     return {
         "openapi": "3.0.3",

@@ -56,6 +56,7 @@ def train(
     """
     import os
 
+    from pipeline.train.observe import TENSORBOARD_DIR
     from pipeline.train.run import train_recipe
 
     root = train_recipe(
@@ -63,6 +64,7 @@ def train(
     )
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone reports
         click.echo(f"trained {root}")
+        click.echo(f"curves: tensorboard --logdir {root.parent}  (this run: {root / TENSORBOARD_DIR})")
 
 
 @main.command()

@@ -84,6 +84,23 @@ def _check_labels(labels: list[str]) -> str | None:
     return "class names must be distinct" if len(set(labels)) != len(labels) else None
 
 
+def _check_categories(categories: list[str] | None) -> str | None:
+    if categories is None:
+        return None
+    if not categories:
+        return "a categorical column has at least one category"
+    return "categories must be distinct" if len(set(categories)) != len(categories) else None
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One column of a feature input (`[batch, F]`), in input order: what a client may key a value by."""
+
+    name: str  # the column's name in the training data (a CSV header, a bundled set's feature name)
+    # a categorical column: the input holds the category's index here (categories[i] is sent as i)
+    categories: list[str] | None = field(default=None, metadata={"omit_none": True, "check": _check_categories})
+
+
 @dataclass
 class TensorSpec:
     """One model input or output as the outside world sees it."""
@@ -93,6 +110,7 @@ class TensorSpec:
     shape: list[int | str] = field(metadata={"check": _check_shape})  # symbolic dims are names: ["batch", 64]
     layout: str = field(default="NC", metadata={"check": _one_of(LAYOUTS)})  # NC, NCHW / NHWC, NT (tokens)
     preprocessing: dict[str, Any] = field(default_factory=dict)  # e.g. {"mean": [...], "std": [...]}
+    features: list[Feature] | None = field(default=None, metadata={"omit_none": True})  # [batch, F]: F columns
 
 
 @dataclass
@@ -169,6 +187,20 @@ class Manifest:
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
+def _feature_contradictions(inputs: list[TensorSpec]) -> list[str]:
+    """Feature names must be distinct and one per column of a `[batch, F]` input."""
+    problems = []
+    for i, spec in enumerate(inputs):
+        if spec.features is None:
+            continue
+        names = [f.name for f in spec.features]
+        if len(spec.shape) != 2 or (isinstance(spec.shape[1], int) and spec.shape[1] != len(names)):
+            problems.append(f"inputs[{i}].features: {len(names)} columns, but {spec.name!r} has shape {spec.shape}")
+        if repeated := sorted({n for n in names if names.count(n) > 1}):
+            problems.append(f"inputs[{i}].features: names must be distinct, {repeated[:3]} repeated")
+    return problems
+
+
 def _contradictions(manifest: Manifest) -> list[str]:
     """What each field is fine alone but the manifest says against itself (a hand edit, a bad merge)."""
     problems = []
@@ -186,6 +218,7 @@ def _contradictions(manifest: Manifest) -> list[str]:
             problems.append(f"{where}.file: {file!r} is not listed in files, so it cannot be verified")
         if variant.format != (fmt := file.rsplit(".", 1)[-1]):
             problems.append(f"{where}.format: {variant.format!r}, but {file!r} is in format {fmt!r}")
+    problems += _feature_contradictions(manifest.inputs)
     classes = manifest.outputs[0].shape[-1] if manifest.outputs and manifest.outputs[0].shape else None
     if manifest.task == "classification" and manifest.labels and isinstance(classes, int):
         if len(manifest.labels) != classes:

@@ -91,6 +91,8 @@ class DataSpec(_Strict):
     path: str | None = None  # file or folder, relative to the recipe; file sources only
     label_column: str | None = None  # csv: the column holding the target
     feature_columns: list[str] | None = None  # csv: None means every other column
+    delimiter: Literal[",", ";", "\t", "|"] | None = None  # csv: None finds it from the file's first lines
+    categorical_columns: list[str] | None = None  # csv: columns read as categories even when they hold numbers
     image_size: HeightWidth | None = None  # images: resize every image to this
     as_image: bool = False  # digits: serve the 8x8 images as 1x8x8 (for CNNs) instead of 64 features
     val_fraction: float = Field(0.15, gt=0, lt=0.5)
@@ -105,6 +107,11 @@ class DataSpec(_Strict):
             raise ValueError(f"source {self.source!r} is a bundled dataset and takes no path; remove data.path")
         if self.source == "csv" and not self.label_column:
             raise ValueError("source 'csv' needs data.label_column (the column holding the target)")
+        if self.source != "csv" and (self.delimiter is not None or self.categorical_columns is not None):
+            raise ValueError(
+                f"data.delimiter and data.categorical_columns apply to source 'csv' only (source is "
+                f"{self.source!r}); remove them"
+            )
         if self.as_image and self.source != "digits":
             raise ValueError(f"data.as_image applies to the digits dataset only (source is {self.source!r}); remove it")
         return self

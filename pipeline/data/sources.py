@@ -8,13 +8,13 @@ Every problem with a file is an InputError that names the file, what was found, 
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pipeline.data.csvfile import read_csv
 from pipeline.errors import InputError
 from pipeline.images import digits_record
 from pipeline.recipe import BUILTIN_DATASETS, Recipe
@@ -34,6 +34,8 @@ class RawData:
     # images: how a 0..255 picture becomes a sample in these units (pipeline/images.py's image record:
     # mode, size, resize, scale); None when the source does not say (an npz of arrays)
     image: dict[str, Any] | None = None
+    # csv: each feature column's name, in x's order, and a categorical column's categories (x holds the index)
+    features: list[dict[str, Any]] | None = None
 
 
 def read_source(recipe: Recipe) -> RawData:
@@ -64,7 +66,9 @@ def _builtin(name: str, as_image: bool) -> RawData:
         x = x.reshape(-1, 1, 8, 8)  # 8x8 grey images, one channel, values 0..16
     labels = [str(t) for t in bunch.target_names]
     image = digits_record() if x.ndim == 4 else None  # a picture's 0..255 maps onto 0..16
-    return RawData(x, np.asarray(bunch.target, dtype=np.int64), labels, "image" if x.ndim == 4 else "features", image)
+    features = None if x.ndim == 4 else [{"name": str(n)} for n in bunch.feature_names]
+    kind = "image" if x.ndim == 4 else "features"
+    return RawData(x, np.asarray(bunch.target, dtype=np.int64), labels, kind, image, features)
 
 
 def _classes(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -80,52 +84,11 @@ def _label_name(value: object) -> str:
 
 
 def _csv(path: Path, recipe: Recipe) -> RawData:
-    """A CSV with a header row: numeric feature columns and one label column."""
+    """A CSV with a header row: feature columns (numbers or categories) and one label column."""
     spec = recipe.data
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
-            reader = csv.reader(f)
-            rows = [(reader.line_num, row) for row in reader if row]  # blank lines (a trailing one) skipped
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path} is not UTF-8 text ({exc}); save the CSV as UTF-8") from None
-    except (csv.Error, OSError) as exc:
-        raise InputError(f"{path} is not a readable CSV file ({exc}); data.path must name a text file") from None
-    if not rows:
-        raise InputError(f"{path} is empty; a CSV needs a header row and data rows")
-    header, body = [h.strip() for h in rows[0][1]], rows[1:]
-    if spec.label_column not in header:
-        raise InputError(
-            f"label column {spec.label_column!r} is not in {path}; its columns are {header}. "
-            "Set data.label_column to one of them"
-        )
-    features = spec.feature_columns or [h for h in header if h != spec.label_column]
-    missing = [c for c in features if c not in header]
-    if missing:
-        raise InputError(f"feature column(s) {missing} are not in {path}; its columns are {header}")
-    if spec.label_column in features:
-        raise InputError(f"data.feature_columns includes the label column {spec.label_column!r}; remove it")
-    if not body:
-        raise InputError(f"{path} has a header but no data rows")
-    columns = [header.index(c) for c in features]
-    x = np.empty((len(body), len(columns)), dtype=np.float32)
-    for r, (line, row) in enumerate(body):
-        if len(row) != len(header):
-            raise InputError(f"{path} line {line}: {len(row)} fields, the header has {len(header)}")
-        for j, c in enumerate(columns):
-            try:
-                x[r, j] = float(row[c])
-            except ValueError:
-                raise InputError(
-                    f"{path} line {line}: column {header[c]!r} holds {row[c]!r}, not a number; feature "
-                    "columns must be numeric (list the numeric ones in data.feature_columns)"
-                ) from None
-    raw_labels = np.array([row[header.index(spec.label_column)].strip() for _, row in body])
-    try:
-        raw_labels = raw_labels.astype(np.float64)  # numeric labels sort numerically
-    except ValueError:
-        pass
-    y, labels = _classes(raw_labels)
-    return RawData(x, y, labels, "features")
+    table = read_csv(path, spec.label_column or "", spec.feature_columns, spec.delimiter, spec.categorical_columns)
+    y, labels = _classes(table.labels)
+    return RawData(table.x, y, labels, "features", features=table.features)
 
 
 def load_npz(path: Path, required: tuple[str, ...] = ()) -> dict[str, np.ndarray]:

@@ -8,6 +8,7 @@ manifest keeps (under `stages.train.data`) so a model can be rebuilt from the ar
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,6 +31,14 @@ class DataInfo:
     mean: list[float] | None = None  # train-split mean per feature (features) or per channel (images)
     std: list[float] | None = None  # matching std; 1.0 where a feature is constant
     image: dict[str, Any] | None = None  # images: how a picture becomes a sample (pipeline/images.py)
+    # features: each column's name in input order, and a categorical column's categories: the input
+    # holds the category's index there and the model one-hot encodes it (zoo.OneHot)
+    features: list[dict[str, Any]] | None = None
+
+    @property
+    def categorical(self) -> dict[int, int]:
+        """Column index -> number of categories, for each categorical feature column."""
+        return {i: len(f["categories"]) for i, f in enumerate(self.features or []) if f.get("categories")}
 
     @property
     def input_name(self) -> str:
@@ -80,6 +89,9 @@ def load_splits(recipe: Recipe) -> Splits:
     mean = std = None
     if recipe.data.normalize and raw.kind != "tokens":
         mean, std = _stats(raw.x[train_idx], raw.kind)
+        for i, feature in enumerate(raw.features or []):
+            if feature.get("categories"):  # category indices are one-hot encoded, never standardized
+                mean[i], std[i] = 0.0, 1.0
     info = DataInfo(
         kind=raw.kind,
         sample_shape=[int(d) for d in raw.x.shape[1:]],
@@ -89,6 +101,7 @@ def load_splits(recipe: Recipe) -> Splits:
         mean=mean,
         std=std,
         image=raw.image,
+        features=raw.features,
     )
 
     def take(idx: np.ndarray) -> Split:
@@ -110,12 +123,15 @@ def split_indices(n: int, val_fraction: float, test_fraction: float, seed: int) 
 
 
 def fingerprint(raw: RawData) -> str:
-    """sha256 over the features and labels, their dtypes and shapes: identical data, identical digest."""
+    """sha256 over the features and labels, their dtypes and shapes, the class names, and the feature
+    columns' names and categories: identical data, identical digest."""
     digest = hashlib.sha256()
     for array in (raw.x, raw.y):
         digest.update(f"{array.dtype.str}{array.shape}".encode())
         digest.update(np.ascontiguousarray(array).tobytes())
     digest.update("\0".join(raw.labels).encode())
+    if raw.features is not None:  # the column names a client sends and the categories the indices stand for
+        digest.update(json.dumps(raw.features, sort_keys=True).encode())
     return digest.hexdigest()
 
 

@@ -20,7 +20,7 @@ from pipeline.artifact import Artifact
 from pipeline.data import DataInfo, Splits
 from pipeline.fsutil import atomic_path
 from pipeline.golden import Golden, save_golden
-from pipeline.manifest import Lineage, Manifest, TensorSpec
+from pipeline.manifest import Feature, Lineage, Manifest, TensorSpec
 from pipeline.recipe import Recipe, recipe_location, stage_settings
 from pipeline.records import CheckpointRecord, GoldenRecord, TrainRecord
 from pipeline.train.checkpoint import CHECKPOINT_DIR, FINAL_WEIGHTS
@@ -121,4 +121,5 @@ def input_spec(info: DataInfo, max_len: int) -> TensorSpec:
     preprocessing: dict[str, Any] = {}
     if info.mean is not None:
         preprocessing = {"mean": info.mean, "std": info.std, "applied_in_model": True}
-    return TensorSpec("input", "float32", ["batch", *info.sample_shape], info.layout, preprocessing)
+    features = None if info.features is None else [Feature(**f) for f in info.features]  # the columns, in order
+    return TensorSpec("input", "float32", ["batch", *info.sample_shape], info.layout, preprocessing, features=features)

@@ -54,6 +54,33 @@ class Preprocessed(nn.Module):
         return self.net(self.norm(x))
 
 
+class OneHot(nn.Module):
+    """Categorical feature columns, sent as category indices, -> one-hot blocks; other columns pass.
+
+    [batch, F] -> [batch, numeric columns + categories of every categorical column]. An index outside
+    0..k-1 (or not whole) matches no category and becomes all zeros; `pipe serve` refuses such values.
+    """
+
+    def __init__(self, width: int, categorical: dict[int, int]) -> None:
+        super().__init__()
+        numeric = [i for i in range(width) if i not in categorical]
+        self.register_buffer("numeric", torch.tensor(numeric, dtype=torch.int64), persistent=False)
+        self.columns = sorted(categorical)
+        for i in self.columns:  # [1, k]: the indices a column's value is compared with
+            codes = torch.arange(categorical[i], dtype=torch.float32).reshape(1, -1)
+            self.register_buffer(f"codes_{i}", codes, persistent=False)
+
+    @staticmethod
+    def width(width: int, categorical: dict[int, int]) -> int:
+        return width - len(categorical) + sum(categorical.values())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = [x.index_select(1, self.numeric)]  # [B, numeric]
+        for i in self.columns:
+            parts.append((x[:, i : i + 1] == getattr(self, f"codes_{i}")).to(x.dtype))  # [B, k]
+        return torch.cat(parts, dim=1)
+
+
 class MLP(nn.Module):
     """Linear-ReLU-Dropout layers over flat features (images are flattened first)."""
 
@@ -203,7 +230,14 @@ def build_model(spec: Any, info: DataInfo) -> nn.Module:
     elif isinstance(spec, MLPSpec):
         if info.kind == "tokens":
             raise _mismatch("mlp", info, "use arch: transformer or moe for token sequences")
-        net = MLP(math.prod(info.sample_shape), spec.hidden, info.num_classes, spec.dropout)
+        width = math.prod(info.sample_shape)
+        if categorical := info.categorical:  # string columns: one-hot inside the model, before the MLP
+            onehot = OneHot(width, categorical)
+            net = nn.Sequential(
+                onehot, MLP(OneHot.width(width, categorical), spec.hidden, info.num_classes, spec.dropout)
+            )
+        else:
+            net = MLP(width, spec.hidden, info.num_classes, spec.dropout)
     elif isinstance(spec, CNNSpec):
         if info.kind != "image":
             raise _mismatch("cnn", info, "a CNN needs images [C, H, W] (digits: set data.as_image: true)")

@@ -1,0 +1,168 @@
+"""A CSV as people have it: the delimiter found from the file, string columns kept as categories.
+
+`read_csv` turns a table with a header row into float32 features, one column each, and the label
+column into class names. Rules a file must meet, each refused with one line naming the line and the
+column and the fix:
+
+- the delimiter is `,`, `;`, a tab or `|`: `csv.Sniffer` decides from the first 64 KiB, or the
+  recipe's `data.delimiter` says. With `;`, a tab or `|` between fields, a decimal comma (`13,2`)
+  reads as a number;
+- no cell of a used column is empty (`NA`, `NaN`, `null`, `?` count as empty): fill or drop it;
+- a feature column whose every value is text is categorical (and so is any column listed in
+  `data.categorical_columns`): its sorted distinct values are the categories and each cell becomes
+  its index, which the model one-hot encodes itself (`pipeline/train/zoo.py`, `OneHot`). A column
+  that mixes numbers and text is refused at its first text cell.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.errors import InputError
+
+DELIMITERS = (",", ";", "\t", "|")
+SAMPLE_BYTES = 64 * 1024  # what the sniffer reads
+MISSING = frozenset({"", "na", "n/a", "nan", "null", "none", "?"})  # lower-cased cells that mean "no value"
+MAX_CATEGORIES = 1000  # more distinct strings than this is an identifier or free text, not a category
+
+
+@dataclass
+class Table:
+    """The features, the raw label values, and each feature column's name and categories."""
+
+    x: np.ndarray  # [n, F] float32; a categorical column holds category indices 0..k-1
+    labels: np.ndarray  # [n] label values as read (float64 when every one is a number, else str)
+    features: list[dict[str, Any]]  # per column, in x's order: {"name"} or {"name", "categories": [...]}
+
+
+def read_csv(
+    path: Path,
+    label_column: str,
+    feature_columns: list[str] | None = None,
+    delimiter: str | None = None,
+    categorical: list[str] | None = None,
+) -> Table:
+    """Read `path` (UTF-8, a header row) into features and labels; every problem is an InputError."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
+            delimiter = delimiter or sniff_delimiter(f.read(SAMPLE_BYTES))
+            f.seek(0)
+            reader = csv.reader(f, delimiter=delimiter)
+            rows = [(reader.line_num, row) for row in reader if any(cell.strip() for cell in row)]  # blank lines
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path} is not UTF-8 text ({exc}); save the CSV as UTF-8") from None
+    except (csv.Error, OSError) as exc:
+        raise InputError(f"{path} is not a readable CSV file ({exc}); data.path must name a text file") from None
+    if not rows:
+        raise InputError(f"{path} is empty; a CSV needs a header row and data rows")
+    header, body = [h.strip() for h in rows[0][1]], rows[1:]
+    shown = _shown(delimiter)
+    if label_column not in header:
+        raise InputError(
+            f"label column {label_column!r} is not in {path}; its columns are {header} (split on {shown}). "
+            "Set data.label_column to one of them, or data.delimiter if the file is split on another character"
+        )
+    features = feature_columns or [h for h in header if h != label_column]
+    unknown = [c for c in [*features, *(categorical or [])] if c not in header]
+    if unknown:
+        raise InputError(f"column(s) {unknown} named in data are not in {path}; its columns are {header}")
+    if label_column in features:
+        raise InputError(f"data.feature_columns includes the label column {label_column!r}; remove it")
+    if not body:
+        raise InputError(f"{path} has a header but no data rows")
+    for line, row in body:
+        if len(row) != len(header):
+            raise InputError(
+                f"{path} line {line}: {len(row)} fields split on {shown}, the header has {len(header)}; "
+                "fix the line (a field holding the delimiter must be quoted)"
+            )
+    cells = {
+        name: [(line, row[header.index(name)].strip()) for line, row in body] for name in [*features, label_column]
+    }
+    for name, column in cells.items():
+        for line, cell in column:
+            if cell.lower() in MISSING:
+                raise InputError(
+                    f"{path} line {line}: column {name!r} is empty ({cell!r}); fill it (e.g. with the column's "
+                    "mean or most common value) or drop the row"
+                )
+    decimal_comma = delimiter != ","
+    x = np.empty((len(body), len(features)), dtype=np.float32)
+    described = []
+    for j, name in enumerate(features):
+        values, categories = _column(path, name, cells[name], decimal_comma, name in (categorical or []))
+        x[:, j] = values
+        described.append({"name": name, "categories": categories} if categories is not None else {"name": name})
+    labels = np.array([cell for _, cell in cells[label_column]])
+    try:
+        labels = labels.astype(np.float64)  # numeric labels sort numerically
+    except ValueError:
+        pass
+    return Table(x, labels, described)
+
+
+def sniff_delimiter(sample: str) -> str:
+    """The delimiter of a CSV from its start: `csv.Sniffer` limited to DELIMITERS; `,` for one column."""
+    lines = [line for line in sample.splitlines() if line.strip()]
+    if len(sample) == SAMPLE_BYTES and len(lines) > 1:
+        lines = lines[:-1]  # the sample may end inside a line
+    try:
+        return csv.Sniffer().sniff("\n".join(lines), delimiters="".join(DELIMITERS)).delimiter
+    except csv.Error:
+        # the sniffer wants the same count of a character on every line; a header alone, or quoted fields
+        # holding delimiters, defeat it: take the candidate the header line holds most of
+        header = lines[0] if lines else ""
+        counts = {d: header.count(d) for d in DELIMITERS}
+        best = max(counts, key=lambda d: counts[d])
+        return best if counts[best] else ","
+
+
+def _column(
+    path: Path, name: str, cells: list[tuple[int, str]], decimal_comma: bool, categorical: bool
+) -> tuple[np.ndarray, list[str] | None]:
+    """One feature column as float32: numbers, or category indices with the sorted categories."""
+    numbers = [_number(cell, decimal_comma) for _, cell in cells]
+    if not categorical and all(n is not None for n in numbers):
+        for (line, cell), n in zip(cells, numbers, strict=True):
+            if not math.isfinite(n):  # type: ignore[arg-type]
+                raise InputError(
+                    f"{path} line {line}: column {name!r} holds {cell!r}, not a finite number; "
+                    "replace it with a real value or drop the row"
+                )
+        return np.asarray(numbers, dtype=np.float32), None
+    if not categorical and any(n is not None for n in numbers):
+        line, cell = next(c for c, n in zip(cells, numbers, strict=True) if n is None)
+        raise InputError(
+            f"{path} line {line}: column {name!r} holds {cell!r}, not a number, where other lines hold numbers; "
+            f"fix the value, or list {name!r} in data.categorical_columns to treat every value as a category"
+        )
+    categories, index = np.unique(np.array([cell for _, cell in cells]), return_inverse=True)
+    if len(categories) > MAX_CATEGORIES:
+        raise InputError(
+            f"{path}: column {name!r} holds {len(categories)} distinct strings, more than the {MAX_CATEGORIES} "
+            "categories a one-hot input takes (an identifier or free text?); leave it out with data.feature_columns"
+        )
+    return index.astype(np.float32), [str(c) for c in categories]
+
+
+def _number(cell: str, decimal_comma: bool) -> float | None:
+    try:
+        return float(cell)
+    except ValueError:
+        pass
+    if decimal_comma and cell.count(",") == 1:
+        try:
+            return float(cell.replace(",", "."))
+        except ValueError:
+            return None
+    return None
+
+
+def _shown(delimiter: str) -> str:
+    return {"\t": "tabs", ",": "','", ";": "';'", "|": "'|'"}.get(delimiter, repr(delimiter))

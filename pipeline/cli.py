@@ -72,10 +72,24 @@ def train(
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON instead of a table.")
 @click.option("--no-verify", is_flag=True, help="Skip checking file hashes (inspect a damaged artifact).")
 def info(artifact: str, as_json: bool, no_verify: bool) -> None:
-    """Show an artifact's manifest (ARTIFACT: artifacts/NAME[/VERSION])."""
-    from pipeline.artifact import Artifact, resolve_artifact
-    from pipeline.info import manifest_table
+    """Show a version's manifest (artifacts/NAME/VERSION), or every version of a model (artifacts/NAME).
 
+    A model directory lists each version with its stages and status; --json prints its newest
+    version's manifest.
+    """
+    from pipeline.artifact import Artifact, is_version_name, resolve_artifact
+    from pipeline.errors import ArtifactError
+    from pipeline.info import describe_path, manifest_table
+    from pipeline.manifest import MANIFEST_NAME
+
+    path = Path(artifact)
+    is_version = (path / MANIFEST_NAME).is_file() or is_version_name(path.name) or path.name.isdigit()
+    if not is_version and (not as_json or path.is_file()):  # a bare .onnx is pointed at pipe import
+        overview, damaged = describe_path(path)
+        click.echo(overview)
+        if damaged:
+            raise ArtifactError(f"{len(damaged)} version(s) did not load: {', '.join(damaged)} (reasons above)")
+        return
     loaded = Artifact.load(resolve_artifact(artifact), verify=not no_verify)
     if as_json:
         click.echo(json.dumps(loaded.manifest.to_dict(), indent=2))

@@ -1,9 +1,17 @@
-"""Human-readable views of an artifact for the terminal."""
+"""Human-readable views of an artifact for the terminal (`pipe info`).
+
+`manifest_table` shows one version; `model_overview` every version of a model directory, one line
+each with its stages and status (trained but not exported, damaged and why, unfinished), so a user
+sees at a glance what the next command is.
+"""
 
 from __future__ import annotations
 
-from pipeline.artifact import Artifact
-from pipeline.manifest import TensorSpec
+from pathlib import Path
+
+from pipeline.artifact import Artifact, is_version_name, version_dirs
+from pipeline.errors import ArtifactError, InputError, PipelineError
+from pipeline.manifest import MANIFEST_NAME, Manifest, TensorSpec
 
 
 def _shape(spec: TensorSpec) -> str:
@@ -52,3 +60,106 @@ def manifest_table(artifact: Artifact) -> str:
     if names := m.stages.names():
         lines.append("  stages    " + ", ".join(names))
     return "\n".join(lines)
+
+
+def describe_path(path: Path) -> tuple[str, list[str]]:
+    """The overview of a model directory (or of each model under a repository) and the damaged versions.
+
+    A bare ONNX file is not an artifact: the error names the `pipe import` command that makes one.
+    """
+    if path.is_file() and path.suffix.lower() == ".onnx":
+        raise InputError(
+            f"{path} is an ONNX model, not an artifact; make one from it with: "
+            f"pipe import {path} --name NAME (then: pipe info artifacts/NAME)"
+        )
+    if path.is_file():
+        raise ArtifactError(f"{path} is a file, not an artifact; pass artifacts/<name>[/<version>]")
+    if not path.is_dir():
+        raise ArtifactError(f"artifact {path} does not exist; pass artifacts/<name>[/<version>]")
+    models = [path] if _version_names(path) else sorted(p for p in path.iterdir() if _version_names(p))
+    if not models:
+        raise ArtifactError(f"{path} holds no artifact: no {MANIFEST_NAME} in it or in a numbered version under it")
+    blocks, damaged = [], []
+    for model in models:
+        text, broken = model_overview(model)
+        blocks.append(text)
+        damaged += broken
+    return "\n\n".join(blocks), damaged
+
+
+def model_overview(model_root: Path) -> tuple[str, list[str]]:
+    """Every version of a model directory, newest last: stages and status on one line each.
+
+    Returns the text and the versions that did not load (named `NAME vN`).
+    """
+    loaded = version_dirs(model_root)
+    unfinished = [n for n in _version_names(model_root) if n not in loaded]
+    numbers = sorted([*loaded, *unfinished])
+    lines = [f"{model_root.name}: {len(numbers)} version(s) in {model_root}"]
+    damaged = []
+    for number in numbers:
+        if number not in loaded:
+            lines.append(
+                f"  v{number:<4} unfinished: no {MANIFEST_NAME} (training is running, or it stopped: "
+                "pipe train RECIPE --resume)"
+            )
+            continue
+        try:
+            artifact = Artifact.load(loaded[number])
+        except (PipelineError, OSError) as exc:
+            reason = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            lines.append(f"  v{number:<4} damaged: {reason[:300]}")
+            damaged.append(f"{model_root.name} v{number}")
+            continue
+        status, stages = version_summary(artifact)
+        metrics = "  ".join(f"{k}={v:.4g}" for k, v in sorted(artifact.manifest.metrics.items()))
+        lines.append(f"  v{number:<4} {status}" + (f"  {metrics}" if metrics else ""))
+        lines.append(f"        stages: {stages}")
+    return "\n".join(lines), damaged
+
+
+def version_summary(artifact: Artifact) -> tuple[str, str]:
+    """(status, stages) of one loaded version: what it is ready for, and every stage that ran."""
+    m = artifact.manifest
+    stages = []
+    if m.stages.train is not None:
+        stages.append(f"trained {m.stages.train.finished[:16].replace('T', ' ')}")
+    if m.stages.import_ is not None:
+        stages.append("imported")
+    exported = m.stages.export is not None or m.stages.import_ is not None
+    if m.stages.export is not None:
+        stages.append("exported")
+    lossy = sorted(n for n, v in m.variants.items() if v.format == "onnx" and n != "fp32")
+    if lossy:
+        stages.append("variants " + ", ".join(_variant(m, n) for n in lossy))
+    edge = sorted(n for n, v in m.variants.items() if v.format == "tflite")
+    if edge:
+        stages.append("edge " + ", ".join(_variant(m, n).removeprefix("tflite-") for n in edge))
+    if m.stages.check is not None:
+        stages.append("check " + ("passed" if m.stages.check.passed else "FAILED"))
+    if m.stages.benchmark is not None:
+        stages.append("benchmark")
+    if m.stages.report is not None:
+        stages.append("report")
+    root = artifact.root
+    if not exported:
+        status = f"trained, not exported (next: pipe export {root})"
+    elif m.stages.check is not None and not m.stages.check.passed:
+        status = f"exported, check FAILED ({'; '.join(m.stages.check.failures[:2])[:160]})"
+    elif "fp32" in m.variants and not m.variants["fp32"].passed:
+        status = f"export FAILED ({m.variants['fp32'].reason})"
+    else:
+        status = "imported, servable" if m.stages.import_ is not None else "exported, servable"
+    return status, ", ".join(stages) or "none recorded"
+
+
+def _variant(manifest: Manifest, name: str) -> str:
+    return name if manifest.variants[name].passed else f"{name} (failed)"
+
+
+def _version_names(model_root: Path) -> list[int]:
+    """Every version-named directory, with or without a manifest (an unfinished run has none)."""
+    try:
+        return sorted(int(p.name) for p in model_root.iterdir() if is_version_name(p.name) and p.is_dir())
+    except OSError:
+        return []

@@ -84,6 +84,19 @@ def _check_labels(labels: list[str]) -> str | None:
     return "class names must be distinct" if len(set(labels)) != len(labels) else None
 
 
+def _positive(value: int | None) -> str | None:
+    return None if value is None or value >= 1 else f"expected a number >= 1, got {value}"
+
+
+@dataclass(frozen=True)
+class TokenInput:
+    """What a token-id input accepts: ids index an embedding of `vocab_size` rows (training records it)."""
+
+    vocab_size: int = field(metadata={"check": _positive})  # valid ids are 0 .. vocab_size - 1
+    max_length: int | None = field(default=None, metadata={"check": _positive})  # longest sequence; None: any
+    padding_id: int | None = None  # the id that fills a short sequence; None: not known (an imported model)
+
+
 def _check_categories(categories: list[str] | None) -> str | None:
     if categories is None:
         return None
@@ -111,6 +124,7 @@ class TensorSpec:
     layout: str = field(default="NC", metadata={"check": _one_of(LAYOUTS)})  # NC, NCHW / NHWC, NT (tokens)
     preprocessing: dict[str, Any] = field(default_factory=dict)  # e.g. {"mean": [...], "std": [...]}
     features: list[Feature] | None = field(default=None, metadata={"omit_none": True})  # [batch, F]: F columns
+    tokens: TokenInput | None = field(default=None, metadata={"omit_none": True})  # token-id inputs only
 
 
 @dataclass
@@ -218,6 +232,16 @@ def _contradictions(manifest: Manifest) -> list[str]:
             problems.append(f"{where}.file: {file!r} is not listed in files, so it cannot be verified")
         if variant.format != (fmt := file.rsplit(".", 1)[-1]):
             problems.append(f"{where}.format: {variant.format!r}, but {file!r} is in format {fmt!r}")
+    for i, spec in enumerate(manifest.inputs):
+        tokens = spec.tokens
+        if tokens is None:
+            continue
+        if not spec.dtype.startswith(("int", "uint")):
+            problems.append(f"inputs[{i}].tokens: token ids are integers, but {spec.name!r} is {spec.dtype}")
+        if tokens.padding_id is not None and not 0 <= tokens.padding_id < tokens.vocab_size:
+            problems.append(
+                f"inputs[{i}].tokens.padding_id: {tokens.padding_id} is not an id in [0, {tokens.vocab_size})"
+            )
     problems += _feature_contradictions(manifest.inputs)
     classes = manifest.outputs[0].shape[-1] if manifest.outputs and manifest.outputs[0].shape else None
     if manifest.task == "classification" and manifest.labels and isinstance(classes, int):

@@ -65,8 +65,8 @@ def read_csv(
     shown = _shown(delimiter)
     if label_column not in header:
         raise InputError(
-            f"label column {label_column!r} is not in {path}; its columns are {header} (split on {shown}). "
-            "Set data.label_column to one of them, or data.delimiter if the file is split on another character"
+            f"label column {label_column!r} is not in {path}; its columns are {header}. Set data.label_column "
+            f"to one of them (columns split on {shown}: set data.delimiter if the file uses another)"
         )
     features = feature_columns or [h for h in header if h != label_column]
     unknown = [c for c in [*features, *(categorical or [])] if c not in header]

@@ -17,10 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from pipeline.errors import RecipeError
 from pipeline.manifest import NAME as MODEL_NAME
+from pipeline.verify.metrics import HIGHER_IS_BETTER
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and NaN are refused wherever a number is expected: `lr: .inf` would train to NaN weights
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --- model ---------------------------------------------------------------------------------------
@@ -79,7 +81,8 @@ ModelSpec = Annotated[MLPSpec | CNNSpec | TransformerSpec | MoESpec | CustomSpec
 
 # --- data ----------------------------------------------------------------------------------------
 
-BUILTIN_DATASETS = ("digits", "iris", "wine", "breast_cancer")
+BUILTIN_DATASETS = ("digits", "iris", "wine", "breast_cancer", "diabetes")
+REGRESSION_DATASETS = ("diabetes",)  # bundled sets whose target is a number, not a class
 FILE_SOURCES = ("csv", "npz", "images", "tokens")
 
 
@@ -87,7 +90,7 @@ HeightWidth = Annotated[list[Annotated[int, Field(gt=0)]], Field(min_length=2, m
 
 
 class DataSpec(_Strict):
-    source: Literal["digits", "iris", "wine", "breast_cancer", "csv", "npz", "images", "tokens"]
+    source: Literal["digits", "iris", "wine", "breast_cancer", "diabetes", "csv", "npz", "images", "tokens"]
     path: str | None = None  # file or folder, relative to the recipe; file sources only
     label_column: str | None = None  # csv: the column holding the target
     feature_columns: list[str] | None = None  # csv: None means every other column
@@ -114,10 +117,31 @@ class DataSpec(_Strict):
             )
         if self.as_image and self.source != "digits":
             raise ValueError(f"data.as_image applies to the digits dataset only (source is {self.source!r}); remove it")
+        for key, applies_to in (("label_column", "csv"), ("feature_columns", "csv"), ("image_size", "images")):
+            if getattr(self, key) is not None and self.source != applies_to:  # nothing would read it
+                raise ValueError(
+                    f"data.{key} applies to source {applies_to!r} only (source is {self.source!r}); remove it"
+                )
         return self
 
 
 # --- training ------------------------------------------------------------------------------------
+
+
+# What `train.monitor` may name: the validation figure that picks the kept epoch and drives early
+# stopping, and whether higher is better. `val_loss` is the training loss on the validation split.
+MONITORS: dict[str, bool] = {
+    "val_loss": False,
+    "val_accuracy": True,
+    "val_mae": False,
+    "val_rmse": False,
+    "val_r2": True,
+}
+TASK_MONITORS = {
+    "classification": ("val_loss", "val_accuracy"),
+    "regression": ("val_loss", "val_mae", "val_rmse", "val_r2"),
+}
+TASK_LOSSES = {"classification": ("auto", "cross_entropy"), "regression": ("auto", "mse", "huber")}
 
 
 class TrainSpec(_Strict):
@@ -133,6 +157,10 @@ class TrainSpec(_Strict):
     grad_clip: float | None = Field(1.0, gt=0)  # max global grad norm; None disables clipping
     precision: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"  # auto: fp16 on CUDA, fp32 on CPU
     grad_checkpointing: bool = False  # recompute transformer blocks in backward to save memory
+    # auto: cross_entropy for classifiers, mse for regression; huber: delta 1 in normalized target units
+    loss: Literal["auto", "cross_entropy", "mse", "huber"] = "auto"
+    # the validation figure the kept weights and early stopping follow (MONITORS); ties go to the lower loss
+    monitor: Literal["val_loss", "val_accuracy", "val_mae", "val_rmse", "val_r2"] = "val_loss"
     early_stopping: int | None = Field(None, gt=0)  # epochs without val improvement before stopping
     checkpoint_every: int = Field(200, gt=0)  # optimizer steps between checkpoints (and at epoch end)
     seed: int = 0
@@ -214,6 +242,16 @@ class BudgetSpec(_Strict):
     max_latency_increase: float = Field(0.10, ge=0)  # fraction: 0.10 = more than 10% slower fails (docs/check.md)
     max_size_increase: float = Field(0.10, ge=0)
 
+    @model_validator(mode="after")
+    def _known_metrics(self) -> BudgetSpec:
+        unknown = sorted(set(self.metrics) - set(HIGHER_IS_BETTER))
+        if unknown:  # nothing would ever judge it: a misspelt name must not pass silently
+            raise ValueError(
+                f"budgets.metrics: no task metric named {', '.join(map(repr, unknown))}; the metrics pipe check "
+                f"judges are {', '.join(HIGHER_IS_BETTER)}"
+            )
+        return self
+
     def for_metric(self, name: str) -> MetricBudget:
         """The budgets `name` is held to: its `metrics` entry, else max_accuracy_drop as an absolute drop."""
         return self.metrics.get(name) or MetricBudget(max_drop=self.max_accuracy_drop)
@@ -235,6 +273,35 @@ class Recipe(_Strict):
     # Set by load_recipe, not by the YAML: where relative data paths start, and the file's digest.
     base_dir: Path = Field(Path("."), exclude=True)
     digest: str = Field("", exclude=True)
+
+    @model_validator(mode="after")
+    def _task_fits(self) -> Recipe:
+        """What the task asks of the data and of training; every key given is one something reads."""
+        if self.task == "embedding":
+            raise ValueError(
+                "task 'embedding' is not available yet in recipes: pipe train trains classification and regression "
+                "(an embedding model can be brought in with pipe import --task embedding)"
+            )
+        source = self.data.source
+        classes_only = source == "images" or (source in BUILTIN_DATASETS and source not in REGRESSION_DATASETS)
+        if self.task == "regression" and classes_only:
+            raise ValueError(
+                f"task 'regression' needs numeric targets, and data.source {source!r} holds classes; use "
+                f"{', '.join(REGRESSION_DATASETS)}, csv, npz or tokens with numeric targets, or task: classification"
+            )
+        if self.task == "classification" and source in REGRESSION_DATASETS:
+            raise ValueError(f"data.source {source!r} holds numeric targets, not classes; set task: regression")
+        if self.train.loss not in TASK_LOSSES[self.task]:
+            raise ValueError(
+                f"train.loss {self.train.loss!r} does not train a {self.task} model; valid choices: "
+                f"{', '.join(TASK_LOSSES[self.task])}"
+            )
+        if self.train.monitor not in TASK_MONITORS[self.task]:
+            raise ValueError(
+                f"train.monitor {self.train.monitor!r} is not measured for a {self.task} model; valid choices: "
+                f"{', '.join(TASK_MONITORS[self.task])}"
+            )
+        return self
 
     def data_path(self) -> Path | None:
         """The data file or folder, resolved against the recipe's directory."""
@@ -293,6 +360,9 @@ def format_errors(exc: ValidationError, raw: Any, source: str) -> str:
             lines.append(f"{path}: unknown key; remove it or check its spelling")
             continue
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "value_error" and not err["loc"]:  # a check across sections: its message names the keys
+            lines.append(msg)
+            continue
         if err["type"] in ("literal_error", "union_tag_invalid"):
             msg += f" (got {err['input']!r})"
         elif err["type"] not in ("missing",):
@@ -314,6 +384,31 @@ def parse_recipe(raw: Any, source: str = "<recipe>", base_dir: Path = Path("."))
     return recipe.model_copy(update={"base_dir": base_dir})
 
 
+def duplicate_keys(node: yaml.Node | None, path: str = "") -> list[str]:
+    """Each key given twice in one mapping of a composed YAML document: its dotted path and both lines.
+
+    YAML parsers keep the later value silently; a recipe edited by hand then trains with a value
+    its author did not mean. Merge keys (`<<: *base`) are not duplicates: overriding them is their use.
+    """
+    found: list[str] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "<complex key>"
+            where = f"{path}.{key}" if path else key
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                found.append(f"{where}: key given twice (lines {seen[key]} and {line}); keep one")
+            seen.setdefault(key, line)
+            found += duplicate_keys(value_node, where)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found += duplicate_keys(item, f"{path}[{i}]")
+    return found
+
+
 def load_recipe(path: str | Path) -> Recipe:
     """Read and validate a recipe YAML file."""
     path = Path(path)
@@ -321,8 +416,11 @@ def load_recipe(path: str | Path) -> Recipe:
         raise RecipeError(f"recipe {path} not found; recipes live in models/*.yaml")
     text = path.read_bytes()
     try:
+        duplicates = duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise RecipeError(f"recipe {path} is not valid YAML: {exc}") from None
+    if duplicates:
+        raise RecipeError(f"recipe {path} is invalid: " + "; ".join(duplicates))
     recipe = parse_recipe(raw, str(path), path.parent)
     return recipe.model_copy(update={"digest": hashlib.sha256(text).hexdigest()})

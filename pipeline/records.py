@@ -73,6 +73,7 @@ class TrainRecord(StageRecord):
     framework: str = ""  # e.g. "torch 2.13.0"
     python: str = ""
     best_epoch: int
+    kept: str = ""  # why best_epoch's weights were kept: train.monitor, its value, how the run ended
     epochs_run: int
     steps: int
     stopped_early: bool = False

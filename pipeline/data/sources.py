@@ -17,7 +17,7 @@ import numpy as np
 from pipeline.data.csvfile import read_csv
 from pipeline.errors import InputError
 from pipeline.images import digits_record
-from pipeline.recipe import BUILTIN_DATASETS, Recipe
+from pipeline.recipe import BUILTIN_DATASETS, REGRESSION_DATASETS, Recipe
 
 KINDS = ("features", "image", "tokens")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -52,7 +52,7 @@ def read_source(recipe: Recipe) -> RawData:
             )
         readers = {"csv": _csv, "npz": _npz, "images": _images, "tokens": _tokens}
         raw = readers[data.source](path, recipe)
-    _check(raw, str(recipe.data_path() or data.source))
+    _check(raw, str(recipe.data_path() or data.source), recipe.task)
     return raw
 
 
@@ -62,6 +62,9 @@ def _builtin(name: str, as_image: bool) -> RawData:
 
     bunch = getattr(datasets, f"load_{name}")()
     x = np.asarray(bunch.data, dtype=np.float32)
+    if name in REGRESSION_DATASETS:  # a number per sample (diabetes: disease progression a year on), no classes
+        features = [{"name": str(n)} for n in bunch.feature_names]
+        return RawData(x, np.asarray(bunch.target, dtype=np.float32), [], "features", features=features)
     if name == "digits" and as_image:
         x = x.reshape(-1, 1, 8, 8)  # 8x8 grey images, one channel, values 0..16
     labels = [str(t) for t in bunch.target_names]
@@ -77,6 +80,37 @@ def _classes(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
     return index.astype(np.int64), [_label_name(c) for c in classes]
 
 
+def _targets(values: np.ndarray, task: str, where: str) -> tuple[np.ndarray, list[str]]:
+    """Class indices and names for a classifier; float32 values and no names for regression."""
+    if task != "regression":
+        return _classes(values)
+    try:
+        y = values.astype(np.float64)
+    except ValueError:
+        bad = next(v for v in values.tolist() if not _is_number(v))
+        raise InputError(
+            f"{where} holds {bad!r}, not a number; a regression target must be numeric in every row "
+            "(or set task: classification to predict it as a class)"
+        ) from None
+    if not np.isfinite(y).all():
+        raise InputError(f"{where}: regression targets hold NaN or infinite values; clean or drop those rows")
+    return y.astype(np.float32), []
+
+
+def _is_number(value: object) -> bool:
+    try:
+        float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _npz_targets(arrays: dict[str, np.ndarray], path: Path, task: str) -> tuple[np.ndarray, list[str]]:
+    """The `y` array as class indices (with `labels` names if given) or, for regression, as numbers."""
+    y = arrays["y"].reshape(-1)
+    return _targets(y, task, f"{path}: y") if task == "regression" else _npz_labels(arrays, y, path)
+
+
 def _label_name(value: object) -> str:
     if isinstance(value, float | np.floating) and float(value).is_integer():
         return str(int(value))
@@ -87,7 +121,7 @@ def _csv(path: Path, recipe: Recipe) -> RawData:
     """A CSV with a header row: feature columns (numbers or categories) and one label column."""
     spec = recipe.data
     table = read_csv(path, spec.label_column or "", spec.feature_columns, spec.delimiter, spec.categorical_columns)
-    y, labels = _classes(table.labels)
+    y, labels = _targets(table.labels, recipe.task, f"{path} column {spec.label_column!r}")
     return RawData(table.x, y, labels, "features", features=table.features)
 
 
@@ -126,7 +160,7 @@ def _npz(path: Path, recipe: Recipe) -> RawData:
             f"{path}: X has dtype {x.dtype} and shape {list(x.shape)}; it must be numeric, [n, features] "
             "or [n, channels, height, width]"
         )
-    y, labels = _npz_labels(arrays, arrays["y"].reshape(-1), path)
+    y, labels = _npz_targets(arrays, path, recipe.task)
     return RawData(x.astype(np.float32), y, labels, "image" if x.ndim == 4 else "features")
 
 
@@ -182,14 +216,14 @@ def _tokens(path: Path, recipe: Recipe) -> RawData:
         )
     if tokens.min() < 0:
         raise InputError(f"{path}: tokens holds negative ids (min {tokens.min()}); ids start at 0 (padding)")
-    y, labels = _npz_labels(arrays, arrays["y"].reshape(-1), path)
+    y, labels = _npz_targets(arrays, path, recipe.task)
     return RawData(tokens.astype(np.int64), y, labels, "tokens")
 
 
-def _check(raw: RawData, source: str) -> None:
+def _check(raw: RawData, source: str, task: str) -> None:
     if len(raw.x) != len(raw.y):
         raise InputError(f"{source}: {len(raw.x)} samples but {len(raw.y)} labels; they must match one to one")
     if raw.x.dtype.kind == "f" and not np.isfinite(raw.x).all():
         raise InputError(f"{source}: features hold NaN or infinite values; clean or impute them first")
-    if len(raw.labels) < 2:
+    if task == "classification" and len(raw.labels) < 2:
         raise InputError(f"{source}: only {len(raw.labels)} class found ({raw.labels}); a classifier needs 2 or more")

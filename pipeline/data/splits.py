@@ -25,12 +25,16 @@ class DataInfo:
 
     kind: str  # features | image | tokens
     sample_shape: list[int]  # one sample without the batch dim: [64], [1, 8, 8], [32] (longest sequence)
-    num_classes: int
+    num_classes: int  # the model's output width: the classes of a classifier, 1 for regression
     labels: list[str] = field(default_factory=list)
     vocab_size: int | None = None  # tokens: largest id + 1
     mean: list[float] | None = None  # train-split mean per feature (features) or per channel (images)
     std: list[float] | None = None  # matching std; 1.0 where a feature is constant
     image: dict[str, Any] | None = None  # images: how a picture becomes a sample (pipeline/images.py)
+    # regression: the train split's target mean and std; the model's last layer maps its output
+    # back to target units with them (it trains on standardized targets), so it predicts in those units
+    target_mean: float | None = None
+    target_std: float | None = None
     # features: each column's name in input order, and a categorical column's categories: the input
     # holds the category's index there and the model one-hot encodes it (zoo.OneHot)
     features: list[dict[str, Any]] | None = None
@@ -62,10 +66,10 @@ class DataInfo:
 
 @dataclass
 class Split:
-    """One split: model inputs by name (as the manifest names them) and the class targets."""
+    """One split: model inputs by name (as the manifest names them) and the targets."""
 
     inputs: dict[str, np.ndarray]
-    target: np.ndarray  # [n] int64
+    target: np.ndarray  # [n] int64 class indices, or [n] float32 values (regression)
 
     def __len__(self) -> int:
         return len(self.target)
@@ -92,15 +96,20 @@ def load_splits(recipe: Recipe) -> Splits:
         for i, feature in enumerate(raw.features or []):
             if feature.get("categories"):  # category indices are one-hot encoded, never standardized
                 mean[i], std[i] = 0.0, 1.0
+    target_mean = target_std = None
+    if recipe.task == "regression":
+        target_mean, target_std = _target_stats(raw.y[train_idx])
     info = DataInfo(
         kind=raw.kind,
         sample_shape=[int(d) for d in raw.x.shape[1:]],
-        num_classes=len(raw.labels),
+        num_classes=1 if recipe.task == "regression" else len(raw.labels),
         labels=raw.labels,
         vocab_size=int(raw.x.max()) + 1 if raw.kind == "tokens" else None,
         mean=mean,
         std=std,
         image=raw.image,
+        target_mean=target_mean,
+        target_std=target_std,
         features=raw.features,
     )
 
@@ -133,6 +142,13 @@ def fingerprint(raw: RawData) -> str:
     if raw.features is not None:  # the column names a client sends and the categories the indices stand for
         digest.update(json.dumps(raw.features, sort_keys=True).encode())
     return digest.hexdigest()
+
+
+def _target_stats(y: np.ndarray) -> tuple[float, float]:
+    """Mean and std of the train split's regression targets (std 1 when they are constant)."""
+    values = y.astype(np.float64)
+    std = float(values.std())
+    return float(np.float32(values.mean())), float(np.float32(std if std >= 1e-6 else 1.0))
 
 
 def _stats(x: np.ndarray, kind: str) -> tuple[list[float], list[float]]:

@@ -165,6 +165,8 @@ def metrics_section(artifact: Artifact, facts: CardFacts) -> list[str]:
         if curves is not None and curves.best_epoch in curves.epochs:
             best = f" (validation {curves.metric} {number(curves.val_metric[curves.epochs.index(curves.best_epoch)])})"
         lines += ["", f"Kept the weights of epoch {train.best_epoch}{best} of {train.epochs_run} run; {stop}."]
+        if train.kept:  # which validation figure chose it (train.monitor), as training printed it
+            lines.append(f"Training: {cell(train.kept)}.")
     if curves is not None:
         lines += ["", f"![training curves]({CURVES_PNG.removeprefix('reports/')})"]
     else:

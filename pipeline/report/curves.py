@@ -52,7 +52,10 @@ def read_curves(artifact: Artifact) -> tuple[Curves | None, str]:
     records = [r for r in history or [] if isinstance(r, dict) and _finite(r.get("epoch")) and _finite(r.get("loss"))]
     if not records:
         return None, f"{TRAIN_JSON} holds no per-epoch history, so there are no training curves"
-    metric = next((k for k in records[0] if k not in ("epoch", "loss")), "")
+    # the figure train.monitor chose the kept epoch by (val_accuracy, val_r2, ...), else the first besides loss
+    monitored = str(summary.get("monitor", "")).removeprefix("val_")
+    metric = monitored if monitored in records[0] and monitored != "loss" else ""
+    metric = metric or next((k for k in records[0] if k not in ("epoch", "loss")), "")
     record = artifact.manifest.stages.train
     patience = record.settings.get("train", {}).get("early_stopping")
     curves = Curves(

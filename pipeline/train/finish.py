@@ -24,11 +24,19 @@ from pipeline.manifest import Feature, Lineage, Manifest, TensorSpec
 from pipeline.recipe import Recipe, recipe_location, stage_settings
 from pipeline.records import CheckpointRecord, GoldenRecord, TrainRecord
 from pipeline.train.checkpoint import CHECKPOINT_DIR, FINAL_WEIGHTS
-from pipeline.train.loop import FitResult, evaluate
+from pipeline.train.loop import FitResult
+from pipeline.train.objective import evaluate, kept_reason, objective_for
 from pipeline.train.zoo import build_model
 
 GOLDEN_WHOLE_SPLIT_MAX = 1000  # test splits up to this size go into golden.npz whole
 GOLDEN_SAMPLES = 512  # otherwise the first this many test samples
+
+
+def output_spec(task: str, info: DataInfo) -> TensorSpec:
+    """The model output: class logits, or one prediction per sample in the target's units (regression)."""
+    if task == "regression":
+        return TensorSpec("predictions", "float32", ["batch", 1], "NC")
+    return TensorSpec("logits", "float32", ["batch", info.num_classes], "NC")
 
 
 def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResult, *, plan: Any, world: Any) -> None:
@@ -42,19 +50,19 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
     model = model.float().eval()
     name = info.input_name
     test_x = torch.from_numpy(splits.test.inputs[name])
-    test_loss, test_acc = evaluate(model, test_x, torch.from_numpy(splits.test.target))
+    test = evaluate(model, test_x, torch.from_numpy(splits.test.target), objective_for(recipe, info))
 
     manifest = Manifest(
         name=recipe.name,
         version=int(root.name),
         task=recipe.task,
         inputs=[input_spec(info, getattr(recipe.model, "max_len", info.sample_shape[0]))],
-        outputs=[TensorSpec("logits", "float32", ["batch", info.num_classes], "NC")],
+        outputs=[output_spec(recipe.task, info)],
         labels=info.labels,
         lineage=Lineage(
             recipe_digest=recipe.digest, dataset_fingerprint=splits.fingerprint, backend="torch", seed=recipe.train.seed
         ),
-        metrics={"accuracy": test_acc, "loss": test_loss},
+        metrics=test,  # accuracy and loss; regression: mae, rmse, r2 (target units) and loss
     )
     artifact = Artifact(root, manifest)
 
@@ -62,15 +70,20 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
     whole = len(splits.test) <= GOLDEN_WHOLE_SPLIT_MAX
     count = len(splits.test) if whole else GOLDEN_SAMPLES
     with torch.no_grad():
-        logits = model(test_x[:count]).numpy()
+        outputs = model(test_x[:count]).numpy()
     golden_inputs = {name: splits.test.inputs[name][:count]}
-    save_golden(artifact, Golden(golden_inputs, {"logits": logits.astype(np.float32)}, splits.test.target[:count]))
+    golden_outputs = {manifest.outputs[0].name: outputs.astype(np.float32)}
+    save_golden(artifact, Golden(golden_inputs, golden_outputs, splits.test.target[:count]))
 
-    p = result.progress
+    p, monitor = result.progress, recipe.train.monitor
+    kept = kept_reason(monitor, p, recipe.train.epochs, recipe.train.early_stopping)
     summary = {
-        "test": {"accuracy": test_acc, "loss": test_loss},
+        "test": test,
         "best_epoch": p.best_epoch,
-        "best_val_accuracy": p.best_metric,
+        "monitor": monitor,  # the validation figure that chose best_epoch (ties: the lower val_loss)
+        f"best_{monitor}": p.best_metric,
+        "best_val_loss": p.best_loss,
+        "kept": kept,
         "epochs_run": p.epoch,
         "steps": p.step,
         "stopped_early": p.stopped_early,
@@ -104,6 +117,7 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
         framework=f"torch {torch.__version__}",
         python=platform.python_version(),
         best_epoch=p.best_epoch,
+        kept=kept,
         epochs_run=p.epoch,
         steps=p.step,
         stopped_early=p.stopped_early,

@@ -24,17 +24,16 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from pipeline.data import Splits
 from pipeline.errors import PipelineError
 from pipeline.recipe import Recipe
 from pipeline.train import distributed as dist_
 from pipeline.train.checkpoint import CheckpointWriter, load_checkpoint, rng_state, set_rng_state
+from pipeline.train.objective import evaluate, improves, kept_reason, objective_for
 from pipeline.train.observe import Monitor
 
 FAULT_ENV = "PIPE_TRAIN_FAULT_STEP"  # test-only fault injection: SIGKILL this process after step K
-EVAL_BATCH = 512
 
 
 class TrainingDiverged(PipelineError):
@@ -48,9 +47,10 @@ class Progress:
     step: int = 0  # optimizer steps done
     epoch: int = 0  # the epoch in progress (or the next one, after its checkpoint)
     batch: int = 0  # the next micro-batch of this epoch on this rank
-    best_metric: float = -math.inf  # best validation accuracy so far
-    best_epoch: int = -1
-    stale_epochs: int = 0  # epochs since best_metric improved (early stopping)
+    best_metric: float = math.nan  # the kept epoch's value of train.monitor (e.g. val_loss)
+    best_loss: float = math.inf  # the kept epoch's validation loss: breaks ties on the monitored value
+    best_epoch: int = -1  # the epoch whose weights are kept (-1: none evaluated yet)
+    stale_epochs: int = 0  # epochs since the kept epoch (early stopping)
     stopped_early: bool = False
     history: list[dict[str, float]] = field(default_factory=list)  # one validation record per epoch
 
@@ -93,6 +93,7 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
             if hasattr(module, "grad_checkpointing"):
                 module.grad_checkpointing = True
     model = dist_.wrap(model, world, cfg.strategy, device)
+    objective = objective_for(run.recipe, splits.info)  # cross-entropy, or MSE / Huber on standardized targets
     optimizer = make_optimizer(model, cfg)
     scaler = torch.amp.GradScaler(device.type, enabled=run.precision == "fp16")
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run.precision)
@@ -158,8 +159,8 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
                 no_sync = not last_micro and hasattr(model, "no_sync")
                 with model.no_sync() if no_sync else contextlib.nullcontext():
                     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                        logits = model(x_train[idx])  # [B, classes]
-                        loss = F.cross_entropy(logits.float(), y_train[idx])
+                        outputs = model(x_train[idx])  # [B, classes] logits, or [B, 1] predictions
+                        loss = objective(outputs.float(), y_train[idx])
                     value = loss.item()
                     if not math.isfinite(value):
                         kept = writer.wait() or run.resume_from
@@ -195,16 +196,17 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
                     writer.wait()  # a reproducible kill point: the last checkpoint is on disk
                     os.kill(os.getpid(), signal.SIGKILL)  # documented fault-injection hook (docs/training.md)
 
-            # End of epoch: evaluate on the validation split, keep the best weights, maybe stop early.
-            val_loss, val_acc = evaluate(dist_.unwrap(model) if cfg.strategy == "ddp" else model, x_val, y_val)
-            record = {"epoch": progress.epoch + 1, "loss": val_loss, "accuracy": val_acc}
+            # End of epoch: evaluate on the validation split, keep the weights of the epoch best on
+            # train.monitor (ties: the lower validation loss), maybe stop early on the same figure.
+            figures = evaluate(dist_.unwrap(model) if cfg.strategy == "ddp" else model, x_val, y_val, objective)
+            record = {"epoch": progress.epoch + 1, **figures}
             progress.history.append(record)
             run.monitor.log({"kind": "val", "step": progress.step, **record})
-            run.monitor.message(
-                f"epoch {progress.epoch + 1}/{cfg.epochs}: val loss {val_loss:.4f} accuracy {val_acc:.4f}"
-            )
-            if val_acc > progress.best_metric:
-                progress.best_metric, progress.best_epoch, progress.stale_epochs = val_acc, progress.epoch + 1, 0
+            shown = " ".join(f"{k} {v:.4f}" for k, v in figures.items())
+            run.monitor.message(f"epoch {progress.epoch + 1}/{cfg.epochs}: val {shown}")
+            if improves(cfg.monitor, record, progress):
+                progress.best_metric, progress.best_loss = record[cfg.monitor.removeprefix("val_")], record["loss"]
+                progress.best_epoch, progress.stale_epochs = progress.epoch + 1, 0
                 best = dist_.full_weights(model, cfg.strategy, world)  # not the optimizer state: FSDP gathers
                 best_weights = {k: v.detach().to("cpu").clone() for k, v in best.items()}
             else:
@@ -212,10 +214,11 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
             progress.epoch, progress.batch = progress.epoch + 1, 0
             if cfg.early_stopping is not None and progress.stale_epochs >= cfg.early_stopping:
                 progress.stopped_early = True
-                run.monitor.message(f"early stop: no val improvement for {cfg.early_stopping} epochs")
+                run.monitor.message(f"early stop: {cfg.early_stopping} epochs without a better {cfg.monitor}")
             checkpoint()
     finally:
         last = writer.wait() or run.resume_from  # every checkpoint on disk before returning or raising
+    run.monitor.message(kept_reason(cfg.monitor, progress, cfg.epochs, cfg.early_stopping))
 
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0  # all threads of this process: writer threads count too
@@ -249,24 +252,6 @@ def lr_at(step: int, cfg: Any, total_steps: int) -> float:
     decay = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
     floor = cfg.lr * cfg.min_lr_ratio
     return floor + 0.5 * (1.0 + math.cos(math.pi * min(decay, 1.0))) * (cfg.lr - floor)
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy over a whole split, in fp32 (every rank sees all of it).
-
-    Leaves the model in the mode it found it: the caller may be mid-training or finishing up.
-    """
-    was_training = model.training
-    model.eval()
-    total_loss, correct = 0.0, 0
-    for start in range(0, len(y), EVAL_BATCH):
-        logits = model(x[start : start + EVAL_BATCH]).float()  # [B, classes]
-        target = y[start : start + EVAL_BATCH]
-        total_loss += F.cross_entropy(logits, target, reduction="sum").item()
-        correct += int((logits.argmax(dim=1) == target).sum().item())
-    model.train(was_training)
-    return total_loss / len(y), correct / len(y)
 
 
 def _gather(world: dist_.World, value: Any) -> list[Any]:

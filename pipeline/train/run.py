@@ -186,10 +186,13 @@ def check_model_fits(recipe: Recipe, splits: Splits) -> None:
         ) from None
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, splits.info.num_classes):
         shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise InputError(
-            f"model arch {recipe.model.arch!r} returned {shape} for 2 samples; a classifier must return logits "
-            f"[batch, {splits.info.num_classes}] ({splits.info.num_classes} classes in the data)"
+        wanted = (
+            "a regression model must return one prediction per sample, [batch, 1]"
+            if recipe.task == "regression"
+            else f"a classifier must return logits [batch, {splits.info.num_classes}] "
+            f"({splits.info.num_classes} classes in the data)"
         )
+        raise InputError(f"model arch {recipe.model.arch!r} returned {shape} for 2 samples; {wanted}")
 
 
 def resolve_device(requested: str) -> str:
@@ -223,10 +226,8 @@ def resolve_precision(requested: str, device: str) -> str:
 
 def effective_recipe(recipe: Recipe, epochs: int | None) -> Recipe:
     """The recipe as this run trains it (`--epochs` applied), refusing tasks the trainer lacks."""
-    if recipe.task != "classification":
-        raise InputError(
-            f"pipe train trains classifiers; task {recipe.task!r} is not supported yet (set task: classification)"
-        )
+    if recipe.task not in ("classification", "regression"):  # the recipe schema refuses it first
+        raise InputError(f"pipe train trains classification and regression models; task {recipe.task!r} is not")
     if epochs is None:
         return recipe
     if epochs < 1:

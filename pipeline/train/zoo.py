@@ -42,6 +42,23 @@ class Standardize(nn.Module):
         return (x - self.mean) / self.std
 
 
+class TargetScale(nn.Module):
+    """Regression: the network's output * std + mean, with the train split's target statistics.
+
+    The network learns standardized targets (a loss of order 1 whatever the units); this last layer,
+    buffers saved with the weights, maps its output back, so the model predicts in target units.
+    """
+
+    def __init__(self, net: nn.Module, mean: float, std: float) -> None:
+        super().__init__()
+        self.net = net
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.std + self.mean
+
+
 class Preprocessed(nn.Module):
     """A network behind the normalization it was trained with, so callers pass raw inputs."""
 
@@ -254,6 +271,8 @@ def build_model(spec: Any, info: DataInfo) -> nn.Module:
         net = _token_model(spec, info)
     else:
         raise InputError(f"unknown model spec {type(spec).__name__}; valid arch: mlp, cnn, transformer, moe, custom")
+    if info.target_mean is not None and info.target_std is not None:
+        net = TargetScale(net, info.target_mean, info.target_std)  # regression: predicts in target units
     if info.mean is not None and info.std is not None:
         return Preprocessed(Standardize(info.mean, info.std, info.kind == "image"), net)
     return net

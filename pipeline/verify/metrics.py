@@ -1,14 +1,16 @@
 """The task metric a gate measures over an evaluation split: accuracy for classifiers, MAE for regression.
 
 Embeddings have no task metric here (no targets to score against); they are judged on their
-outputs (cosine similarity to the reference).
+outputs (cosine similarity to the reference). `regression_metrics` gives the figures training
+reports for a regression model (MAE, RMSE, R^2); the gate judges MAE, in the target's units.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-HIGHER_IS_BETTER = {"accuracy": True, "mae": False}  # which way a drop goes, per metric name
+# Which way a drop goes, per metric name: what `pipe check` and the reports can judge.
+HIGHER_IS_BETTER = {"accuracy": True, "mae": False, "rmse": False, "r2": True}
 # Budgets compare float differences of ratios of counts: 1.0 - 0.99 is 0.010000000000000009, which
 # must meet a 0.01 budget (4 of 400 samples is exactly 1 point). Bounds are met within this slack.
 SLACK = 1e-9
@@ -23,6 +25,21 @@ def task_metric(task: str, outputs: np.ndarray, target: np.ndarray) -> tuple[str
     return None
 
 
+def regression_metrics(predicted: np.ndarray, target: np.ndarray) -> dict[str, float]:
+    """MAE, RMSE and R^2 of predictions against targets (both [n] or [n, k]; float64 sums).
+
+    R^2 = 1 - SS_res / SS_tot over every value: 1 is perfect, 0 is predicting the targets' mean,
+    negative is worse than that. With constant targets SS_tot is 0: R^2 is 1 for a perfect fit, else 0.
+    """
+    got = predicted.astype(np.float64).reshape(len(target), -1)
+    want = target.astype(np.float64).reshape(len(target), -1)
+    error = got - want
+    ss_res = float((error**2).sum())
+    ss_tot = float(((want - want.mean(axis=0)) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
+    return {"mae": float(np.abs(error).mean()), "rmse": float(np.sqrt((error**2).mean())), "r2": r2}
+
+
 def metric_drop(name: str, reference: float, candidate: float) -> float:
-    """How much worse `candidate` is than `reference` (negative: better); for MAE a rise is a drop."""
+    """How much worse `candidate` is than `reference` (negative: better); for MAE and RMSE a rise is a drop."""
     return reference - candidate if HIGHER_IS_BETTER[name] else candidate - reference

@@ -21,7 +21,10 @@ def wine_csv(folder: Path) -> Path:
     """sklearn's wine (178 samples, 13 features) as a CSV whose label column holds the class names."""
     bunch = load_wine()
     header = ",".join([*(n.replace("/", "_") for n in bunch.feature_names), "cultivar"])
-    rows = [",".join([*(f"{v:g}" for v in x), str(bunch.target_names[t])]) for x, t in zip(bunch.data, bunch.target)]
+    rows = [
+        ",".join([*(f"{v:g}" for v in x), str(bunch.target_names[t])])
+        for x, t in zip(bunch.data, bunch.target, strict=True)
+    ]
     path = folder / "wine.csv"
     path.write_text(header + "\n" + "\n".join(rows) + "\n")
     return path
@@ -52,7 +55,8 @@ def test_the_default_monitor_keeps_the_lowest_validation_loss(tmp_path: Path) ->
     assert summary["monitor"] == "val_loss" and kept["loss"] == min(r["loss"] for r in history)
     assert kept["loss"] <= history[-1]["loss"]  # never an early epoch whose loss is far above the final one
     assert summary["best_epoch"] > 10, history  # the loss still falls for most of the 30 epochs
-    assert f"kept epoch {summary['best_epoch']}: lowest val_loss {kept['loss']:.4g} (ran all 30 epochs)" in run["output"]
+    reason = f"kept epoch {summary['best_epoch']}: lowest val_loss {kept['loss']:.4g} (ran all 30 epochs)"
+    assert reason in run["output"] and reason == summary["kept"]
     assert run["artifact"].manifest.stages.train.kept == summary["kept"]
     assert run["artifact"].manifest.labels == ["class_0", "class_1", "class_2"]
 

@@ -20,7 +20,7 @@ from pipeline.artifact import Artifact
 from pipeline.data import DataInfo, Splits
 from pipeline.fsutil import atomic_path
 from pipeline.golden import Golden, save_golden
-from pipeline.manifest import Feature, Lineage, Manifest, TensorSpec
+from pipeline.manifest import Feature, Lineage, Manifest, TensorSpec, TokenInput
 from pipeline.recipe import Recipe, recipe_location, stage_settings
 from pipeline.records import CheckpointRecord, GoldenRecord, TrainRecord
 from pipeline.train.checkpoint import CHECKPOINT_DIR, FINAL_WEIGHTS
@@ -56,7 +56,7 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
         name=recipe.name,
         version=int(root.name),
         task=recipe.task,
-        inputs=[input_spec(info, getattr(recipe.model, "max_len", info.sample_shape[0]))],
+        inputs=[input_spec(info, recipe.model)],
         outputs=[output_spec(recipe.task, info)],
         labels=info.labels,
         lineage=Lineage(
@@ -128,12 +128,21 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
     artifact.save()
 
 
-def input_spec(info: DataInfo, max_len: int) -> TensorSpec:
-    """The model input as the manifest states it; normalization is recorded but applied inside the model."""
+def input_spec(info: DataInfo, model: Any) -> TensorSpec:
+    """The model input as the manifest states it; normalization is recorded but applied inside the model.
+
+    Token ids: the embedding's size (the recipe's model.vocab_size, else the data's) and the longest
+    sequence its position embedding covers (model.max_len), so a server can refuse what the model
+    cannot embed instead of wrapping a negative id or failing inside onnxruntime.
+    """
     if info.kind == "tokens":
-        return TensorSpec("tokens", "int64", ["batch", "sequence"], "NT", {"padding_id": 0, "max_len": max_len})
+        vocab = getattr(model, "vocab_size", None) or info.vocab_size or 1
+        limits = TokenInput(vocab_size=vocab, max_length=getattr(model, "max_len", info.sample_shape[0]), padding_id=0)
+        return TensorSpec("tokens", "int64", ["batch", "sequence"], "NT", tokens=limits)
     preprocessing: dict[str, Any] = {}
     if info.mean is not None:
         preprocessing = {"mean": info.mean, "std": info.std, "applied_in_model": True}
+    if info.image is not None:  # how a picture becomes this input: pipe predict and pipe serve read it
+        preprocessing["image"] = info.image
     features = None if info.features is None else [Feature(**f) for f in info.features]  # the columns, in order
     return TensorSpec("input", "float32", ["batch", *info.sample_shape], info.layout, preprocessing, features=features)

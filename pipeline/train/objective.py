@@ -73,7 +73,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: Obje
     figures = {"loss": objective(outputs, y, reduction="sum").item() / len(y)}
     if objective.regression:  # [N, 1] predictions in target units
         return figures | regression_metrics(outputs.cpu().numpy(), y.cpu().numpy())
-    return figures | {"accuracy": (outputs.argmax(dim=1) == y).float().mean().item()}
+    return figures | {"accuracy": int((outputs.argmax(dim=1) == y).sum().item()) / len(y)}  # exact ratio of counts
 
 
 def improves(monitor: str, record: dict[str, float], best: Any) -> bool:

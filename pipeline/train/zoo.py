@@ -2,7 +2,8 @@
 
 `build_model(spec, info)` returns a `torch.nn.Module` whose `forward` takes the model inputs
 positionally, in manifest order (one tensor: `input` float32 `[batch, F]` / `[batch, C, H, W]`, or
-`tokens` int64 `[batch, sequence]`), and returns logits `[batch, classes]`.
+`tokens` int64 `[batch, sequence]`), and returns logits `[batch, classes]` (regression: predictions
+`[batch, 1]` in the target's units, through `TargetScale`).
 
 Normalization is baked in: when the data is normalized, the model's first layer subtracts the
 train-split mean and divides by the std (buffers saved with the weights), so the exported ONNX

@@ -2,7 +2,8 @@
 
 Each command imports its stage inside its body, so `pipe --help` and `pipe serve` never pay for
 torch or tensorflow. This module is the one place that turns a PipelineError into a message and an
-exit code: 0 ok, 1 a check failed, 2 bad usage or bad input.
+exit code: 0 ok, 1 a check failed, 2 bad usage or bad input, 3 an internal error (any other exception:
+one line, the full trace written to a file).
 """
 
 from __future__ import annotations
@@ -17,9 +18,16 @@ import click
 from pipeline import __version__
 from pipeline.errors import PipelineError
 
+INTERNAL_ERROR = 3  # exit code of an exception pipe did not raise on purpose (a bug, or one not yet handled)
+
 
 class PipeGroup(click.Group):
-    """A click group that reports PipelineErrors as one clear message and the right exit code."""
+    """A click group that reports PipelineErrors as one clear message and the right exit code.
+
+    Any other exception is ours to fix, not the user's to read: one line naming it and the file
+    holding its full trace, exit 3. Click's own exceptions (usage errors, --help) and
+    KeyboardInterrupt pass through as click handles them.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -27,6 +35,29 @@ class PipeGroup(click.Group):
         except PipelineError as exc:
             click.secho(f"error: {exc}", err=True, fg="red")
             sys.exit(exc.exit_code)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            where = _write_trace()
+            message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+            click.secho(
+                f"error: internal error: {type(exc).__name__}: {message} (full trace: {where})", err=True, fg="red"
+            )
+            sys.exit(INTERNAL_ERROR)
+
+
+def _write_trace() -> str:
+    """The current exception's trace, written to a new file under the temp directory; its path, or why not."""
+    import tempfile
+    import traceback
+
+    try:
+        handle, path = tempfile.mkstemp(prefix="pipe-trace-", suffix=".txt")
+        with open(handle, "w", encoding="utf-8") as out:
+            out.write(f"pipe {__version__}: {' '.join(sys.argv)}\n\n{traceback.format_exc()}")
+    except OSError as exc:
+        return f"not written: {exc}"
+    return path
 
 
 @click.group(cls=PipeGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -325,6 +356,9 @@ def predict(artifact: str, input_file: str, variant: str, top_k: int, allow_fail
     show_default=True,
 )
 @click.option("--repository", type=click.Path(), default="artifacts", show_default=True, help="Where artifacts live.")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
+              help="Dims of input NAME (repeatable): an int fixes one, a name names one, ? or -1 leaves it free, "
+              "e.g. x:1,3,48,192 for a model declaring [-1, 3, ?, ?]. See docs/export.md.")  # fmt: skip
 def import_cmd(
     model: str,
     name: str,
@@ -333,14 +367,24 @@ def import_cmd(
     labels_file: str | None,
     task: str,
     repository: str,
+    input_shapes: tuple[str, ...],
 ) -> None:
     """Make an artifact from an ONNX MODEL produced elsewhere (JAX, TensorFlow, Paddle, ...)."""
     from pipeline.export.importer import import_onnx, read_labels
+    from pipeline.export.shapes import parse_input_shapes
+    from pipeline.golden import load_golden
 
+    shapes = parse_input_shapes(input_shapes)
     names = read_labels(labels, Path(labels_file) if labels_file else None)
-    artifact = import_onnx(Path(model), name, Path(repository), Path(eval_data) if eval_data else None, names, task)
+    artifact = import_onnx(
+        Path(model), name, Path(repository), Path(eval_data) if eval_data else None, names, task, input_shapes=shapes
+    )
     golden = artifact.manifest.stages.import_.golden if artifact.manifest.stages.import_ else "?"
     click.echo(f"imported {model} -> {artifact.root} (golden outputs from {golden} inputs)")
+    arrays = load_golden(artifact).inputs
+    for spec in artifact.manifest.inputs:  # which sizes the free dims were run at
+        shape = ", ".join(str(d) for d in spec.shape)
+        click.echo(f"  golden {spec.name}: {list(arrays[spec.name].shape)} for [{shape}]")
 
 
 @main.command()

@@ -3,15 +3,19 @@
 The graph's inputs and outputs, with their dtypes and symbolic dims, become the manifest's specs;
 the model runs in onnxruntime (a file that does not load is refused); golden outputs are recorded
 on the user's evaluation data or, without it, on generated inputs of the right dtype and shape;
-the parity gate then checks structure and that batched runs equal per-sample runs. External data
-is copied in, and a location that escapes the model's directory is refused. Nothing is left behind
-on failure: the new version directory is removed.
+the parity gate then checks structure and that batched runs equal per-sample runs. Free dims
+(`-1`, a shared `?`, no value or name) are told apart and can be fixed with `--input-shape`
+(shapes.py). External data is copied in, and a location that escapes the model's directory is
+refused. Nothing is left behind on failure: the new version directory is removed, and so are the
+model and repository directories when this import made them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -19,9 +23,19 @@ from google.protobuf.message import DecodeError
 
 from pipeline.artifact import Artifact, allocate_version
 from pipeline.data.sources import load_npz
-from pipeline.errors import ArtifactError, InputError
+from pipeline.errors import ArtifactError, CheckFailed, InputError
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
+from pipeline.export.shapes import (
+    GENERATED_BATCH,
+    Probe,
+    Shapes,
+    apply_input_shapes,
+    choose_sizes,
+    generated_inputs,
+    graph_dims,
+    write_dims,
+)
 from pipeline.fsutil import sha256_file
 from pipeline.golden import Golden, save_golden
 from pipeline.images import record_image_option
@@ -34,8 +48,12 @@ from pipeline.verify.policies import Exact
 from pipeline.verify.runners import Arrays, Runner, ort_runner
 from pipeline.verify.session import first_line
 
-GENERATED_BATCH = 16  # samples generated when no evaluation data is given
-GENERATED_DIM = 4  # size chosen for any other symbolic dim (e.g. "sequence")
+if TYPE_CHECKING:
+    import onnxruntime as ort
+VARY_ADVICE = (
+    "onnxruntime refused an input size above: a dim the graph declares free that the model cannot vary "
+    "is fixed with --input-shape NAME:d0,d1,... (an int per fixed dim, ? for one left free)"
+)
 
 
 def load_graph(path: Path) -> onnx.ModelProto:
@@ -102,12 +120,7 @@ def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
             f"graph value {value.name!r} has element type {tensor.elem_type}, which has no numpy dtype; "
             "re-export the model with a declared element type on every input and output"
         ) from None
-    shape: list[int | str] = []
-    for axis, dim in enumerate(tensor.shape.dim):
-        if dim.HasField("dim_value"):
-            shape.append(int(dim.dim_value))
-        else:  # a named symbolic dim, or an anonymous one we name after its tensor and axis
-            shape.append(dim.dim_param or f"{value.name}_dim{axis}")
+    shape = graph_dims(value)  # free dims (-1, ?, unnamed) each get a name of their own (shapes.py)
     layout = {2: "NT" if dtype.startswith("int") else "NC", 4: "NCHW"}.get(len(shape), "NC")
     return TensorSpec(value.name, dtype, shape, layout)
 
@@ -124,25 +137,6 @@ def _check_specs(source: Path, inputs: list[TensorSpec], outputs: list[TensorSpe
             f"{source}: inputs {scalars} are scalars (rank 0); every input needs a leading sample axis. "
             "Re-export the model with inputs shaped [batch, ...]"
         )
-
-
-def generated_inputs(specs: list[TensorSpec], seed: int = 0) -> Arrays:
-    """Inputs of the right dtype and shape: symbolic batch -> 16, other symbolic dims -> 4."""
-    rng = np.random.default_rng(seed)
-    arrays = {}
-    for spec in specs:
-        shape = [
-            d if isinstance(d, int) else (GENERATED_BATCH if i == 0 else GENERATED_DIM)
-            for i, d in enumerate(spec.shape)
-        ]
-        dtype = np.dtype(spec.dtype)
-        if dtype == np.bool_:
-            arrays[spec.name] = rng.integers(0, 2, shape).astype(bool)
-        elif np.issubdtype(dtype, np.integer):
-            arrays[spec.name] = rng.integers(0, 8, shape).astype(dtype)  # small ids: valid for any vocabulary
-        else:
-            arrays[spec.name] = rng.standard_normal(shape).astype(dtype)
-    return arrays
 
 
 def read_eval_data(path: Path, specs: list[TensorSpec]) -> tuple[Arrays, np.ndarray | None]:
@@ -186,11 +180,14 @@ def import_onnx(
     labels: list[str] | None = None,
     task: str = "classification",
     image_preprocessing: str | None = None,
+    input_shapes: Shapes | None = None,
 ) -> Artifact:
     """Create `repository/<name>/<next version>/` from the ONNX file `source` and return it.
 
     `image_preprocessing`: the JSON of `--image-preprocessing`, how pictures feed the image input
-    (pipeline/images.py, `record_image_option`).
+    (pipeline/images.py, `record_image_option`). `input_shapes`: `--input-shape` as parsed by
+    `pipeline.export.shapes.parse_input_shapes`, the dims the user fixes or names; recorded as
+    `stages.import.settings.input_shapes`.
     """
     source = Path(source)
     if problem := check_name(name):
@@ -207,14 +204,22 @@ def import_onnx(
     extra = external_files(model, source.parent)
     inputs, outputs = graph_specs(model)
     _check_specs(source, inputs, outputs)
+    if input_shapes:
+        apply_input_shapes(input_shapes, inputs, outputs)
     if image_preprocessing is not None:
         record_image_option(image_preprocessing, inputs)
     evaluation = read_eval_data(eval_data, inputs) if eval_data is not None else None
-    root = allocate_version(Path(repository) / name)
+    settings = {"input_shapes": input_shapes} if input_shapes else {}
+    model_root = Path(repository) / name
+    made = [d for d in (model_root, model_root.parent) if not d.exists()]  # removed again if the import fails
+    root = allocate_version(model_root)
     try:
-        return _build(root, source, model, extra, inputs, outputs, evaluation, eval_data, labels or [], task)
+        return _build(root, source, model, extra, inputs, outputs, evaluation, eval_data, labels or [], task, settings)
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)  # nothing half-written
+        for directory in made:  # nor a model or repository directory this import made, unless another filled it
+            with contextlib.suppress(OSError):
+                directory.rmdir()
         raise
 
 
@@ -229,6 +234,7 @@ def _build(
     eval_data: Path | None,
     labels: list[str],
     task: str,
+    settings: dict[str, object],
 ) -> Artifact:
     manifest = Manifest(
         name=root.parent.name,
@@ -240,7 +246,12 @@ def _build(
         lineage=Lineage(backend="import", dataset_fingerprint=sha256_file(eval_data) if eval_data else None),
     )
     artifact = Artifact(root, manifest)
-    shutil.copyfile(source, root / MODEL_FILE)
+    if write_dims(
+        model, inputs, outputs
+    ):  # free dims named, the user's dims fixed: the graph says what the manifest says
+        onnx.save(model, str(root / MODEL_FILE))
+    else:
+        shutil.copyfile(source, root / MODEL_FILE)
     for rel in extra:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source.parent / rel, root / rel)
@@ -249,7 +260,11 @@ def _build(
         run = ort_runner(root / MODEL_FILE)
     except ArtifactError as exc:  # the model does not load
         raise InputError(f"onnxruntime cannot load {source}: {first_line(exc.__cause__ or exc)}") from exc
-    samples, target = evaluation if evaluation is not None else (generated_inputs(inputs), None)
+    if evaluation is not None:
+        samples, target = evaluation
+    else:
+        sizes = choose_sizes(inputs, _probe(run.session), str(source))
+        samples, target = generated_inputs(inputs, sizes, GENERATED_BATCH), None
     try:
         golden_out = run(samples)
     except Exception as exc:  # the model loads but does not run on inputs of its declared shape
@@ -257,7 +272,12 @@ def _build(
     _check_labels(labels, outputs, golden_out, task)
     reference = _one_at_a_time(run, inputs)
     report = verify(root / MODEL_FILE, reference, samples, inputs, outputs, Exact(), task, session=run.session)
-    report.raise_on_failure(f"imported model {source}")
+    try:
+        report.raise_on_failure(f"imported model {source}")
+    except CheckFailed as exc:
+        if any("refused the input" in row.detail or "reference failed" in row.detail for row in report.failures):
+            raise CheckFailed(f"{exc}\n{VARY_ADVICE}") from None
+        raise
     save_golden(artifact, Golden(samples, golden_out, target))
     for rel in [MODEL_FILE, *extra]:
         artifact.add_file(rel)
@@ -265,6 +285,7 @@ def _build(
         manifest.metrics.update(metric)
     source_sha256 = sha256_file(source)
     manifest.stages.import_ = ImportRecord(
+        settings=settings,
         inputs={"source": source_sha256, **({"eval_data": sha256_file(eval_data)} if eval_data is not None else {})},
         source=str(source),
         source_sha256=source_sha256,
@@ -289,6 +310,23 @@ def _build(
     )
     artifact.save()
     return artifact
+
+
+def _probe(session: ort.InferenceSession) -> Probe:
+    """Run the model once on some inputs; why it failed, or None. Failures are expected: onnxruntime keeps quiet."""
+    import onnxruntime as ort
+
+    quiet = ort.RunOptions()
+    quiet.log_severity_level = 4
+
+    def probe(arrays: Arrays) -> str | None:
+        try:
+            session.run(None, arrays, quiet)
+        except Exception as exc:  # onnxruntime's errors share no base class
+            return first_line(exc)
+        return None
+
+    return probe
 
 
 def _one_at_a_time(run: Runner, inputs: list[TensorSpec]) -> Runner:

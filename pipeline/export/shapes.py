@@ -1,0 +1,223 @@
+"""The dims of an imported graph: free dims named, `--input-shape` applied, sizes for generated inputs.
+
+Exporters spell "any size" several ways: a `dim_param` name (`batch`, `N`), a placeholder that
+unrelated axes share (paddle2onnx writes `?` for both height and width), `dim_value: -1`
+(paddle2onnx's batch), or a dim with neither value nor name. A real name is kept, and axes that
+share it are equal, as ONNX defines. Every other spelling is a free dim of its own, named
+`<tensor>_dim<axis>`: two `?` axes are never taken to be equal.
+
+`--input-shape NAME:d0,d1,...` then fixes dims (an int), names them (a name; axes given one name
+are equal), or leaves them as declared (`?` or `-1`). The change applies wherever the dim's name
+appears, outputs included, and is written into the imported graph so that onnxruntime, pipe serve
+and Triton all hold the model to it.
+
+Without evaluation data the import generates inputs: a batch (leading) axis gets 16 samples; any
+other symbolic dim gets the first size of a short ladder at which the model runs, both at that
+size and at half of it (the gate's second length). A spatial axis of an image input starts from
+the model's own hint: the size of `--image-preprocessing`, else the other spatial axis when that
+one is fixed, else 32; any other axis (a sequence) starts from 4. The ladder doubles from there,
+so a convolution that needs a minimum size is run at one it takes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import onnx
+
+from pipeline.errors import InputError
+from pipeline.manifest import TensorSpec
+
+GENERATED_BATCH = 16  # samples generated on the batch axis when no evaluation data is given
+SEQUENCE_BASE = 4  # first size tried for a symbolic dim that is not spatial (e.g. "sequence")
+SPATIAL_BASE = 32  # first size tried for a free height or width without a hint
+LADDER_STEPS = 5  # sizes tried per dim: base, 2x, 4x, 8x, 16x
+FREE = "?"  # in --input-shape: leave this dim as declared
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]*")
+_NOT_NAMES = {"None", "null", "unk", "unknown"}  # placeholders some exporters write as if names
+
+Shapes = dict[str, list[int | str]]
+Probe = Callable[[dict[str, np.ndarray]], str | None]  # runs the model; returns why it failed, or None
+
+
+def is_dim_name(text: str) -> bool:
+    """True for a real symbolic name (`batch`, `N`, `unk__12`); False for a placeholder (`?`, `-1`, ``)."""
+    return bool(_NAME.fullmatch(text)) and text not in _NOT_NAMES
+
+
+def free_name(tensor: str, axis: int) -> str:
+    """The name a free dim gets in the manifest: its tensor and axis, so no two free dims share one."""
+    return f"{tensor}_dim{axis}"
+
+
+def graph_dims(value: onnx.ValueInfoProto) -> list[int | str]:
+    """A graph value's dims: positive values as ints, real names kept, every other spelling a free dim.
+
+    A `dim_value` of 0 or less (paddle2onnx's -1) is not a size any served tensor has: it is free.
+    """
+    dims: list[int | str] = []
+    for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+        if dim.HasField("dim_value") and dim.dim_value > 0:
+            dims.append(int(dim.dim_value))
+        elif dim.HasField("dim_param") and is_dim_name(dim.dim_param):
+            dims.append(dim.dim_param)
+        else:
+            dims.append(free_name(value.name, axis))
+    return dims
+
+
+def parse_input_shapes(values: Iterable[str]) -> Shapes:
+    """`--input-shape NAME:d0,d1,...` values (repeatable) as {input: dims}; `?` and `-1` become FREE.
+
+    The name is everything before the last colon, so TensorFlow names like `input:0` work.
+    """
+    shapes: Shapes = {}
+    for value in values:
+        name, _, text = value.rpartition(":")
+        usage = "give NAME:d0,d1,... e.g. x:1,3,48,192 (an int fixes a dim, a name names it, ? or -1 leaves it free)"
+        if not name or not text:
+            raise InputError(f"--input-shape {value!r} has no input name or no dims; {usage}")
+        if name in shapes:
+            raise InputError(f"--input-shape names input {name!r} twice; give each input once")
+        dims: list[int | str] = []
+        for token in (t.strip() for t in text.split(",")):
+            if token in (FREE, "-1"):
+                dims.append(FREE)
+            elif token.isdigit() and int(token) > 0:
+                dims.append(int(token))
+            elif is_dim_name(token):
+                dims.append(token)
+            else:
+                raise InputError(
+                    f"--input-shape {value!r}: dim {token!r} is not a positive int, a name, ? or -1; {usage}"
+                )
+        shapes[name] = dims
+    return shapes
+
+
+def apply_input_shapes(given: Shapes, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
+    """Fix or name the dims `given` by the user, wherever each dim's name appears (inputs and outputs).
+
+    Refuses an unknown input, a wrong rank, a change to a dim the model fixes, and one dim given two
+    different values.
+    """
+    by_name = {spec.name: spec for spec in inputs}
+    chosen: dict[str, int | str] = {}  # symbolic dim -> the user's int or name
+    for name, dims in given.items():
+        spec = by_name.get(name)
+        if spec is None:
+            shown = ", ".join(f"{s.name}: {s.shape}" for s in inputs)
+            raise InputError(f"--input-shape names {name!r}, which is not a model input; the inputs are {shown}")
+        if len(dims) != len(spec.shape):
+            raise InputError(
+                f"--input-shape {name}: {len(dims)} dims given, but {name!r} has {len(spec.shape)}: {spec.shape}"
+            )
+        for axis, (declared, wanted) in enumerate(zip(spec.shape, dims, strict=True)):
+            if wanted == FREE or wanted == declared:
+                continue
+            if isinstance(declared, int):
+                raise InputError(
+                    f"--input-shape {name}: axis {axis} is fixed at {declared} by the model, not {wanted}; "
+                    f"give {declared} or ? there"
+                )
+            if chosen.setdefault(declared, wanted) != wanted:
+                raise InputError(
+                    f"--input-shape: dim {declared!r} is given as {chosen[declared]} and as {wanted}; "
+                    "axes sharing a name are equal, so give them one value"
+                )
+    for spec in [*inputs, *outputs]:
+        spec.shape = [chosen.get(d, d) if isinstance(d, str) else d for d in spec.shape]
+
+
+def write_dims(model: onnx.ModelProto, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> bool:
+    """Write the specs' dims into the graph's inputs and outputs; True when anything changed."""
+    specs = {spec.name: spec for spec in [*inputs, *outputs]}
+    changed = False
+    for value in [*model.graph.input, *model.graph.output]:
+        spec = specs.get(value.name)
+        if spec is None:  # an initializer listed as an input by an old IR version
+            continue
+        for dim, wanted in zip(value.type.tensor_type.shape.dim, spec.shape, strict=True):
+            if isinstance(wanted, int) and (not dim.HasField("dim_value") or dim.dim_value != wanted):
+                dim.dim_value, changed = wanted, True
+            elif isinstance(wanted, str) and (not dim.HasField("dim_param") or dim.dim_param != wanted):
+                dim.dim_param, changed = wanted, True
+    return changed
+
+
+def _batch_dims(inputs: list[TensorSpec]) -> set[str]:
+    return {spec.shape[0] for spec in inputs if spec.shape and isinstance(spec.shape[0], str)}
+
+
+def _spatial_axes(spec: TensorSpec) -> tuple[int, ...]:
+    if len(spec.shape) != 4:
+        return ()
+    return (1, 2) if spec.layout == "NHWC" else (2, 3)
+
+
+def _base(spec: TensorSpec, axis: int) -> int:
+    """The first size tried for a symbolic dim: the model's own hint for height and width, else a default."""
+    spatial = _spatial_axes(spec)
+    if axis not in spatial:
+        return SEQUENCE_BASE
+    size = (spec.preprocessing.get("image") or {}).get("size")
+    if size:  # --image-preprocessing: pictures are resized to it
+        return int(size[spatial.index(axis)])
+    other = spec.shape[spatial[1 - spatial.index(axis)]]
+    return other if isinstance(other, int) else SPATIAL_BASE
+
+
+def generated_inputs(
+    specs: list[TensorSpec], sizes: dict[str, int], batch: int, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Inputs of the right dtype: `batch` on every batch axis, `sizes` for other symbolic dims."""
+    rng = np.random.default_rng(seed)
+    batch_dims = _batch_dims(specs)
+    arrays = {}
+    for spec in specs:
+        shape = [
+            d if isinstance(d, int) else batch if (i == 0 or d in batch_dims) else sizes.get(d, SEQUENCE_BASE)
+            for i, d in enumerate(spec.shape)
+        ]
+        dtype = np.dtype(spec.dtype)
+        if dtype == np.bool_:
+            arrays[spec.name] = rng.integers(0, 2, shape).astype(bool)
+        elif np.issubdtype(dtype, np.integer):
+            arrays[spec.name] = rng.integers(0, 8, shape).astype(dtype)  # small ids: valid for any vocabulary
+        else:
+            arrays[spec.name] = rng.standard_normal(shape).astype(dtype)
+    return arrays
+
+
+def choose_sizes(inputs: list[TensorSpec], probe: Probe, source: str) -> dict[str, int]:
+    """A size for each symbolic dim that is not a batch: the first on the ladder that the model runs at,
+    together with half of it. Exit 2 when none is found, naming the sizes tried and the fix.
+    """
+    batch_dims = _batch_dims(inputs)
+    bases: dict[str, int] = {}
+    for spec in inputs:
+        for axis, dim in enumerate(spec.shape):
+            if axis and isinstance(dim, str) and dim not in batch_dims:
+                bases[dim] = max(bases.get(dim, 0), _base(spec, axis))
+    if not bases:
+        return {}
+    reasons = []
+    for step in range(LADDER_STEPS):
+        sizes = {dim: base << step for dim, base in bases.items()}
+        why = probe(generated_inputs(inputs, sizes, 1))
+        if why is None:
+            why = probe(generated_inputs(inputs, {d: max(1, s // 2) for d, s in sizes.items()}, 1))
+            why = None if why is None else f"runs at {sizes} but not at half: {why}"
+        if why is None:
+            return sizes
+        reasons.append(why)
+    tried = ", ".join(f"{dim} {base}..{base << (LADDER_STEPS - 1)}" for dim, base in bases.items())
+    spec = next(s for s in inputs if any(d in bases for d in s.shape))
+    example = ",".join(str(d) if isinstance(d, int) else "<size>" if d in bases else FREE for d in spec.shape)
+    raise InputError(
+        f"onnxruntime cannot run {source} on generated inputs at any size tried for its symbolic dims "
+        f"({tried}): {reasons[0]}; give the sizes it takes with --input-shape {spec.name}:{example}, "
+        "or pass --eval-data"
+    )

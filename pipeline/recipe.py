@@ -216,6 +216,8 @@ class EdgeSpec(_Strict):
 class MetricBudget(_Strict):
     """One task metric's budgets in `budgets.metrics`: it fails `pipe check` when it breaks either."""
 
+    model_config = ConfigDict(allow_inf_nan=True)  # .inf: unbounded (not gated); NaN fails ge=0
+
     max_drop: float | None = Field(None, ge=0)  # in the metric's units (for MAE a rise is a drop)
     max_relative_drop: float | None = Field(None, ge=0)  # drop / |baseline value|: 0.02 = 2% of it
 
@@ -236,6 +238,8 @@ class BenchmarkSpec(_Strict):
 
 class BudgetSpec(_Strict):
     """What `pipe check` treats as a regression against the committed baseline."""
+
+    model_config = ConfigDict(allow_inf_nan=True)  # .inf: unbounded (`--max-accuracy-drop inf`); NaN fails ge=0
 
     max_accuracy_drop: float = Field(0.005, ge=0)  # absolute drop of every metric not listed in `metrics`
     metrics: dict[str, MetricBudget] = {}  # per metric (accuracy, mae): its own budgets, in place of the above

@@ -25,6 +25,7 @@ train:
     (BASE + "  weight_decay: .nan\n", "train.weight_decay: Input should be a finite number (got nan)"),
     (BASE.replace("hidden: [8]", "hidden: [8], dropout: .NaN"), "model.dropout: Input should be a finite number"),
     (BASE + "  grad_clip: -.inf\n", "train.grad_clip: Input should be a finite number (got -inf)"),
+    (BASE + "budgets: {max_accuracy_drop: .nan}\n", "budgets.max_accuracy_drop: Input should be greater than or equal"),
     (BASE + "task: embedding\n", "task 'embedding' is not available yet in recipes"),
     (BASE.replace("source: digits", "source: digits, label_column: y"),
      "data.label_column applies to source 'csv' only (source is 'digits'); remove it"),
@@ -56,3 +57,12 @@ def test_merge_keys_override_without_counting_as_duplicates(tmp_path: Path) -> N
     recipe.write_text(BASE + "  <<: {lr: 0.5, batch_size: 8}\n  lr: 0.25\n")
     loaded = load_recipe(recipe)
     assert (loaded.train.lr, loaded.train.batch_size) == (0.25, 8)
+
+
+def test_an_infinite_budget_is_the_one_infinity_a_recipe_may_hold(tmp_path: Path) -> None:
+    from pipeline.recipe import load_recipe
+
+    recipe = tmp_path / "t.yaml"
+    recipe.write_text(BASE + "budgets: {max_accuracy_drop: .inf, metrics: {accuracy: {max_drop: .inf}}}\n")
+    budgets = load_recipe(recipe).budgets  # `pipe check --max-accuracy-drop inf`: the metric is not gated
+    assert budgets.max_accuracy_drop == budgets.for_metric("accuracy").max_drop == float("inf")

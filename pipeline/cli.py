@@ -95,7 +95,8 @@ def train(
     )
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone reports
         click.echo(f"trained {root}")
-        click.echo(f"curves: tensorboard --logdir {root.parent}  (this run: {root / TENSORBOARD_DIR})")
+        if not quiet:  # --quiet prints the version's path alone, for scripts
+            click.echo(f"curves: tensorboard --logdir {root.parent}  (this run: {root / TENSORBOARD_DIR})")
 
 
 @main.command()

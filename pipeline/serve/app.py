@@ -29,6 +29,7 @@ from pipeline.serve.metrics import CONTENT_TYPE, Metrics
 from pipeline.serve.openapi import document
 from pipeline.serve.protocols import tfserving, v2
 from pipeline.serve.protocols.base import Protocol
+from pipeline.serve.protocols.tfclassify import TFClassify
 from pipeline.serve.protocols.tfserving import TFServing
 from pipeline.serve.protocols.v2 import V2
 from pipeline.serve.repository import LoadedVersion, Repository, version_number
@@ -37,10 +38,11 @@ from pipeline.serve.timing import current_request
 log = logging.getLogger("pipe.serve")
 
 Response = tuple[int, bytes, dict[str, str]]
-EXTENSIONS = ["binary_tensor_data"]  # the V2 extensions implemented here, by their Triton names
+EXTENSIONS = ["binary_tensor_data", "classification"]  # the V2 extensions implemented here, by their Triton names
 _JSON = {"content-type": "application/json"}
 _PUBLIC = {"/v2/health/live", "/v2/health/ready"}  # probes work without the API key
 _V2, _TF_SERVING = V2(), TFServing()
+_TF_VERBS: dict[str, Protocol] = {":predict": _TF_SERVING, ":classify": TFClassify()}
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -243,6 +245,8 @@ class ServeApp:
         }
         if model.reload_error is not None:  # still serving what it had; its changed manifest was refused
             parameters["reload_error"] = model.reload_error
+        if model.images.recorded:  # input name -> its recorded preprocessing (image inputs: how pictures feed them)
+            parameters["preprocessing"] = model.images.recorded
         return v2.metadata(model.io, versions, parameters)
 
     # -- inference, every protocol ----------------------------------------------------------------
@@ -251,6 +255,7 @@ class ServeApp:
         """The one inference path: decode, check, batch and run, select the outputs asked for, encode."""
         with self._counted(model):
             decoded = protocol.decode(body, headers, model.io)
+            decoded.inputs = await model.images.converted(decoded.inputs, model.session.input_by_name)  # PNG/JPEG
             wanted = _output_names(model, decoded.outputs)
             rows = model.session.check_inputs(decoded.inputs)
             results = await model.batcher.infer(decoded.inputs, rows)
@@ -274,14 +279,14 @@ class ServeApp:
     # -- TF Serving REST ---------------------------------------------------------------------------
 
     async def _v1_model(self, method: str, parts: list[str], headers: dict[str, str], body: bytes) -> Response:
-        predict = parts[-1].endswith(":predict")
-        if predict:
-            parts = [*parts[:-1], parts[-1].removesuffix(":predict")]
+        verb = next((v for v in _TF_VERBS if parts[-1].endswith(v)), None)  # ":predict" or ":classify"
+        if verb:
+            parts = [*parts[:-1], parts[-1].removesuffix(verb)]
         name, version, action = _model_path(parts)
         repo = self._repo()
-        if predict and action is None:
+        if verb and action is None:
             _allow(method, "POST")
-            return await self._infer(_TF_SERVING, repo.get(name, version), headers, body)
+            return await self._infer(_TF_VERBS[verb], repo.get(name, version), headers, body)
         if action is None:
             _allow(method, "GET")
             states = repo.states(name)
@@ -293,8 +298,9 @@ class ServeApp:
             return _json(tfserving.status(states))
         if action == "metadata":
             _allow(method, "GET")
-            return _json(tfserving.metadata(repo.get(name, version).io))
-        raise NotFound(f"no route for {action!r} under /v1/models/{name}; use :predict or metadata")
+            model = repo.get(name, version)
+            return _json(tfserving.metadata(model.io, model.images.recorded))
+        raise NotFound(f"no route for {action!r} under /v1/models/{name}; use :predict, :classify or metadata")
 
 
 def _model_path(parts: list[str]) -> tuple[str, str | None, str | None]:

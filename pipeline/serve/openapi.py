@@ -29,7 +29,10 @@ _INFER_REQUEST = {
     "required": ["inputs"],
     "properties": {
         "id": {"type": "string"},
-        "parameters": {"type": "object", "properties": {"binary_data_output": {"type": "boolean"}}},
+        "parameters": {
+            "type": "object",
+            "properties": {"binary_data_output": {"type": "boolean"}, "probabilities": {"type": "boolean"}},
+        },
         "inputs": {"type": "array", "items": _TENSOR_IN},
         "outputs": {
             "type": "array",
@@ -38,7 +41,14 @@ _INFER_REQUEST = {
                 "required": ["name"],
                 "properties": {
                     "name": {"type": "string"},
-                    "parameters": {"type": "object", "properties": {"binary_data": {"type": "boolean"}}},
+                    "parameters": {
+                        "type": "object",
+                        "properties": {
+                            "binary_data": {"type": "boolean"},
+                            "classification": {"type": "integer", "minimum": 1},  # top-k "score:index:label"
+                            "probabilities": {"type": "boolean"},  # softmax of the scores, when asked
+                        },
+                    },
                 },
             },
         },
@@ -47,6 +57,16 @@ _INFER_REQUEST = {
 _PREDICT_REQUEST = {
     "type": "object",
     "properties": {"signature_name": {"type": "string"}, "instances": {"type": "array"}, "inputs": {}},
+}
+_CLASSIFY_REQUEST = {
+    "type": "object",
+    "properties": {
+        "signature_name": {"type": "string"},
+        "context": {"type": "object"},
+        "examples": {"type": "array"},
+        "instances": {"type": "array"},
+        "probabilities": {"type": "boolean"},
+    },
 }
 
 
@@ -103,6 +123,9 @@ def document(models: list[str]) -> dict[str, Any]:
         paths[f"{prefix}/metadata"] = with_params(_get("TF Serving model metadata", "signature", 400, 404), *params)
         paths[f"{prefix}:predict"] = with_params(
             _post("TF Serving predict (instances or inputs)", _PREDICT_REQUEST, 400, 404, 408, 413, 503), *params
+        )
+        paths[f"{prefix}:classify"] = with_params(
+            _post("TF Serving classify: [label, score] per class", _CLASSIFY_REQUEST, 400, 404, 413, 503), *params
         )
     return {
         "openapi": "3.0.3",

@@ -29,6 +29,7 @@ from pipeline.manifest import MANIFEST_NAME
 from pipeline.serve import scan
 from pipeline.serve.batching import Batcher, BatchSettings
 from pipeline.serve.errors import NotFound, RequestError
+from pipeline.serve.images import ServedImages
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.protocols.base import ModelIO
 from pipeline.serve.session import ModelSession, SessionOptions
@@ -63,6 +64,7 @@ class LoadedVersion:
     batcher: Batcher
     stamp: Stamp  # the manifest's stamp when it was last read
     reload_error: str | None = None  # why the manifest's latest change was refused (this keeps serving)
+    images: ServedImages = field(default_factory=ServedImages)  # which inputs take encoded pictures, and how
 
     @property
     def variant(self) -> str:
@@ -176,13 +178,14 @@ class Repository:
         if (previous := self.failed.get((name, version))) and previous[0] == stamp:
             return None  # failed before and unchanged since: do not retry every tick
         try:
-            choice, session = await asyncio.to_thread(self._open, root, None)
+            choice, session, images = await asyncio.to_thread(self._open, root, None)
         except LOAD_ERRORS as exc:
             self._refuse(name, version, root, stamp, exc)
             return None
         assert session is not None  # no current choice: a session is always made
         self.failed.pop((name, version), None)
         loaded = self._serve(name, version, root, choice, session, stamp)
+        loaded.images = images
         log.info(
             "loaded %s v%d from %s (variant %s, %s) on %s; inputs %s; batching %s",
             name, version, root, choice.variant, choice.file, session.providers,
@@ -213,8 +216,9 @@ class Repository:
             return loaded
         loaded.stamp = stamp  # each change is read once, so a refusal is logged once
         try:
-            choice, session = await asyncio.to_thread(self._open, loaded.root, loaded.choice)
+            choice, session, images = await asyncio.to_thread(self._open, loaded.root, loaded.choice)
             if session is None:  # the same file as served
+                loaded.images = images  # the manifest may record the preprocessing anew
                 if loaded.reload_error is not None:
                     log.info("%s v%d: its manifest is valid again", loaded.name, loaded.version)
                 loaded.reload_error = None
@@ -234,10 +238,13 @@ class Repository:
             loaded.name, loaded.version, loaded.root, choice.variant, choice.file,
             loaded.variant, loaded.file, session.providers,
         )  # fmt: skip
-        return self._serve(loaded.name, loaded.version, loaded.root, choice, session, stamp)
+        reloaded = self._serve(loaded.name, loaded.version, loaded.root, choice, session, stamp)
+        reloaded.images = images
+        return reloaded
 
-    def _open(self, root: Path, current: Choice | None) -> tuple[Choice, ModelSession | None]:
-        """Verify the artifact, choose its variant and, unless that is `current`, create its session.
+    def _open(self, root: Path, current: Choice | None) -> tuple[Choice, ModelSession | None, ServedImages]:
+        """Verify the artifact, choose its variant and, unless that is `current`, create its session; and
+        read how its image inputs take encoded pictures.
 
         All under the artifact's shared lock (worker thread): a stage committing a new file in
         between would otherwise have onnxruntime read a file nobody verified.
@@ -245,9 +252,10 @@ class Repository:
         with locked(root, shared=True):
             artifact = Artifact.load(root, verify=True)
             choice = choose(artifact, self.settings.variants)
+            images = ServedImages.of(artifact.manifest)
             if choice == current:
-                return choice, None
-            return choice, ModelSession(artifact.path(choice.file), self._session_options)
+                return choice, None, images
+            return choice, ModelSession(artifact.path(choice.file), self._session_options, artifact.manifest), images
 
     def _serve(
         self, name: str, version: int, root: Path, choice: Choice, session: ModelSession, stamp: Stamp

@@ -9,13 +9,14 @@ silently runs on CPU (DESIGN.md section 5), so the provider in use is read back 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from pipeline.errors import ArtifactError
+from pipeline.manifest import Manifest, TokenInput
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.datatypes import ORT_TO_V2, IOSpec, v2_datatype
 from pipeline.verify.session import create_session
@@ -56,7 +57,7 @@ def _spec(arg: ort.NodeArg) -> IOSpec:
 class ModelSession:
     """An onnxruntime InferenceSession plus the facts the server needs about it."""
 
-    def __init__(self, path: Path, options: SessionOptions) -> None:
+    def __init__(self, path: Path, options: SessionOptions, manifest: Manifest | None = None) -> None:
         # The one session factory (shared with the verifier): a load failure is an ArtifactError,
         # which refuses this version only, and a provider fallback is logged there.
         self.session = create_session(
@@ -65,6 +66,8 @@ class ModelSession:
         self.providers: list[str] = self.session.get_providers()
         self.inputs = [_spec(a) for a in self.session.get_inputs()]
         self.outputs = [_spec(a) for a in self.session.get_outputs()]
+        if manifest is not None:  # what the model file does not say: class names, token limits
+            self.inputs, self.outputs = _declared(self.inputs, self.outputs, manifest)
         self.input_by_name = {s.name: s for s in self.inputs}
         # Batching concatenates requests along dim 0, so every input and output must have a dynamic
         # first dim; a model with a fixed batch runs each request alone.
@@ -96,6 +99,8 @@ class ModelSession:
                 raise RequestError(
                     f"input {name!r} has shape {list(array.shape)}, the model expects {spec.describe()} (-1: any size)"
                 )
+            if spec.tokens is not None:
+                _check_tokens(name, array, spec.tokens)
             if spec.datatype == "BYTES":
                 feeds[name] = _as_text(name, array)
             if array.ndim:
@@ -109,6 +114,39 @@ class ModelSession:
         names = list(outputs) if outputs else [s.name for s in self.outputs]
         results = self.session.run(names, feeds)
         return dict(zip(names, results, strict=True))
+
+
+def _declared(inputs: list[IOSpec], outputs: list[IOSpec], manifest: Manifest) -> tuple[list[IOSpec], list[IOSpec]]:
+    """The specs with what the manifest adds: token limits per input, and a classifier's labels on the
+    output they name (the manifest's first output, when its class dim fits them)."""
+    tokens = {s.name: s.tokens for s in manifest.inputs if s.tokens is not None}
+    inputs = [replace(s, tokens=tokens[s.name]) if s.name in tokens else s for s in inputs]
+    columns = {s.name: tuple(s.features) for s in manifest.inputs if s.features is not None}
+    inputs = [replace(s, features=columns[s.name]) if s.name in columns else s for s in inputs]
+    labeled = manifest.outputs[0].name if manifest.task == "classification" and manifest.labels else None
+    outputs = [
+        replace(s, labels=tuple(manifest.labels))
+        if s.name == labeled and s.shape and s.shape[-1] in (-1, len(manifest.labels))
+        else s
+        for s in outputs
+    ]
+    return inputs, outputs
+
+
+def _check_tokens(name: str, ids: np.ndarray, tokens: TokenInput) -> None:
+    """Refuse sequences longer than the model covers and ids outside its vocabulary (a negative id
+    would silently index from the end of the embedding; a long sequence fails inside onnxruntime)."""
+    if tokens.max_length is not None and ids.ndim and ids.shape[-1] > tokens.max_length:
+        raise RequestError(
+            f"input {name!r}: sequences of {ids.shape[-1]} tokens are longer than the model's "
+            f"max_sequence_length {tokens.max_length}; shorten or split them"
+        )
+    if ids.size and (ids.min() < 0 or ids.max() >= tokens.vocab_size):
+        where = tuple(int(i) for i in np.argwhere((ids < 0) | (ids >= tokens.vocab_size))[0])
+        raise RequestError(
+            f"input {name!r}: token id {ids[where]} at {list(where)} is outside the vocabulary: ids must be in "
+            f"[0, {tokens.vocab_size}) (vocab_size {tokens.vocab_size})"
+        )
 
 
 def _as_text(name: str, array: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ def test_every_documented_operation_answers(server) -> None:
         for method in ("get", "post"):
             if method not in item:
                 continue
-            body = TF_BODY if path.endswith(":predict") else V2_BODY
+            body = TF_BODY if path.endswith((":predict", ":classify")) else V2_BODY
             r = httpx.request(method.upper(), f"{server.url}{path}", json=body if method == "post" else None)
             assert r.status_code == 200, f"{method.upper()} {path}: {r.status_code} {r.text}"
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from pipeline.manifest import Feature, TokenInput
 from pipeline.serve.errors import RequestError
 
 # KServe V2 datatype -> numpy dtype. BYTES tensors are numpy object arrays of `bytes`.
@@ -34,6 +34,9 @@ class IOSpec:
     name: str
     datatype: str  # V2 datatype: FP32, INT64, ...
     shape: tuple[int, ...]
+    labels: tuple[str, ...] = ()  # an output's class names (the manifest's labels), index = class
+    tokens: TokenInput | None = None  # a token-id input's vocabulary, longest sequence, padding id
+    features: tuple[Feature, ...] | None = None  # a [batch, F] input's columns by name (a model trained on a table)
 
     @property
     def dtype(self) -> np.dtype:
@@ -41,6 +44,13 @@ class IOSpec:
 
     def describe(self) -> str:
         return f"{self.name}: {self.datatype}{list(self.shape)}"
+
+    def token_limits(self) -> dict[str, int | None]:
+        """A token input's limits as model metadata shows them (empty for any other tensor)."""
+        if self.tokens is None:
+            return {}
+        t = self.tokens
+        return {"vocab_size": t.vocab_size, "max_sequence_length": t.max_length, "padding_id": t.padding_id}
 
 
 # onnxruntime's NodeArg.type string -> V2 datatype.
@@ -96,29 +106,6 @@ def v2_datatype(dtype: np.dtype) -> str:
         if candidate == dtype:
             return name
     raise RequestError(f"numpy dtype {dtype} has no V2 datatype", status=500)
-
-
-def json_array(data: Any, dtype: np.dtype) -> np.ndarray:
-    """JSON values (nested lists) -> an array of `dtype` shaped like them, without silent casts.
-
-    BYTES (object dtype) takes JSON strings, stored as UTF-8 bytes like binary BYTES data. numpy
-    alone would truncate 1.5 to 1 for an integer dtype, read true/false as 1/0, and read 1 as true
-    for BOOL; those are refused. (numpy reads a list mixing true with integers as integers.)
-    Raises TypeError, ValueError or OverflowError, which the protocols turn into a 400.
-    """
-    if dtype.kind == "O":
-        strings = np.asarray(data, dtype=object)
-        if not all(isinstance(x, str) for x in strings.flat):
-            raise TypeError("BYTES values must be JSON strings")
-        encoded = np.empty(strings.shape, dtype=object)
-        encoded.flat[:] = [x.encode() for x in strings.flat]
-        return encoded
-    array = np.asarray(data, dtype=dtype)
-    if array.size and dtype.kind in "biu":
-        if np.asarray(data).dtype.kind not in ("b" if dtype.kind == "b" else "iu"):
-            expected = "true/false" if dtype.kind == "b" else "integers (no fraction, not true/false)"
-            raise TypeError(f"the values must be {expected}")
-    return array
 
 
 def json_text(array: np.ndarray) -> np.ndarray:

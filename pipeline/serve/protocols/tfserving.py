@@ -7,6 +7,8 @@ gives each input whole. Responses mirror the request's form: `predictions` or `o
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 import numpy as np
@@ -14,7 +16,9 @@ import orjson
 
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
-from pipeline.serve.protocols.datatypes import V2_TO_TF, IOSpec, json_array, json_text
+from pipeline.serve.protocols.datatypes import V2_TO_TF, IOSpec, json_text
+from pipeline.serve.protocols.jsonvalues import json_array
+from pipeline.serve.protocols.keyed import feature_rows
 from pipeline.serve.protocols.v2 import parse_json
 
 SIGNATURE = "serving_default"
@@ -38,7 +42,7 @@ class TFServing(Protocol):
         if ("instances" in request) == ("inputs" in request):
             raise RequestError("send exactly one of 'instances' (row form) or 'inputs' (columnar form)")
         if "instances" in request:
-            return Decoded(_rows(request["instances"], model.inputs), outputs=None, options="instances")
+            return Decoded(row_inputs(request["instances"], model.inputs), outputs=None, options="instances")
         return Decoded(_columns(request["inputs"], model.inputs), outputs=None, options="inputs")
 
     def encode(self, model: ModelIO, decoded: Decoded, results: dict[str, np.ndarray]) -> Encoded:
@@ -55,12 +59,14 @@ class TFServing(Protocol):
         return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), _JSON
 
 
-def _rows(instances: Any, specs: list[IOSpec]) -> dict[str, np.ndarray]:
+def row_inputs(instances: Any, specs: list[IOSpec]) -> dict[str, np.ndarray]:
     """Row form: one value per example, or one object {input: value} per example."""
     names = [s.name for s in specs]
     if not isinstance(instances, list) or not instances:
         raise RequestError(f"instances must be a non-empty list, got {instances!r:.80}")
-    if len(specs) == 1 and not all(isinstance(x, dict) for x in instances):
+    if len(specs) == 1 and specs[0].features is not None:  # objects keyed by column, category names
+        instances = feature_rows(instances, names[0], specs[0].features)
+    if len(specs) == 1 and not all(isinstance(x, dict) and not _is_b64(x) for x in instances):
         columns = {names[0]: instances}
     else:
         if not all(isinstance(x, dict) and sorted(x) == sorted(names) for x in instances):
@@ -87,6 +93,10 @@ def _spec(specs: list[IOSpec], name: str) -> IOSpec:
 
 
 def _array(value: Any, spec: IOSpec) -> np.ndarray:
+    if _is_b64(value) or (isinstance(value, list) and value and _is_b64(value[0])):
+        return _b64_array(value, spec)
+    if spec.tokens is not None:
+        value = _padded(value, spec)
     try:
         return json_array(value, spec.dtype)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -94,6 +104,42 @@ def _array(value: Any, spec: IOSpec) -> np.ndarray:
             f"input {spec.name!r}: values do not form a {spec.datatype} tensor ({exc}); the model expects "
             f"{spec.describe()}"
         ) from None
+
+
+def _padded(rows: Any, spec: IOSpec) -> Any:
+    """Token sequences of different lengths, one per row, padded to the longest with the recorded padding
+    id (JSON has no ragged tensors); a model without one (imported) takes rows of equal length only."""
+    if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
+        return rows
+    lengths = sorted({len(row) for row in rows})
+    if len(lengths) < 2:
+        return rows
+    pad = spec.tokens.padding_id if spec.tokens is not None else None
+    if pad is None:
+        raise RequestError(
+            f"input {spec.name!r}: rows hold {lengths[0]} to {lengths[-1]} tokens, and this model records no "
+            "padding id to fill the shorter ones with; send rows of equal length"
+        )
+    return [row + [pad] * (lengths[-1] - len(row)) for row in rows]
+
+
+def _is_b64(value: Any) -> bool:
+    """TF Serving's binary value: `{"b64": "<base64>"}` (an encoded picture, or any binary string)."""
+    return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("b64"), str)
+
+
+def _b64_array(value: Any, spec: IOSpec) -> np.ndarray:
+    """`{"b64": ...}` values (one, or a list of them) -> an object array of their bytes, shape [] or [n]."""
+    items = value if isinstance(value, list) else [value]
+    decoded = np.empty(len(items), dtype=object)
+    for i, item in enumerate(items):
+        if not _is_b64(item):
+            raise RequestError(f"input {spec.name!r}: element {i} is {item!r:.60}; mix no other values with b64 ones")
+        try:
+            decoded[i] = base64.b64decode(item["b64"], validate=True)
+        except (binascii.Error, ValueError):
+            raise RequestError(f"input {spec.name!r}: element {i}'s b64 is not base64: {item['b64'][:40]!r}") from None
+    return decoded if isinstance(value, list) else decoded.reshape(())
 
 
 def _rows_of_every_output(results: dict[str, Any]) -> int:
@@ -131,8 +177,9 @@ def status(versions: dict[int, tuple[bool, str]]) -> dict[str, Any]:
     }
 
 
-def metadata(model: ModelIO) -> dict[str, Any]:
-    """Model metadata in TF Serving's shape: one `serving_default` signature."""
+def metadata(model: ModelIO, preprocessing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Model metadata in TF Serving's shape: one `serving_default` signature, and beside it each input's
+    recorded `preprocessing` (how an image input takes encoded pictures), when there is any."""
 
     def tensors(specs: list[IOSpec]) -> dict[str, Any]:
         return {
@@ -149,7 +196,14 @@ def metadata(model: ModelIO) -> dict[str, Any]:
         "outputs": tensors(model.outputs),
         "method_name": "tensorflow/serving/predict",
     }
+    described: dict[str, Any] = {"signature_def": {"signature_def": {SIGNATURE: signature}}}
+    if preprocessing:
+        described["preprocessing"] = preprocessing
+    if labels := {s.name: list(s.labels) for s in model.outputs if s.labels}:
+        described["labels"] = labels  # a classifier output's class names, index = class (also in :classify)
+    if tokens := {s.name: s.token_limits() for s in model.inputs if s.tokens is not None}:
+        described["tokens"] = tokens
     return {
         "model_spec": {"name": model.name, "signature_name": "", "version": str(model.version)},
-        "metadata": {"signature_def": {"signature_def": {SIGNATURE: signature}}},
+        "metadata": described,
     }

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import orjson
 
+from pipeline.serve.classify import check_scores, softmax, top_classes
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols import binary
 from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
-from pipeline.serve.protocols.datatypes import IOSpec, json_array, json_text, numpy_dtype, v2_datatype
+from pipeline.serve.protocols.datatypes import IOSpec, json_text, numpy_dtype, v2_datatype
+from pipeline.serve.protocols.jsonvalues import json_array
 
 MAX_RANK = 16
 
@@ -34,6 +36,8 @@ class V2Options:
     id: str  # echoed, or made when the request has none
     binary_outputs: dict[str, bool] | None  # output name -> answer in binary? ; None: every output
     binary_default: bool  # request-level parameters.binary_data_output
+    classes: dict[str, int] = field(default_factory=dict)  # output -> top-k asked for (classification extension)
+    probabilities: frozenset[str] = frozenset()  # outputs answered as softmax probabilities (asked for)
 
 
 class V2(Protocol):
@@ -46,18 +50,33 @@ class V2(Protocol):
         if request_id is not None and not isinstance(request_id, str):
             raise RequestError(f"id must be a string, got {request_id!r}")
         parameters = _parameters(request, "request")
-        inputs = _inputs(request.get("inputs"), tensors, len(raw_json))
+        # JSON data may hide true/false among numbers only where the text holds them (a fast byte search)
+        bools = b"true" in raw_json or b"false" in raw_json
+        inputs = _inputs(request.get("inputs"), tensors, len(raw_json), bools)
         binary_default = parameters.get("binary_data_output", False)
         if not isinstance(binary_default, bool):
             raise RequestError(f"parameters.binary_data_output must be true or false, got {binary_default!r}")
-        outputs = _outputs(request.get("outputs"), binary_default)
-        options = V2Options(request_id or uuid.uuid4().hex, outputs, binary_default)
+        outputs, classes, softmaxed = _outputs(request.get("outputs"), binary_default)
+        every = parameters.get("probabilities", False)  # request-level: every output answered
+        if not isinstance(every, bool):
+            raise RequestError(f"parameters.probabilities must be true or false, got {every!r:.40}")
+        if every:
+            softmaxed = set(outputs) if outputs is not None else {s.name for s in model.outputs}
+        specs = {s.name: s for s in model.outputs}  # an unknown output name is refused by the app
+        for name in (classes.keys() | softmaxed) & specs.keys():
+            check_scores(specs[name], name in classes, name in softmaxed)
+        options = V2Options(request_id or uuid.uuid4().hex, outputs, binary_default, classes, frozenset(softmaxed))
         return Decoded(inputs, None if outputs is None else list(outputs), options)
 
     def encode(self, model: ModelIO, decoded: Decoded, results: dict[str, np.ndarray]) -> Encoded:
         options: V2Options = decoded.options
         entries, tensors = [], []
+        specs = {s.name: s for s in model.outputs}
         for name, array in results.items():
+            if name in options.probabilities:
+                array = softmax(array)
+            if name in options.classes:  # a BYTES tensor [batch, k] of "score:index[:label]"
+                array = top_classes(array, options.classes[name], specs[name].labels)
             as_binary = options.binary_default if options.binary_outputs is None else options.binary_outputs[name]
             entry: dict[str, Any] = {"name": name, "datatype": v2_datatype(array.dtype), "shape": list(array.shape)}
             if as_binary:
@@ -79,7 +98,7 @@ def metadata(model: ModelIO, versions: list[str], parameters: dict[str, Any]) ->
     server's facts about the version in `parameters`."""
 
     def tensors(specs: list[IOSpec]) -> list[dict[str, Any]]:
-        return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
+        return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape), **_declared(s)} for s in specs]
 
     return {
         "name": model.name,
@@ -91,6 +110,17 @@ def metadata(model: ModelIO, versions: list[str], parameters: dict[str, Any]) ->
     }
 
 
+def _declared(spec: IOSpec) -> dict[str, Any]:
+    """What the manifest adds to a tensor's metadata, as its `parameters`: an output's class names
+    (`labels`, index = class), a token input's `vocab_size`, `max_sequence_length` and `padding_id`."""
+    parameters: dict[str, Any] = {}
+    if spec.labels:
+        parameters["labels"] = list(spec.labels)
+    if spec.tokens is not None:
+        parameters.update(spec.token_limits())
+    return {"parameters": parameters} if parameters else {}
+
+
 def parse_json(raw: bytes, what: str = "request body") -> Any:
     """orjson.loads with a 400 that quotes the parser's complaint."""
     try:
@@ -99,7 +129,7 @@ def parse_json(raw: bytes, what: str = "request body") -> Any:
         raise RequestError(f"{what} is not valid JSON: {exc}; send a JSON object") from None
 
 
-def _inputs(raw_inputs: Any, tensors: memoryview, header_size: int) -> dict[str, np.ndarray]:
+def _inputs(raw_inputs: Any, tensors: memoryview, header_size: int, bools: bool) -> dict[str, np.ndarray]:
     """The request's `inputs` list -> named arrays, each from JSON `data` or from the binary tail."""
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise RequestError(f"inputs must be a non-empty list of tensors, got {raw_inputs!r:.80}")
@@ -128,7 +158,7 @@ def _inputs(raw_inputs: Any, tensors: memoryview, header_size: int) -> dict[str,
             inputs[name] = binary.decode_tensor(tensors[offset : offset + size], name, dtype, shape)
             offset += size
         elif "data" in entry:
-            inputs[name] = _json_tensor(entry["data"], name, datatype, dtype, shape)
+            inputs[name] = _json_tensor(entry["data"], name, datatype, dtype, shape, bools)
         else:
             raise RequestError(f"input {name!r} has neither data nor parameters.binary_data_size")
     if offset != len(tensors):
@@ -139,10 +169,13 @@ def _inputs(raw_inputs: Any, tensors: memoryview, header_size: int) -> dict[str,
     return inputs
 
 
-def _outputs(raw_outputs: Any, binary_default: bool) -> dict[str, bool] | None:
-    """The request's `outputs` list -> output name -> binary? ; None when it asks for every output."""
+def _outputs(raw_outputs: Any, binary_default: bool) -> tuple[dict[str, bool] | None, dict[str, int], set[str]]:
+    """The request's `outputs` list -> (output name -> binary?, or None when it asks for every output;
+    output name -> classes asked for; outputs asked for as probabilities)."""
+    classes: dict[str, int] = {}
+    softmaxed: set[str] = set()
     if raw_outputs is None:
-        return None
+        return None, classes, softmaxed
     if not isinstance(raw_outputs, list):
         raise RequestError(f"outputs must be a list, got {type(raw_outputs).__name__}")
     outputs = {}
@@ -153,12 +186,25 @@ def _outputs(raw_outputs: Any, binary_default: bool) -> dict[str, bool] | None:
             raise RequestError(f"outputs[{i}].name must be a string, got {name!r}")
         parameters = _parameters(entry, f"outputs[{i}]")
         if "classification" in parameters:
-            raise RequestError("the classification extension is not supported; request raw outputs")
+            count = parameters["classification"]
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                raise RequestError(
+                    f"outputs[{i}].parameters.classification must be the number of classes to return "
+                    f"(an integer >= 1), got {count!r:.40}"
+                )
+            classes[name] = count
+        probabilities = parameters.get("probabilities", False)
+        if not isinstance(probabilities, bool):
+            raise RequestError(
+                f"outputs[{i}].parameters.probabilities must be true or false, got {probabilities!r:.40}"
+            )
+        if probabilities:
+            softmaxed.add(name)
         as_binary = parameters.get("binary_data", binary_default)
         if not isinstance(as_binary, bool):
             raise RequestError(f"outputs[{i}].parameters.binary_data must be true or false, got {as_binary!r}")
         outputs[name] = as_binary
-    return outputs
+    return outputs, classes, softmaxed
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:
@@ -181,10 +227,10 @@ def _shape(value: Any, where: str) -> list[int]:
     return value
 
 
-def _json_tensor(data: Any, name: str, datatype: str, dtype: np.dtype, shape: list[int]) -> np.ndarray:
+def _json_tensor(data: Any, name: str, datatype: str, dtype: np.dtype, shape: list[int], bools: bool) -> np.ndarray:
     count = math.prod(shape)
     try:
-        array = json_array(data, dtype).ravel()
+        array = json_array(data, dtype, may_hold_bools=bools).ravel()
     except (TypeError, ValueError, OverflowError) as exc:
         raise RequestError(f"input {name!r}: data does not fit datatype {datatype} ({exc})") from None
     if array.size != count:

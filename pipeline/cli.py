@@ -360,6 +360,13 @@ def predict(artifact: str, input_file: str, variant: str, top_k: int, allow_fail
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
               help="Dims of input NAME (repeatable): an int fixes one, a name names one, ? or -1 leaves it free, "
               "e.g. x:1,3,48,192 for a model declaring [-1, 3, ?, ?]. See docs/export.md.")  # fmt: skip
+@click.option(
+    "--image-preprocessing",
+    default=None,
+    help='How pictures feed the image input, as JSON: \'{"mode": "RGB", "size": [224, 224], "resize": "bilinear", '
+    '"scale": 0.00392156862745098, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}\' '
+    "(mean/std: applied outside the model; also layout NCHW|NHWC, input NAME). See docs/artifact.md.",
+)
 def import_cmd(
     model: str,
     name: str,
@@ -369,6 +376,7 @@ def import_cmd(
     task: str,
     repository: str,
     input_shapes: tuple[str, ...],
+    image_preprocessing: str | None,
 ) -> None:
     """Make an artifact from an ONNX MODEL produced elsewhere (JAX, TensorFlow, Paddle, ...)."""
     from pipeline.export.importer import import_onnx, read_labels
@@ -377,8 +385,9 @@ def import_cmd(
 
     shapes = parse_input_shapes(input_shapes)
     names = read_labels(labels, Path(labels_file) if labels_file else None)
+    evaluation = Path(eval_data) if eval_data else None
     artifact = import_onnx(
-        Path(model), name, Path(repository), Path(eval_data) if eval_data else None, names, task, input_shapes=shapes
+        Path(model), name, Path(repository), evaluation, names, task, image_preprocessing, input_shapes=shapes
     )
     golden = artifact.manifest.stages.import_.golden if artifact.manifest.stages.import_ else "?"
     click.echo(f"imported {model} -> {artifact.root} (golden outputs from {golden} inputs)")

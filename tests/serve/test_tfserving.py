@@ -67,7 +67,7 @@ def test_status_and_metadata(http: httpx.Client) -> None:
         ("/v1/models/mlp:predict", {"instances": [[1, 2, 3, 4]], "signature_name": "x"}, 400, "only signature"),
         ("/v1/models/pair:predict", {"inputs": {"a": [[1, 2, 3]]}}, 400, "missing input(s) ['b']"),
         ("/v1/models/pair:predict", {"instances": [{"a": [1, 2, 3]}]}, 400, "exactly the inputs ['a', 'b']"),
-        ("/v1/models/embed:predict", {"inputs": [[1.5, 2]]}, 400, "element [0, 0] is 1.5: INT64 takes integers"),  # not 1
+        ("/v1/models/embed:predict", {"inputs": [[1.5, 2]]}, 400, "element [0, 0] is 1.5: INT64 takes integers"),
         ("/v1/models/embed:predict", {"inputs": [[True, False]]}, 400, "element [0, 0] is true: INT64 takes JSON"),
     ],
 )

@@ -1,0 +1,271 @@
+"""Encoded pictures against a real `pipe serve`: PNGs of sklearn digits sent as TF Serving b64 and as V2
+BYTES (JSON and tritonclient binary) get the answer of the preprocessed float tensor; unreadable,
+huge and alpha pictures are 400s; metadata shows the recorded preprocessing.
+
+The digit model is a real classifier: sklearn's logistic regression on the 8x8 digits (0..16), as an
+ONNX Flatten + MatMul + Add, so a PNG of a digit is also checked to be read as that digit.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+import tritonclient.http as triton
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+from PIL import Image
+from serve_models import OPSET, write_artifact
+from serve_process import Server, start_server
+from sklearn.datasets import load_digits
+from sklearn.linear_model import LogisticRegression
+from tritonclient.utils import InferenceServerException
+
+from pipeline.cli import main
+
+DIGITS_RECORD = {"mode": "L", "size": [8, 8], "resize": "bilinear", "scale": 16 / 255}
+RGB_OPTION = {"layout": "NHWC", "mode": "RGB", "size": [4, 6], "scale": 1 / 255, "mean": [0.5, 0.4, 0.3],
+              "std": [0.25, 0.5, 2.0]}  # fmt: skip
+SAMPLES = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 42, 1000]  # rows of sklearn's digits
+
+
+def digits_classifier(layout: str = "NCHW") -> onnx.ModelProto:
+    """logits = flatten(input) @ W + b, W and b from a logistic regression fitted on the digits (0..16)."""
+    digits = load_digits()
+    fitted = LogisticRegression(max_iter=2000).fit(digits.data, digits.target)
+    w = fitted.coef_.T.astype(np.float32)  # [64, 10]
+    b = fitted.intercept_.astype(np.float32)
+    shape = ["batch", 1, 8, 8] if layout == "NCHW" else ["batch", 8, 8, 1]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Flatten", ["input"], ["flat"]),
+            helper.make_node("MatMul", ["flat", "w"], ["mm"]),
+            helper.make_node("Add", ["mm", "b"], ["logits"]),
+        ],
+        "digits",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    return helper.make_model(graph, opset_imports=OPSET, ir_version=10)
+
+
+def rgb_mean() -> onnx.ModelProto:
+    """NHWC RGB [batch, 4, 6, 3] -> the mean of each channel [batch, 3]: shows every pixel's value."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["input", "axes"], ["means"], keepdims=0)],
+        "rgb",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 4, 6, 3])],
+        [helper.make_tensor_value_info("means", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(np.array([1, 2], np.int64), "axes")],
+    )
+    return helper.make_model(graph, opset_imports=OPSET, ir_version=10)
+
+
+def record(repo: Path, name: str, model: onnx.ModelProto, layout: str, preprocessing: dict) -> None:
+    artifact = write_artifact(repo, name, 1, model)
+    artifact.manifest.inputs[0].layout = layout
+    artifact.manifest.inputs[0].preprocessing = preprocessing
+    artifact.save()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repo = tmp_path_factory.mktemp("images") / "artifacts"
+    # As pipe train records the digits CNN: mean/std inside the model, the image record beside them.
+    record(repo, "digits", digits_classifier(), "NCHW", {"mean": [4.9], "std": [6.0], "applied_in_model": True,
+                                                         "image": DIGITS_RECORD})  # fmt: skip
+    # An imported RGB model normalized outside, recorded by pipe import: mean/std applied after the scale.
+    onnx.save(rgb_mean(), repo.parent / "rgb.onnx")
+    args = ["import", str(repo.parent / "rgb.onnx"), "--name", "rgb", "--task", "regression", "--repository", str(repo)]
+    result = CliRunner().invoke(main, [*args, "--image-preprocessing", json.dumps(RGB_OPTION)])
+    assert result.exit_code == 0, result.output
+    record(repo, "unrecorded", digits_classifier(), "NCHW", {})  # an image input nobody said how to feed
+    running = start_server([repo], tmp_path_factory.mktemp("log") / "serve.log", "--poll", "0")
+    yield running
+    running.stop()
+
+
+def png(pixels: np.ndarray, mode: str = "L") -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels, mode=mode).save(out, format="PNG")
+    return out.getvalue()
+
+
+def digit_png(row: int, side: int) -> bytes:
+    """Row `row` of sklearn's digits as a grey PNG (0..16 -> 0..255, white ink), `side` pixels square."""
+    pixels = np.round(load_digits().images[row] * 255 / 16).astype(np.uint8)
+    return png(np.asarray(Image.fromarray(pixels, "L").resize((side, side), Image.Resampling.NEAREST)))
+
+
+def preprocessed(picture: bytes) -> np.ndarray:
+    """What the recorded preprocessing says, written out here: grey, bilinear to 8x8, x 16/255, [1, 8, 8]."""
+    grey = Image.open(io.BytesIO(picture)).convert("L").resize((8, 8), Image.Resampling.BILINEAR)
+    return (np.asarray(grey, np.float32) * np.float32(16 / 255))[np.newaxis]
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def v2_infer(server: Server, model: str, tensor: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}/v2/models/{model}/infer", json={"inputs": [tensor]}, timeout=30)
+
+
+def v2_logits(response: httpx.Response) -> np.ndarray:
+    assert response.status_code == 200, response.text
+    output = response.json()["outputs"][0]
+    return np.asarray(output["data"], np.float32).reshape(output["shape"])
+
+
+@pytest.mark.parametrize("side", [8, 32], ids=["8x8", "32x32-resized"])
+def test_a_digit_png_as_b64_and_as_v2_bytes_gets_the_answer_of_its_preprocessed_tensor(
+    server: Server, side: int
+) -> None:
+    pictures = [digit_png(row, side) for row in SAMPLES]
+    tensor = np.stack([preprocessed(p) for p in pictures])  # [n, 1, 8, 8]
+    fp32 = {"name": "input", "datatype": "FP32", "shape": list(tensor.shape), "data": tensor.ravel().tolist()}
+    expected = v2_logits(v2_infer(server, "digits", fp32))
+    if side == 8:  # a real classifier: the pictures are read as the digits they show (resizing 32 -> 8 blurs)
+        assert expected.argmax(1).tolist() == load_digits().target[SAMPLES].tolist()
+
+    answers = {}
+    for form in ({"b64": b64(p)} for p in pictures), ({"input": {"b64": b64(p)}} for p in pictures):
+        response = httpx.post(f"{server.url}/v1/models/digits:predict", json={"instances": list(form)}, timeout=30)
+        assert response.status_code == 200, response.text
+        answers[f"tfserving {len(answers)}"] = np.asarray(response.json()["predictions"], np.float32)
+    columnar = {"inputs": {"input": [{"b64": b64(p)} for p in pictures]}}
+    response = httpx.post(f"{server.url}/v1/models/digits:predict", json=columnar, timeout=30)
+    answers["tfserving columnar"] = np.asarray(response.json()["outputs"], np.float32)
+    json_bytes = {"name": "input", "datatype": "BYTES", "shape": [len(pictures)], "data": [b64(p) for p in pictures]}
+    answers["v2 json"] = v2_logits(v2_infer(server, "digits", json_bytes))
+    with triton.InferenceServerClient(server.address) as client:
+        for binary in (True, False):
+            tensor_in = triton.InferInput("input", [len(pictures)], "BYTES")
+            if binary:  # raw PNG bytes, length-prefixed, as tritonclient sends BYTES
+                tensor_in.set_data_from_numpy(np.array(pictures, dtype=object), binary_data=True)
+            else:  # tritonclient's JSON: the base64 strings
+                tensor_in.set_data_from_numpy(np.array([b64(p) for p in pictures], dtype=object), binary_data=False)
+            result = client.infer("digits", [tensor_in], outputs=[triton.InferRequestedOutput("logits")])
+            answers[f"tritonclient binary={binary}"] = result.as_numpy("logits")
+    for how, logits in answers.items():
+        np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5, err_msg=how)
+
+
+def test_mean_std_outside_the_model_resize_and_nhwc_are_applied_as_recorded(server: Server) -> None:
+    rgb = np.random.default_rng(3).integers(0, 256, (10, 9, 3), dtype=np.uint8)  # resized to 4x6
+    picture = png(rgb, "RGB")
+    resized = np.asarray(Image.fromarray(rgb, "RGB").resize((6, 4), Image.Resampling.BILINEAR), np.float32)
+    expected = ((resized / 255 - [0.5, 0.4, 0.3]) / [0.25, 0.5, 2.0]).mean(axis=(0, 1))
+    response = httpx.post(f"{server.url}/v1/models/rgb:predict", json={"instances": [{"b64": b64(picture)}]})
+    assert response.status_code == 200, response.text
+    np.testing.assert_allclose(response.json()["predictions"][0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_metadata_shows_the_recorded_preprocessing(server: Server) -> None:
+    v2 = httpx.get(f"{server.url}/v2/models/digits").json()
+    shown = v2["parameters"]["preprocessing"]["input"]
+    assert shown["image"] == {"layout": "NCHW", **DIGITS_RECORD} and shown["applied_in_model"] is True
+    tf = httpx.get(f"{server.url}/v1/models/rgb/metadata").json()
+    image = tf["metadata"]["preprocessing"]["input"]["image"]
+    assert image == {"layout": "NHWC", "mode": "RGB", "size": [4, 6], "resize": "bilinear", "scale": 1 / 255,
+                     "mean": [0.5, 0.4, 0.3], "std": [0.25, 0.5, 2.0]}  # fmt: skip
+    assert "signature_def" in tf["metadata"]
+
+
+def bomb() -> bytes:
+    """A 12000x12000 grey PNG of zeros: 144 million pixels in about 140 KB."""
+    return png(np.zeros((12_000, 12_000), np.uint8))
+
+
+def rgba() -> bytes:
+    return png(np.zeros((8, 8, 4), np.uint8), "RGBA")
+
+
+def sixteen_bit() -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8), np.uint16)).save(out, format="PNG")  # mode I;16
+    return out.getvalue()
+
+
+REFUSED = {
+    "not a picture": (lambda: b"hello, not a picture", "not a readable picture"),
+    "truncated": (lambda: digit_png(0, 32)[:60], "not a readable picture"),
+    "corrupt": (lambda: digit_png(0, 32)[:40] + b"\x00" * 80 + digit_png(0, 32)[120:], "not a readable picture"),
+    "bomb": (bomb, "144000000 pixels"),
+    "alpha": (rgba, "mode RGBA"),
+    "16-bit": (sixteen_bit, "mode I;16"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=list(REFUSED))
+@pytest.mark.parametrize("protocol", ["tfserving", "v2-json", "v2-binary"])
+def test_a_picture_that_cannot_be_read_faithfully_is_a_400_naming_why(server: Server, case: str, protocol: str) -> None:
+    make, message = REFUSED[case]
+    picture = make()
+    if protocol == "tfserving":
+        response = httpx.post(f"{server.url}/v1/models/digits:predict", json={"instances": [{"b64": b64(picture)}]})
+        status, error = response.status_code, response.json()["error"]
+    elif protocol == "v2-json":
+        response = v2_infer(
+            server, "digits", {"name": "input", "datatype": "BYTES", "shape": [1], "data": [b64(picture)]}
+        )
+        status, error = response.status_code, response.json()["error"]
+    else:
+        with triton.InferenceServerClient(server.address) as client:
+            tensor_in = triton.InferInput("input", [1], "BYTES")
+            tensor_in.set_data_from_numpy(np.array([picture], dtype=object), binary_data=True)
+            with pytest.raises(InferenceServerException) as refused:
+                client.infer("digits", [tensor_in])
+            status, error = int(refused.value.status()), refused.value.message()
+    assert status == 400, error
+    assert message in error and "picture 0" in error
+
+
+def test_requests_that_are_not_pictures_for_an_image_input_are_400s(server: Server) -> None:
+    def tf(model: str, instances: list) -> httpx.Response:
+        return httpx.post(f"{server.url}/v1/models/{model}:predict", json={"instances": instances})
+
+    unrecorded = tf("unrecorded", [{"b64": b64(digit_png(0, 8))}])
+    assert unrecorded.status_code == 400
+    assert "preprocessing.image" in unrecorded.json()["error"] and "--image-preprocessing" in unrecorded.json()["error"]
+    not_base64 = tf("digits", [{"b64": "not base64!"}])
+    assert not_base64.status_code == 400 and "not base64" in not_base64.json()["error"]
+    text = v2_infer(server, "digits", {"name": "input", "datatype": "BYTES", "shape": [1], "data": ["hello there"]})
+    assert text.status_code == 400 and "not a readable picture" in text.json()["error"]
+    matrix = v2_infer(server, "digits", {"name": "input", "datatype": "BYTES", "shape": [1, 1], "data": ["aGk="]})
+    assert matrix.status_code == 400 and "shape [n]" in matrix.json()["error"]
+    mixed = tf("digits", [{"b64": b64(digit_png(0, 8))}, [[0.0] * 8] * 8])
+    assert mixed.status_code == 400
+    # The server keeps answering: none of these was a server fault.
+    assert tf("digits", [{"b64": b64(digit_png(3, 8))}]).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ('{"mode": "CMYK", "size": [4, 6]}', "mode 'CMYK' is not one of L, RGB"),
+        ('{"mode": "L", "size": [4, 6]}', "mode is 'L', but input 'input'"),
+        ('{"mode": "RGB", "size": [5, 6], "layout": "NHWC"}', "size is [5, 6]"),
+        ('{"mode": "RGB", "size": [4, 6], "layout": "NHWC", "scale": -1}', "scale -1 is not a number > 0"),
+        ('{"mode": "RGB", "size": [4, 6], "layout": "NHWC", "mean": [1, 2]}', "does not fit 3 channel(s)"),
+        ('{"mode": "RGB", "size": [4, 6], "input": "x"}', "has no input 'x'"),
+    ],
+)
+def test_pipe_import_refuses_an_image_preprocessing_it_could_not_apply(
+    tmp_path: Path, option: str, message: str
+) -> None:
+    onnx.save(rgb_mean(), tmp_path / "rgb.onnx")
+    args = ["import", str(tmp_path / "rgb.onnx"), "--name", "rgb", "--repository", str(tmp_path / "artifacts")]
+    result = CliRunner().invoke(main, [*args, "--task", "regression", "--image-preprocessing", option])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "\n" == result.output[-1] and result.output.count("\n") == 1
+    assert not list((tmp_path / "artifacts").glob("rgb/*/manifest.json"))  # nothing half-made

@@ -14,6 +14,7 @@ manifest's class names) are used when there is one per class.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -73,4 +74,5 @@ def _rows(scores: np.ndarray) -> np.ndarray:
     classes = scores.shape[1:] if scores.ndim > 1 else scores.shape
     if scores.ndim == 0 or 0 in classes:
         raise RequestError(f"an output of shape {list(scores.shape)} has no classes to rank")
-    return scores.reshape(1, -1) if scores.ndim == 1 else scores.reshape(scores.shape[0], -1)
+    # the class count is explicit: -1 cannot be inferred for a batch of 0 rows
+    return scores.reshape(1 if scores.ndim == 1 else scores.shape[0], math.prod(classes))

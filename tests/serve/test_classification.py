@@ -112,6 +112,18 @@ def test_classification_without_labels_is_score_and_index(http: httpx.Client) ->
     assert out["data"] == ["3.000000:1", "1.500000:0", "-1.000000:2"]
 
 
+def test_classification_of_an_empty_batch_is_an_empty_answer(http: httpx.Client) -> None:
+    """A batch of 0 rows is a valid request (V2 takes shape [0, 64]); its classes are [0, k], not a 500."""
+    body = {
+        "inputs": [{"name": "x", "shape": [0, 64], "datatype": "FP32", "data": []}],
+        "outputs": [{"name": "logits", "parameters": {"classification": 3}}],
+    }
+    r = http.post("/v2/models/digits/infer", json=body)
+    assert r.status_code == 200, r.text
+    (out,) = r.json()["outputs"]
+    assert out["datatype"] == "BYTES" and out["shape"] == [0, 3] and out["data"] == []
+
+
 @pytest.mark.parametrize(
     ("model", "parameters", "needle"),
     [

@@ -71,6 +71,9 @@ MALFORMED = [
     ("wrong datatype for the model", *binary_body(x_header(size=32, shape=[2, 2], datatype="FP64"), X.tobytes()),
      "datatype FP64, the model expects x: FP32"),
     ("shape with negative dim", *binary_body(x_header(shape=[-2, 4]), X.tobytes()), "non-negative integers"),
+    # zero elements, but dims numpy cannot shape (their product overflows): a 400, not a 500
+    ("shape with huge dims and a zero", *binary_body(x_header(size=0, shape=[2**62, 2**62, 0]), b""),
+     "more elements than a tensor can hold"),
 ]  # fmt: skip
 
 
@@ -94,6 +97,8 @@ JSON_ERRORS = [
      b' "outputs": [{"name": "probs"}]}', "unknown output(s) ['probs']"),
     (b'{"inputs": [{"name": "x", "shape": [100, 4], "datatype": "FP32", "data": ' + str([0] * 400).encode() + b"}]}",
      "more than this model's max batch size 64"),
+    (b'{"inputs": [{"name": "x", "shape": [4611686018427387904, 4611686018427387904, 0], "datatype": "FP32",'
+     b' "data": []}]}', "more elements than a tensor can hold"),
 ]  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from pipeline.serve.protocols.datatypes import IOSpec, json_text, numpy_dtype, v
 from pipeline.serve.protocols.jsonvalues import json_array
 
 MAX_RANK = 16
+MAX_ELEMENTS = 2**48  # far past any body --max-body-mb allows, far below numpy's 2**63 bytes
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,12 @@ def _shape(value: Any, where: str) -> list[int]:
         or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value)
     ):
         raise RequestError(f"{where}.shape must be a list of at most {MAX_RANK} non-negative integers, got {value!r}")
+    # Checked even when a zero dim leaves no elements: numpy cannot shape an array whose other dims overflow.
+    if math.prod(d for d in value if d) > MAX_ELEMENTS:
+        raise RequestError(
+            f"{where}.shape {value!r:.80} describes more elements than a tensor can hold (its nonzero dims "
+            f"multiply past {MAX_ELEMENTS}); give the tensor's real shape"
+        )
     return value
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from click.testing import CliRunner
-from conftest import build_artifact, train_record
+from tests.conftest import build_artifact, train_record
 
 from pipeline.artifact import Artifact
 from pipeline.cli import main

@@ -84,9 +84,12 @@ def _get(summary: str, ok: str, *errors: int) -> dict[str, Any]:
     return {"get": {"summary": summary, "responses": {"200": _json({"type": "object"}, ok), **_errors(*errors)}}}
 
 
-def _post(summary: str, schema: dict[str, Any], *errors: int) -> dict[str, Any]:
+def _post(summary: str, schema: dict[str, Any], *errors: int, binary: bool = False) -> dict[str, Any]:
     body = {"required": True, "content": {"application/json": {"schema": schema}}}
-    responses = {"200": _json({"type": "object"}, "outputs"), **_errors(*errors)}
+    ok = _json({"type": "object"}, "outputs")
+    if binary:  # binary outputs: the JSON header, then raw tensors (Inference-Header-Content-Length)
+        ok["content"]["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
+    responses = {"200": ok, **_errors(*errors)}
     return {"post": {"summary": summary, "requestBody": body, "responses": responses}}
 
 
@@ -114,7 +117,7 @@ def document(models: list[str]) -> dict[str, Any]:
         paths[f"{prefix}/ready"] = with_params(_get("V2 model readiness", "ready", 400, 404), *params)
         paths[f"{prefix}/infer"] = with_params(
             _post("V2 inference (JSON, or binary tensors with Inference-Header-Content-Length)",
-                  _INFER_REQUEST, 400, 404, 408, 413, 503), *params)  # fmt: skip
+                  _INFER_REQUEST, 400, 404, 408, 413, 503, binary=True), *params)  # fmt: skip
     for prefix, params in (
         ("/v1/models/{model_name}", (model,)),
         ("/v1/models/{model_name}/versions/{version}", (model, version)),
@@ -125,7 +128,7 @@ def document(models: list[str]) -> dict[str, Any]:
             _post("TF Serving predict (instances or inputs)", _PREDICT_REQUEST, 400, 404, 408, 413, 503), *params
         )
         paths[f"{prefix}:classify"] = with_params(
-            _post("TF Serving classify: [label, score] per class", _CLASSIFY_REQUEST, 400, 404, 413, 503), *params
+            _post("TF Serving classify: [label, score] per class", _CLASSIFY_REQUEST, 400, 404, 408, 413, 503), *params
         )
     return {
         "openapi": "3.0.3",

@@ -76,3 +76,17 @@ def test_serve_help_lists_the_options() -> None:
     assert proc.returncode == 0
     for option in ("--workers", "--latest", "--variant", "--max-batch-size", "--api-key-env", "--provider"):
         assert option in proc.stdout
+
+
+def test_the_document_declares_every_answer_the_inference_routes_give() -> None:
+    """Every POST reads its body under --read-timeout (408 on any of them), and V2 infer answers binary
+    outputs as application/octet-stream, as a conformance checker reading the document must expect."""
+    from pipeline.serve.openapi import document
+
+    paths = document(["m"])["paths"]
+    posts = {path: item["post"] for path, item in paths.items() if "post" in item}
+    assert any(path.endswith(":classify") for path in posts)
+    for path, operation in posts.items():
+        assert {"400", "404", "408", "413", "503"} <= set(operation["responses"]), path
+    for path in ("/v2/models/{model_name}/infer", "/v2/models/{model_name}/versions/{version}/infer"):
+        assert set(posts[path]["responses"]["200"]["content"]) == {"application/json", "application/octet-stream"}

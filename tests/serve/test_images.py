@@ -185,6 +185,20 @@ def bomb() -> bytes:
     return png(np.zeros((12_000, 12_000), np.uint8))
 
 
+def sliver() -> bytes:
+    """A 1x40,000,000 grey PNG (under the pixel cap, about 80 KB): resizing it to 8x8 makes 320 million
+    pixels on the way (Pillow resizes one axis at a time) and takes seconds of CPU per picture."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", 1, 40_000_000, 8, 0, 0, 0, 0)  # width 1, height 40M, 8-bit grey
+    rows = zlib.compress(b"\x00\x00" * 40_000_000)  # each row: filter 0, one black pixel
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+
+
 def rgba() -> bytes:
     return png(np.zeros((8, 8, 4), np.uint8), "RGBA")
 
@@ -200,6 +214,7 @@ REFUSED = {
     "truncated": (lambda: digit_png(0, 32)[:60], "not a readable picture"),
     "corrupt": (lambda: digit_png(0, 32)[:40] + b"\x00" * 80 + digit_png(0, 32)[120:], "not a readable picture"),
     "bomb": (bomb, "144000000 pixels"),
+    "sliver": (sliver, "1x40000000 (width x height), is too far from the model's 8x8 in shape"),
     "alpha": (rgba, "mode RGBA"),
     "16-bit": (sixteen_bit, "mode I;16"),
 }

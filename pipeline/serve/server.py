@@ -15,6 +15,7 @@ import ipaddress
 import logging
 import os
 import shutil
+import signal
 import socket
 import tempfile
 from typing import Any
@@ -151,10 +152,18 @@ def run(config: ServeConfig) -> None:
     metrics_dir = tempfile.mkdtemp(prefix="pipe-serve-metrics-")
     os.environ[MULTIPROCESS_ENV] = metrics_dir
     log.info("metrics: every worker's values are summed through %s (removed on exit)", metrics_dir)
+    # uvicorn answers SIGTERM with a graceful shutdown, then raises it again for its default action, which
+    # would kill the process before the directory is removed (one left in /tmp per stop): exit instead.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         _run_uvicorn(uvicorn, config)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # the status a shell reports for a process ended by the signal
 
 
 def _run_uvicorn(uvicorn: Any, config: ServeConfig) -> None:

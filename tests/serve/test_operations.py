@@ -206,3 +206,13 @@ def test_access_log_and_histograms_add_up_across_two_workers(repository: Path, t
     assert len({x["pid"] for x in infer}) == 2  # both workers answered, and the scrape summed them
     probe = next(x for x in lines if x["route"] == "/v2/health/ready")
     assert probe["model"] is None and probe["status"] == 200 and probe["time"].endswith("+00:00")
+
+
+def test_sigterm_removes_the_metrics_directory(repository: Path, tmp_path: Path) -> None:
+    """uvicorn raises SIGTERM again after its graceful shutdown; the server's metrics directory must still go."""
+    running = start_server([repository / "mlp" / "1"], tmp_path / "serve.log", "--poll", "0")
+    directory = Path(re.search(r"summed through (\S+)", running.logs()).group(1))
+    assert directory.is_dir()
+    running.stop()
+    assert "stopped: every accepted request was answered" in running.logs()
+    assert not directory.exists(), f"{directory} left behind"

@@ -11,8 +11,9 @@ whether they fit the model is the session's check, the same for every protocol.
 
 from __future__ import annotations
 
+import itertools
 import math
-import uuid
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,28 @@ from pipeline.serve.protocols.jsonvalues import json_array
 
 MAX_RANK = 16
 MAX_ELEMENTS = 2**48  # far past any body --max-body-mb allows, far below numpy's 2**63 bytes
+
+
+class _ResponseIds:
+    """Ids for responses to requests that carry none: a random per-process prefix and a counter.
+
+    Unique across workers and restarts like `uuid4().hex`, without its getrandom syscall per
+    request (about a tenth of the CPU of a small binary request). A forked child draws a new prefix.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._prefix = os.urandom(8).hex() + "-"
+        self._counter = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter)}"
+
+
+_response_ids = _ResponseIds()
 
 
 @dataclass(frozen=True)
@@ -66,7 +89,7 @@ class V2(Protocol):
         specs = {s.name: s for s in model.outputs}  # an unknown output name is refused by the app
         for name in (classes.keys() | softmaxed) & specs.keys():
             check_scores(specs[name], name in classes, name in softmaxed)
-        options = V2Options(request_id or uuid.uuid4().hex, outputs, binary_default, classes, frozenset(softmaxed))
+        options = V2Options(request_id or _response_ids.next(), outputs, binary_default, classes, frozenset(softmaxed))
         return Decoded(inputs, None if outputs is None else list(outputs), options)
 
     def encode(self, model: ModelIO, decoded: Decoded, results: dict[str, np.ndarray]) -> Encoded:

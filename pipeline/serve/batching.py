@@ -8,8 +8,10 @@ from waiting), the batcher also keeps filling while requests are still streaming
 and without this their requests would be split into several small batches. Requests of different
 sizes are concatenated along dim 0 and the outputs split back by each request's row count. The queue is
 bounded: a full queue is a 503 with Retry-After, not unbounded memory. onnxruntime releases the
-GIL, so batches run in a thread pool while the event loop keeps parsing requests; runs shorter than
-0.3 ms run on the event loop itself, where the thread hand-off would cost more than the run.
+GIL, so batches run in a thread pool while the event loop keeps parsing requests. Even runs of
+0.05 ms go there: running them on the event loop instead was measured no cheaper per CPU-second
+(bench/bench_serve.py, small MLP, c=1 to 32), and on a shared core a server with one runnable
+thread gets a smaller share of it than one with two (0.55-0.6x the requests/s).
 """
 
 from __future__ import annotations
@@ -51,9 +53,6 @@ ADAPTIVE_MIN_RUN_S = 1e-3
 # ... and it stops at the first lull this long, or after this share of a run's time.
 ADAPTIVE_LULL_S = 3e-4
 ADAPTIVE_SHARE = 0.5
-# Runs faster than this execute on the event loop thread: a hand-off to a worker thread and back
-# costs more than the run itself (the small MLP: 0.04 ms for one row).
-INLINE_MAX_RUN_S = 3e-4
 
 
 @dataclass(eq=False)
@@ -200,16 +199,12 @@ class Batcher:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         try:
-            if 0 < self._run_s < INLINE_MAX_RUN_S:
-                results = self._execute(batch)
-            else:
-                results = await loop.run_in_executor(self._executor, self._execute, batch)
+            results, compute = await loop.run_in_executor(self._executor, self._timed, batch)
         except Exception as exc:  # not onnxruntime refusing data: a server fault every request must hear of
             log.exception("a batch of %d request(s) failed", len(batch))
-            results = [exc] * len(batch)
+            results, compute = [exc] * len(batch), time.perf_counter() - started
         finally:
             self._slots.release()
-        compute = time.perf_counter() - started
         self._run_s = compute if not self._run_s else 0.8 * self._run_s + 0.2 * compute
         self._stats.executed(sum(p.rows for p in batch), compute)
         for pending, result in zip(batch, results, strict=True):
@@ -223,6 +218,14 @@ class Batcher:
                 pending.future.set_exception(result)
             else:
                 pending.future.set_result(result)
+
+    def _timed(self, batch: list[_Pending]) -> tuple[list[Feeds | Exception], float]:
+        """`_execute` and its time, measured in the worker thread: timed from the event loop, a run
+        would also count the hand-off and the wait for the loop to notice its end (0.5 ms recorded
+        for a 0.05 ms run under load), inflating compute times and the adaptive filling window."""
+        started = time.perf_counter()
+        results = self._execute(batch)
+        return results, time.perf_counter() - started
 
     def _execute(self, batch: list[_Pending]) -> list[Feeds | Exception]:
         """Run in a worker thread: concatenate, run once, split back by rows."""

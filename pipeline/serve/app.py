@@ -94,6 +94,7 @@ class ServeApp:
                 if self.repository:
                     await self.repository.stop()
                 self._executor.shutdown(wait=True)
+                self.metrics.flush()  # the last requests' counts, before the process exits
                 log.info("stopped: every accepted request was answered")
                 await send({"type": "lifespan.shutdown.complete"})
                 return

@@ -9,12 +9,10 @@ traceback and answered 500 (a real server fault), never a dropped connection.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import os
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -253,29 +251,26 @@ class ServeApp:
     # -- inference, every protocol ----------------------------------------------------------------
 
     async def _infer(self, protocol: Protocol, model: LoadedVersion, headers: dict[str, str], body: bytes) -> Response:
-        """The one inference path: decode, check, batch and run, select the outputs asked for, encode."""
-        with self._counted(model):
+        """The one inference path: decode, check, batch and run, select the outputs asked for, encode.
+
+        Counted in the model's metrics: a success with its time, or a failure (refused with a
+        4xx/503, or a server fault); inline, a generator context manager cost ~1 us a request."""
+        stats = self.metrics.model(model.name, model.version)
+        if (record := current_request.get()) is not None:  # the access log's record of this request
+            record.model, record.version = model.name, model.version
+        started = time.perf_counter()
+        try:
             decoded = protocol.decode(body, headers, model.io)
             decoded.inputs = await model.images.converted(decoded.inputs, model.session.input_by_name)  # PNG/JPEG
             wanted = _output_names(model, decoded.outputs)
             rows = model.session.check_inputs(decoded.inputs)
             results = await model.batcher.infer(decoded.inputs, rows)
             payload, out_headers = protocol.encode(model.io, decoded, {name: results[name] for name in wanted})
-        return 200, payload, out_headers
-
-    @contextlib.contextmanager
-    def _counted(self, model: LoadedVersion) -> Iterator[None]:
-        """Count one inference request for the model's metrics: a success with its time, or a failure."""
-        stats = self.metrics.model(model.name, model.version)
-        if (record := current_request.get()) is not None:  # the access log's record of this request
-            record.model, record.version = model.name, model.version
-        started = time.perf_counter()
-        try:
-            yield
-        except Exception:  # refused (4xx/503) or a server fault (500): either way the request failed
+        except Exception:
             stats.failed()
             raise
         stats.answered(time.perf_counter() - started)
+        return 200, payload, out_headers
 
     # -- TF Serving REST ---------------------------------------------------------------------------
 

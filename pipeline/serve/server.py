@@ -177,6 +177,9 @@ def _run_uvicorn(uvicorn: Any, config: ServeConfig) -> None:
         http=HTTP_PROTOCOL,
         lifespan="on",
         access_log=False,
+        # X-Forwarded-* would only rewrite the client address and scheme, which nothing here reads;
+        # uvicorn's middleware for them costs every request a coroutine and a header scan.
+        proxy_headers=False,
         log_level=config.http.log_level,
         timeout_graceful_shutdown=config.http.graceful_s,
         server_header=False,

@@ -8,6 +8,8 @@ Every problem with a file is an InputError that names the file, what was found, 
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,10 +130,20 @@ def _csv(path: Path, recipe: Recipe) -> RawData:
 def load_npz(path: Path, required: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """Every array in an .npz (no pickles), refusing an unreadable file and missing or empty `required` keys."""
     try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path} is not a readable .npz file ({exc}); write it with numpy.savez") from None
+        # opened here, not by np.load, which leaves its own handle open when the zip cannot be read
+        with open(path, "rb") as handle:
+            loaded = np.load(handle, allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):  # a lone .npy array has no names to find inputs by
+                raise InputError(
+                    f"{path} holds a single unnamed array (.npy), not an .npz of named arrays; "
+                    "write it with numpy.savez(path, name=array, ...)"
+                )
+            with loaded as f:
+                arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        # a truncated or corrupt file: zipfile's BadZipFile (also a bad CRC), zlib's error, EOFError when empty
+        why = str(exc) or type(exc).__name__
+        raise InputError(f"{path} is not a readable .npz file ({why}); write it with numpy.savez") from None
     missing = [k for k in required if k not in arrays]
     if missing:
         raise InputError(f"{path} lacks array(s) {missing}; it holds {sorted(arrays)}. Save it with keys {required}")

@@ -101,6 +101,31 @@ def test_npz_features_and_labels(tmp_path: Path) -> None:
         load_splits(recipe(tmp_path, {"source": "npz", "path": "empty.npz"}))
 
 
+def test_a_truncated_or_corrupt_npz_is_an_input_error_naming_the_file(tmp_path: Path) -> None:
+    from pipeline.data.sources import load_npz
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", X=rng.normal(size=(80, 5)), y=np.arange(80) % 4)
+    whole = (tmp_path / "d.npz").read_bytes()
+    np.savez_compressed(tmp_path / "z.npz", X=rng.normal(size=(80, 5)), y=np.arange(80) % 4)
+    squeezed = bytearray((tmp_path / "z.npz").read_bytes())
+    squeezed[60:110] = b"\x13" * 50  # inside the first member's deflated data: zlib's error
+    broken = {
+        "cut.npz": whole[:100],  # a copy or download that stopped early: zipfile's BadZipFile
+        "nothing.npz": b"",  # numpy's EOFError
+        "squeezed.npz": bytes(squeezed),
+    }
+    for name, content in broken.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(InputError, match=rf"{name} is not a readable .npz file .*write it with numpy.savez"):
+            load_npz(tmp_path / name)
+    with pytest.raises(InputError, match=r"cut.npz is not a readable .npz file"):
+        load_splits(recipe(tmp_path, {"source": "npz", "path": "cut.npz"}))
+    np.save(tmp_path / "lone.npy", np.zeros((4, 2)))  # np.load gives an array, not named arrays
+    with pytest.raises(InputError, match=r"lone.npy holds a single unnamed array \(.npy\), not an .npz"):
+        load_npz(tmp_path / "lone.npy")
+
+
 def test_image_folder(tmp_path: Path) -> None:
     from PIL import Image
 

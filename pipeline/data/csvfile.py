@@ -11,13 +11,16 @@ column and the fix:
 - a feature column whose every value is text is categorical (and so is any column listed in
   `data.categorical_columns`): its sorted distinct values are the categories and each cell becomes
   its index, which the model one-hot encodes itself (`pipeline/train/zoo.py`, `OneHot`). A column
-  that mixes numbers and text is refused at its first text cell.
+  that mixes numbers and text is refused at its first text cell, and so is a number written with
+  thousands separators (`1,234.5`), which would otherwise become a category;
+- each used column has a name of its own in the header.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,10 @@ DELIMITERS = (",", ";", "\t", "|")
 SAMPLE_BYTES = 64 * 1024  # what the sniffer reads
 MISSING = frozenset({"", "na", "n/a", "nan", "null", "none", "?"})  # lower-cased cells that mean "no value"
 MAX_CATEGORIES = 1000  # more distinct strings than this is an identifier or free text, not a category
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # the features are float32: a larger number would be inf
+# a number with thousands grouped by ',', '.', a space or an apostrophe (1,234.5  1.234,5  1 234  12'345):
+# text to float(), so without this check such a column would silently become categories
+_GROUPED = re.compile(r"[-+]?\d{1,3}(?:([,. '\u00a0\u202f])\d{3})(?:\1\d{3})*(?:[.,]\d+)?")
 
 
 @dataclass
@@ -74,6 +81,17 @@ def read_csv(
         raise InputError(f"column(s) {unknown} named in data are not in {path}; its columns are {header}")
     if label_column in features:
         raise InputError(f"data.feature_columns includes the label column {label_column!r}; remove it")
+    for name in [*features, label_column]:
+        if header.count(name) > 1:  # the column read would be the first of them, the others silently lost
+            raise InputError(
+                f"{path}: the header names column {name!r} {header.count(name)} times; rename the copies "
+                "so each column has its own name"
+            )
+    if "" in features:
+        raise InputError(
+            f"{path}: header column {header.index('') + 1} has no name; name it in the header, or list the "
+            "columns to use in data.feature_columns"
+        )
     if not body:
         raise InputError(f"{path} has a header but no data rows")
     for line, row in body:
@@ -135,7 +153,19 @@ def _column(
                     f"{path} line {line}: column {name!r} holds {cell!r}, not a finite number; "
                     "replace it with a real value or drop the row"
                 )
+            if abs(n) > FLOAT32_MAX:  # type: ignore[arg-type]
+                raise InputError(
+                    f"{path} line {line}: column {name!r} holds {cell!r}, beyond float32's range "
+                    f"(±{FLOAT32_MAX:.3g}), which the model computes in; rescale the column or drop the row"
+                )
         return np.asarray(numbers, dtype=np.float32), None
+    texts = [c for c, n in zip(cells, numbers, strict=True) if n is None]
+    if not categorical and (grouped := next((c for c in texts if _GROUPED.fullmatch(c[1])), None)):
+        line, cell = grouped
+        raise InputError(
+            f"{path} line {line}: column {name!r} holds {cell!r}, a number written with thousands separators; "
+            f"write the numbers without them, or list {name!r} in data.categorical_columns if these are codes"
+        )
     if not categorical and any(n is not None for n in numbers):
         line, cell = next(c for c, n in zip(cells, numbers, strict=True) if n is None)
         raise InputError(

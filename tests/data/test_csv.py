@@ -60,9 +60,7 @@ def recipe(tmp_path: Path, data: dict):
 @pytest.mark.parametrize(("sep", "file"), [(";", "wine.csv"), ("\t", "wine.tsv")])
 def test_wine_with_semicolons_or_tabs_trains(tmp_path: Path, sep: str, file: str) -> None:
     names = write_wine(tmp_path / file, sep)
-    result = CliRunner().invoke(
-        main, ["train", str(write_recipe(tmp_path, file)), "--out", str(tmp_path / "a"), "--quiet"]
-    )
+    result = CliRunner().invoke(main, ["train", str(write_recipe(tmp_path, file)), "--out", str(tmp_path / "a")])
     assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "a" / "wine-csv" / "1" / "manifest.json").read_text())
     assert manifest["labels"] == sorted(CULTIVARS)  # the string label column: class names in sorted order
@@ -164,3 +162,46 @@ def test_bundled_sets_record_their_feature_names(tmp_path: Path) -> None:
     assert [f["name"] for f in info.features][:2] == ["alcohol", "malic_acid"] and len(info.features) == 13
     digits = {"name": "t", "model": {"arch": "cnn"}, "data": {"source": "digits", "as_image": True}}
     assert load_splits(parse_recipe(digits, "t", tmp_path)).info.features is None  # an image has no columns
+
+
+def test_a_column_name_used_twice_or_left_empty_is_refused(tmp_path: Path) -> None:
+    # header.index() would read the first 'a' twice, and the second column's values would be lost unseen
+    (tmp_path / "dup.csv").write_text("a,label,a\n" + "".join(f"{i},{i % 2},{-i}\n" for i in range(40)))
+    with pytest.raises(InputError, match=r"dup.csv: the header names column 'a' 2 times; rename"):
+        load_splits(recipe(tmp_path, {"source": "csv", "path": "dup.csv", "label_column": "label"}))
+    (tmp_path / "twice.csv").write_text("label,a,label\n" + "".join(f"{i % 2},{i},{i % 3}\n" for i in range(40)))
+    with pytest.raises(InputError, match=r"twice.csv: the header names column 'label' 2 times"):
+        load_splits(recipe(tmp_path, {"source": "csv", "path": "twice.csv", "label_column": "label"}))
+    (tmp_path / "junk.csv").write_text("a,label,x,x\n" + "".join(f"{i},{i % 2},1,2\n" for i in range(40)))
+    unused = {"source": "csv", "path": "junk.csv", "label_column": "label", "feature_columns": ["a"]}
+    assert load_splits(recipe(tmp_path, unused)).info.sample_shape == [1]  # a repeated column left out is fine
+    (tmp_path / "blank.csv").write_text("a,,label\n" + "".join(f"{i},{i * 2},{i % 2}\n" for i in range(40)))
+    with pytest.raises(InputError, match=r"blank.csv: header column 2 has no name.*data.feature_columns"):
+        load_splits(recipe(tmp_path, {"source": "csv", "path": "blank.csv", "label_column": "label"}))
+    used = {"source": "csv", "path": "blank.csv", "label_column": "label", "feature_columns": ["a"]}
+    assert load_splits(recipe(tmp_path, used)).info.sample_shape == [1]
+
+
+@pytest.mark.parametrize(
+    ("sep", "cell"), [(",", '"1,234.5"'), (";", "1.234,5"), ("\t", "1 234,5"), (",", '"12,345,678"')]
+)
+def test_numbers_with_thousands_separators_are_refused_not_made_categories(tmp_path: Path, sep: str, cell: str):
+    rows = "".join(f"{i % 2}{sep}{i}{sep}{cell}\n" for i in range(40))
+    (tmp_path / "d.csv").write_text(f"label{sep}b{sep}price\n{rows}")
+    shown = cell.strip('"')
+    with pytest.raises(InputError, match=rf"d.csv line 2: column 'price' holds '{shown}', a number written with"):
+        load_splits(recipe(tmp_path, {"source": "csv", "path": "d.csv", "label_column": "label"}))
+    (tmp_path / "plain.csv").write_text(
+        f"label{sep}b{sep}price\n" + "".join(f"{i % 2}{sep}1.234{sep}{i}\n" for i in range(40))
+    )
+    assert load_splits(recipe(tmp_path, {"source": "csv", "path": "plain.csv", "label_column": "label"})).info.features[
+        0
+    ] == {"name": "b"}
+    listed = {"source": "csv", "path": "d.csv", "label_column": "label", "categorical_columns": ["price"]}
+    assert load_splits(recipe(tmp_path, listed)).info.features[1]["categories"] == [shown]  # codes, if the user says
+
+
+def test_a_number_beyond_float32_is_refused_naming_line_and_column(tmp_path: Path) -> None:
+    (tmp_path / "d.csv").write_text("x,label\n1,0\n1e39,1\n" + "".join(f"{i},{i % 2}\n" for i in range(40)))
+    with pytest.raises(InputError, match=r"d.csv line 3: column 'x' holds '1e39', beyond float32's range"):
+        load_splits(recipe(tmp_path, {"source": "csv", "path": "d.csv", "label_column": "label"}))

@@ -120,6 +120,11 @@ def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
             f"graph value {value.name!r} has element type {tensor.elem_type}, which has no numpy dtype; "
             "re-export the model with a declared element type on every input and output"
         ) from None
+    if dtype == "object":  # STRING: no numpy dtype golden.npz can hold without pickling, nor one pipe serves
+        raise InputError(
+            f"graph value {value.name!r} holds strings; pipe imports numeric and boolean tensors only. "
+            "Re-export the model with the string handling (tokenizer, lookup) outside the graph"
+        )
     shape = graph_dims(value)  # free dims (-1, ?, unnamed) each get a name of their own (shapes.py)
     layout = {2: "NT" if dtype.startswith("int") else "NC", 4: "NCHW"}.get(len(shape), "NC")
     return TensorSpec(value.name, dtype, shape, layout)

@@ -35,6 +35,8 @@ SEQUENCE_BASE = 4  # first size tried for a symbolic dim that is not spatial (e.
 SPATIAL_BASE = 32  # first size tried for a free height or width without a hint
 LADDER_STEPS = 5  # sizes tried per dim: base, 2x, 4x, 8x, 16x
 FREE = "?"  # in --input-shape: leave this dim as declared
+MAX_DIM = 2**31 - 1  # the largest dim --input-shape takes (protobuf holds int64; no real tensor is near this)
+MAX_GENERATED_VALUES = 2**27  # values in one generated input (512 MiB of float32); a larger one needs --eval-data
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:/-]*")
 _NOT_NAMES = {"None", "null", "unk", "unknown"}  # placeholders some exporters write as if names
 
@@ -85,6 +87,8 @@ def parse_input_shapes(values: Iterable[str]) -> Shapes:
         for token in (t.strip() for t in text.split(",")):
             if token in (FREE, "-1"):
                 dims.append(FREE)
+            elif token.isdigit() and int(token) > MAX_DIM:
+                raise InputError(f"--input-shape {value!r}: dim {token!r} is larger than {MAX_DIM}; {usage}")
             elif token.isdigit() and int(token) > 0:
                 dims.append(int(token))
             elif is_dim_name(token):
@@ -181,6 +185,12 @@ def generated_inputs(
             d if isinstance(d, int) else batch if (i == 0 or d in batch_dims) else sizes.get(d, SEQUENCE_BASE)
             for i, d in enumerate(spec.shape)
         ]
+        if (values := np.prod(shape, dtype=object)) > MAX_GENERATED_VALUES:  # object: exact, no int64 overflow
+            raise InputError(
+                f"generated input {spec.name!r} would be {shape} ({values:,} values), more than the "
+                f"{MAX_GENERATED_VALUES:,} pipe generates; pass --eval-data with real inputs, or smaller dims "
+                "with --input-shape"
+            )
         dtype = np.dtype(spec.dtype)
         if dtype == np.bool_:
             arrays[spec.name] = rng.integers(0, 2, shape).astype(bool)

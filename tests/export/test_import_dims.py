@@ -221,6 +221,54 @@ def test_every_bad_input_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
     assert sorted(p.name for p in repo.iterdir()) == ["good"]
 
 
+def identity(dims: list[Dim], elem: int = TensorProto.FLOAT) -> onnx.ModelProto:
+    """x -> Identity -> y, both declared with `dims` and element type `elem`."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", elem, dims)],
+        [helper.make_tensor_value_info("y", elem, dims)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_hostile_graphs_and_shapes_are_one_line_exit_2_and_leave_nothing(tmp_path: Path) -> None:
+    # Each of these was an exit-3 trace (MemoryError, protobuf's ValueError) or, for strings, a pickled golden.npz.
+    models = {
+        "huge.onnx": identity([-1, 2**40]),  # a fixed dim no generated input can have
+        "huger.onnx": identity([2**62, 4]),
+        "text.onnx": identity([-1, 1], TensorProto.STRING),
+    }
+    for name, model in models.items():
+        onnx.save(model, tmp_path / name)
+    repo = tmp_path / "artifacts"
+    cases = {
+        ("huge.onnx",): "generated input 'x' would be [16, 1099511627776]",
+        ("huger.onnx",): "generated input 'x' would be [4611686018427387904, 4]",
+        ("text.onnx",): "graph value 'x' holds strings",
+        ("huge.onnx", "--input-shape", "x:?,99999999999999999999"): "dim '99999999999999999999' is larger than",
+    }
+    for (model, *args), message in cases.items():
+        result = invoke("import", str(tmp_path / model), "--name", "m", "--repository", str(repo), *args)
+        assert result.exit_code == 2, (model, args, result.output)
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (model, args, lines)
+        assert not repo.exists(), (model, args, list(repo.rglob("*")))
+
+
+def test_a_batch_dim_named_on_another_axis_imports(tmp_path: Path) -> None:
+    # [N, N] (a square input whose side is the batch) crashed the gate's second-length case (IndexError).
+    onnx.save(identity(["N", "N"]), tmp_path / "square.onnx")
+    repo = tmp_path / "artifacts"
+    result = invoke("import", str(tmp_path / "square.onnx"), "--name", "m", "--repository", str(repo))
+    assert result.exit_code == 0, result.output
+    assert "golden x: [16, 16] for [N, N]" in result.output
+    onnx.save(identity([-1, 3, "?", "?"]), tmp_path / "paddle.onnx")
+    result = invoke("import", str(tmp_path / "paddle.onnx"), "--name", "p", "--repository", str(repo),
+                    "--input-shape", "x:b,3,b,?")  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+
 def test_an_exception_that_is_not_ours_is_one_line_exit_3_and_a_trace_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

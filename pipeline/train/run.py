@@ -172,7 +172,14 @@ def check_model_fits(recipe: Recipe, splits: Splits) -> None:
 
     from pipeline.train.zoo import build_model
 
-    model = build_model(recipe.model, splits.info).eval()
+    try:
+        model = build_model(recipe.model, splits.info).eval()
+    except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as exc:  # sizes torch cannot allocate
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(
+            f"model arch {recipe.model.arch!r} cannot be built for the data ({first[:200]}); make the model's "
+            "sizes (hidden, channels, dim, experts...) ones that fit in memory"
+        ) from None
     sample = torch.from_numpy(splits.train.inputs[splits.info.input_name][:2])
     given = f"{splits.info.dtype} {['batch', *splits.info.sample_shape]}"
     try:

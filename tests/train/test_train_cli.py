@@ -108,6 +108,8 @@ def test_digits_cnn_recipe_reaches_98_percent(tmp_path: Path) -> None:
     ({"model": {"arch": "custom", "factory": "torch.nn:Identity"}},
      "model arch 'custom' returned [2, 64] for 2 samples; a classifier must return logits [batch, 10]"),
     ({"train": {"device": "cuda"}}, "device 'cuda' requested but this torch"),
+    ({"model": {"arch": "mlp", "hidden": [10**20]}},  # torch's TypeError (overflow) was exit 3
+     "model arch 'mlp' cannot be built for the data (empty(): argument 'size'"),
 ])  # fmt: skip
 def test_bad_input_is_one_clear_line_exit_2_nothing_written(tmp_path: Path, sections: dict, expected: str) -> None:
     if torch.cuda.is_available() and sections.get("train", {}).get("device") == "cuda":

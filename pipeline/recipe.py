@@ -423,8 +423,19 @@ def load_recipe(path: str | Path) -> Recipe:
         duplicates = duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise RecipeError(f"recipe {path} is not valid YAML: {exc}") from None
+        raise RecipeError(f"recipe {path} is not valid YAML: {_yaml_problem(exc)}") from None
+    except RecursionError:  # yaml's composer recurses once per nesting level
+        raise RecipeError(f"recipe {path} is not valid YAML: nested more than Python's recursion limit") from None
     if duplicates:
         raise RecipeError(f"recipe {path} is invalid: " + "; ".join(duplicates))
     recipe = parse_recipe(raw, str(path), path.parent)
     return recipe.model_copy(update={"digest": hashlib.sha256(text).hexdigest()})
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """yaml's error on one line: where and what (its own text spans lines, with a caret under the spot)."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(exc).split())
+    context = getattr(exc, "context", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")

@@ -103,6 +103,13 @@ def test_file_errors(tmp_path: Path) -> None:
     bad.write_text("name: [unclosed\n")
     with pytest.raises(RecipeError, match="not valid YAML"):
         load_recipe(bad)
+    bad.write_text("name: a\n\tmodel: {arch: mlp}\n")  # a tab: yaml's message spans four lines with a caret
+    with pytest.raises(RecipeError, match="not valid YAML") as caught:
+        load_recipe(bad)
+    assert "\n" not in str(caught.value) and "line 2, column 1: found character '\\t'" in str(caught.value)
+    bad.write_text("name: a\nmodel: " + "[" * 5000 + "]" * 5000 + "\n")  # was a RecursionError, exit 3
+    with pytest.raises(RecipeError, match="not valid YAML: nested more than"):
+        load_recipe(bad)
     scalar = tmp_path / "scalar.yaml"
     scalar.write_text("just a string\n")
     with pytest.raises(RecipeError, match="must be a mapping"):

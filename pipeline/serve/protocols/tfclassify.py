@@ -21,8 +21,7 @@ from pipeline.serve.classify import check_scores, label_scores, softmax
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
 from pipeline.serve.protocols.datatypes import IOSpec
-from pipeline.serve.protocols.tfserving import SIGNATURE, row_inputs
-from pipeline.serve.protocols.v2 import parse_json
+from pipeline.serve.protocols.tfserving import parse_request, row_inputs
 
 _KEYS = {"signature_name", "context", "examples", "instances", "probabilities"}
 
@@ -31,15 +30,7 @@ class TFClassify(Protocol):
     """`:classify`; `Decoded.outputs` is the classifier output, `Decoded.options` whether to softmax it."""
 
     def decode(self, body: bytes, headers: dict[str, str], model: ModelIO) -> Decoded:
-        request = parse_json(body)
-        if not isinstance(request, dict):
-            raise RequestError(f"the classify request must be a JSON object, got {type(request).__name__}")
-        unknown = sorted(set(request) - _KEYS)
-        if unknown:
-            raise RequestError(f"unknown key(s) {unknown} in the classify request; valid keys are {sorted(_KEYS)}")
-        signature = request.get("signature_name", SIGNATURE)
-        if signature != SIGNATURE:
-            raise RequestError(f"signature_name {signature!r:.60} does not exist; the only signature is {SIGNATURE!r}")
+        request = parse_request(body, _KEYS, "classify")
         if ("examples" in request) == ("instances" in request):
             raise RequestError("send exactly one of 'examples' or 'instances': a list with one entry per example")
         probabilities = request.get("probabilities", False)

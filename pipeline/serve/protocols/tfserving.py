@@ -26,19 +26,25 @@ _KEYS = {"signature_name", "instances", "inputs"}
 _JSON = {"content-type": "application/json"}
 
 
+def parse_request(body: bytes, keys: set[str], what: str) -> dict[str, Any]:
+    """A TF Serving request body: a JSON object of `keys` only, naming the one signature there is."""
+    request = parse_json(body)
+    if not isinstance(request, dict):
+        raise RequestError(f"the {what} request must be a JSON object, got {type(request).__name__}")
+    unknown = sorted(set(request) - keys)
+    if unknown:
+        raise RequestError(f"unknown key(s) {unknown} in the {what} request; valid keys are {sorted(keys)}")
+    signature = request.get("signature_name", SIGNATURE)
+    if signature != SIGNATURE:
+        raise RequestError(f"signature_name {signature!r:.60} does not exist; the only signature is {SIGNATURE!r}")
+    return request
+
+
 class TFServing(Protocol):
     """`POST /v1/models/{m}[/versions/{v}]:predict`; `Decoded.options` names the form: "instances" or "inputs"."""
 
     def decode(self, body: bytes, headers: dict[str, str], model: ModelIO) -> Decoded:
-        request = parse_json(body)
-        if not isinstance(request, dict):
-            raise RequestError(f"the predict request must be a JSON object, got {type(request).__name__}")
-        unknown = sorted(set(request) - _KEYS)
-        if unknown:
-            raise RequestError(f"unknown key(s) {unknown} in the predict request; valid keys are {sorted(_KEYS)}")
-        signature = request.get("signature_name", SIGNATURE)
-        if signature != SIGNATURE:
-            raise RequestError(f"signature_name {signature!r} does not exist; the only signature is {SIGNATURE!r}")
+        request = parse_request(body, _KEYS, "predict")
         if ("instances" in request) == ("inputs" in request):
             raise RequestError("send exactly one of 'instances' (row form) or 'inputs' (columnar form)")
         if "instances" in request:

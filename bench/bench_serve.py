@@ -453,6 +453,7 @@ PROFILE_RULES = [
     ("onnxruntime run", "onnxruntime_inference_collection.py", None),
     ("batching: concatenate / split", "serve/batching.py", {"_execute"}),
     ("decode request", "serve/protocols/", DECODE),
+    ("decode request", "serve/protocols/jsonvalues.py", None),  # JSON values -> typed arrays, range checks
     ("encode response", "serve/protocols/", ENCODE),
     ("check inputs", "serve/session.py", None),
     ("batching: queue, futures, timers", "serve/batching.py", None),

@@ -203,12 +203,7 @@ def test_every_bad_input_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
         ("paddle.onnx", "--input-shape", "1,3,32,32"): "has no input name or no dims",
         ("paddle.onnx", "--input-shape", "x:1,3,32,32", "--input-shape", "x:2,3,32,32"): "names input 'x' twice",
     }
-    for (model, *args), message in cases.items():
-        result = invoke("import", str(tmp_path / model), "--name", "m", "--repository", str(repo), *args)
-        assert result.exit_code == 2, (model, args, result.output)
-        lines = result.output.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (model, args, lines)
-        assert not repo.exists(), (model, args, list(repo.rglob("*")))
+    assert_refused(tmp_path, repo, cases)
 
     failed = invoke("import", str(tmp_path / "batch1.onnx"), "--name", "m", "--repository", str(repo))
     assert failed.exit_code == 1, failed.output
@@ -219,6 +214,16 @@ def test_every_bad_input_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
     assert invoke("import", str(paddle), "--name", "good", "--repository", str(repo)).exit_code == 0
     assert invoke("import", str(tmp_path / "batch1.onnx"), "--name", "m", "--repository", str(repo)).exit_code == 1
     assert sorted(p.name for p in repo.iterdir()) == ["good"]
+
+
+def assert_refused(tmp_path: Path, repo: Path, cases: dict[tuple[str, ...], str]) -> None:
+    """Each `pipe import MODEL ARGS...` is one `error:` line holding its message, exit 2, and no repository left."""
+    for (model, *args), message in cases.items():
+        result = invoke("import", str(tmp_path / model), "--name", "m", "--repository", str(repo), *args)
+        assert result.exit_code == 2, (model, args, result.output)
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (model, args, lines)
+        assert not repo.exists(), (model, args, list(repo.rglob("*")))
 
 
 def identity(dims: list[Dim], elem: int = TensorProto.FLOAT) -> onnx.ModelProto:
@@ -248,12 +253,7 @@ def test_hostile_graphs_and_shapes_are_one_line_exit_2_and_leave_nothing(tmp_pat
         ("text.onnx",): "graph value 'x' holds strings",
         ("huge.onnx", "--input-shape", "x:?,99999999999999999999"): "dim '99999999999999999999' is larger than",
     }
-    for (model, *args), message in cases.items():
-        result = invoke("import", str(tmp_path / model), "--name", "m", "--repository", str(repo), *args)
-        assert result.exit_code == 2, (model, args, result.output)
-        lines = result.output.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (model, args, lines)
-        assert not repo.exists(), (model, args, list(repo.rglob("*")))
+    assert_refused(tmp_path, repo, cases)
 
 
 def test_a_batch_dim_named_on_another_axis_imports(tmp_path: Path) -> None:

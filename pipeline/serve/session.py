@@ -16,9 +16,10 @@ import numpy as np
 import onnxruntime as ort
 
 from pipeline.errors import ArtifactError
-from pipeline.manifest import Manifest, TokenInput
+from pipeline.manifest import Feature, Manifest, TokenInput
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.datatypes import ORT_TO_V2, IOSpec, v2_datatype
+from pipeline.serve.protocols.keyed import SHOWN
 from pipeline.verify.session import create_session
 
 _state = ort.capi.onnxruntime_pybind11_state
@@ -69,6 +70,8 @@ class ModelSession:
         if manifest is not None:  # what the model file does not say: class names, token limits
             self.inputs, self.outputs = _declared(self.inputs, self.outputs, manifest)
         self.input_by_name = {s.name: s for s in self.inputs}
+        # Only the inputs with categorical columns pay for their check, one vectorized test a request.
+        self.categorical = {s.name: c for s in self.inputs if (c := _CategoryColumns.of(s.features)) is not None}
         # Batching concatenates requests along dim 0, so every input and output must have a dynamic
         # first dim; a model with a fixed batch runs each request alone.
         self.batchable = all(s.shape and s.shape[0] == -1 for s in (*self.inputs, *self.outputs))
@@ -101,6 +104,8 @@ class ModelSession:
                 )
             if spec.tokens is not None:
                 _check_tokens(name, array, spec.tokens)
+            if name in self.categorical:
+                self.categorical[name].check(name, array)
             if spec.datatype == "BYTES":
                 feeds[name] = _as_text(name, array)
             if array.ndim:
@@ -131,6 +136,42 @@ def _declared(inputs: list[IOSpec], outputs: list[IOSpec], manifest: Manifest) -
         for s in outputs
     ]
     return inputs, outputs
+
+
+@dataclass(frozen=True)
+class _CategoryColumns:
+    """The categorical columns of a [batch, F] input, whose value is a category's index: the model
+    one-hot encodes it (train/zoo.py OneHot), so an index it has no category for (negative, too large,
+    not whole) would match none and be answered as all zeros."""
+
+    positions: np.ndarray  # [C] the columns' places among the F features
+    sizes: np.ndarray  # [C] each column's number of categories
+    features: tuple[Feature, ...]  # [C] the columns themselves, for the error
+
+    @classmethod
+    def of(cls, features: tuple[Feature, ...] | None) -> _CategoryColumns | None:
+        found = [(i, f) for i, f in enumerate(features or ()) if f.categories]
+        if not found:
+            return None
+        positions = np.array([i for i, _ in found], dtype=np.intp)
+        sizes = np.array([len(f.categories or ()) for _, f in found])
+        return cls(positions, sizes, tuple(f for _, f in found))
+
+    def check(self, name: str, array: np.ndarray) -> None:
+        """Refuse the first index outside 0..k-1 or not whole (NaN included); `array` is [batch, F]."""
+        values = array[:, self.positions]  # [batch, C]
+        bad = ~((values >= 0) & (values < self.sizes) & (values == np.floor(values)))
+        if not bad.any():
+            return
+        row, column = (int(i) for i in np.argwhere(bad)[0])
+        feature, k = self.features[column], int(self.sizes[column])
+        categories = feature.categories or []
+        shown = categories[:SHOWN] + (["..."] if k > SHOWN else [])
+        raise RequestError(
+            f"input {name!r}: column {feature.name!r} (feature {int(self.positions[column])}) holds category index "
+            f"{values[row, column]:g} in row {row}; valid indices are the whole numbers 0..{k - 1} (categories "
+            f"{shown}); a TF Serving row may name the category instead"
+        )
 
 
 def _check_tokens(name: str, ids: np.ndarray, tokens: TokenInput) -> None:

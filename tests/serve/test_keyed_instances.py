@@ -106,3 +106,28 @@ def test_a_wrong_keyed_instance_is_a_400_naming_the_column(wine, http: httpx.Cli
     r = http.post("/v1/models/wine-csv:predict", json={"instances": [instance]})
     assert r.status_code == 400, r.text
     assert needle in r.json()["error"]
+
+
+@pytest.mark.parametrize("index", [3, -1, 1.5])
+def test_a_category_index_out_of_range_is_a_400_on_every_protocol(wine, http: httpx.Client, index: float) -> None:
+    """V2 and TF Serving's columnar form carry the numeric row as is: an index the model has no
+    category for would one-hot encode to zeros and be answered; the server refuses it instead."""
+    _, header, rows = wine
+    features = header[:-1]  # every column but the label
+    row = [
+        float(REGIONS.index(cell) if name == "region" else cell) for name, cell in zip(features, rows[0], strict=False)
+    ]
+    row[header.index("region")] = index
+    needle = (
+        f"input 'input': column 'region' (feature {header.index('region')}) holds category index {index:g} "
+        "in row 0; valid indices are the whole numbers 0..2 (categories ['east', 'north', 'south'])"
+    )
+    v2 = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, len(row)], "data": row}]}
+    for path, body, wanted in (
+        ("/v2/models/wine-csv/infer", v2, needle),
+        ("/v1/models/wine-csv:predict", {"inputs": [row]}, needle),
+        ("/v1/models/wine-csv:predict", {"instances": [row]}, "column 'region' holds"),  # refused by name
+    ):
+        r = http.post(path, json=body)
+        assert r.status_code == 400, (path, r.text)
+        assert wanted in r.json()["error"], (path, r.text)

@@ -236,4 +236,30 @@ def check_section(artifact: Artifact, budgets: BudgetSpec, where: str) -> list[s
         "```",
         "",
         "Exit 0: every check held; 1: a regression, each listed with its numbers; 2: bad input (docs/check.md).",
+        *(["", verdict] if (verdict := _verdict(artifact)) else []),
     ]
+
+
+def _verdict(artifact: Artifact) -> str | None:
+    """`pipe run`'s kept check of this version against the committed baseline, when it ran."""
+    record = artifact.manifest.stages.check
+    if record is None:
+        return None
+    report = next((rel for rel in record.reports if rel.endswith(".md")), None)
+    where = f" ({report})" if report else ""
+    total = _check_count(artifact, record.reports)
+    checks = f"{total} checks" if total is not None else "checks"
+    if record.passed:
+        return f"Checked against {code(record.baseline)}: all {checks} held{where}."
+    failed = ", ".join(code(name) for name in record.failures)
+    of = f" of {total}" if total is not None else ""
+    return f"Checked against {code(record.baseline)}: {len(record.failures)}{of} checks failed: {failed}{where}."
+
+
+def _check_count(artifact: Artifact, reports: list[str]) -> int | None:
+    """How many checks the verdict ran, as its JSON report lists them (None without it)."""
+    rel = next((r for r in reports if r.endswith(".json")), None)
+    if rel is None or rel not in artifact.manifest.files or not (path := artifact.path(rel)).is_file():
+        return None
+    checks = json.loads(path.read_text(encoding="utf-8")).get("checks")
+    return len(checks) if isinstance(checks, list) else None

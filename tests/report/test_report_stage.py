@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.artifact import Artifact
+from pipeline.check.baseline import write_baseline
+from pipeline.check.stage import check_stage
 from pipeline.report.card import CARD_MD
 from pipeline.report.curves import CURVES_PNG
 from pipeline.report.markdown import number
@@ -101,6 +103,32 @@ def test_an_imported_artifact_gets_a_card_without_curves_and_a_new_variant_makes
     assert "metric drop <= 0.01 (against model.onnx)" in card
     assert report_fresh(imported) is not None
     Artifact.load(imported)
+
+
+def test_the_card_states_the_kept_check_verdict_and_goes_stale_when_it_changes(tmp_path: Path, imported: Path) -> None:
+    report_artifact(imported, say=lambda _: None)
+    assert "Checked against" not in (imported / CARD_MD).read_text()  # no verdict kept: nothing said
+    baseline = tmp_path / "linear.baseline.json"
+    write_baseline(Artifact.load(imported), baseline)
+    run = check_stage(imported, baseline, latency_seconds=0.05).run
+    assert not run.failures
+    assert report_fresh(imported) is None  # the verdict is in the manifest the card digests
+    report_artifact(imported, say=lambda _: None)
+    card = (imported / CARD_MD).read_text()
+    assert f"Checked against `{baseline}`: all {len(run.results)} checks held (reports/check.md)." in card
+
+    # a failed verdict names its checks, escaped as every cell and span of the card is
+    artifact = Artifact.load(imported, verify=False)
+    record = artifact.manifest.stages.check
+    record.passed, record.failures = False, ["metric `accuracy`", "size | model.onnx"]
+    artifact.save()
+    assert report_fresh(imported) is None
+    report_artifact(imported, say=lambda _: None)
+    card = (imported / CARD_MD).read_text()
+    assert (
+        f"Checked against `{baseline}`: 2 of {len(run.results)} checks failed: `metric 'accuracy'`, "
+        "`size | model.onnx` (reports/check.md)." in card
+    )
 
 
 def test_bad_input_is_exit_2_with_the_reason_and_no_traceback(tmp_path: Path, imported: Path) -> None:

@@ -74,9 +74,7 @@ class V2(Protocol):
         if request_id is not None and not isinstance(request_id, str):
             raise RequestError(f"id must be a string, got {request_id!r}")
         parameters = _parameters(request, "request")
-        # JSON data may hide true/false among numbers only where the text holds them (a fast byte search)
-        bools = b"true" in raw_json or b"false" in raw_json
-        inputs = _inputs(request.get("inputs"), tensors, len(raw_json), bools)
+        inputs = _inputs(request.get("inputs"), tensors, raw_json)
         binary_default = parameters.get("binary_data_output", False)
         if not isinstance(binary_default, bool):
             raise RequestError(f"parameters.binary_data_output must be true or false, got {binary_default!r}")
@@ -153,7 +151,7 @@ def parse_json(raw: bytes, what: str = "request body") -> Any:
         raise RequestError(f"{what} is not valid JSON: {exc}; send a JSON object") from None
 
 
-def _inputs(raw_inputs: Any, tensors: memoryview, header_size: int, bools: bool) -> dict[str, np.ndarray]:
+def _inputs(raw_inputs: Any, tensors: memoryview, raw_json: bytes) -> dict[str, np.ndarray]:
     """The request's `inputs` list -> named arrays, each from JSON `data` or from the binary tail."""
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise RequestError(f"inputs must be a non-empty list of tensors, got {raw_inputs!r:.80}")
@@ -177,12 +175,12 @@ def _inputs(raw_inputs: Any, tensors: memoryview, header_size: int, bools: bool)
             if offset + size > len(tensors):
                 raise RequestError(
                     f"input {name!r}: binary_data_size {size} runs past the end of the binary data "
-                    f"({len(tensors)} bytes after the {header_size}-byte JSON header)"
+                    f"({len(tensors)} bytes after the {len(raw_json)}-byte JSON header)"
                 )
             inputs[name] = binary.decode_tensor(tensors[offset : offset + size], name, dtype, shape)
             offset += size
         elif "data" in entry:
-            inputs[name] = _json_tensor(entry["data"], name, datatype, dtype, shape, bools)
+            inputs[name] = _json_tensor(entry["data"], name, datatype, dtype, shape, raw_json)
         else:
             raise RequestError(f"input {name!r} has neither data nor parameters.binary_data_size")
     if offset != len(tensors):
@@ -257,10 +255,10 @@ def _shape(value: Any, where: str) -> list[int]:
     return value
 
 
-def _json_tensor(data: Any, name: str, datatype: str, dtype: np.dtype, shape: list[int], bools: bool) -> np.ndarray:
+def _json_tensor(data: Any, name: str, datatype: str, dtype: np.dtype, shape: list[int], raw_json: bytes) -> np.ndarray:
     count = math.prod(shape)
     try:
-        array = json_array(data, dtype, may_hold_bools=bools).ravel()
+        array = json_array(data, dtype, text=raw_json).ravel()
     except (TypeError, ValueError, OverflowError) as exc:
         raise RequestError(f"input {name!r}: data does not fit datatype {datatype} ({exc})") from None
     if array.size != count:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from click.testing import CliRunner
-from tests.conftest import build_artifact, train_record
 
 from pipeline.artifact import Artifact
 from pipeline.cli import main
 from pipeline.records import CheckRecord, ExportRecord
 from pipeline.variants import Variant
+from tests.conftest import build_artifact, train_record
 
 
 def model_directory(root: Path) -> Path:

@@ -163,7 +163,7 @@ def dynamic_sweep(name: str, root: Path, work: Path, seconds: float, repeats: in
     from pipeline.latency import measure
     from pipeline.optimize.judge import Judge, budget_policy
     from pipeline.optimize.quantize import QuantSettings, quantize
-    from pipeline.recipe import load_recipe
+    from pipeline.recipe_yaml import load_recipe
     from pipeline.verify.evaluation import evaluation_set
 
     artifact = Artifact.load(root)
@@ -276,7 +276,7 @@ def torch_vs_ort(name: str, root: Path, seconds: float, out: Out) -> dict[str, A
 
 def digits_test_split(mlp_root: Path) -> tuple[np.ndarray, np.ndarray]:
     from pipeline.artifact import Artifact
-    from pipeline.recipe import load_recipe
+    from pipeline.recipe_yaml import load_recipe
     from pipeline.verify.evaluation import evaluation_set
 
     evaluation = evaluation_set(Artifact.load(mlp_root), load_recipe(RECIPES["mlp"]))
@@ -385,7 +385,7 @@ def encoder(kind: str, root: Path) -> tuple[Any, dict[str, np.ndarray], dict[int
 
     from pipeline.artifact import Artifact
     from pipeline.backends import backend_for
-    from pipeline.recipe import load_recipe
+    from pipeline.recipe_yaml import load_recipe
     from pipeline.verify.evaluation import evaluation_set
 
     artifact = Artifact.load(root)

@@ -72,7 +72,7 @@ def bare_loop(recipe_path: Path, validate: bool) -> tuple[float, float]:
     from torch.nn import functional as F
 
     from pipeline.data import load_splits
-    from pipeline.recipe import load_recipe
+    from pipeline.recipe_yaml import load_recipe
     from pipeline.train.run import threads_per_process
     from pipeline.train.zoo import build_model
 

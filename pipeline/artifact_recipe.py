@@ -14,7 +14,8 @@ from pydantic import ValidationError
 
 from pipeline.artifact import Artifact
 from pipeline.errors import ArtifactError, InputError
-from pipeline.recipe import Recipe, load_recipe, parse_recipe
+from pipeline.recipe import Recipe, parse_recipe
+from pipeline.recipe_yaml import load_recipe
 from pipeline.records import TrainRecord
 
 

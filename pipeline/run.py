@@ -34,7 +34,8 @@ from typing import Literal
 
 from pipeline.artifact import Artifact, version_dirs
 from pipeline.errors import ArtifactError, CheckFailed
-from pipeline.recipe import Recipe, load_recipe, stage_settings
+from pipeline.recipe import Recipe, stage_settings
+from pipeline.recipe_yaml import load_recipe
 from pipeline.records import settings_digest
 from pipeline.variants import FP32, MODEL_FILE
 

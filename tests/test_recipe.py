@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from pipeline.errors import RecipeError
-from pipeline.recipe import CNNSpec, CustomSpec, load_recipe, parse_recipe
+from pipeline.recipe import CNNSpec, CustomSpec, parse_recipe
+from pipeline.recipe_yaml import load_recipe
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 EXAMPLES = sorted(MODELS.glob("*.yaml"))

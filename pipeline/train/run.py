@@ -22,7 +22,8 @@ from pipeline.artifact import allocate_version
 from pipeline.data import Splits, load_splits
 from pipeline.errors import InputError
 from pipeline.manifest import MANIFEST_NAME
-from pipeline.recipe import Recipe, load_recipe
+from pipeline.recipe import Recipe
+from pipeline.recipe_yaml import load_recipe
 
 
 @dataclass(frozen=True)

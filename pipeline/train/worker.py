@@ -15,7 +15,7 @@ from pipeline.errors import PipelineError
 
 def main(argv: list[str]) -> int:
     from pipeline.data import load_splits
-    from pipeline.recipe import load_recipe
+    from pipeline.recipe_yaml import load_recipe
     from pipeline.train.checkpoint import latest_checkpoint
     from pipeline.train.run import Plan, effective_recipe, train_in_process
 

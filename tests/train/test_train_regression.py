@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from pipeline.artifact import Artifact
 from pipeline.cli import main
 from pipeline.golden import load_golden
-from pipeline.recipe import load_recipe
+from pipeline.recipe_yaml import load_recipe
 from pipeline.train.objective import Objective
 from pipeline.train.restore import load_trained_model
 from pipeline.verify.metrics import metric_drop, regression_metrics

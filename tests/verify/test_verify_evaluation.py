@@ -13,7 +13,7 @@ from pipeline.artifact import Artifact
 from pipeline.errors import InputError
 from pipeline.golden import Golden, save_golden
 from pipeline.manifest import Manifest, TensorSpec
-from pipeline.recipe import load_recipe
+from pipeline.recipe_yaml import load_recipe
 from pipeline.records import GoldenRecord, ImportRecord
 from pipeline.verify.evaluation import evaluation_set
 from tests.conftest import train_record

@@ -11,19 +11,8 @@ from pathlib import Path
 
 from pipeline.artifact import Artifact, is_version_name, version_dirs
 from pipeline.errors import ArtifactError, InputError, PipelineError
-from pipeline.manifest import MANIFEST_NAME, Manifest, TensorSpec
-
-
-def _shape(spec: TensorSpec) -> str:
-    return "[" + ", ".join(str(d) for d in spec.shape) + "]"
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+from pipeline.manifest import MANIFEST_NAME, Manifest
+from pipeline.report.markdown import shape, size
 
 
 def _or_dash(value: object) -> str:
@@ -43,14 +32,14 @@ def manifest_table(artifact: Artifact) -> str:
         lines.append(f"  labels    {len(m.labels)}: {shown}")
     for kind, specs in (("input", m.inputs), ("output", m.outputs)):
         for spec in specs:
-            lines.append(f"  {kind:<9} {spec.name}: {spec.dtype} {_shape(spec)} {spec.layout}")
+            lines.append(f"  {kind:<9} {spec.name}: {spec.dtype} {shape(spec.shape)} {spec.layout}")
     if m.metrics:
         lines.append("  metrics   " + "  ".join(f"{k}={v:.4g}" for k, v in sorted(m.metrics.items())))
     if m.files:
         lines.append("  files")
         width = max(len(rel) for rel in m.files)
         for rel, entry in sorted(m.files.items()):
-            lines.append(f"    {rel:<{width}}  {_size(entry.size):>10}  sha256 {entry.sha256[:12]}")
+            lines.append(f"    {rel:<{width}}  {size(entry.size):>10}  sha256 {entry.sha256[:12]}")
     if m.variants:
         lines.append("  variants")
         for name, v in sorted(m.variants.items()):

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.artifact import Artifact
-from pipeline.golden import GOLDEN_NAME, load_golden
+from pipeline.golden import GOLDEN_NAME, Golden, load_golden
 from pipeline.recipe import BudgetSpec
 from pipeline.report.markdown import code, shape, table
 from pipeline.report.variants import usable
@@ -36,12 +36,11 @@ def _batch(artifact: Artifact) -> int:
     return fixed[0] if fixed and fixed[0] > 0 else 1
 
 
-def _sample(artifact: Artifact) -> dict[str, np.ndarray]:
-    """The first golden samples of each input (`_batch` of them, repeated when golden.npz holds fewer), or
+def _sample(artifact: Artifact, golden: Golden | None, batch: int) -> dict[str, np.ndarray]:
+    """The first golden samples of each input (`batch` of them, repeated when golden.npz holds fewer), or
     zeros of the declared shape without golden.npz."""
-    batch = _batch(artifact)
-    if GOLDEN_NAME in artifact.manifest.files:
-        inputs = load_golden(artifact).inputs
+    if golden is not None:
+        inputs = golden.inputs
         if all(spec.name in inputs and len(inputs[spec.name]) for spec in artifact.manifest.inputs):
             return {
                 spec.name: inputs[spec.name][np.resize(np.arange(len(inputs[spec.name])), batch)]
@@ -64,7 +63,9 @@ def serve_section(artifact: Artifact) -> list[str]:
     m = artifact.manifest
     place, base = _place(artifact), "http://127.0.0.1:8000"
     servable = [n for n, v in usable(artifact).items() if v.format == "onnx"]
-    sample, batch = _sample(artifact), _batch(artifact)
+    golden = load_golden(artifact) if GOLDEN_NAME in m.files else None  # read once for the request and the answer
+    batch = _batch(artifact)
+    sample = _sample(artifact, golden, batch)
     what = "sample" if batch == 1 else f"{batch} samples (the model fixes its batch at {batch})"
     dtypes = {name: NUMPY_TO_V2.get(str(x.dtype), str(x.dtype)) for name, x in sample.items()}
     lines = [
@@ -100,7 +101,7 @@ def serve_section(artifact: Artifact) -> list[str]:
     lines += [
         "```",
         "",
-        _answer(artifact, batch),
+        _answer(artifact, golden, batch),
         "",
         f"TF Serving REST, the same {'sample' if batch == 1 else 'samples'} in row form:",
         "",
@@ -120,13 +121,12 @@ def serve_section(artifact: Artifact) -> list[str]:
     return lines
 
 
-def _answer(artifact: Artifact, batch: int) -> str:
+def _answer(artifact: Artifact, golden: Golden | None, batch: int) -> str:
     """What the V2 request returns, and what the model said for its first sample when it was recorded."""
     m = artifact.manifest
     outputs = ", ".join(f"{code(o.name)} {o.dtype} {shape(o.shape)}" for o in m.outputs)
     text = f"The answer holds {outputs} (the batch axis is {batch} here)."
-    if GOLDEN_NAME in m.files and m.task == "classification" and m.labels:
-        golden = load_golden(artifact)
+    if golden is not None and m.task == "classification" and m.labels:
         first = golden.outputs.get(m.outputs[0].name)
         if first is not None and len(first):
             label = m.labels[int(np.argmax(first[0]))]

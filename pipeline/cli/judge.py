@@ -1,0 +1,105 @@
+"""Commands that judge an artifact: check it against a baseline, benchmark its formats, write its card."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pipeline.cli.group import main
+
+
+@main.command()
+@click.argument("candidate", type=click.Path())
+@click.option("--baseline", type=click.Path(), default=None,
+              help="An artifact (artifacts/NAME[/VERSION]) or a .json written by --write-baseline.")  # fmt: skip
+@click.option("--write-baseline", type=click.Path(), default=None, help="Write CANDIDATE's summary to this .json.")
+@click.option("--max-accuracy-drop", type=float, default=None, help="Budget: metric drop allowed [default: recipe].")
+@click.option("--max-latency-increase", type=float, default=None, help="Budget: 0.10 = 10% slower [default: recipe].")
+@click.option("--max-size-increase", type=float, default=None, help="Budget: 0.10 = 10% larger [default: recipe].")
+@click.option("--latency-seconds", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
+              help="Time spent timing both models side by side.")  # fmt: skip
+@click.option("--junit", type=click.Path(), default=None, help="Write JUnit XML (one testcase per check).")
+@click.option("--markdown", type=click.Path(), default=None, help="Write Markdown (e.g. $GITHUB_STEP_SUMMARY).")
+@click.option("--json", "json_file", type=click.Path(), default=None, help="Write every check as JSON.")
+def check(
+    candidate: str,
+    baseline: str | None,
+    write_baseline: str | None,
+    latency_seconds: float,
+    junit: str | None,
+    markdown: str | None,
+    json_file: str | None,
+    **budgets: float | None,
+) -> None:
+    """Check CANDIDATE against a baseline: metrics, variants, I/O signature, size, latency (exit 1: a regression)."""
+    from pipeline.errors import InputError
+
+    if (baseline is None) == (write_baseline is None):
+        raise InputError("pass --baseline BASELINE to check CANDIDATE, or --write-baseline FILE to write one, not both")
+    if write_baseline is not None:
+        from pipeline.artifact import Artifact, resolve_artifact
+        from pipeline.check.baseline import write_baseline as write
+
+        loaded = Artifact.load(resolve_artifact(candidate))
+        try:
+            written = write(loaded, Path(write_baseline))
+        except OSError as exc:
+            raise InputError(f"--write-baseline {write_baseline}: cannot write it ({exc.strerror or exc})") from None
+        click.echo(f"baseline: {written.name} v{written.version} -> {write_baseline}")
+        return
+    from pipeline.check.reports import to_table, write_reports
+    from pipeline.check.run import check_candidate
+
+    outcome = check_candidate(candidate, baseline, budgets, latency_seconds)
+    for note in outcome.notes:
+        click.secho(f"note: {note}", err=True, fg="yellow")
+    click.echo(to_table(outcome))
+    paths = [Path(p) if p else None for p in (junit, markdown, json_file)]
+    for path in write_reports(outcome, *paths):
+        click.echo(f"report: {path}")
+    outcome.raise_on_failure()
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--seconds", type=float, default=1.0, show_default=True, help="Timed runs per row and batch.")
+@click.option("--threads", type=int, default=1, show_default=True, help="Threads every runtime runs with.")
+@click.option("--json", "json_copy", type=click.Path(), default=None, help="Also write the JSON report to this file.")
+@click.option("--no-plot", is_flag=True, help="Write no reports/benchmark.png.")
+def benchmark(artifact: str, seconds: float, threads: int, json_copy: str | None, no_plot: bool) -> None:
+    """Time every format of ARTIFACT side by side: torch, ONNX and its variants, TFLite (size, metric, latency)."""
+    from pipeline.artifact import resolve_artifact
+    from pipeline.benchmark.run import benchmark_artifact
+    from pipeline.benchmark.table import render
+    from pipeline.errors import InputError
+
+    outcome = benchmark_artifact(
+        resolve_artifact(artifact), seconds=seconds, threads=threads, say=click.echo, plot=not no_plot
+    )
+    click.echo(render(outcome))
+    for note in outcome.notes:
+        click.secho(f"note: {note}", err=True, fg="yellow")
+    if json_copy is not None:
+        try:
+            Path(json_copy).write_text(outcome.report.read_text())
+        except OSError as exc:
+            raise InputError(
+                f"--json {json_copy}: cannot write it ({exc.strerror}); the report is in {outcome.report}"
+            ) from None
+    for path in (outcome.report, outcome.plot, json_copy):
+        if path is not None:
+            click.echo(f"report: {path}")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+def report(artifact: str) -> None:
+    """Write ARTIFACT's model card (reports/model-card.md) and training curves (reports/training-curves.png)."""
+    from pipeline.report.run import report_artifact
+
+    outcome = report_artifact(Path(artifact), say=click.echo)
+    for note in outcome.notes:
+        click.secho(f"note: {note}", err=True, fg="yellow")
+    click.echo(f"card: {outcome.card}")
+    click.echo(f"curves: {outcome.curves or 'none (see the note)'}")

@@ -1,0 +1,229 @@
+"""Commands that make or change an artifact: train, import, export, optimize, and run, which chains them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipeline.cli.group import main
+
+
+@main.command()
+@click.argument("recipe", type=click.Path())
+@click.option("--resume", is_flag=True, help="Continue the newest unfinished run of this recipe from its checkpoint.")
+@click.option("--epochs", type=int, help="Override train.epochs.")
+@click.option(
+    "--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Override train.device (auto: CUDA if present)."
+)
+@click.option(
+    "--nproc", default=1, show_default=True, type=int, help="Processes on this machine (torchrun; DDP or FSDP)."
+)
+@click.option("--out", "out_root", default="artifacts", show_default=True, type=click.Path(), help="Model repository.")
+@click.option("--quiet", is_flag=True, help="No progress display (metrics still go to reports/).")
+def train(
+    recipe: str, resume: bool, epochs: int | None, device: str | None, nproc: int, out_root: str, quiet: bool
+) -> None:
+    """Train RECIPE (models/NAME.yaml) into a new artifact version: artifacts/NAME/VERSION.
+
+    Also runs under your own torchrun (e.g. `torchrun --nnodes 2 ... -m pipeline train RECIPE`).
+    """
+    import os
+
+    from pipeline.train.observe import TENSORBOARD_DIR
+    from pipeline.train.run import train_recipe
+
+    root = train_recipe(
+        recipe, resume=resume, epochs=epochs, device=device, nproc=nproc, out_root=Path(out_root), quiet=quiet
+    )
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone reports
+        click.echo(f"trained {root}")
+        if not quiet:  # --quiet prints the version's path alone, for scripts
+            click.echo(f"curves: tensorboard --logdir {root.parent}  (this run: {root / TENSORBOARD_DIR})")
+
+
+@main.command("import")
+@click.argument("model", type=click.Path())
+@click.option("--name", required=True, help="Artifact name: artifacts/NAME/<next version>/.")
+@click.option("--eval-data", type=click.Path(), default=None, help="NPZ: one array per input name, optional 'target'.")
+@click.option("--labels", default=None, help="Class names, comma separated: --labels cat,dog.")
+@click.option("--labels-file", type=click.Path(), default=None, help="Class names, one per line.")
+@click.option(
+    "--task",
+    type=click.Choice(["classification", "regression", "embedding"]),
+    default="classification",
+    show_default=True,
+)
+@click.option("--repository", type=click.Path(), default="artifacts", show_default=True, help="Where artifacts live.")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
+              help="Dims of input NAME (repeatable): an int fixes one, a name names one, ? or -1 leaves it free, "
+              "e.g. x:1,3,48,192 for a model declaring [-1, 3, ?, ?]. See docs/export.md.")  # fmt: skip
+@click.option(
+    "--image-preprocessing",
+    default=None,
+    help='How pictures feed the image input, as JSON: \'{"mode": "RGB", "size": [224, 224], "resize": "bilinear", '
+    '"scale": 0.00392156862745098, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}\' '
+    "(mean/std: applied outside the model; also layout NCHW|NHWC, input NAME). See docs/artifact.md.",
+)
+def import_cmd(
+    model: str,
+    name: str,
+    eval_data: str | None,
+    labels: str | None,
+    labels_file: str | None,
+    task: str,
+    repository: str,
+    input_shapes: tuple[str, ...],
+    image_preprocessing: str | None,
+) -> None:
+    """Make an artifact from an ONNX MODEL produced elsewhere (JAX, TensorFlow, Paddle, ...)."""
+    from pipeline.export.importer import import_onnx, read_labels
+    from pipeline.export.shapes import parse_input_shapes
+    from pipeline.golden import load_golden
+
+    shapes = parse_input_shapes(input_shapes)
+    names = read_labels(labels, Path(labels_file) if labels_file else None)
+    evaluation = Path(eval_data) if eval_data else None
+    artifact = import_onnx(
+        Path(model), name, Path(repository), evaluation, names, task, image_preprocessing, input_shapes=shapes
+    )
+    golden = artifact.manifest.stages.import_.golden if artifact.manifest.stages.import_ else "?"
+    click.echo(f"imported {model} -> {artifact.root} (golden outputs from {golden} inputs)")
+    arrays = load_golden(artifact).inputs
+    for spec in artifact.manifest.inputs:  # which sizes the free dims were run at
+        shape = ", ".join(str(d) for d in spec.shape)
+        click.echo(f"  golden {spec.name}: {list(arrays[spec.name].shape)} for [{shape}]")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option(
+    "--target",
+    type=click.Choice(["server", "edge", "triton"]),
+    default="server",
+    show_default=True,
+    help="server: model.onnx in the artifact, parity-gated against torch; edge: TFLite fp32/fp16/int8 from "
+    "model.onnx, verified on LiteRT; triton: a Triton model repository from model.onnx (needs --out).",
+)
+@click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16", "int8"]),
+              help="Edge: TFLite models to make (repeatable) [default: recipe edge.precisions].")  # fmt: skip
+@click.option("--layout", type=click.Choice(["nhwc", "nchw"], case_sensitive=False), default=None,
+              help="Edge: image input layout, NHWC for devices or the server's NCHW [default: recipe].")  # fmt: skip
+@click.option("--opset", type=click.IntRange(min=7), default=None, help="ONNX opset [default: recipe export.opset]")
+@click.option(
+    "--exporter",
+    type=click.Choice(["dynamo", "torchscript"]),
+    default=None,
+    help="dynamo falls back to torchscript and logs why [default: the recipe's export.dynamo]",
+)
+@click.option("--atol", type=float, default=None, help="Parity: max abs difference [default: recipe export.atol]")
+@click.option("--rtol", type=float, default=None, help="Parity: relative difference [default: recipe export.rtol]")
+@click.option("--recipe", type=click.Path(), default=None,
+              help="Recipe to read export settings from [default: the one it was trained from].")  # fmt: skip
+@click.option("--out", type=click.Path(), default=None, help="Triton: the model repository directory to write into.")
+@click.option("--max-batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Triton batching.")
+@click.option("--instance-kind", type=click.Choice(["cpu", "gpu"]), default=None,
+              help="Triton: pin the model to CPU or GPU instances [default: none written; Triton uses its GPUs "
+              "when it has them, else the CPU].")  # fmt: skip
+def export(
+    artifact: str,
+    target: str,
+    precisions: tuple[str, ...],
+    layout: str | None,
+    opset: int | None,
+    exporter: str | None,
+    atol: float | None,
+    rtol: float | None,
+    recipe: str | None,
+    out: str | None,
+    max_batch_size: int,
+    instance_kind: str | None,
+) -> None:
+    """Export a trained ARTIFACT to ONNX through the parity gate (exit 1 when it drifts).
+
+    Settings come from the recipe's export section as it is now; --opset, --exporter, --atol and
+    --rtol override it for this run.
+    """
+    if target == "edge":
+        from pipeline.edge.stage import edge_artifact
+
+        overrides = {"precisions": list(precisions) or None, "layout": layout and layout.lower()}
+        outcome = edge_artifact(artifact, overrides, Path(recipe) if recipe else None, say=click.echo)
+        for note in outcome.notes:
+            click.secho(f"note: {note}", err=True, fg="yellow")
+        for m in outcome.made:
+            click.echo(f"  {m.name:<13} passed  {m.converted.path.name}  ({m.converted.seconds:.1f} s to convert)")
+        return
+    if target == "triton":
+        from pipeline.artifact import Artifact, resolve_artifact
+        from pipeline.errors import InputError
+        from pipeline.export.triton import write_repository
+
+        if out is None:
+            raise InputError("--target triton writes a model repository: pass --out DIR (e.g. --out triton-models)")
+        model_dir = write_repository(
+            Artifact.load(resolve_artifact(artifact)), Path(out), max_batch_size, instance_kind
+        )
+        click.echo(f"Triton model repository: {model_dir} (config.pbtxt + version directory)")
+        return
+    from pipeline.export.stage import Overrides, export_artifact
+    from pipeline.variants import MODEL_FILE
+
+    overrides = Overrides(opset=opset, exporter=exporter, atol=atol, rtol=rtol)
+    outcome = export_artifact(artifact, overrides, Path(recipe) if recipe else None)
+    for note in outcome.notes:
+        click.secho(f"note: {note}", err=True, fg="yellow")
+    result = outcome.result
+    via = result.exporter + (f" (fallback: {result.fallback_reason})" if result.fallback_reason else "")
+    click.echo(outcome.report.table())
+    click.echo(f"exported {outcome.artifact.root / MODEL_FILE}: opset {result.opset}, exporter {via}")
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--quantize", "quantize", multiple=True, type=click.Choice(["dynamic", "static", "fp16", "auto"]),
+              help="Variants to make (repeatable) [default: the recipe's optimize.quantize].")  # fmt: skip
+@click.option("--graph", type=click.Choice(["none", "basic", "extended"]), default=None,
+              help="onnxruntime offline level for variants/model.opt.onnx [default: recipe].")  # fmt: skip
+@click.option("--max-accuracy-drop", type=float, default=None, help="Budget: task-metric drop allowed (its units).")
+@click.option("--min-cosine", type=float, default=None, help="Budget for embeddings: minimum cosine similarity.")
+@click.option("--per-channel/--per-tensor", default=None, help="int8 weight scales [default: recipe].")
+@click.option("--calibration", type=click.Choice(["minmax", "entropy", "percentile"]), default=None,
+              help="Static int8: how activation ranges are set [default: recipe].")  # fmt: skip
+@click.option("--reduce-range/--full-range", default=None, help="int8 weights in 7 bits (CPUs without VNNI).")
+@click.option("--activation-type", type=click.Choice(["uint8", "int8"]), default=None, help="Static int8 activations.")
+@click.option("--calibration-samples", type=int, default=None, help="Real training samples static int8 calibrates on.")
+@click.option("--slim/--no-slim", default=None, help="onnxslim after onnxruntime's passes for the opt variant.")
+@click.option("--max-exclusions", type=int, default=None, help="auto: nodes the search may leave in fp32.")
+@click.option("--threads", type=int, default=None, help="Intra-op threads the variants are timed with.")
+@click.option("--strict/--no-strict", default=None, help="Exit 1 when a variant misses its budget [default: recipe].")
+@click.option("--recipe", type=click.Path(), default=None, help="Recipe to read optimize settings from.")
+def optimize(artifact: str, quantize: tuple[str, ...], recipe: str | None, **options: Any) -> None:
+    """Graph-optimize and quantize ARTIFACT's model.onnx into verified variants (variants/, reports/optimize.md).
+
+    Every variant is judged against model.onnx (the task metric's drop, or agreement, cosine or
+    relative error without labels) and timed beside it. One that misses its budget is recorded as
+    failed and never served by default; --strict also makes the command exit 1.
+    """
+    from pipeline.optimize.stage import optimize_artifact
+
+    overrides = {**options, "quantize": list(quantize) or None}
+    outcome = optimize_artifact(artifact, overrides, Path(recipe) if recipe else None, say=click.echo)
+    for note in outcome.notes:
+        click.secho(f"note: {note}", err=True, fg="yellow")
+    for m in outcome.made:
+        status = "passed" if m.verdict.passed else "FAILED (not served)"
+        click.echo(f"  {m.name:<13} {status:<20} {m.verdict.detail}")
+    click.echo(f"report: {outcome.artifact.root / 'reports' / 'optimize.md'}")
+
+
+@main.command("run")
+@click.argument("recipe", type=click.Path())
+@click.option("--out", "out_root", default="artifacts", show_default=True, type=click.Path(), help="Model repository.")
+@click.option("--force", is_flag=True, help="Run every stage even when its output is up to date.")
+def run_cmd(recipe: str, out_root: str, force: bool) -> None:
+    """Run RECIPE's stages (train, export, optimize, edge, check, benchmark, report), skipping those up to date."""
+    from pipeline.run import run_recipe
+
+    run_recipe(recipe, out_root=Path(out_root), force=force, echo=click.echo)

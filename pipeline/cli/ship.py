@@ -1,0 +1,134 @@
+"""Commands that use an artifact: serve it over HTTP, predict with one variant, show what it holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipeline.cli.group import main
+
+
+def _variants(values: tuple[str, ...]) -> dict[str, str]:
+    """`--variant int8` (every model) or `--variant digits=int8` (one model) -> {model or '*': variant}."""
+    chosen: dict[str, str] = {}
+    for value in values:
+        model, _, variant = value.rpartition("=")
+        if not variant:
+            raise click.BadParameter(f"{value!r}: give VARIANT or MODEL=VARIANT, e.g. int8 or digits=int8")
+        chosen[model or "*"] = variant
+    return chosen
+
+
+@main.command()
+@click.argument("paths", metavar="REPOSITORY|ARTIFACT...", nargs=-1, required=True, type=click.Path())
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; loopback by default.")
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--workers", default=1, show_default=True, type=int, help="Server processes (each loads every model).")
+@click.option("--latest", type=int, help="Serve only the newest N loadable versions of each model (default: all).")
+@click.option("--variant", "variants", multiple=True, help="fp32 (model.onnx), a manifest variant (opt, int8...) or "
+              "best (the fastest that passed), for every model or as MODEL=VARIANT; repeatable.")  # fmt: skip
+@click.option("--poll", default=2.0, show_default=True, help="Seconds between scans for new versions (0: no reload).")
+@click.option("--max-batch-size", default=64, show_default=True, help="Rows per onnxruntime run (dynamic batching).")
+@click.option("--max-queue-delay-ms", default=0.0, show_default=True, help="How long a batch waits to fill up.")
+@click.option("--max-queue", default=256, show_default=True, help="Queued requests per model before 503.")
+@click.option("--timeout", default=30.0, show_default=True, help="Per-request limit in seconds (queue + compute).")
+@click.option("--instances", default=1, show_default=True, help="Batches of one model computing at once.")
+@click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="onnxruntime provider; auto uses CUDA when onnxruntime-gpu and a GPU are usable.")  # fmt: skip
+@click.option("--intra-op-threads", default=0, show_default=True, help="onnxruntime threads per operator (0: auto).")
+@click.option("--inter-op-threads", default=0, show_default=True, help="onnxruntime threads across ops (0: auto).")
+@click.option("--spin/--no-spin", default=True, show_default=True, help="Let idle onnxruntime threads busy-wait.")
+@click.option("--max-body-mb", default=64.0, show_default=True, help="Largest request body accepted (413 beyond).")
+@click.option("--api-key-env", help="Env var holding a token; requests must send 'Authorization: Bearer <token>'.")
+@click.option("--graceful-timeout", default=30.0, show_default=True, help="Seconds accepted requests get on SIGTERM.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+@click.option("--access-log", metavar="PATH|-", help="Append one JSON line per request to PATH (- for stdout).")
+@click.option("--read-timeout", default=30.0, show_default=True,
+              help="Seconds a request's headers, then its body, may take to arrive (408 beyond).")  # fmt: skip
+def serve(paths: tuple[str, ...], **options: Any) -> None:
+    """Serve artifacts over HTTP: KServe V2 (binary tensors too), TF Serving REST, /metrics."""
+    from pathlib import Path
+
+    from pipeline.serve.batching import BatchSettings
+    from pipeline.serve.config import HTTPSettings, ServeConfig
+    from pipeline.serve.repository import RepositorySettings
+    from pipeline.serve.server import run
+    from pipeline.serve.session import SessionOptions
+
+    o = options
+    run(
+        ServeConfig(
+            repository=RepositorySettings(
+                tuple(Path(p) for p in paths), o["latest"], _variants(o["variants"]), o["poll"]
+            ),
+            http=HTTPSettings(
+                host=o["host"],
+                port=o["port"],
+                workers=o["workers"],
+                max_body_bytes=int(o["max_body_mb"] * 1024 * 1024),
+                api_key_env=o["api_key_env"],
+                graceful_s=o["graceful_timeout"],
+                log_level=o["log_level"],
+                access_log=o["access_log"],
+                read_timeout_s=o["read_timeout"],
+            ),
+            session=SessionOptions(o["provider"], o["intra_op_threads"], o["inter_op_threads"], o["spin"]),
+            batching=BatchSettings(
+                o["max_batch_size"], o["max_queue_delay_ms"], o["max_queue"], o["timeout"], o["instances"]
+            ),
+        )
+    )
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--input", "input_file", required=True, type=click.Path(),
+              help="FILE.npz (one array per input name), FILE.json (an object keyed by input name, or a list for "
+              "one input) or a PNG/JPEG for a model with one image input.")  # fmt: skip
+@click.option("--variant", default="fp32", show_default=True, help="The variant to run: fp32 (model.onnx), opt, "
+              "int8, tflite-fp16 ... (pipe info lists them).")  # fmt: skip
+@click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1), help="Classes shown per sample.")
+@click.option("--allow-failed", is_flag=True, help="Run a failed or stale variant anyway (a note says why it is not "
+              "usable).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: top_k per sample and every output in full.")
+def predict(artifact: str, input_file: str, variant: str, top_k: int, allow_failed: bool, as_json: bool) -> None:
+    """Run one variant of ARTIFACT on an input file, locally, for a quick look (top-k labels for classifiers)."""
+    from pipeline.predict.run import predict_file
+
+    result = predict_file(artifact, input_file, variant, allow_failed)
+    for note in result.notes:
+        click.secho(f"note: {note}", err=True, fg="yellow")
+    click.echo(result.to_json(top_k) if as_json else result.text(top_k))
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON instead of a table.")
+@click.option("--no-verify", is_flag=True, help="Skip checking file hashes (inspect a damaged artifact).")
+def info(artifact: str, as_json: bool, no_verify: bool) -> None:
+    """Show a version's manifest (artifacts/NAME/VERSION), or every version of a model (artifacts/NAME).
+
+    A model directory lists each version with its stages and status; --json prints its newest
+    version's manifest.
+    """
+    from pipeline.artifact import Artifact, is_version_name, resolve_artifact
+    from pipeline.errors import ArtifactError
+    from pipeline.info import describe_path, manifest_table
+    from pipeline.manifest import MANIFEST_NAME
+
+    path = Path(artifact)
+    is_version = (path / MANIFEST_NAME).is_file() or is_version_name(path.name) or path.name.isdigit()
+    if not is_version and (not as_json or path.is_file()):  # a bare .onnx is pointed at pipe import
+        overview, damaged = describe_path(path)
+        click.echo(overview)
+        if damaged:
+            raise ArtifactError(f"{len(damaged)} version(s) did not load: {', '.join(damaged)} (reasons above)")
+        return
+    loaded = Artifact.load(resolve_artifact(artifact), verify=not no_verify)
+    if as_json:
+        click.echo(json.dumps(loaded.manifest.to_dict(), indent=2))
+    else:
+        click.echo(manifest_table(loaded))

@@ -140,7 +140,7 @@ def test_slow_headers_and_slow_bodies_time_out(repository: Path, tmp_path: Path)
             elapsed = time.monotonic() - started
         assert answer.startswith(b"HTTP/1.1 408"), answer
         assert b"did not arrive within 1s (--read-timeout)" in answer
-        assert 0.9 < elapsed < 3, elapsed
+        assert 0.9 < elapsed < 5, elapsed  # not before the deadline; the 408 above proves it fired (no wall-clock race)
 
         # Whole headers, a tenth of the body, then silence.
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
@@ -151,7 +151,7 @@ def test_slow_headers_and_slow_bodies_time_out(repository: Path, tmp_path: Path)
             elapsed = time.monotonic() - started
         assert answer.startswith(b"HTTP/1.1 408"), answer
         assert b"the body did not arrive within 1s" in answer
-        assert 0.9 < elapsed < 3, elapsed
+        assert 0.9 < elapsed < 5, elapsed  # not before the deadline; the 408 above proves it fired (no wall-clock race)
 
         assert httpx.post(f"{server.url}/v2/models/mlp/infer", json=BODY).status_code == 200  # others unaffected
     finally:

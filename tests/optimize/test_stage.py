@@ -11,6 +11,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
+from transform_models import wide_channel_mlp
 
 from pipeline.artifact import Artifact
 from pipeline.cli import main
@@ -71,23 +72,8 @@ def sensitive_classifier(tmp_path: Path) -> tuple[Path, Path]:
     int8 with one scale per tensor rounds every other channel to a level or two: accuracy collapses.
     """
     rng = np.random.default_rng(0)
-    w1 = rng.standard_normal((16, 32)).astype(np.float32)
-    w2 = rng.standard_normal((32, 10)).astype(np.float32)
-    w1[:, 0] *= 1000.0
-    w2[0, :] /= 1000.0
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="hidden"),
-         helper.make_node("Relu", ["h"], ["r"], name="relu"),
-         helper.make_node("MatMul", ["r", "w2"], ["logits"], name="head")],
-        "sensitive",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="handwritten")
-    model.ir_version = 9
     path = tmp_path / "sensitive.onnx"
-    onnx.save(model, str(path))
+    w1, w2 = wide_channel_mlp(path, rng, outputs=10, wide=1000.0)
     x = rng.standard_normal((400, 16)).astype(np.float32)
     logits = np.maximum(x @ w1, 0) @ w2
     data = tmp_path / "eval.npz"

@@ -134,6 +134,32 @@ def transformer(directory: Path) -> Path:
     return path
 
 
+def wide_channel_mlp(path: Path, rng: np.random.Generator, outputs: int, wide: float) -> tuple[np.ndarray, np.ndarray]:
+    """x [batch, 16] -> MatMul `hidden` -> Relu -> MatMul `head` -> logits [batch, outputs], saved at `path`.
+
+    Hidden channel 0 is `wide` times the rest and `head` scales it back: fp32 computes what it would
+    without the wide channel, but int8 with one scale per tensor rounds every other channel away.
+    Returns the two weights (w1, w2) so a test can compute the fp32 answer.
+    """
+    w1 = rng.standard_normal((16, 32)).astype(np.float32)
+    w2 = rng.standard_normal((32, outputs)).astype(np.float32)
+    w1[:, 0] *= wide
+    w2[0, :] /= wide
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "w1"], ["h"], name="hidden"),
+         onnx.helper.make_node("Relu", ["h"], ["r"], name="relu"),
+         onnx.helper.make_node("MatMul", ["r", "w2"], ["logits"], name="head")],
+        "wide_channel",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 16])],
+        [onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["batch", outputs])],
+        [onnx.numpy_helper.from_array(w1, "w1"), onnx.numpy_helper.from_array(w2, "w2")],
+    )  # fmt: skip
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], producer_name="handwritten")
+    model.ir_version = 9
+    onnx.save(model, str(path))
+    return w1, w2
+
+
 def digits(count: int, offset: int = 0) -> dict[str, np.ndarray]:
     """Real images: sklearn's bundled 8x8 digits, scaled to [0, 1], as x [count, 1, 8, 8]."""
     from sklearn.datasets import load_digits

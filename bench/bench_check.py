@@ -126,7 +126,7 @@ def spread(ratios: list[float]) -> dict[str, float]:
 
 
 def self_checks(root: Path, work: Path, repeats: int, seconds: float, out: Out) -> dict[str, Any]:
-    from pipeline.recipe import BudgetSpec
+    from pipeline.recipe.schema import BudgetSpec
 
     default = BudgetSpec().max_latency_increase
     results = {}
@@ -154,8 +154,8 @@ def self_checks(root: Path, work: Path, repeats: int, seconds: float, out: Out) 
 
 
 def slow_checks(root: Path, work: Path, repeats: int, seconds: float, out: Out) -> dict[str, Any]:
-    from pipeline.artifact import Artifact
-    from pipeline.golden import load_golden
+    from pipeline.artifact.directory import Artifact
+    from pipeline.artifact.golden import load_golden
 
     golden = load_golden(Artifact.load(root))
     data = work / "eval.npz"

@@ -38,7 +38,7 @@ def build(arch: str, checkpointing: bool) -> Any:
     import torch
 
     from pipeline.data import DataInfo
-    from pipeline.recipe import parse_recipe
+    from pipeline.recipe.schema import parse_recipe
     from pipeline.train.zoo import build_model
 
     extra = {"experts": 4, "top_k": 2} if arch == "moe" else {}

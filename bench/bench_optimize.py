@@ -96,7 +96,7 @@ def sizes(root: Path) -> dict[str, int]:
 
 
 def train_all(repo: Path, out: Out) -> dict[str, Path]:
-    from pipeline.run import run_recipe
+    from pipeline.chain.chain import run_recipe
 
     roots = {}
     for name, recipe in RECIPES.items():
@@ -159,12 +159,12 @@ def matmul_share(model: Path, samples: dict[str, np.ndarray], batch: int, work: 
 
 
 def dynamic_sweep(name: str, root: Path, work: Path, seconds: float, repeats: int, out: Out) -> dict[str, Any]:
-    from pipeline.artifact import Artifact
-    from pipeline.latency import measure
+    from pipeline.artifact.directory import Artifact
     from pipeline.optimize.judge import Judge, budget_policy
     from pipeline.optimize.quantize import QuantSettings, quantize
-    from pipeline.recipe_yaml import load_recipe
-    from pipeline.verify.evaluation import evaluation_set
+    from pipeline.recipe.file import load_recipe
+    from pipeline.runtime.latency import measure
+    from pipeline.samples.evaluation import evaluation_set
 
     artifact = Artifact.load(root)
     recipe = load_recipe(RECIPES[name])
@@ -236,9 +236,9 @@ def interleaved(calls: dict[str, Callable[[], object]], seconds: float, warmup: 
 def torch_vs_ort(name: str, root: Path, seconds: float, out: Out) -> dict[str, Any]:
     import torch
 
-    from pipeline.artifact import Artifact
-    from pipeline.backends import backend_for
-    from pipeline.verify.session import create_session
+    from pipeline.artifact.directory import Artifact
+    from pipeline.runtime.backends import backend_for
+    from pipeline.runtime.session import create_session
 
     artifact = Artifact.load(root)
     backend = backend_for(artifact)
@@ -275,9 +275,9 @@ def torch_vs_ort(name: str, root: Path, seconds: float, out: Out) -> dict[str, A
 
 
 def digits_test_split(mlp_root: Path) -> tuple[np.ndarray, np.ndarray]:
-    from pipeline.artifact import Artifact
-    from pipeline.recipe_yaml import load_recipe
-    from pipeline.verify.evaluation import evaluation_set
+    from pipeline.artifact.directory import Artifact
+    from pipeline.recipe.file import load_recipe
+    from pipeline.samples.evaluation import evaluation_set
 
     evaluation = evaluation_set(Artifact.load(mlp_root), load_recipe(RECIPES["mlp"]))
     assert evaluation.target is not None
@@ -294,7 +294,7 @@ def sensitive_model(mlp_root: Path, work: Path) -> tuple[Path, Path, dict[str, A
     import onnx
     from onnx import numpy_helper
 
-    from pipeline.verify.runners import ort_runner
+    from pipeline.runtime.runners import ort_runner
 
     model = onnx.load(str(mlp_root / "model.onnx"))
     del model.metadata_props[:]  # a model made elsewhere: pipe import stamps its own
@@ -383,10 +383,10 @@ def encoder(kind: str, root: Path) -> tuple[Any, dict[str, np.ndarray], dict[int
     """A trained zoo model with its classifier removed: (torch module, its test split's inputs, dynamic axes)."""
     import torch
 
-    from pipeline.artifact import Artifact
-    from pipeline.backends import backend_for
-    from pipeline.recipe_yaml import load_recipe
-    from pipeline.verify.evaluation import evaluation_set
+    from pipeline.artifact.directory import Artifact
+    from pipeline.recipe.file import load_recipe
+    from pipeline.runtime.backends import backend_for
+    from pipeline.samples.evaluation import evaluation_set
 
     artifact = Artifact.load(root)
     trained = backend_for(artifact).load_model(artifact)
@@ -470,7 +470,7 @@ def free_port() -> int:
 def not_served(root: Path, out: Out) -> dict[str, Any]:
     import httpx
 
-    from pipeline.artifact import Artifact
+    from pipeline.artifact.directory import Artifact
     from pipeline.serve.variant_choice import VariantRefused, choose_quietly
 
     artifact = Artifact.load(root)

@@ -55,7 +55,7 @@ def end_to_end(out: Path) -> dict[str, Any]:
 
 def pipe_loop(recipe_path: Path, out: Path) -> tuple[float, float]:
     """(wall, CPU) seconds spent in pipe's `fit` (the loop alone: no imports, data loading or artifact writing)."""
-    from pipeline.train.run import train_recipe
+    from pipeline.train.stage import train_recipe
 
     root = train_recipe(recipe_path, out_root=out, quiet=True)
     train = json.loads((root / "manifest.json").read_text())["stages"]["train"]
@@ -72,8 +72,8 @@ def bare_loop(recipe_path: Path, validate: bool) -> tuple[float, float]:
     from torch.nn import functional as F
 
     from pipeline.data import load_splits
-    from pipeline.recipe_yaml import load_recipe
-    from pipeline.train.run import threads_per_process
+    from pipeline.recipe.file import load_recipe
+    from pipeline.train.stage import threads_per_process
     from pipeline.train.zoo import build_model
 
     recipe = load_recipe(recipe_path)

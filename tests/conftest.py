@@ -5,9 +5,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.artifact import Artifact
-from pipeline.manifest import Manifest, TensorSpec
-from pipeline.records import CheckpointRecord, GoldenRecord, TrainRecord
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.records import CheckpointRecord, GoldenRecord, TrainRecord
 
 # A linear model in ONNX text syntax, with weights: the smallest real model to import and serve.
 LINEAR = """

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -41,29 +42,83 @@ def test_contracts_hold_on_the_real_tree() -> None:
     assert "0 broken" in result.stdout, result.stdout
 
 
+LAYERS = "commands on stages, every stage alone, shared packages below, the spine at the"  # lint-imports wraps the rest
+FRAMEWORKS = "pipe serve and the artifact never import a training or conversion framework"
+
+
+def layered(module: str, line: str, importer: str, imported: str) -> tuple[str, str, str, str]:
+    """A case for the layers contract: `line` added to `module` must be refused as importer -> imported."""
+    return module, line, LAYERS, f"{importer} is not allowed to import {imported}"
+
+
 @pytest.mark.parametrize(
     ("module", "line", "contract", "chain"),
     [
-        # a stage reaching into another stage instead of going through the artifact
+        # one stage reaching into another instead of going through the artifact (each passed before issue 21)
         (
             "serve/__init__.py",
-            "import pipeline.train",
-            "pipe serve imports no other stage",
-            "pipeline.serve -> pipeline.train",
+            "import pipeline.predict",
+            LAYERS,
+            "pipeline.serve is not allowed to import pipeline.predict",
         ),
-        # the artifact depending on a stage: the spine must stay below every stage
         (
-            "artifact.py",
+            "check/__init__.py",
+            "import pipeline.optimize",
+            LAYERS,
+            "pipeline.check is not allowed to import pipeline.optimize",
+        ),
+        (
+            "edge/__init__.py",
+            "import pipeline.export",
+            LAYERS,
+            "pipeline.edge is not allowed to import pipeline.export",
+        ),
+        (
+            "predict/__init__.py",
+            "import pipeline.train",
+            LAYERS,
+            "pipeline.predict is not allowed to import pipeline.train",
+        ),
+        (
+            "benchmark/__init__.py",
+            "import pipeline.report",
+            LAYERS,
+            "pipeline.benchmark is not allowed to import pipeline.report",
+        ),
+        # the spine and the shared packages depending on what stands above them
+        (
+            "artifact/directory.py",
             "from pipeline.export import metadata",
-            "the artifact and what stages share import no stage",
-            "pipeline.artifact -> pipeline.export.metadata",
+            LAYERS,
+            "pipeline.artifact is not allowed to import pipeline.export",
+        ),
+        (
+            "runtime/runners.py",
+            "import pipeline.verify.gate",
+            LAYERS,
+            "pipeline.runtime is not allowed to import pipeline.verify",
+        ),
+        (
+            "recipe/schema.py",
+            "import pipeline.verify.metrics",
+            LAYERS,
+            "pipeline.recipe is not allowed to import pipeline.verify",
+        ),
+        # a stage importing the command that runs the chain
+        (
+            "report/__init__.py",
+            "import pipeline.chain",
+            LAYERS,
+            "pipeline.report is not allowed to import pipeline.chain",
         ),
         # a heavy framework imported lazily inside a function still counts
+        ("serve/__init__.py", "def _convert():\n    import torch", FRAMEWORKS, "pipeline.serve -> torch"),
+        # the device runner stays stand-alone
         (
-            "serve/__init__.py",
-            "def _convert():\n    import torch",
-            "pipe serve and the artifact never import a training or conversion framework",
-            "pipeline.serve -> torch",
+            "runtime/tflite_runner.py",
+            "import pipeline.core.errors",
+            "the stand-alone TFLite runner imports nothing of pipe and no framework",
+            "pipeline.runtime.tflite_runner -> pipeline.core.errors",
         ),
     ],
 )
@@ -77,5 +132,19 @@ def test_a_forbidden_import_breaks_its_contract(
     result = lint_imports(root)
 
     assert result.returncode == 1, result.stdout + result.stderr
-    assert f"{contract} BROKEN" in result.stdout, result.stdout
+    assert "BROKEN" in result.stdout and contract in result.stdout, result.stdout
     assert chain in result.stdout, result.stdout
+
+
+def test_every_package_stands_in_the_layers_and_none_is_optional() -> None:
+    """A new package must be placed in the layers before the contracts hold; nothing built is left optional."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in config if c["id"] == "layers")["layers"]
+    named = {name.strip() for layer in layers for name in layer.replace(":", "|").split("|")}
+    packages = {p.name for p in (ROOT / "pipeline").iterdir() if (p / "__init__.py").is_file()}
+    assert not any("(" in layer for layer in layers), layers
+    assert named == packages, (
+        f"not in the layers: {sorted(packages - named)}; not a package: {sorted(named - packages)}"
+    )
+    loose = sorted(p.name for p in (ROOT / "pipeline").glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert not loose, f"modules outside a package: {loose}"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifact import Artifact, allocate_version, resolve_artifact, versions
-from pipeline.errors import ArtifactError
-from pipeline.manifest import MANIFEST_NAME, Manifest
-from pipeline.records import ExportRecord
-from pipeline.variants import Variant
+from pipeline.artifact.directory import Artifact, allocate_version, resolve_artifact, versions
+from pipeline.artifact.manifest import MANIFEST_NAME, Manifest
+from pipeline.artifact.records import ExportRecord
+from pipeline.artifact.variants import Variant
+from pipeline.core.errors import ArtifactError
 from tests.conftest import build_artifact
 
 EXPORT = ExportRecord(exporter="dynamo", opset=18, requested_opset=18, external_data=False)
@@ -121,7 +121,7 @@ def test_corrupt_json_is_refused(toy_artifact: Artifact) -> None:
 
 CRASH_DURING_SAVE = """
 import os, signal, sys
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
 artifact = Artifact.load(sys.argv[1])
 artifact.manifest.metrics["accuracy"] = 0.5
 def die(fd):

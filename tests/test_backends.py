@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from pipeline.artifact import Artifact
-from pipeline.backends import backend_for
-from pipeline.errors import ArtifactError
+from pipeline.artifact.directory import Artifact
+from pipeline.core.errors import ArtifactError
+from pipeline.runtime.backends import backend_for
 
 
 @pytest.mark.parametrize(

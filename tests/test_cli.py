@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline import __version__
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
 from pipeline.cli import main
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.artifact import Artifact
-from pipeline.errors import ArtifactError
-from pipeline.golden import Golden, load_golden, save_golden
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import Golden, load_golden, save_golden
+from pipeline.core.errors import ArtifactError
 
 
 def test_golden_round_trip_through_the_manifest(toy_artifact: Artifact) -> None:

@@ -12,7 +12,10 @@ HEAVY = ("torch", "tensorflow", "onnx2tf", "keras")
 CHECK = "import json, sys, importlib; importlib.import_module(sys.argv[1]); print(json.dumps(sorted(sys.modules)))"
 
 
-@pytest.mark.parametrize("module", ["pipeline.cli", "pipeline.artifact", "pipeline.recipe"])
+@pytest.mark.parametrize(
+    "module",
+    ["pipeline.cli", "pipeline.serve", "pipeline.serve.app", "pipeline.artifact.directory", "pipeline.recipe.schema"],
+)
 def test_module_loads_no_heavy_framework(module: str) -> None:
     proc = subprocess.run([sys.executable, "-c", CHECK, module], capture_output=True, text=True, check=True)
     loaded = set(json.loads(proc.stdout))

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.records import CheckRecord, ExportRecord
+from pipeline.artifact.variants import Variant
 from pipeline.cli import main
-from pipeline.records import CheckRecord, ExportRecord
-from pipeline.variants import Variant
 from tests.conftest import build_artifact, train_record
 
 

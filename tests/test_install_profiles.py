@@ -32,9 +32,9 @@ import pytest
 from click.testing import CliRunner
 from packaging.requirements import Requirement
 
-from pipeline.artifact import Artifact, resolve_artifact
+from pipeline.artifact.directory import Artifact, resolve_artifact
+from pipeline.artifact.golden import load_golden
 from pipeline.cli import main
-from pipeline.golden import load_golden
 from tests.conftest import LINEAR
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +50,8 @@ PART_PROFILES = {
     "pipeline.data": ("train", "cpu"),
     "pipeline.export": ("train", "cpu"),
     "pipeline.optimize": ("optimize", "cpu"),
-    "pipeline.latency": ("cpu",),  # onnxruntime sessions timed side by side, for optimize and check
-    "pipeline.images": ("http",),  # pictures decoded by Pillow, for pipe serve (http) and pipe predict
+    "pipeline.runtime.latency": ("cpu",),  # onnxruntime sessions timed side by side, for optimize and check
+    "pipeline.runtime.images": ("http",),  # pictures decoded by Pillow, for pipe serve (http) and pipe predict
     "pipeline.edge": ("edge", "cpu"),
     "pipeline.benchmark": ("report", "cpu"),  # the table and plot, onnxruntime sessions timed side by side
     "pipeline.report": ("report",),  # the curves drawn by matplotlib; the card is the manifest and reports/ read back

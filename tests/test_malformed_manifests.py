@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
 from pipeline.cli import main
 from tests.conftest import build_artifact
 

@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner, Result
 from PIL import Image
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.variants import Variant
 from pipeline.cli import main
-from pipeline.fsutil import sha256_file
-from pipeline.variants import Variant
-from pipeline.verify.session import create_session
+from pipeline.core.fsutil import sha256_file
+from pipeline.runtime.session import create_session
 from tests.conftest import LINEAR, train_record
 
 W = np.array([[1.0, -1.0, 0.5], [0.5, 2.0, -1.0], [-1.5, 0.0, 1.0], [0.0, 1.0, 2.0]], dtype=np.float32)

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.errors import RecipeError
-from pipeline.recipe import CNNSpec, CustomSpec, parse_recipe
-from pipeline.recipe_yaml import load_recipe
+from pipeline.core.errors import RecipeError
+from pipeline.recipe.file import load_recipe
+from pipeline.recipe.schema import CNNSpec, CustomSpec, parse_recipe
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 EXAMPLES = sorted(MODELS.glob("*.yaml"))

@@ -51,7 +51,7 @@ def test_a_bad_recipe_is_one_line_exit_2_and_nothing_written(tmp_path: Path, tex
 
 
 def test_merge_keys_override_without_counting_as_duplicates(tmp_path: Path) -> None:
-    from pipeline.recipe_yaml import load_recipe
+    from pipeline.recipe.file import load_recipe
 
     recipe = tmp_path / "t.yaml"
     recipe.write_text(BASE + "  <<: {lr: 0.5, batch_size: 8}\n  lr: 0.25\n")
@@ -60,7 +60,7 @@ def test_merge_keys_override_without_counting_as_duplicates(tmp_path: Path) -> N
 
 
 def test_an_infinite_budget_is_the_one_infinity_a_recipe_may_hold(tmp_path: Path) -> None:
-    from pipeline.recipe_yaml import load_recipe
+    from pipeline.recipe.file import load_recipe
 
     recipe = tmp_path / "t.yaml"
     recipe.write_text(BASE + "budgets: {max_accuracy_drop: .inf, metrics: {accuracy: {max_drop: .inf}}}\n")

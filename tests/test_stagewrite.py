@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifact import LOCK_NAME, Artifact
-from pipeline.manifest import Manifest
-from pipeline.stagewrite import StageWrite
-from pipeline.variants import Variant, variant_file
+from pipeline.artifact.directory import LOCK_NAME, Artifact
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.stagewrite import StageWrite
+from pipeline.artifact.variants import Variant, variant_file
 from tests.conftest import build_artifact
 
 # One stage in its own process: make a file in scratch, wait until the other process is ready too,
@@ -20,8 +20,8 @@ from tests.conftest import build_artifact
 WRITER = """
 import contextlib, sys, time
 from pathlib import Path
-import pipeline.stagewrite as sw
-from pipeline.variants import Variant, variant_file
+import pipeline.artifact.stagewrite as sw
+from pipeline.artifact.variants import Variant, variant_file
 
 root, name, barrier, use_lock = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4] == "lock"
 if not use_lock:

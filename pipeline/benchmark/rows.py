@@ -4,7 +4,7 @@ One row per model file: the trained torch model (only when this artifact was tra
 torch backend: its weights are in `checkpoint/`), `model.onnx` (the fp32 variant), each other ONNX
 variant, then each TFLite edge model, in the order the manifest recorded them. The figures that
 are not timed come from the records, never measured again here: the size of the file, its
-precision, its status (a failed or stale variant says why, through `pipeline.variants.unusable`)
+precision, its status (a failed or stale variant says why, through `pipeline.artifact.variants.unusable`)
 and the task metric its stage measured on the evaluation split.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.artifact import Artifact
-from pipeline.errors import InputError
-from pipeline.golden import GOLDEN_NAME
-from pipeline.variants import FP32, MODEL_FILE, Variant, unusable
-from pipeline.verify.metrics import HIGHER_IS_BETTER, metric_drop
+from pipeline.artifact.directions import HIGHER_IS_BETTER, metric_drop
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import GOLDEN_NAME
+from pipeline.artifact.variants import FP32, MODEL_FILE, Variant, unusable
+from pipeline.core.errors import InputError
 
 TORCH = "torch"  # the name of the trained model's row
 RUNTIMES = {"torch": "torch", "onnx": "onnxruntime", "tflite": "litert"}  # format -> the runtime that times it

@@ -1,4 +1,4 @@
-"""Each row loaded in its own runtime, every one with the same thread count, as a `pipeline.latency.Session`.
+"""Each row loaded in its own runtime, every one with the same thread count, as a `pipeline.runtime.latency.Session`.
 
 - ONNX rows: onnxruntime's CPU provider through `create_session` (`threads` intra-op threads, one
   inter-op thread), exactly as `pipe optimize` and `pipe check` time them; the clock covers
@@ -26,14 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifact import Artifact
-from pipeline.backends import backend_for
+from pipeline.artifact.directory import Artifact
 from pipeline.benchmark.rows import Row
-from pipeline.errors import PipelineError
-from pipeline.latency import Session, batch_of
-from pipeline.verify.session import create_session, first_line
-
-Arrays = dict[str, np.ndarray]
+from pipeline.core.arrays import Arrays
+from pipeline.core.errors import PipelineError, first_line
+from pipeline.runtime.backends import backend_for
+from pipeline.runtime.latency import Session, batch_of
+from pipeline.runtime.session import create_session
 
 
 class NotTimed(Exception):
@@ -42,7 +41,7 @@ class NotTimed(Exception):
 
 @dataclass(frozen=True)
 class Input:
-    """An input as `pipeline.latency` reads it from a session: a name and a shape (an int first dim: fixed batch)."""
+    """An input as `pipeline.runtime.latency` reads it from a session: a name and a shape (an int first dim: fixed)."""
 
     name: str
     shape: tuple[Any, ...]
@@ -125,7 +124,7 @@ def _tflite(artifact: Artifact, row: Row, threads: int) -> Session:
         raise NotTimed(
             "ai_edge_litert is not installed; install the edge profile: pip install -c requirements.lock '.[edge]'"
         )
-    from pipeline.edge.runner import TFLiteRunner
+    from pipeline.runtime.tflite_runner import TFLiteRunner
 
     edge = row.variant.edge if row.variant is not None else None
     layout = edge.layout.upper() if edge is not None else "NCHW"

@@ -7,7 +7,7 @@ import shutil
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipeline.benchmark.run import BenchmarkOutcome, Result
+    from pipeline.benchmark.stage import BenchmarkOutcome, Result
 
 STATUS_STYLE = {"reference": "cyan", "passed": "green", "failed": "red", "stale": "yellow"}
 
@@ -18,7 +18,7 @@ def render(outcome: BenchmarkOutcome, width: int | None = None) -> str:
     from rich.markup import escape
     from rich.table import Table
 
-    from pipeline.benchmark.run import BATCH, MAX_RUNS, THROUGHPUT_BATCH
+    from pipeline.benchmark.stage import BATCH, MAX_RUNS, THROUGHPUT_BATCH
 
     threads = outcome.settings["threads"]
     table = Table(

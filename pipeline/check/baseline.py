@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.artifact import Artifact, resolve_artifact
-from pipeline.errors import InputError
-from pipeline.fsutil import atomic_write_bytes
-from pipeline.jsontypes import decode, encode
-from pipeline.manifest import TensorSpec
-from pipeline.variants import MODEL_FILE, unusable
+from pipeline.artifact.directory import Artifact, resolve_artifact
+from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.variants import MODEL_FILE, unusable
+from pipeline.core.errors import InputError
+from pipeline.core.fsutil import atomic_write_bytes
+from pipeline.core.jsontypes import decode, encode
 
 FORMAT = "pipe-baseline/1"  # the `format` key of a baseline file; bumped when its meaning changes
 # Text a baseline cannot hold: the checks put its names in the terminal, JUnit XML and Markdown, where a

@@ -10,10 +10,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pipeline.artifact.directions import HIGHER_IS_BETTER, metric_drop
+from pipeline.artifact.manifest import TensorSpec
 from pipeline.check.baseline import Baseline
-from pipeline.manifest import TensorSpec
-from pipeline.recipe import BudgetSpec
-from pipeline.verify.metrics import HIGHER_IS_BETTER, SLACK, metric_drop
+from pipeline.recipe.schema import BudgetSpec
+from pipeline.verify.metrics import SLACK
 
 Status = Literal["passed", "failed", "skipped"]
 

@@ -9,10 +9,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from pipeline.check.run import CheckRun
-from pipeline.errors import InputError
-from pipeline.fsutil import atomic_write_bytes
-from pipeline.jsontypes import encode
+from pipeline.check.verdict import CheckRun
+from pipeline.core.errors import InputError
+from pipeline.core.fsutil import atomic_write_bytes
+from pipeline.core.jsontypes import encode
 
 SUITE = "pipe check"
 MARK = {"passed": "✅ passed", "failed": "❌ failed", "skipped": "➖ skipped"}

@@ -17,14 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.records import CheckRecord
+from pipeline.artifact.stagewrite import StageWrite
 from pipeline.check.baseline import summarize
 from pipeline.check.reports import to_json, to_junit, to_markdown
-from pipeline.check.run import CheckRun, budgets_for, check_candidate
-from pipeline.fsutil import sha256_file
-from pipeline.jsontypes import encode
-from pipeline.records import CheckRecord
-from pipeline.stagewrite import StageWrite
+from pipeline.check.verdict import CheckRun, budgets_for, check_candidate
+from pipeline.core.fsutil import sha256_file
+from pipeline.core.jsontypes import encode
 
 REPORTS: dict[str, Callable[[CheckRun], str]] = {
     "reports/check.json": to_json,

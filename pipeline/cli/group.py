@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from pipeline import __version__
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError, first_line
 
 INTERNAL_ERROR = 3  # exit code of an exception pipe did not raise on purpose (a bug, or one not yet handled)
 
@@ -35,7 +35,7 @@ class PipeGroup(click.Group):
             raise
         except Exception as exc:
             where = _write_trace()
-            message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+            message = first_line(exc, empty="")
             click.secho(
                 f"error: internal error: {type(exc).__name__}: {message} (full trace: {where})", err=True, fg="red"
             )

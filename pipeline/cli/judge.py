@@ -33,12 +33,12 @@ def check(
     **budgets: float | None,
 ) -> None:
     """Check CANDIDATE against a baseline: metrics, variants, I/O signature, size, latency (exit 1: a regression)."""
-    from pipeline.errors import InputError
+    from pipeline.core.errors import InputError
 
     if (baseline is None) == (write_baseline is None):
         raise InputError("pass --baseline BASELINE to check CANDIDATE, or --write-baseline FILE to write one, not both")
     if write_baseline is not None:
-        from pipeline.artifact import Artifact, resolve_artifact
+        from pipeline.artifact.directory import Artifact, resolve_artifact
         from pipeline.check.baseline import write_baseline as write
 
         loaded = Artifact.load(resolve_artifact(candidate))
@@ -49,7 +49,7 @@ def check(
         click.echo(f"baseline: {written.name} v{written.version} -> {write_baseline}")
         return
     from pipeline.check.reports import to_table, write_reports
-    from pipeline.check.run import check_candidate
+    from pipeline.check.verdict import check_candidate
 
     outcome = check_candidate(candidate, baseline, budgets, latency_seconds)
     for note in outcome.notes:
@@ -69,10 +69,10 @@ def check(
 @click.option("--no-plot", is_flag=True, help="Write no reports/benchmark.png.")
 def benchmark(artifact: str, seconds: float, threads: int, json_copy: str | None, no_plot: bool) -> None:
     """Time every format of ARTIFACT side by side: torch, ONNX and its variants, TFLite (size, metric, latency)."""
-    from pipeline.artifact import resolve_artifact
-    from pipeline.benchmark.run import benchmark_artifact
+    from pipeline.artifact.directory import resolve_artifact
+    from pipeline.benchmark.stage import benchmark_artifact
     from pipeline.benchmark.table import render
-    from pipeline.errors import InputError
+    from pipeline.core.errors import InputError
 
     outcome = benchmark_artifact(
         resolve_artifact(artifact), seconds=seconds, threads=threads, say=click.echo, plot=not no_plot
@@ -96,7 +96,7 @@ def benchmark(artifact: str, seconds: float, threads: int, json_copy: str | None
 @click.argument("artifact", type=click.Path())
 def report(artifact: str) -> None:
     """Write ARTIFACT's model card (reports/model-card.md) and training curves (reports/training-curves.png)."""
-    from pipeline.report.run import report_artifact
+    from pipeline.report.stage import report_artifact
 
     outcome = report_artifact(Path(artifact), say=click.echo)
     for note in outcome.notes:

@@ -32,7 +32,7 @@ def train(
     import os
 
     from pipeline.train.observe import TENSORBOARD_DIR
-    from pipeline.train.run import train_recipe
+    from pipeline.train.stage import train_recipe
 
     root = train_recipe(
         recipe, resume=resume, epochs=epochs, device=device, nproc=nproc, out_root=Path(out_root), quiet=quiet
@@ -78,9 +78,9 @@ def import_cmd(
     image_preprocessing: str | None,
 ) -> None:
     """Make an artifact from an ONNX MODEL produced elsewhere (JAX, TensorFlow, Paddle, ...)."""
+    from pipeline.artifact.golden import load_golden
     from pipeline.export.importer import import_onnx, read_labels
     from pipeline.export.shapes import parse_input_shapes
-    from pipeline.golden import load_golden
 
     shapes = parse_input_shapes(input_shapes)
     names = read_labels(labels, Path(labels_file) if labels_file else None)
@@ -156,8 +156,8 @@ def export(
             click.echo(f"  {m.name:<13} passed  {m.converted.path.name}  ({m.converted.seconds:.1f} s to convert)")
         return
     if target == "triton":
-        from pipeline.artifact import Artifact, resolve_artifact
-        from pipeline.errors import InputError
+        from pipeline.artifact.directory import Artifact, resolve_artifact
+        from pipeline.core.errors import InputError
         from pipeline.export.triton import write_repository
 
         if out is None:
@@ -167,8 +167,8 @@ def export(
         )
         click.echo(f"Triton model repository: {model_dir} (config.pbtxt + version directory)")
         return
+    from pipeline.artifact.variants import MODEL_FILE
     from pipeline.export.stage import Overrides, export_artifact
-    from pipeline.variants import MODEL_FILE
 
     overrides = Overrides(opset=opset, exporter=exporter, atol=atol, rtol=rtol)
     outcome = export_artifact(artifact, overrides, Path(recipe) if recipe else None)
@@ -224,6 +224,6 @@ def optimize(artifact: str, quantize: tuple[str, ...], recipe: str | None, **opt
 @click.option("--force", is_flag=True, help="Run every stage even when its output is up to date.")
 def run_cmd(recipe: str, out_root: str, force: bool) -> None:
     """Run RECIPE's stages (train, export, optimize, edge, check, benchmark, report), skipping those up to date."""
-    from pipeline.run import run_recipe
+    from pipeline.chain.chain import run_recipe
 
     run_recipe(recipe, out_root=Path(out_root), force=force, echo=click.echo)

@@ -96,7 +96,7 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: top_k per sample and every output in full.")
 def predict(artifact: str, input_file: str, variant: str, top_k: int, allow_failed: bool, as_json: bool) -> None:
     """Run one variant of ARTIFACT on an input file, locally, for a quick look (top-k labels for classifiers)."""
-    from pipeline.predict.run import predict_file
+    from pipeline.predict.command import predict_file
 
     result = predict_file(artifact, input_file, variant, allow_failed)
     for note in result.notes:
@@ -114,10 +114,10 @@ def info(artifact: str, as_json: bool, no_verify: bool) -> None:
     A model directory lists each version with its stages and status; --json prints its newest
     version's manifest.
     """
-    from pipeline.artifact import Artifact, is_version_name, resolve_artifact
-    from pipeline.errors import ArtifactError
-    from pipeline.info import describe_path, manifest_table
-    from pipeline.manifest import MANIFEST_NAME
+    from pipeline.artifact.directory import Artifact, is_version_name, resolve_artifact
+    from pipeline.artifact.manifest import MANIFEST_NAME
+    from pipeline.cli.info import describe_path, manifest_table
+    from pipeline.core.errors import ArtifactError
 
     path = Path(artifact)
     is_version = (path / MANIFEST_NAME).is_file() or is_version_name(path.name) or path.name.isdigit()

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 
 DELIMITERS = (",", ";", "\t", "|")
 SAMPLE_BYTES = 64 * 1024  # what the sniffer reads

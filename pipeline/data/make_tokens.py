@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.fsutil import atomic_write_bytes
+from pipeline.core.fsutil import atomic_write_bytes
 
 LABELS = ("none", "a", "b", "both")
 MARKER_A, MARKER_B, DECOY = 1, 2, 3

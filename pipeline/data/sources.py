@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.core.errors import InputError
 from pipeline.data.csvfile import read_csv
-from pipeline.errors import InputError
-from pipeline.images import digits_record
-from pipeline.recipe import BUILTIN_DATASETS, REGRESSION_DATASETS, Recipe
+from pipeline.recipe.schema import BUILTIN_DATASETS, REGRESSION_DATASETS, Recipe
+from pipeline.runtime.images import digits_record
 
 KINDS = ("features", "image", "tokens")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -33,7 +33,7 @@ class RawData:
     y: np.ndarray  # [n] int64 class index
     labels: list[str]  # class names; y indexes into this list
     kind: str  # one of KINDS
-    # images: how a 0..255 picture becomes a sample in these units (pipeline/images.py's image record:
+    # images: how a 0..255 picture becomes a sample in these units (pipeline/runtime/images.py's image record:
     # mode, size, resize, scale); None when the source does not say (an npz of arrays)
     image: dict[str, Any] | None = None
     # csv: each feature column's name, in x's order, and a categorical column's categories (x holds the index)

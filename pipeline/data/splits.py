@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.core.errors import InputError
 from pipeline.data.sources import RawData, read_source
-from pipeline.errors import InputError
-from pipeline.recipe import Recipe
+from pipeline.recipe.schema import Recipe
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class DataInfo:
     vocab_size: int | None = None  # tokens: largest id + 1
     mean: list[float] | None = None  # train-split mean per feature (features) or per channel (images)
     std: list[float] | None = None  # matching std; 1.0 where a feature is constant
-    image: dict[str, Any] | None = None  # images: how a picture becomes a sample (pipeline/images.py)
+    image: dict[str, Any] | None = None  # images: how a picture becomes a sample (pipeline/runtime/images.py)
     # regression: the train split's target mean and std; the model's last layer maps its output
     # back to target units with them (it trains on standardized targets), so it predicts in those units
     target_mean: float | None = None

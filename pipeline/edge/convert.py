@@ -21,7 +21,7 @@ The int8 file is onnx2tf's `*_full_integer_quant.tflite`: int8 inputs and output
 int8. It is the one integer-only accelerators (Edge TPU, Ethos-U, Hexagon) and microcontrollers
 run whole; a device program quantizes its input with the input's `scale` and `zero_point` and
 dequantizes the output the same way (both are in `Converted.inputs`/`outputs`, and
-pipeline/edge/runner.py does it). The float-I/O `*_integer_quant.tflite` would be fed like fp32
+pipeline/runtime/tflite_runner.py does it). The float-I/O `*_integer_quant.tflite` would be fed like fp32
 but keeps a float quantize/dequantize pair on the CPU at each end.
 """
 
@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from pipeline.errors import CheckFailed, InputError
+from pipeline.core.errors import CheckFailed, InputError
 
 PRECISIONS = ("fp32", "fp16", "int8")
 SUFFIX = {"fp32": "float32", "fp16": "float16", "int8": "full_integer_quant"}  # onnx2tf's <name>_<suffix>.tflite

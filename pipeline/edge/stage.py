@@ -20,24 +20,25 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact import Artifact, resolve_artifact
-from pipeline.artifact_recipe import current_recipe, section_settings
-from pipeline.calibration import calibration_set, has_real_samples
+from pipeline.artifact.directory import Artifact, resolve_artifact
+from pipeline.artifact.golden import GOLDEN_NAME
+from pipeline.artifact.records import EdgeRecord
+from pipeline.artifact.stagewrite import StageWrite
+from pipeline.artifact.variants import EDGE_PREFIX, FP32, MODEL_FILE, EdgeIO, EdgeTensor, Variant, variant_file
+from pipeline.core.errors import ArtifactError, CheckFailed, InputError
 from pipeline.edge.convert import Converted, EdgeSettings, convert
-from pipeline.errors import ArtifactError, CheckFailed, InputError
-from pipeline.golden import GOLDEN_NAME
-from pipeline.recipe import EdgeSpec, Recipe
-from pipeline.records import EdgeRecord
-from pipeline.stagewrite import StageWrite
-from pipeline.variants import EDGE_PREFIX, FP32, MODEL_FILE, EdgeIO, EdgeTensor, Variant, variant_file
-from pipeline.verify.evaluation import EvaluationSet, evaluation_set
+from pipeline.recipe.current import current_recipe, section_settings
+from pipeline.recipe.schema import EdgeSpec, Recipe
+from pipeline.runtime.runners import ort_runner, tflite_candidate
+from pipeline.samples.calibration import calibration_set, has_real_samples
+from pipeline.samples.evaluation import EvaluationSet, evaluation_set
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact, MinCosine, Policy, budget_for
 from pipeline.verify.report import GateReport
-from pipeline.verify.runners import ort_runner, tflite_candidate
 
 Say = Callable[[str], None]
 
@@ -267,7 +268,7 @@ def device_python() -> Path | None:
 
 def device_check(python: Path, c: Converted, golden: Path) -> tuple[str, bool, str]:
     """Run the stand-alone runner in the device-like environment on golden.npz: (runtime, ran, why not)."""
-    runner = Path(__file__).with_name("runner.py")
+    runner = Path(find_spec("pipeline.runtime.tflite_runner").origin)  # located, not imported: it runs as a script
     names = [arg for pipe_name, model_name in c.names.items() for arg in ("--name", f"{pipe_name}={model_name}")]
     atol = ["--atol", str(DEVICE_ATOL[c.precision])] if c.precision in DEVICE_ATOL else []
     cmd = [str(python), "-I", str(runner), str(c.path), str(golden), "--layout", c.input_layout.upper(), *names, *atol]

@@ -21,9 +21,15 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
-from pipeline.artifact import Artifact, allocate_version
+from pipeline.artifact.directory import Artifact, allocate_version
+from pipeline.artifact.golden import Golden, save_golden
+from pipeline.artifact.manifest import TASKS, Lineage, Manifest, TensorSpec, check_name
+from pipeline.artifact.records import ImportRecord
+from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
+from pipeline.core.arrays import Arrays
+from pipeline.core.errors import ArtifactError, CheckFailed, InputError, first_line
+from pipeline.core.fsutil import sha256_file
 from pipeline.data.sources import load_npz
-from pipeline.errors import ArtifactError, CheckFailed, InputError
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
 from pipeline.export.shapes import (
@@ -36,17 +42,11 @@ from pipeline.export.shapes import (
     graph_dims,
     write_dims,
 )
-from pipeline.fsutil import sha256_file
-from pipeline.golden import Golden, save_golden
-from pipeline.images import record_image_option
-from pipeline.manifest import TASKS, Lineage, Manifest, TensorSpec, check_name
-from pipeline.records import ImportRecord
-from pipeline.variants import FP32, MODEL_FILE, Variant
+from pipeline.runtime.images import record_image_option
+from pipeline.runtime.runners import Runner, ort_runner
 from pipeline.verify.gate import verify
 from pipeline.verify.metrics import task_metric
 from pipeline.verify.policies import Exact
-from pipeline.verify.runners import Arrays, Runner, ort_runner
-from pipeline.verify.session import first_line
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -190,7 +190,7 @@ def import_onnx(
     """Create `repository/<name>/<next version>/` from the ONNX file `source` and return it.
 
     `image_preprocessing`: the JSON of `--image-preprocessing`, how pictures feed the image input
-    (pipeline/images.py, `record_image_option`). `input_shapes`: `--input-shape` as parsed by
+    (pipeline/runtime/images.py, `record_image_option`). `input_shapes`: `--input-shape` as parsed by
     `pipeline.export.shapes.parse_input_shapes`, the dims the user fixes or names; recorded as
     `stages.import.settings.input_shapes`.
     """

@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 
 from pipeline import __version__
-from pipeline.manifest import Manifest
+from pipeline.artifact.manifest import Manifest
 
 PREFIX = "pipe."
 

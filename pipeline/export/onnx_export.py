@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from pipeline.errors import InputError, PipelineError
+from pipeline.artifact.manifest import TensorSpec
+from pipeline.core.errors import InputError, PipelineError
 from pipeline.export.opset import default_opset, explain_exporter_error, missing_operators, opset_advice
-from pipeline.manifest import TensorSpec
 
 if TYPE_CHECKING:
     import torch

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import onnx
 
-from pipeline.errors import InputError
-from pipeline.manifest import TensorSpec
+from pipeline.artifact.manifest import TensorSpec
+from pipeline.core.errors import InputError
 
 GENERATED_BATCH = 16  # samples generated on the batch axis when no evaluation data is given
 SEQUENCE_BASE = 4  # first size tried for a symbolic dim that is not spatial (e.g. "sequence")

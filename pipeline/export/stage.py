@@ -16,17 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact import Artifact, resolve_artifact
-from pipeline.artifact_recipe import current_recipe, train_record
-from pipeline.backends import backend_for
-from pipeline.errors import InputError
+from pipeline.artifact.directory import Artifact, resolve_artifact
+from pipeline.artifact.records import ExportRecord
+from pipeline.artifact.stagewrite import StageWrite
+from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
+from pipeline.core.errors import InputError
 from pipeline.export.metadata import stamp
 from pipeline.export.onnx_export import ExportResult, export_module
-from pipeline.recipe import ExportSpec, Recipe
-from pipeline.records import ExportRecord
-from pipeline.stagewrite import StageWrite
-from pipeline.variants import FP32, MODEL_FILE, Variant
-from pipeline.verify.evaluation import evaluation_set
+from pipeline.recipe.current import current_recipe, train_record
+from pipeline.recipe.schema import ExportSpec, Recipe
+from pipeline.runtime.backends import backend_for
+from pipeline.samples.evaluation import evaluation_set
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact
 from pipeline.verify.report import GateReport

@@ -21,12 +21,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.artifact import Artifact
-from pipeline.errors import ArtifactError, InputError
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.manifest import TensorSpec
+from pipeline.core.errors import ArtifactError, InputError
+from pipeline.core.fsutil import atomic_write_bytes
 from pipeline.export.importer import external_files, load_graph
 from pipeline.export.metadata import identity
-from pipeline.fsutil import atomic_write_bytes
-from pipeline.manifest import TensorSpec
 
 MODEL_FILE = "model.onnx"
 DEFAULT_MAX_BATCH = 64

@@ -25,7 +25,7 @@ import onnx
 import onnxruntime as ort
 import onnxslim
 
-from pipeline.errors import ArtifactError, InputError
+from pipeline.core.errors import ArtifactError, InputError
 
 LEVELS = {
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

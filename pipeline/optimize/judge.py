@@ -15,12 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifact import Artifact
-from pipeline.errors import InputError
-from pipeline.recipe import OptimizeSpec
-from pipeline.verify.evaluation import EvaluationSet
+from pipeline.artifact.directions import metric_drop
+from pipeline.artifact.directory import Artifact
+from pipeline.core.errors import InputError
+from pipeline.recipe.schema import OptimizeSpec
+from pipeline.runtime.runners import Runner, ort_runner, run_chunked
+from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
-from pipeline.verify.metrics import SLACK, metric_drop, task_metric
+from pipeline.verify.metrics import SLACK, task_metric
 from pipeline.verify.policies import (
     Exact,
     MetricDrop,
@@ -32,7 +34,6 @@ from pipeline.verify.policies import (
     row_cosines,
 )
 from pipeline.verify.report import GateReport
-from pipeline.verify.runners import Runner, ort_runner, run_chunked
 
 LOSSLESS = Exact(atol=1e-4, rtol=1e-3)  # a graph-only optimization: fused kernels round differently, nothing more
 

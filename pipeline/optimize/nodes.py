@@ -15,7 +15,7 @@ import onnx
 from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 from pipeline.optimize.graph import load
 
 MODES = ("dynamic", "static", "fp16")

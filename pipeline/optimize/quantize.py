@@ -35,7 +35,7 @@ from onnxruntime.quantization import (
 )
 from onnxruntime.transformers.float16 import convert_float_to_float16
 
-from pipeline.errors import ArtifactError, InputError
+from pipeline.core.errors import ArtifactError, InputError, first_line
 from pipeline.optimize.graph import (
     keep_metadata,
     load,
@@ -275,7 +275,7 @@ def _quantize_int8(
     except Exception as exc:  # onnxruntime.quantization raises bare Exception/ValueError/KeyError as it goes
         raise ArtifactError(
             f"onnxruntime could not quantize {source.name} ({settings.describe()}): "
-            f"{type(exc).__name__}: {_first_line(exc)}; try other settings or exclude the "
+            f"{type(exc).__name__}: {first_line(exc)}; try other settings or exclude the "
             "failing node"
         ) from exc
 
@@ -310,7 +310,7 @@ def _preprocess(named: Path, out: Path, excluded: list[str], warnings: list[str]
                 quant_pre_process(str(source), str(target), skip_symbolic_shape=skip_symbolic)
             break
         except Exception as exc:  # shape inference raises bare Exception on graphs it cannot follow
-            error = f"{type(exc).__name__}: {_first_line(exc)}"
+            error = f"{type(exc).__name__}: {first_line(exc)}"
     else:
         warnings.append(f"pre-processing failed ({error}); quantized without it")
         return named, excluded, False
@@ -348,7 +348,3 @@ def weight_bytes(model: onnx.ModelProto) -> int:
         else:
             total += np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize * math.prod(init.dims)
     return total
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]

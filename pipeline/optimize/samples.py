@@ -1,6 +1,6 @@
 """Calibration samples as onnxruntime's static quantizer reads them: checked against the graph, batched.
 
-The caller brings real inputs (pipeline/calibration.py); this module checks they fit the graph's
+The caller brings real inputs (pipeline/samples/calibration.py); this module checks they fit the graph's
 inputs (names, dtypes, fixed dims, equal counts) and feeds them in batches of equal size where
 onnxruntime's histogram calibrators need that, reporting progress per batch.
 """
@@ -17,7 +17,7 @@ import onnx
 from onnx import helper
 from onnxruntime.quantization import CalibrationDataReader
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 
 BATCH = 16  # calibration samples per session run: small, so large models calibrate in bounded memory
 Progress = Callable[[int, int], None]  # (samples calibrated so far, samples in all)

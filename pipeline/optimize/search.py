@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import ArtifactError, PipelineError
-from pipeline.latency import measure
+from pipeline.core.errors import ArtifactError, PipelineError
 from pipeline.optimize.graph import load
 from pipeline.optimize.judge import Verdict
 from pipeline.optimize.nodes import name_nodes, quantizable_nodes
 from pipeline.optimize.quantize import QuantSettings, quantize
 from pipeline.optimize.sensitivity import NodeScore, sensitivity
+from pipeline.runtime.latency import measure
 from pipeline.verify.report import GateReport, Row
 
 REPAIR_FAMILIES = 3  # the closest candidates re-tried with each exclusion (a node left in fp32 can turn

@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
-from pipeline.errors import ArtifactError
-from pipeline.verify.session import create_session, first_line
+from pipeline.core.errors import ArtifactError, first_line
+from pipeline.runtime.session import create_session
 
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
 DEAD_CHANNEL = 1e-3  # a channel below this share of the median channel's energy is measured against that share

@@ -20,20 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact import Artifact, resolve_artifact
-from pipeline.artifact_recipe import current_recipe, section_settings
-from pipeline.calibration import Calibration, calibration_set, has_real_samples
-from pipeline.errors import ArtifactError, CheckFailed, InputError
-from pipeline.latency import Latency, measure
+from pipeline.artifact.directory import Artifact, resolve_artifact
+from pipeline.artifact.records import OptimizeRecord
+from pipeline.artifact.stagewrite import StageWrite
+from pipeline.artifact.variants import FP32, MODEL_FILE, Variant, variant_file
+from pipeline.core.errors import ArtifactError, CheckFailed, InputError
 from pipeline.optimize.graph import optimize_graph
 from pipeline.optimize.judge import LOSSLESS, Judge, Verdict, budget_policy
 from pipeline.optimize.quantize import QuantSettings, quantize
 from pipeline.optimize.report import markdown
-from pipeline.recipe import OptimizeSpec, Recipe
-from pipeline.records import OptimizeRecord
-from pipeline.stagewrite import StageWrite
-from pipeline.variants import FP32, MODEL_FILE, Variant, variant_file
-from pipeline.verify.evaluation import evaluation_set
+from pipeline.recipe.current import current_recipe, section_settings
+from pipeline.recipe.schema import OptimizeSpec, Recipe
+from pipeline.runtime.latency import Latency, measure
+from pipeline.samples.calibration import Calibration, calibration_set, has_real_samples
+from pipeline.samples.evaluation import evaluation_set
 
 REPORT_JSON, REPORT_MD = "reports/optimize.json", "reports/optimize.md"
 MODES = {"dynamic": "int8-dynamic", "static": "int8-static", "fp16": "fp16", "auto": "int8"}  # mode -> variant

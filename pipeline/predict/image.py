@@ -1,7 +1,7 @@
 """A picture file -> one sample for a model with one image input, converted as the model was trained.
 
 The conversion itself (channels, size and resize filter, scale, mean/std, layout, all as the
-manifest records them) is `pipeline/images.py`, the same one `pipe serve` applies to encoded
+manifest records them) is `pipeline/runtime/images.py`, the same one `pipe serve` applies to encoded
 images; this module only picks the model's image input and reads the file.
 """
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import InputError
-from pipeline.images import image_input as image_conversion
-from pipeline.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.core.errors import InputError
+from pipeline.runtime.images import image_input as image_conversion
 
 LAYOUTS = ("NCHW", "NHWC")
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import InputError
-from pipeline.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.core.arrays import Arrays
+from pipeline.core.errors import InputError
 
-Arrays = dict[str, np.ndarray]
 UNNAMED = "arr_0"  # the key numpy.savez gives one array passed without a name
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SUFFIXES = (".npz", ".json", *IMAGE_SUFFIXES)

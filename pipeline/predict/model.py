@@ -1,6 +1,6 @@
 """Which variant to run, and a runner for it: named arrays in -> named arrays out.
 
-fp32 (`model.onnx`) by default. A failed or stale variant (`pipeline.variants.unusable`) is refused
+fp32 (`model.onnx`) by default. A failed or stale variant (`pipeline.artifact.variants.unusable`) is refused
 with the reason unless `allow_failed`: looking at what a failed int8 model answers is a fair
 reason to run it, but it must be asked for, and it is never silent (a note says why it is not
 usable). Its file must still be listed in the manifest, so it was verified on load like every other.
@@ -12,15 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.errors import ArtifactError, InputError
-from pipeline.variants import FP32, MODEL_FILE, Variant, check_variant_name, unusable, variant_file
-from pipeline.verify.session import first_line
+from pipeline.artifact.variants import FP32, MODEL_FILE, Variant, check_variant_name, unusable, variant_file
+from pipeline.core.errors import ArtifactError, InputError, first_line
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from pipeline.artifact import Artifact
-    from pipeline.verify.runners import Runner
+    from pipeline.artifact.directory import Artifact
+    from pipeline.runtime.runners import Runner
 
 
 @dataclass(frozen=True)
@@ -64,15 +63,15 @@ def load_runner(artifact: Artifact, chosen: Chosen) -> Runner:
     path = artifact.path(chosen.file)
     if chosen.format == "tflite":
         return _tflite_runner(path, chosen.name, artifact.manifest.variants[chosen.name])
-    from pipeline.verify.runners import OrtRunner
-    from pipeline.verify.session import create_session
+    from pipeline.runtime.runners import OrtRunner
+    from pipeline.runtime.session import create_session
 
     return OrtRunner(create_session(path, "cpu"))
 
 
 def _tflite_runner(path: Path, name: str, record: Variant) -> Runner:
     """The edge runner on `path`, fed NCHW as the manifest says, with the layout and names the edge stage recorded."""
-    from pipeline.edge.runner import TFLiteRunner
+    from pipeline.runtime.tflite_runner import TFLiteRunner
 
     edge = record.edge  # the edge stage's record of the converted model's I/O
     layout = (edge.layout if edge is not None else str(record.settings.get("layout") or "NCHW")).upper()

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.manifest import Manifest
+from pipeline.artifact.manifest import Manifest
+from pipeline.core.arrays import Arrays
 
-Arrays = dict[str, np.ndarray]
 FIRST_VALUES = 8  # values of each output shown in the text view
 
 

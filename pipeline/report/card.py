@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.artifact import Artifact
-from pipeline.golden import GOLDEN_NAME, load_golden
-from pipeline.recipe import BudgetSpec
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import GOLDEN_NAME, load_golden
+from pipeline.recipe.schema import BudgetSpec
 from pipeline.report.curves import CURVES_PNG, Curves
 from pipeline.report.markdown import cell, code, number, shape, table
 from pipeline.report.usage import check_section, device_section, serve_section

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
 
 TRAIN_JSON = "reports/train.json"
 METRICS_JSONL = "reports/metrics.jsonl"

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.manifest import Manifest
-from pipeline.recipe import EdgeSpec, ExportSpec
-from pipeline.variants import Variant
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.variants import Variant
+from pipeline.recipe.schema import EdgeSpec, ExportSpec
 from pipeline.verify.policies import Exact, Policy, budget_for
 
 

@@ -12,17 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifact import Artifact
-from pipeline.golden import GOLDEN_NAME, Golden, load_golden
-from pipeline.recipe import BudgetSpec
+from pipeline.artifact.datatypes import NUMPY_TO_V2
+from pipeline.artifact.directions import HIGHER_IS_BETTER
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import GOLDEN_NAME, Golden, load_golden
+from pipeline.artifact.variants import FP32
+from pipeline.recipe.schema import BudgetSpec
 from pipeline.report.markdown import code, shape, table
 from pipeline.report.variants import usable
-from pipeline.serve.protocols.datatypes import V2_TO_NUMPY
-from pipeline.variants import FP32
-from pipeline.verify.metrics import HIGHER_IS_BETTER
 
 INLINE_ELEMENTS = 256  # a request up to this many values is written out in full; a larger one is built from golden.npz
-NUMPY_TO_V2 = {dtype.name: v2 for v2, dtype in V2_TO_NUMPY.items() if v2 != "BYTES"}
 
 
 def _place(artifact: Artifact) -> str:
@@ -154,7 +153,7 @@ def device_section(artifact: Artifact) -> list[str]:
         "file to the device:",
         "",
         "```sh",
-        f"scp pipeline/edge/runner.py {files} {place}/{GOLDEN_NAME} device:model/",
+        f"scp pipeline/runtime/tflite_runner.py {files} {place}/{GOLDEN_NAME} device:model/",
         "```",
         "",
         "On the device, install one of the runtimes these models were seen to run on:",

@@ -1,6 +1,6 @@
 """The card's sections on the model files: every variant with its evidence, the edge models, the benchmark.
 
-Each variant's status is the one `pipe serve` acts on (`pipeline.variants.unusable`: failed, or
+Each variant's status is the one `pipe serve` acts on (`pipeline.artifact.variants.unusable`: failed, or
 stale when its parent is no file the artifact holds now); its metrics are compared with the fp32
 variant's, and its gate summary is shown with the policy it was held to. The benchmark is another
 stage's JSON report, read by its keys only, and skipped with a note when it is absent or does
@@ -13,11 +13,11 @@ import json
 import posixpath
 from typing import Any
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directions import HIGHER_IS_BETTER, metric_drop
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.variants import FP32, Variant, unusable
 from pipeline.report.markdown import cell, code, number, size, table
 from pipeline.report.policy import held_to
-from pipeline.variants import FP32, Variant, unusable
-from pipeline.verify.metrics import HIGHER_IS_BETTER, metric_drop
 
 BENCHMARK_JSON = "reports/benchmark.json"
 # The benchmark's columns a card shows, when its rows have them; otherwise the first BENCHMARK_COLUMNS it has.

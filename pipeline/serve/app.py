@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from pipeline import __version__
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 from pipeline.serve.access_log import AccessLog
 from pipeline.serve.config import ServeConfig
 from pipeline.serve.errors import NotFound, RequestError

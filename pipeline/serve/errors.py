@@ -6,7 +6,7 @@ They belong to the one family (`PipelineError`); `app` is the single place turni
 
 from __future__ import annotations
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 
 class RequestError(PipelineError):

@@ -4,7 +4,7 @@ A client may send an image input (NCHW or NHWC, float or uint8) as the pictures 
 JPEG bytes, one per row: TF Serving's `{"b64": "..."}` values, or a V2 BYTES tensor of shape [n]
 (base64 strings in JSON `data`, raw bytes in the binary extension). The protocols decode either into
 an object array of one element per picture: its raw bytes, or its base64 text (V2 JSON). Here each picture is
-converted as the manifest records the model was trained (`pipeline/images.py`, the same conversion
+converted as the manifest records the model was trained (`pipeline/runtime/images.py`, the same conversion
 `pipe predict` uses) and the rows are stacked into the input's own tensor, before the usual check
 of every input against the model. A picture that cannot be read is a 400 naming it.
 """
@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import InputError
-from pipeline.images import ImageInput, image_input
-from pipeline.manifest import Manifest
+from pipeline.artifact.manifest import Manifest
+from pipeline.core.errors import InputError
+from pipeline.runtime.images import ImageInput, image_input
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.datatypes import IOSpec
 
-# The first bytes of every format pipeline.images decodes (WebP: RIFF, then WEBP at byte 8).
+# The first bytes of every format pipeline.runtime.images decodes (WebP: RIFF, then WEBP at byte 8).
 SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM", b"RIFF")
 
 

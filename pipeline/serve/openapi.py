@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline import __version__
-from pipeline.serve.protocols.datatypes import V2_TO_NUMPY
+from pipeline.artifact.datatypes import V2_TO_NUMPY
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
 _TENSOR_IN = {

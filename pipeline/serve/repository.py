@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from pipeline.artifact import Artifact, locked
-from pipeline.errors import ArtifactError, InputError, PipelineError
-from pipeline.manifest import MANIFEST_NAME
+from pipeline.artifact.directory import Artifact, locked
+from pipeline.artifact.manifest import MANIFEST_NAME
+from pipeline.core.errors import ArtifactError, InputError, PipelineError
 from pipeline.serve import scan
 from pipeline.serve.batching import Batcher, BatchSettings
 from pipeline.serve.errors import NotFound, RequestError
@@ -38,7 +38,7 @@ from pipeline.serve.variant_choice import Choice, NotExported, VariantRefused, c
 log = logging.getLogger("pipe.serve")
 
 Stamp = tuple[int, int, int]  # a manifest file's (inode, mtime_ns, size): an atomic rewrite changes it
-VERSION_DIGITS = 9  # the longest version directory name (pipeline.artifact.is_version_name)
+VERSION_DIGITS = 9  # the longest version directory name (pipeline.artifact.directory.is_version_name)
 LOAD_ERRORS = (ArtifactError, InputError, OSError)  # OSError: unreadable files
 
 

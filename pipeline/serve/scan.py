@@ -2,7 +2,7 @@
 
 Each path may be a repository (`artifacts/`, holding `<name>/<version>/`), one model
 (`artifacts/<name>`) or one version (`artifacts/<name>/<version>`). Version directories are found
-by `pipeline.artifact.version_dirs`, the one scan of a model directory (ASCII-digit names holding a
+by `pipeline.artifact.directory.version_dirs`, the one scan of a model directory (ASCII-digit names holding a
 manifest). A directory beside them that holds a manifest but is not a version (`²`, `01`, `v2`)
 is a stray: it is never served, and the scan says why so the server can log it.
 """
@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.artifact import Artifact, is_version_name, version_dirs
-from pipeline.errors import ArtifactError, InputError
-from pipeline.manifest import MANIFEST_NAME, check_name
+from pipeline.artifact.directory import Artifact, is_version_name, version_dirs
+from pipeline.artifact.manifest import MANIFEST_NAME, check_name
+from pipeline.core.errors import ArtifactError, InputError
 from pipeline.serve.variant_choice import choose_quietly
 
 _VERSION_RULE = "a served version lives in <name>/<N>, N in ASCII digits without a leading zero (1, 2, 3 ...)"

@@ -20,7 +20,7 @@ import socket
 import tempfile
 from typing import Any
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError, first_line
 from pipeline.serve.access_log import STDOUT
 from pipeline.serve.config import CONFIG_ENV, ServeConfig
 from pipeline.serve.metrics import MULTIPROCESS_ENV
@@ -83,7 +83,7 @@ def _check_cuda() -> None:
     run every model on CPU (DESIGN.md section 5), so a probe session must really get it."""
     import onnxruntime as ort
 
-    from pipeline.verify.session import CUDA
+    from pipeline.runtime.session import CUDA
 
     available = ort.get_available_providers()
     if CUDA not in available:
@@ -96,7 +96,7 @@ def _check_cuda() -> None:
     try:
         got = ort.InferenceSession(_PROBE_MODEL, options, providers=[CUDA]).get_providers()
     except Exception as exc:  # onnxruntime's exception types share no base
-        got, reason = [], str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        got, reason = [], first_line(exc, 200)
     else:
         reason = f"onnxruntime ran a probe model on {got}"
     if CUDA not in got:

@@ -1,6 +1,6 @@
 """One served onnxruntime session: the model's I/O specs, and the check of every request against them.
 
-Sessions are made by the project's one factory, `pipeline.verify.session.create_session` (provider
+Sessions are made by the project's one factory, `pipeline.runtime.session.create_session` (provider
 choice, threads, spin). onnxruntime lists CUDA as available even where it cannot load and then
 silently runs on CPU (DESIGN.md section 5), so the provider in use is read back from
 `session.get_providers()` and reported, never assumed.
@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from pipeline.errors import ArtifactError
-from pipeline.manifest import Feature, Manifest, TokenInput
+from pipeline.artifact.datatypes import ORT_TO_V2
+from pipeline.artifact.manifest import Feature, Manifest, TokenInput
+from pipeline.core.errors import ArtifactError
+from pipeline.runtime.session import create_session
 from pipeline.serve.errors import RequestError
-from pipeline.serve.protocols.datatypes import ORT_TO_V2, IOSpec, v2_datatype
+from pipeline.serve.protocols.datatypes import IOSpec, v2_datatype
 from pipeline.serve.protocols.keyed import SHOWN
-from pipeline.verify.session import create_session
 
 _state = ort.capi.onnxruntime_pybind11_state
 # What onnxruntime raises for an input it cannot run (none share a base); a device failure such as

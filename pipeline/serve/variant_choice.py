@@ -6,7 +6,7 @@ A server-wide choice is a preference: a model whose variant is missing, failed o
 fp32 with a warning, so a failed optimize run never takes a working model offline. A per-model
 choice is a requirement: a variant that is missing, failed or stale refuses the version with the
 reason. A failed fp32 refuses the version whatever was asked for. Files come
-from `pipeline.variants.variant_file`, the one mapping of a variant name to its file.
+from `pipeline.artifact.variants.variant_file`, the one mapping of a variant name to its file.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from pipeline.artifact import Artifact
-from pipeline.errors import ArtifactError, InputError
-from pipeline.variants import FP32, Variant, check_variant_name, unusable, variant_file
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.variants import FP32, Variant, check_variant_name, unusable, variant_file
+from pipeline.core.errors import ArtifactError, InputError
 
 log = logging.getLogger("pipe.serve")
 

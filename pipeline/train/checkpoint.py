@@ -27,8 +27,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from pipeline.errors import ArtifactError
-from pipeline.fsutil import atomic_path
+from pipeline.core.errors import ArtifactError
+from pipeline.core.fsutil import atomic_path
 
 CHECKPOINT_DIR = "checkpoint"
 FINAL_WEIGHTS = "model.safetensors"

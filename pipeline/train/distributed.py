@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 
 @dataclass(frozen=True)

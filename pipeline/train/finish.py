@@ -16,13 +16,13 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import Golden, save_golden
+from pipeline.artifact.manifest import Feature, Lineage, Manifest, TensorSpec, TokenInput
+from pipeline.artifact.records import CheckpointRecord, GoldenRecord, TrainRecord
+from pipeline.core.fsutil import atomic_path
 from pipeline.data import DataInfo, Splits
-from pipeline.fsutil import atomic_path
-from pipeline.golden import Golden, save_golden
-from pipeline.manifest import Feature, Lineage, Manifest, TensorSpec, TokenInput
-from pipeline.recipe import Recipe, recipe_location, stage_settings
-from pipeline.records import CheckpointRecord, GoldenRecord, TrainRecord
+from pipeline.recipe.schema import Recipe, recipe_location, stage_settings
 from pipeline.train.checkpoint import CHECKPOINT_DIR, FINAL_WEIGHTS
 from pipeline.train.loop import FitResult
 from pipeline.train.objective import evaluate, kept_reason, objective_for

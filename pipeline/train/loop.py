@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.core.errors import PipelineError
 from pipeline.data import Splits
-from pipeline.errors import PipelineError
-from pipeline.recipe import Recipe
+from pipeline.recipe.schema import Recipe
 from pipeline.train import distributed as dist_
 from pipeline.train.checkpoint import CheckpointWriter, load_checkpoint, rng_state, set_rng_state
 from pipeline.train.objective import evaluate, improves, kept_reason, objective_for

@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipeline.data import DataInfo
-from pipeline.recipe import MONITORS, Recipe
+from pipeline.recipe.schema import MONITORS, Recipe
 from pipeline.verify.metrics import regression_metrics
 
 EVAL_BATCH = 512

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from pipeline.fsutil import atomic_write_bytes
+from pipeline.core.fsutil import atomic_write_bytes
 
 METRICS_FILE = "reports/metrics.jsonl"
 TENSORBOARD_DIR = "reports/tensorboard"

@@ -2,7 +2,7 @@
 
 The manifest's `stages.train` holds the recipe sections as trained, the data-shape record and the
 path of the final weights; this module turns them back into the module that was trained, without
-the recipe file or the data. Later stages reach it through `pipeline.backends` by the artifact's
+the recipe file or the data. Later stages reach it through `pipeline.runtime.backends` by the artifact's
 `lineage.backend`, never by importing it.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pipeline.artifact import Artifact
-from pipeline.errors import ArtifactError
-from pipeline.jsontypes import decode
+from pipeline.artifact.directory import Artifact
+from pipeline.core.errors import ArtifactError
+from pipeline.core.jsontypes import decode
 
 if TYPE_CHECKING:
     import torch
@@ -23,7 +23,7 @@ def load_trained_model(artifact: Artifact) -> torch.nn.Module:
     from safetensors.torch import load_file
 
     from pipeline.data import DataInfo
-    from pipeline.recipe import parse_recipe
+    from pipeline.recipe.schema import parse_recipe
     from pipeline.train.zoo import build_model
 
     record = artifact.manifest.stages.train
@@ -63,7 +63,7 @@ def example_inputs(artifact: Artifact, batch: int) -> tuple[torch.Tensor, ...]:
     import numpy as np
     import torch
 
-    from pipeline.golden import load_golden
+    from pipeline.artifact.golden import load_golden
 
     if batch < 1:
         raise ArtifactError(f"example batch size must be 1 or more (got {batch})")
@@ -91,7 +91,7 @@ class TorchBackend:
 
     def reference(self, artifact: Artifact, model: Any) -> Any:
         """Named numpy arrays in, named numpy arrays out: the trained model as the verifier calls it."""
-        from pipeline.verify.runners import torch_runner
+        from pipeline.runtime.runners import torch_runner
 
         return torch_runner(model, artifact.manifest.inputs, artifact.manifest.outputs)
 

@@ -10,14 +10,14 @@ import os
 import sys
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 
 def main(argv: list[str]) -> int:
     from pipeline.data import load_splits
-    from pipeline.recipe_yaml import load_recipe
+    from pipeline.recipe.file import load_recipe
     from pipeline.train.checkpoint import latest_checkpoint
-    from pipeline.train.run import Plan, effective_recipe, train_in_process
+    from pipeline.train.stage import Plan, effective_recipe, train_in_process
 
     plan = Plan(**json.loads(argv[0]))
     root = Path(argv[1])

@@ -22,10 +22,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from pipeline.artifact.manifest import TensorSpec
+from pipeline.core.errors import InputError
 from pipeline.data import DataInfo
-from pipeline.errors import InputError
-from pipeline.manifest import TensorSpec
-from pipeline.recipe import CNNSpec, CustomSpec, MLPSpec, MoESpec, TransformerSpec
+from pipeline.recipe.schema import CNNSpec, CustomSpec, MLPSpec, MoESpec, TransformerSpec
 
 NEG_INF = -1e4  # additive attention mask for padding: large enough, and finite in fp16 and bf16
 

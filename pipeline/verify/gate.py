@@ -21,43 +21,24 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.errors import ArtifactError
+from pipeline.core.arrays import Arrays
+from pipeline.core.errors import ArtifactError, first_line
+from pipeline.runtime.runners import Candidate, Runner, onnx_candidate, run_chunked
 from pipeline.verify.metrics import task_metric
 from pipeline.verify.policies import Exact, Policy
 from pipeline.verify.report import GateReport, Row
-from pipeline.verify.runners import Arrays, Runner, ort_runner, run_chunked
-from pipeline.verify.session import first_line
 
 if TYPE_CHECKING:
     import onnxruntime as ort
 
-    from pipeline.manifest import TensorSpec
+    from pipeline.artifact.manifest import TensorSpec
 
 LARGE_BATCH = 16  # the "larger N": big enough to catch an axis fixed at 1 or 2, cheap enough for CI
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """What the gate checks: how to run it, what the table calls it, and its file when it is ONNX."""
-
-    run: Runner
-    name: str = "candidate"  # "ONNX", "TFLite": named in the rows; lowercased, the metric's key
-    runtime: str = "the runtime"  # who refuses an input it cannot take: "onnxruntime", "LiteRT"
-    onnx_path: Path | None = None  # an ONNX file: checker and strict shape inference run on it
-
-
-def onnx_candidate(path: str | Path, session: ort.InferenceSession | None = None) -> Candidate:
-    """The ONNX file at `path` as a candidate, run by `session` if given (else a CPU session of its own).
-
-    Raises ArtifactError when onnxruntime cannot load the file.
-    """
-    return Candidate(ort_runner(session if session is not None else path), "ONNX", "onnxruntime", Path(path))
 
 
 def verify(

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-# Which way a drop goes, per metric name: what `pipe check` and the reports can judge.
-HIGHER_IS_BETTER = {"accuracy": True, "mae": False, "rmse": False, "r2": True}
 # Budgets compare float differences of ratios of counts: 1.0 - 0.99 is 0.010000000000000009, which
 # must meet a 0.01 budget (4 of 400 samples is exactly 1 point). Bounds are met within this slack.
 SLACK = 1e-9
@@ -38,8 +36,3 @@ def regression_metrics(predicted: np.ndarray, target: np.ndarray) -> dict[str, f
     ss_tot = float(((want - want.mean(axis=0)) ** 2).sum())
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
     return {"mae": float(np.abs(error).mean()), "rmse": float(np.sqrt((error**2).mean())), "r2": r2}
-
-
-def metric_drop(name: str, reference: float, candidate: float) -> float:
-    """How much worse `candidate` is than `reference` (negative: better); for MAE and RMSE a rise is a drop."""
-    return reference - candidate if HIGHER_IS_BETTER[name] else candidate - reference

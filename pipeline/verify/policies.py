@@ -19,8 +19,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pipeline.errors import InputError
-from pipeline.verify.metrics import SLACK, metric_drop
+from pipeline.artifact.directions import metric_drop
+from pipeline.core.errors import InputError
+from pipeline.verify.metrics import SLACK
 
 DEFAULT_MAX_DROP = 0.01  # task metric: at most 1 accuracy point lost
 DEFAULT_MIN_AGREEMENT = 0.99  # classifiers: at most 1 sample in 100 changes its predicted class

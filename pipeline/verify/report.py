@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline.errors import CheckFailed
+from pipeline.core.errors import CheckFailed
 
 
 @dataclass

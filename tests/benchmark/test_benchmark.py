@@ -20,11 +20,11 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from pipeline.artifact import Artifact
-from pipeline.benchmark.run import benchmark_artifact, benchmark_fresh
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.variants import Variant
+from pipeline.benchmark.stage import benchmark_artifact, benchmark_fresh
 from pipeline.cli import main
-from pipeline.fsutil import sha256_file
-from pipeline.variants import Variant
+from pipeline.core.fsutil import sha256_file
 from tests.conftest import LINEAR, build_artifact
 
 FAST = ["--seconds", "0.05"]

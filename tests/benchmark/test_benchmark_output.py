@@ -13,9 +13,9 @@ from PIL import Image
 
 from pipeline.benchmark.plot import plotted, write_plot
 from pipeline.benchmark.rows import Row
-from pipeline.benchmark.run import BenchmarkOutcome, Result
+from pipeline.benchmark.stage import BenchmarkOutcome, Result
 from pipeline.benchmark.table import render
-from pipeline.latency import BatchLatency, Latency
+from pipeline.runtime.latency import BatchLatency, Latency
 
 
 def timed(p50_ms: float) -> Latency:

@@ -13,9 +13,9 @@ import onnx
 import onnx.parser
 from click.testing import CliRunner, Result
 
+from pipeline.artifact.manifest import TensorSpec
 from pipeline.check.baseline import Baseline, VariantSummary
 from pipeline.cli import main
-from pipeline.manifest import TensorSpec
 
 W = np.array([[1.0, -1.0, 0.5], [0.5, 2.0, -1.0], [-1.5, 0.0, 1.0], [0.0, 1.0, 2.0]], dtype=np.float32)
 B = np.array([0.1, -0.2, 0.3], dtype=np.float32)

@@ -14,8 +14,8 @@ import pytest
 from pipeline.check.baseline import VariantSummary
 from pipeline.check.checks import CheckResult, check_variants
 from pipeline.check.reports import to_json, to_junit, to_markdown
-from pipeline.check.run import CheckRun
-from pipeline.recipe import BudgetSpec
+from pipeline.check.verdict import CheckRun
+from pipeline.recipe.schema import BudgetSpec
 from tests.check.check_models import FAST, B, W, imported, invoke, linear, summary
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from pipeline.artifact import Artifact
-from pipeline.golden import load_golden
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import load_golden
 from tests.check.check_models import imported, invoke, linear, regressions, reports
 
 # Rounds run both models until the faster one has its seconds of runs: 0.05 s is ~12,000 runs of the

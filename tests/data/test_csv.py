@@ -14,10 +14,10 @@ import torch
 from click.testing import CliRunner
 
 from pipeline.cli import main
+from pipeline.core.errors import InputError, RecipeError
 from pipeline.data import load_splits
 from pipeline.data.csvfile import sniff_delimiter
-from pipeline.errors import InputError, RecipeError
-from pipeline.recipe import parse_recipe
+from pipeline.recipe.schema import parse_recipe
 from pipeline.train.zoo import build_model
 
 CULTIVARS = ["barolo", "grignolino", "barbera"]

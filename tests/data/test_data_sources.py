@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.core.errors import InputError
 from pipeline.data import load_splits
 from pipeline.data.make_tokens import main as make_tokens_main
 from pipeline.data.splits import split_indices
-from pipeline.errors import InputError
-from pipeline.recipe import parse_recipe
+from pipeline.recipe.schema import parse_recipe
 
 
 def recipe(tmp_path: Path, data: dict, model: dict | None = None, **train: object):

@@ -15,8 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from sklearn.datasets import load_digits
 
+from pipeline.core.errors import CheckFailed, InputError
 from pipeline.edge.convert import SAMPLE_FILE, EdgeSettings, convert, sanitize
-from pipeline.errors import CheckFailed, InputError
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""pipeline/edge/runner.py: the stand-alone TFLite runner, on tiny models built here, and in the verifier.
+"""pipeline/runtime/tflite_runner.py: the stand-alone TFLite runner, on tiny models built here, and in the verifier.
 
 The models are made by tensorflow's own converter from small tf.functions (no onnx2tf: seconds,
 not minutes), in a subprocess so this process never imports tensorflow; the same subprocess
@@ -19,16 +19,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.edge.runner import TFLiteRunner, dequantize, quantize
-from pipeline.errors import ArtifactError
-from pipeline.manifest import TensorSpec
+from pipeline.artifact.manifest import TensorSpec
+from pipeline.core.errors import ArtifactError
+from pipeline.runtime.runners import tflite_candidate
+from pipeline.runtime.tflite_runner import TFLiteRunner, dequantize, quantize
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact, Policy, Top1Agreement
 from pipeline.verify.report import GateReport
-from pipeline.verify.runners import tflite_candidate
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNNER = ROOT / "pipeline" / "edge" / "runner.py"
+RUNNER = ROOT / "pipeline" / "runtime" / "tflite_runner.py"
 EDGE_PYTHON = ROOT / ".venv-edge" / "bin" / "python"
 NAMES = {"logits": "Identity"}  # tensorflow names a tf.function's output Identity
 X_SPEC = [TensorSpec("x", "float32", ["batch", 8])]
@@ -341,7 +341,7 @@ def test_runner_in_the_tflite_runtime_environment(models: Path) -> None:
 def test_cli_bad_usage_exits_2_naming_the_value(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], named: str
 ) -> None:
-    from pipeline.edge.runner import main
+    from pipeline.runtime.tflite_runner import main
 
     model = tmp_path / "m.tflite"
     model.write_bytes(b"not read: usage is checked first")

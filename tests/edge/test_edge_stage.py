@@ -12,11 +12,11 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper
 from test_edge_convert import cnn, digits
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import Golden, save_golden
+from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.variants import FP32, Variant, variant_file
 from pipeline.cli import main
-from pipeline.golden import Golden, save_golden
-from pipeline.manifest import Manifest, TensorSpec
-from pipeline.variants import FP32, Variant, variant_file
 
 pytestmark = pytest.mark.slow  # onnx2tf converts in a subprocess: seconds per model
 

@@ -11,11 +11,11 @@ import onnx.parser
 import pytest
 from click.testing import CliRunner
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import load_golden
 from pipeline.cli import main
 from pipeline.export.metadata import read_metadata
-from pipeline.golden import load_golden
-from pipeline.verify.session import create_session
+from pipeline.runtime.session import create_session
 
 W = np.array([[1.0, -1.0, 0.5], [0.5, 2.0, -1.0], [-1.5, 0.0, 1.0], [0.0, 1.0, 2.0]], dtype=np.float32)
 B = np.array([0.1, -0.2, 0.3], dtype=np.float32)

@@ -10,11 +10,11 @@ import onnx
 import onnx.parser
 import pytest
 
-from pipeline.errors import CheckFailed
-from pipeline.manifest import TensorSpec
+from pipeline.artifact.manifest import TensorSpec
+from pipeline.core.errors import CheckFailed
+from pipeline.runtime.runners import Runner
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact
-from pipeline.verify.runners import Runner
 
 X = TensorSpec("x", "float32", ["batch", 4])
 Y = TensorSpec("y", "float32", ["batch", 4])

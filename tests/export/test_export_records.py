@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from pipeline.cli import main
-from pipeline.recipe import parse_recipe, stage_settings
+from pipeline.recipe.schema import parse_recipe, stage_settings
 from tests.conftest import build_artifact, train_record
 
 RECIPE = {"name": "toy", "model": {"arch": "mlp", "hidden": [8]}, "data": {"source": "digits"}}

@@ -10,12 +10,12 @@ import pytest
 import torch
 from export_models import CNN, MLP, SEQ, VOCAB, BranchesOnBatch, GridSampler, MoE, Transformer
 
-from pipeline.errors import CheckFailed, InputError
+from pipeline.artifact.manifest import TensorSpec
+from pipeline.core.errors import CheckFailed, InputError
 from pipeline.export.onnx_export import export_module
-from pipeline.manifest import TensorSpec
+from pipeline.runtime.runners import torch_runner
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact
-from pipeline.verify.runners import torch_runner
 
 LOGITS = [TensorSpec("logits", "float32", ["batch", 3])]
 

@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.manifest import Manifest, TensorSpec
 from pipeline.cli import main
 from pipeline.export.importer import import_onnx
-from pipeline.manifest import Manifest, TensorSpec
 
 
 def write(tmp_path: Path, batch: str, name: str) -> Path:

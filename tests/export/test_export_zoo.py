@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
 from pipeline.cli import main
 from pipeline.export.metadata import read_metadata
 from pipeline.export.opset import default_opset
@@ -38,7 +38,7 @@ RECIPES: dict[str, dict[str, Any]] = {
 
 def trained(family: str, tmp_path: Path) -> Path:
     """Train the tiny recipe in-process (the train stage's own function) and return the artifact root."""
-    from pipeline.train.run import train_recipe
+    from pipeline.train.stage import train_recipe
 
     recipe = {"name": f"zoo-{family}", **RECIPES[family], "train": TINY_TRAIN}
     path = tmp_path / f"zoo-{family}.yaml"

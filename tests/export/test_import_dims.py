@@ -17,10 +17,10 @@ from google.protobuf import text_format
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.grpc import model_config_pb2
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import load_golden
 from pipeline.cli import main
-from pipeline.golden import load_golden
-from pipeline.verify.session import create_session
+from pipeline.runtime.session import create_session
 
 Dim = int | str | None  # an int is dim_value (-1 too), a str dim_param, None neither
 

@@ -15,9 +15,9 @@ import onnx.parser
 import onnxruntime as ort
 import pytest
 
-import pipeline.latency as measure_module
-from pipeline.errors import ArtifactError, InputError
-from pipeline.latency import Latency, measure, speedup
+import pipeline.runtime.latency as measure_module
+from pipeline.core.errors import ArtifactError, InputError
+from pipeline.runtime.latency import Latency, measure, speedup
 
 WIDTH = 256
 QUICK = {"seconds": 0.1, "warmup": 1, "min_runs": 10, "max_runs": 300}
@@ -198,7 +198,7 @@ def test_no_model_mostly_runs_behind_the_same_neighbour() -> None:
     """A fixed rotation put each model behind one neighbour in (n-1)/n of rounds: a systematic bias."""
     from collections import Counter
 
-    from pipeline.latency import _time_interleaved
+    from pipeline.runtime.latency import _time_interleaved
 
     calls: list[str] = []
     names = ["a", "b", "c", "d"]

@@ -13,7 +13,7 @@ import onnxslim
 import pytest
 from transform_models import HEADER, cnn, digits, run, tokens, transformer
 
-from pipeline.errors import ArtifactError, InputError
+from pipeline.core.errors import ArtifactError, InputError
 from pipeline.optimize import graph
 from pipeline.optimize.graph import node_count, op_counts, optimize_graph, signature, signature_changes
 

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from transform_models import cnn, cosine, digits, features, mlp, relative_error, run, tokens, transformer
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 from pipeline.optimize.graph import optimize_graph, signature
 from pipeline.optimize.nodes import quantizable_nodes
 from pipeline.optimize.quantize import QuantSettings, quantize, weight_bytes

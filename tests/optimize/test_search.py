@@ -17,16 +17,16 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.artifact import Artifact
-from pipeline.errors import ArtifactError
-from pipeline.manifest import Manifest, TensorSpec
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.core.errors import ArtifactError
 from pipeline.optimize.judge import Judge
 from pipeline.optimize.quantize import QuantSettings, quantize
 from pipeline.optimize.search import SearchResult, Trial, auto_search, default_candidates
 from pipeline.optimize.sensitivity import sensitivity
-from pipeline.verify.evaluation import EvaluationSet
+from pipeline.runtime.runners import ort_runner
+from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.policies import MetricDrop, MinCosine, Policy
-from pipeline.verify.runners import ort_runner
 
 FEATURES, HIDDEN, CLASSES = 16, 32, 4
 OUTLIER = 1e4  # the outlier channel's bias: ~10^4 times the other activations

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 from transform_models import wide_channel_mlp
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.variants import variant_file
 from pipeline.cli import main
 from pipeline.serve.variant_choice import choose_quietly
-from pipeline.variants import variant_file
 
 TINY_CNN = {
     "name": "opt-cnn",

@@ -6,13 +6,13 @@ import json
 import re
 from pathlib import Path
 
-from pipeline.artifact import Artifact
-from pipeline.records import BenchmarkRecord
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.records import BenchmarkRecord
+from pipeline.artifact.stagewrite import StageWrite
+from pipeline.artifact.variants import Variant
 from pipeline.report.card import model_card
-from pipeline.report.run import card_facts
+from pipeline.report.stage import card_facts
 from pipeline.report.variants import benchmark_section
-from pipeline.stagewrite import StageWrite
-from pipeline.variants import Variant
 from tests.conftest import build_artifact
 
 UNESCAPED_PIPE = re.compile(r"(?<!\\)\|")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
 from pipeline.report.curves import CURVES_PNG, METRICS_JSONL, TRAIN_JSON, Curves, plot_curves, read_curves
 from tests.report.conftest import invoke
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
 from pipeline.check.baseline import write_baseline
 from pipeline.check.stage import check_stage
 from pipeline.report.card import CARD_MD
 from pipeline.report.curves import CURVES_PNG
 from pipeline.report.markdown import number
-from pipeline.report.run import report_artifact, report_fresh
+from pipeline.report.stage import report_artifact, report_fresh
 from tests.report.conftest import invoke
 
 

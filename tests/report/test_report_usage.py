@@ -11,9 +11,9 @@ import onnx
 import onnx.parser
 import onnxruntime as ort
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.datatypes import V2_TO_NUMPY
+from pipeline.artifact.directory import Artifact
 from pipeline.report.usage import serve_section
-from pipeline.serve.protocols.datatypes import V2_TO_NUMPY
 from tests.report.conftest import invoke
 
 # Two inputs, one of them int64 tokens, and a batch fixed at 4 (as many exported models have).

@@ -14,10 +14,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from serve_models import run_reference
 
-from pipeline.artifact import Artifact
-from pipeline.golden import Golden, save_golden
-from pipeline.manifest import Manifest, TensorSpec, TokenInput
-from pipeline.variants import FP32, Variant, variant_file
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import Golden, save_golden
+from pipeline.artifact.manifest import Manifest, TensorSpec, TokenInput
+from pipeline.artifact.variants import FP32, Variant, variant_file
 
 OPSET = [helper.make_opsetid("", 18)]
 DIGIT_NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]

@@ -13,10 +13,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.artifact import Artifact
-from pipeline.golden import Golden, save_golden
-from pipeline.manifest import Manifest, TensorSpec
-from pipeline.variants import FP32, Variant, variant_file
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import Golden, save_golden
+from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.variants import FP32, Variant, variant_file
 
 OPSET = [helper.make_opsetid("", 18)]
 _NP = {TensorProto.FLOAT: "float32", TensorProto.INT64: "int64", TensorProto.STRING: "str"}

@@ -287,8 +287,8 @@ def test_server_still_answers_after_every_refusal(client: triton.InferenceServer
 
 
 def test_manifest_tokens_record_is_validated(tmp_path: Path) -> None:
-    from pipeline.errors import ArtifactError
-    from pipeline.manifest import Manifest
+    from pipeline.artifact.manifest import Manifest
+    from pipeline.core.errors import ArtifactError
 
     base = {
         "schema_version": 2,

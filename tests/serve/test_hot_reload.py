@@ -13,7 +13,7 @@ import pytest
 from serve_models import add_variant, mlp, run_reference, write_artifact
 from serve_process import Server, start_server, wait_for
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
 
 pytestmark = pytest.mark.slow  # starts server processes and waits for reloads
 

@@ -12,10 +12,10 @@ import tritonclient.http as triton
 from click.testing import CliRunner
 from serve_process import start_server
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import load_golden
 from pipeline.cli import main
-from pipeline.golden import load_golden
-from pipeline.verify.session import create_session
+from pipeline.runtime.session import create_session
 from tests.conftest import LINEAR
 
 pytestmark = pytest.mark.slow  # starts a server process

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from serve_models import mlp, write_artifact
 
-from pipeline.errors import ArtifactError
+from pipeline.core.errors import ArtifactError
 from pipeline.serve import scan as scan_module
 from pipeline.serve.batching import BatchSettings
 from pipeline.serve.metrics import Metrics

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from serve_models import mlp, write_artifact
 from serve_process import Server, free_port, start_server, wait_for
 
-from pipeline.artifact import Artifact
-from pipeline.manifest import Manifest, TensorSpec
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.manifest import Manifest, TensorSpec
 
 pytestmark = pytest.mark.slow  # starts server processes
 

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from serve_process import Server, start_server
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import load_golden
 from pipeline.cli import main
-from pipeline.golden import load_golden
 
 RECIPE = Path(__file__).resolve().parents[2] / "models" / "diabetes-mlp.yaml"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from serve_models import mlp, write_artifact
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 from pipeline.serve.scan import check_paths, find_versions
 
 

@@ -13,8 +13,8 @@ from serve_models import add_variant, mlp, run_reference, write_artifact
 from serve_process import free_port, start_server
 
 import pipeline.serve
-from pipeline.artifact import Artifact
-from pipeline.errors import ArtifactError, InputError
+from pipeline.artifact.directory import Artifact
+from pipeline.core.errors import ArtifactError, InputError
 from pipeline.serve.variant_choice import Choice, VariantRefused, check_choices, choose, choose_quietly
 
 REASON = "top-1 agreement 0.912 < 0.990 on 512 golden samples"
@@ -83,7 +83,7 @@ def test_an_invalid_variant_name_is_bad_usage() -> None:
 
 
 def test_serve_spells_no_variant_file_name() -> None:
-    """pipeline.variants.variant_file is the one mapping from a variant name to its file."""
+    """pipeline.artifact.variants.variant_file is the one mapping from a variant name to its file."""
     root = Path(pipeline.serve.__file__).parent
     for module in root.rglob("*.py"):
         text = module.read_text()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.errors import ArtifactError, InputError
+from pipeline.core.errors import ArtifactError, InputError
 from pipeline.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -67,8 +67,8 @@ def test_an_unreadable_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_resume_reads_the_newest_checkpoint_by_step_and_needs_the_same_process_count(tmp_path: Path) -> None:
-    from pipeline.recipe import parse_recipe
-    from pipeline.train.run import choose_version
+    from pipeline.recipe.schema import parse_recipe
+    from pipeline.train.stage import choose_version
 
     recipe = parse_recipe({"name": "t", "model": {"arch": "mlp"}, "data": {"source": "digits"}})
     root = tmp_path / "t" / "1"

@@ -11,9 +11,9 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from pipeline.artifact import Artifact, versions
+from pipeline.artifact.directory import Artifact, versions
+from pipeline.artifact.golden import load_golden
 from pipeline.cli import main
-from pipeline.golden import load_golden
 from pipeline.train.checkpoint import checkpoint_step, latest_checkpoint
 from pipeline.train.restore import example_inputs, load_trained_model
 
@@ -155,7 +155,7 @@ def test_bf16_autocast_trains_on_cpu_and_fp16_is_refused(tmp_path: Path) -> None
 
 
 def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
-    from pipeline.recipe import TrainSpec
+    from pipeline.recipe.schema import TrainSpec
     from pipeline.train.loop import lr_at
 
     cfg = TrainSpec(lr=0.1, warmup_steps=10, min_lr_ratio=0.1)

@@ -12,7 +12,7 @@ import yaml
 from click.testing import CliRunner
 from sklearn.datasets import load_wine
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
 from pipeline.cli import main
 from pipeline.train.objective import improves, kept_reason
 

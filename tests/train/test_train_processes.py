@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
 from pipeline.train.checkpoint import latest_checkpoint
 
 TOKENS = Path(__file__).resolve().parents[2] / "models" / "data" / "tokens.npz"

@@ -12,13 +12,14 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directions import metric_drop
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import load_golden
 from pipeline.cli import main
-from pipeline.golden import load_golden
-from pipeline.recipe_yaml import load_recipe
+from pipeline.recipe.file import load_recipe
 from pipeline.train.objective import Objective
 from pipeline.train.restore import load_trained_model
-from pipeline.verify.metrics import metric_drop, regression_metrics
+from pipeline.verify.metrics import regression_metrics
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.core.errors import InputError
 from pipeline.data import DataInfo
-from pipeline.errors import InputError
-from pipeline.recipe import parse_recipe
+from pipeline.recipe.schema import parse_recipe
 from pipeline.train.zoo import MixtureOfExperts, build_model
 
 FEATURES = DataInfo("features", [64], 10, [str(i) for i in range(10)], mean=[1.0] * 64, std=[2.0] * 64)
@@ -86,7 +86,7 @@ def test_custom_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     (tmp_path / "my_models.py").write_text(
         textwrap.dedent("""
         import torch
-        from pipeline.manifest import TensorSpec
+        from pipeline.artifact.manifest import TensorSpec
 
         def linear(data, scale=1):
             return torch.nn.Linear(data.sample_shape[0], data.num_classes * scale)

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.artifact import Artifact
-from pipeline.errors import InputError
-from pipeline.golden import Golden, save_golden
-from pipeline.manifest import Manifest, TensorSpec
-from pipeline.recipe_yaml import load_recipe
-from pipeline.records import GoldenRecord, ImportRecord
-from pipeline.verify.evaluation import evaluation_set
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import Golden, save_golden
+from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.records import GoldenRecord, ImportRecord
+from pipeline.core.errors import InputError
+from pipeline.recipe.file import load_recipe
+from pipeline.samples.evaluation import evaluation_set
 from tests.conftest import train_record
 
 FEATURES = np.random.default_rng(0).standard_normal((100, 4)).astype(np.float32)

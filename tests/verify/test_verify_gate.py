@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from verify_models import X, bumped_linear, graph, inputs, int8_linear, linear, spec, weights
 
-from pipeline.errors import CheckFailed
-from pipeline.verify.gate import Candidate, verify
+from pipeline.core.arrays import Arrays
+from pipeline.core.errors import CheckFailed
+from pipeline.runtime.runners import Candidate, ort_runner
+from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact, MetricDrop, MinCosine, Policy, RelativeError, Top1Agreement
-from pipeline.verify.runners import Arrays, ort_runner
 
 W3 = weights(3)  # a 3-class classifier
 SAMPLES = inputs(20)  # the golden samples

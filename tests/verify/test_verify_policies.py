@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 from pipeline.verify.policies import (
     Exact,
     MetricDrop,

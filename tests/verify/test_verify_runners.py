@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from verify_models import graph, inputs, linear, weights
 
-from pipeline.errors import InputError
-from pipeline.manifest import TensorSpec
-from pipeline.verify.runners import Arrays, ort_runner, run_chunked, torch_runner
-from pipeline.verify.session import create_session
+from pipeline.artifact.manifest import TensorSpec
+from pipeline.core.arrays import Arrays
+from pipeline.core.errors import InputError
+from pipeline.runtime.runners import ort_runner, run_chunked, torch_runner
+from pipeline.runtime.session import create_session
 
 
 def test_ort_runner_from_a_file_or_a_held_session_gives_named_outputs(tmp_path: Path) -> None:

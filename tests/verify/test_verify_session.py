@@ -10,8 +10,8 @@ import onnx.parser
 import onnxruntime as ort
 import pytest
 
-from pipeline.errors import ArtifactError, InputError
-from pipeline.verify.session import create_session, providers_for
+from pipeline.core.errors import ArtifactError, InputError
+from pipeline.runtime.session import create_session, providers_for
 
 
 def relu(tmp_path: Path) -> Path:

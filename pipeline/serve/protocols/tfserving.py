@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import orjson
 
+from pipeline.artifact.datatypes import V2_TO_TF
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
-from pipeline.serve.protocols.datatypes import V2_TO_TF, IOSpec, json_text
+from pipeline.serve.protocols.datatypes import IOSpec, json_text
 from pipeline.serve.protocols.jsonvalues import json_array
 from pipeline.serve.protocols.keyed import feature_rows
 from pipeline.serve.protocols.v2 import parse_json

@@ -12,7 +12,7 @@ golden outputs (`in.<name>` arrays in, `out.<name>` arrays compared). `make edge
 
 Why it lives in `pipeline/edge/` although the verifier uses it too: it is the edge stage's
 deliverable, the file a device program copies, and it imports nothing of pipe, so it can sit
-under any layer. pipeline/verify/runners.py imports this one module (inside `tflite_candidate`);
+under any layer. pipeline/runtime/runners.py imports this one module (inside `tflite_candidate`);
 pyproject's import-linter contracts allow exactly that import and add one, `edge-runner-alone`,
 that keeps this file free of every other pipe module and framework. `pipeline/edge/__init__.py`
 must therefore stay free of imports: importing this module runs it.

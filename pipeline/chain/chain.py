@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pipeline.artifact import Artifact, version_dirs
-from pipeline.errors import ArtifactError, CheckFailed
-from pipeline.recipe import Recipe, stage_settings
-from pipeline.recipe_yaml import load_recipe
-from pipeline.records import settings_digest
-from pipeline.variants import FP32, MODEL_FILE
+from pipeline.artifact.directory import Artifact, version_dirs
+from pipeline.artifact.records import settings_digest
+from pipeline.artifact.variants import FP32, MODEL_FILE
+from pipeline.core.errors import ArtifactError, CheckFailed
+from pipeline.recipe.file import load_recipe
+from pipeline.recipe.schema import Recipe, stage_settings
 
 
 @dataclass
@@ -104,7 +104,7 @@ def _train_fresh(ctx: Context) -> str | None:
 
 
 def _train_run(ctx: Context) -> str:
-    from pipeline.train.run import train_recipe
+    from pipeline.train.stage import train_recipe
 
     ctx.root = train_recipe(ctx.recipe_path, out_root=ctx.out_root)
     return str(ctx.root)
@@ -202,7 +202,7 @@ def _check_run(ctx: Context) -> str:
 
 def _benchmark_fresh(ctx: Context) -> str | None:
     """Up to date while it timed the files the version holds, with the recipe's `benchmark:` settings."""
-    from pipeline.benchmark.run import benchmark_fresh
+    from pipeline.benchmark.stage import benchmark_fresh
 
     record, wanted = Artifact.load(ctx.root, verify=False).manifest.stages.benchmark, ctx.recipe.benchmark
     same = record is not None and [record.settings.get(k) for k in ("seconds", "threads")] == [
@@ -213,7 +213,7 @@ def _benchmark_fresh(ctx: Context) -> str | None:
 
 
 def _benchmark_run(ctx: Context) -> str:
-    from pipeline.benchmark.run import benchmark_artifact
+    from pipeline.benchmark.stage import benchmark_artifact
 
     wanted = ctx.recipe.benchmark
     benchmark_artifact(ctx.root, seconds=wanted.seconds, threads=wanted.threads, say=ctx.echo)
@@ -221,13 +221,13 @@ def _benchmark_run(ctx: Context) -> str:
 
 
 def _report_fresh(ctx: Context) -> str | None:
-    from pipeline.report.run import report_fresh
+    from pipeline.report.stage import report_fresh
 
     return report_fresh(ctx.root)
 
 
 def _report_run(ctx: Context) -> str:
-    from pipeline.report.run import report_artifact
+    from pipeline.report.stage import report_artifact
 
     report_artifact(ctx.root, say=ctx.echo)
     return str(ctx.root / "reports" / "model-card.md")

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.errors import ArtifactError, InputError
-from pipeline.golden import load_golden
-from pipeline.verify.runners import Arrays
+from pipeline.artifact.golden import load_golden
+from pipeline.core.arrays import Arrays
+from pipeline.core.errors import ArtifactError, InputError
 
 if TYPE_CHECKING:
-    from pipeline.artifact import Artifact
+    from pipeline.artifact.directory import Artifact
+    from pipeline.artifact.records import TrainRecord
     from pipeline.data import Splits
-    from pipeline.recipe import Recipe
-    from pipeline.records import TrainRecord
+    from pipeline.recipe.schema import Recipe
 
 
 @dataclass
@@ -103,7 +103,7 @@ def trained_splits(artifact: Artifact, recipe: Recipe | None = None) -> Splits:
     when the data cannot be read, ArtifactError when the artifact was not trained.
     """
     from pipeline.data import load_splits
-    from pipeline.recipe import parse_recipe
+    from pipeline.recipe.schema import parse_recipe
 
     train = artifact.manifest.stages.train
     if train is None:

@@ -4,7 +4,7 @@ Every record says what the stage ran with (`settings`: its recipe section as it 
 command-line overrides), what it read (`inputs`: name -> sha256), when it finished and which pipe
 wrote it, then its own results. `pipe run` compares `settings_digest()` with the recipe's section
 as it is now to decide whether a stage is up to date. Records are validated on load like the rest
-of the manifest (pipeline/jsontypes.py): a mistyped field is refused by its dotted path.
+of the manifest (pipeline/core/jsontypes.py): a mistyped field is refused by its dotted path.
 """
 
 from __future__ import annotations

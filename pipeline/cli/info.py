@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.artifact import Artifact, is_version_name, version_dirs
-from pipeline.errors import ArtifactError, InputError, PipelineError
-from pipeline.manifest import MANIFEST_NAME, Manifest
+from pipeline.artifact.directory import Artifact, is_version_name, version_dirs
+from pipeline.artifact.manifest import MANIFEST_NAME, Manifest
+from pipeline.core.errors import ArtifactError, InputError, PipelineError
 from pipeline.report.markdown import shape, size
 
 

@@ -25,3 +25,14 @@ class CheckFailed(PipelineError):
     """A verification ran and found the model wrong (parity, regression). Exit code 1."""
 
     exit_code = 1
+
+
+def first_line(exc: BaseException, limit: int = 300, empty: str | None = None) -> str:
+    """An exception as one short line (onnxruntime and onnx messages can run to pages).
+
+    An exception with no message gives `empty`, or its type's name when `empty` is None.
+    """
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__ if empty is None else empty
+    return text.splitlines()[0][:limit]

@@ -1,6 +1,6 @@
 """manifest.json: the contract between stages, as typed dataclasses validated field by field.
 
-Every nested value is checked on load (pipeline/jsontypes.py): a shape given as a string, a dtype
+Every nested value is checked on load (pipeline/core/jsontypes.py): a shape given as a string, a dtype
 numpy does not know, a size given as a string, `stages: []`, an unsafe name are each refused with
 their dotted path; then what the fields say against each other (a variant recorded in another
 variant's file or in a file `files` does not list, no inputs, labels that do not match the
@@ -18,10 +18,10 @@ from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pipeline import __version__
-from pipeline.errors import ArtifactError
-from pipeline.jsontypes import decode, encode
-from pipeline.records import Stages
-from pipeline.variants import Variant, check_variant_name, variant_file
+from pipeline.artifact.records import Stages
+from pipeline.artifact.variants import Variant, check_variant_name, variant_file
+from pipeline.core.errors import ArtifactError
+from pipeline.core.jsontypes import decode, encode
 
 SCHEMA_VERSION = 2  # 2: typed stage records and variant records (1 held free-form stage dicts)
 MANIFEST_NAME = "manifest.json"

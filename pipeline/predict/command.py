@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import ArtifactError
+from pipeline.artifact.variants import FP32
+from pipeline.core.errors import ArtifactError
 from pipeline.predict.inputs import read_inputs
 from pipeline.predict.model import choose_variant, load_runner
 from pipeline.predict.result import Prediction
-from pipeline.variants import FP32
 
 
 def predict_file(
@@ -20,7 +20,7 @@ def predict_file(
     before anything runs. Bad input, an unknown variant, or a failed or stale one without
     `allow_failed` raise InputError (exit 2).
     """
-    from pipeline.artifact import Artifact, resolve_artifact
+    from pipeline.artifact.directory import Artifact, resolve_artifact
 
     artifact = Artifact.load(resolve_artifact(artifact_path))
     chosen = choose_variant(artifact, variant, allow_failed)
@@ -29,7 +29,7 @@ def predict_file(
     try:
         outputs = runner(inputs)
     except Exception as exc:  # onnxruntime's and LiteRT's errors share no base class
-        from pipeline.verify.session import first_line
+        from pipeline.core.errors import first_line
 
         # the input already fits the manifest's specs, so the model file disagrees with its manifest
         raise ArtifactError(

@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeline.errors import RecipeError
-from pipeline.manifest import NAME as MODEL_NAME
-from pipeline.verify.metrics import HIGHER_IS_BETTER
+from pipeline.artifact.directions import HIGHER_IS_BETTER
+from pipeline.artifact.manifest import NAME as MODEL_NAME
+from pipeline.core.errors import RecipeError
 
 
 class _Strict(BaseModel):

@@ -2,7 +2,7 @@
 
 Layout (docs/artifact.md)::
 
-    artifacts/<name>/<version>/manifest.json   the contract (pipeline/manifest.py)
+    artifacts/<name>/<version>/manifest.json   the contract (pipeline/artifact/manifest.py)
                                model.onnx      fp32 ONNX, the artifact
                                golden.npz      real inputs + reference outputs
                                checkpoint/ variants/ edge/ reports/
@@ -23,10 +23,10 @@ import os
 from collections.abc import Collection, Iterator
 from pathlib import Path, PurePosixPath
 
-from pipeline.errors import ArtifactError
-from pipeline.fsutil import atomic_write_bytes, sha256_file
-from pipeline.manifest import MANIFEST_NAME, FileEntry, Manifest, check_name, check_relative
-from pipeline.variants import Variant
+from pipeline.artifact.manifest import MANIFEST_NAME, FileEntry, Manifest, check_name, check_relative
+from pipeline.artifact.variants import Variant
+from pipeline.core.errors import ArtifactError, first_line
+from pipeline.core.fsutil import atomic_write_bytes, sha256_file
 
 LOCK_NAME = ".lock"  # stages writing to one version at once take turns on this file
 
@@ -146,13 +146,8 @@ def _read_manifest(path: Path) -> Manifest:
     except RecursionError:
         raise ArtifactError(f"{path}: nested too deeply to be a manifest; the manifest is corrupt") from None
     except ValueError as exc:  # bad JSON, bad UTF-8, or an integer too long to convert
-        raise ArtifactError(f"{path}: not valid JSON ({_first_line(exc)}); the manifest is corrupt") from None
+        raise ArtifactError(f"{path}: not valid JSON ({first_line(exc, 200)}); the manifest is corrupt") from None
     return Manifest.from_dict(data, str(path))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
 def is_version_name(name: str) -> bool:

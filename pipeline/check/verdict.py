@@ -6,15 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact import Artifact, resolve_artifact
-from pipeline.artifact_recipe import current_recipe, section_settings
+from pipeline.artifact.directory import Artifact, resolve_artifact
+from pipeline.artifact.golden import load_golden
+from pipeline.artifact.variants import MODEL_FILE
 from pipeline.check.baseline import Baseline, load_baseline, summarize
 from pipeline.check.checks import CheckResult, check_metrics, check_signature, check_size, check_variants
-from pipeline.errors import ArtifactError, CheckFailed, InputError
-from pipeline.golden import load_golden
-from pipeline.latency import measure
-from pipeline.recipe import BudgetSpec
-from pipeline.variants import MODEL_FILE
+from pipeline.core.errors import ArtifactError, CheckFailed, InputError
+from pipeline.recipe.current import current_recipe, section_settings
+from pipeline.recipe.schema import BudgetSpec
+from pipeline.runtime.latency import measure
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def check_latency(artifact: Artifact, baseline: Artifact | None, budgets: Budget
     inputs, limit = load_golden(artifact).inputs, 1 + budgets.max_latency_increase
     timings: list[tuple[float, float, float, int, int]] = []  # (ratio, baseline p50, candidate p50, runs, batch)
     while len(timings) < LATENCY_MEASURES and (not timings or timings[0][0] > limit):
-        try:  # the candidate's golden inputs, both models in one interleaved run (pipeline/latency.py)
+        try:  # the candidate's golden inputs, both models in one interleaved run (pipeline/runtime/latency.py)
             timed = measure(models, inputs, batches=(1,), threads=1, seconds=seconds, max_runs=MAX_RUNS)
             base, cand = timed["baseline"], timed["candidate"]
             batch = base.fixed_batch or cand.fixed_batch or 1

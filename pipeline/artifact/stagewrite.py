@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from pipeline.artifact import Artifact, locked
-from pipeline.fsutil import fsync_dir
+from pipeline.artifact.directory import Artifact, locked
+from pipeline.core.fsutil import fsync_dir
 
 
 class StageWrite:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from pipeline.errors import ArtifactError, InputError
+from pipeline.core.errors import ArtifactError, InputError, first_line
 
 log = logging.getLogger("pipe.verify")
 
@@ -71,9 +71,3 @@ def create_session(
     if wanted[0] not in session.get_providers():
         log.warning("%s: asked for %s but onnxruntime runs it on %s", path, wanted[0], session.get_providers())
     return session
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception as one short line (onnxruntime and onnx messages can run to pages)."""
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]

@@ -16,15 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.artifact import Artifact, resolve_artifact
-from pipeline.artifact_recipe import current_recipe, section_settings
-from pipeline.errors import InputError
-from pipeline.fsutil import sha256_file
-from pipeline.records import ReportRecord, settings_digest
+from pipeline.artifact.directory import Artifact, resolve_artifact
+from pipeline.artifact.records import ReportRecord, settings_digest
+from pipeline.artifact.stagewrite import StageWrite
+from pipeline.core.errors import InputError
+from pipeline.core.fsutil import sha256_file
+from pipeline.recipe.current import current_recipe, section_settings
 from pipeline.report.card import CARD_MD, CardFacts, model_card
 from pipeline.report.curves import CURVES_PNG, METRICS_JSONL, TRAIN_JSON, plot_curves, read_curves
 from pipeline.report.variants import BENCHMARK_JSON
-from pipeline.stagewrite import StageWrite
 
 OWN_FILES = (CARD_MD, CURVES_PNG)  # what this stage writes: left out of its own inputs and its load's check
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.artifact import Artifact
-from pipeline.errors import ArtifactError
+from pipeline.artifact.directory import Artifact
+from pipeline.core.errors import ArtifactError
 
 GOLDEN_NAME = "golden.npz"
 

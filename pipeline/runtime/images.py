@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import InputError
-from pipeline.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.core.errors import InputError
 
 MODES = {1: "L", 3: "RGB"}  # channels -> the Pillow mode a picture is converted to
 RESIZE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")  # Pillow's Resampling names

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pipeline.errors import ArtifactError, InputError
-from pipeline.verify.session import create_session, first_line
+from pipeline.core.errors import ArtifactError, InputError, first_line
+from pipeline.runtime.session import create_session
 
 ORDER_SEED = 0  # the rounds' random orders: the same on every run
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.artifact import Artifact
-from pipeline.errors import InputError
-from pipeline.golden import load_golden
-from pipeline.recipe import Recipe
-from pipeline.verify.evaluation import trained_splits
-from pipeline.verify.runners import Arrays
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import load_golden
+from pipeline.core.arrays import Arrays
+from pipeline.core.errors import InputError
+from pipeline.recipe.schema import Recipe
+from pipeline.samples.evaluation import trained_splits
 
 SEED = 0  # the subset is the same on every run, so a re-run quantizes the same way
 

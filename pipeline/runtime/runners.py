@@ -5,7 +5,7 @@ onnxruntime session (`OrtRunner`), a .tflite model (`tflite_candidate`, on LiteR
 function in a test. `run_chunked` runs one over a split too large for a single call.
 
 torch is imported inside `torch_runner` only: the server imports this package. The TFLite runner
-is pipeline/edge/runner.py, imported inside `tflite_candidate` only: that file is the stand-alone
+is pipeline/runtime/tflite_runner.py, imported inside `tflite_candidate` only: that file is the stand-alone
 runner a device copies (numpy and an interpreter, nothing of pipe), so the verifier uses it
 rather than a second copy, and import-linter allows this one import from verify into edge.
 """
@@ -13,13 +13,15 @@ rather than a second copy, and import-linter allows this one import from verify 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from pipeline.errors import ArtifactError, InputError
-from pipeline.verify.session import create_session, first_line
+from pipeline.core.arrays import Arrays
+from pipeline.core.errors import ArtifactError, InputError, first_line
+from pipeline.runtime.session import create_session
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -27,10 +29,8 @@ if TYPE_CHECKING:
     import onnxruntime as ort
     import torch
 
-    from pipeline.manifest import TensorSpec
-    from pipeline.verify.gate import Candidate
+    from pipeline.artifact.manifest import TensorSpec
 
-Arrays = dict[str, np.ndarray]
 EVAL_CHUNK = 256  # samples per call over a whole split: bounded memory, few calls
 
 
@@ -91,6 +91,24 @@ def torch_runner(module: torch.nn.Module, inputs: list[TensorSpec], outputs: lis
     return run
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """What the gate checks: how to run it, what the table calls it, and its file when it is ONNX."""
+
+    run: Runner
+    name: str = "candidate"  # "ONNX", "TFLite": named in the rows; lowercased, the metric's key
+    runtime: str = "the runtime"  # who refuses an input it cannot take: "onnxruntime", "LiteRT"
+    onnx_path: Path | None = None  # an ONNX file: checker and strict shape inference run on it
+
+
+def onnx_candidate(path: str | Path, session: ort.InferenceSession | None = None) -> Candidate:
+    """The ONNX file at `path` as a candidate, run by `session` if given (else a CPU session of its own).
+
+    Raises ArtifactError when onnxruntime cannot load the file.
+    """
+    return Candidate(ort_runner(session if session is not None else path), "ONNX", "onnxruntime", Path(path))
+
+
 def tflite_candidate(
     path: str | Path,
     names: Mapping[str, str] | None = None,
@@ -106,8 +124,7 @@ def tflite_candidate(
     gate compares floats. A file no interpreter can load, or no interpreter installed, raises
     ArtifactError.
     """
-    from pipeline.edge.runner import TFLiteRunner
-    from pipeline.verify.gate import Candidate
+    from pipeline.runtime.tflite_runner import TFLiteRunner
 
     try:
         runner = TFLiteRunner(path, num_threads=num_threads, names=names, layout=layout, runtime=runtime)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-from pipeline.artifact import Artifact
-from pipeline.errors import ArtifactError
+from pipeline.artifact.directory import Artifact
+from pipeline.core.errors import ArtifactError
 
 # lineage.backend -> the module whose BACKEND object serves it
 BACKENDS = {"torch": "pipeline.train.restore"}

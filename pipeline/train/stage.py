@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact import allocate_version
+from pipeline.artifact.directory import allocate_version
+from pipeline.artifact.manifest import MANIFEST_NAME
+from pipeline.core.errors import InputError, first_line
 from pipeline.data import Splits, load_splits
-from pipeline.errors import InputError
-from pipeline.manifest import MANIFEST_NAME
-from pipeline.recipe import Recipe
-from pipeline.recipe_yaml import load_recipe
+from pipeline.recipe.file import load_recipe
+from pipeline.recipe.schema import Recipe
 
 
 @dataclass(frozen=True)
@@ -176,9 +176,8 @@ def check_model_fits(recipe: Recipe, splits: Splits) -> None:
     try:
         model = build_model(recipe.model, splits.info).eval()
     except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as exc:  # sizes torch cannot allocate
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(
-            f"model arch {recipe.model.arch!r} cannot be built for the data ({first[:200]}); make the model's "
+            f"model arch {recipe.model.arch!r} cannot be built for the data ({first_line(exc, 200)}); make the model's "
             "sizes (hidden, channels, dim, experts...) ones that fit in memory"
         ) from None
     sample = torch.from_numpy(splits.train.inputs[splits.info.input_name][:2])
@@ -187,10 +186,9 @@ def check_model_fits(recipe: Recipe, splits: Splits) -> None:
         with torch.no_grad():
             out = model(sample)
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(
-            f"model arch {recipe.model.arch!r} cannot take the data's {given} input ({first}); change the "
-            "model so its input matches the data, or the data (data.source, data.as_image, data.image_size)"
+            f"model arch {recipe.model.arch!r} cannot take the data's {given} input ({first_line(exc, 10**6)}); "
+            "change the model so its input matches the data, or the data (data.source, data.as_image, data.image_size)"
         ) from None
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, splits.info.num_classes):
         shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__

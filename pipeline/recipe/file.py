@@ -1,4 +1,4 @@
-"""Reading a recipe file: YAML text into a validated Recipe (pipeline/recipe.py holds the schema).
+"""Reading a recipe file: YAML text into a validated Recipe (pipeline/recipe/schema.py holds the schema).
 
 YAML parsers forgive what a hand-edited recipe should not get away with: a key given twice keeps
 the later value silently, and a syntax error spans several lines with a caret. Both are one
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.errors import RecipeError
-from pipeline.recipe import Recipe, parse_recipe
+from pipeline.core.errors import RecipeError
+from pipeline.recipe.schema import Recipe, parse_recipe
 
 
 def duplicate_keys(node: yaml.Node | None, path: str = "") -> list[str]:

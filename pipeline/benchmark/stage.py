@@ -3,7 +3,7 @@
 Each format was timed once already by the stage that made it, but at another moment, on a machine
 that is shared and noisy, and ONNX only: the numbers do not compare. Here every row (torch eager,
 model.onnx, each ONNX variant, each TFLite model) runs in the same interleaved rounds
-(`pipeline.latency.measure_sessions`), on the same golden inputs, with the same thread count, at
+(`pipeline.runtime.latency.measure_sessions`), on the same golden inputs, with the same thread count, at
 batch 1 (p50/p95 latency) and batch 32 (throughput), and is shown beside its size and the metric
 its stage recorded. reports/benchmark.json and reports/benchmark.png are written through
 `StageWrite`, so they are listed in the manifest with their hashes, and an interrupted run leaves
@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact import Artifact
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.golden import load_golden
+from pipeline.artifact.records import BenchmarkRecord
+from pipeline.artifact.stagewrite import StageWrite
+from pipeline.artifact.variants import FP32
 from pipeline.benchmark.rows import Row, drop, metric_name, plan_rows, timed_files
 from pipeline.benchmark.sessions import open_rows, versions
-from pipeline.errors import InputError
-from pipeline.golden import load_golden
-from pipeline.latency import Latency, measure_sessions
-from pipeline.records import BenchmarkRecord
-from pipeline.stagewrite import StageWrite
-from pipeline.variants import FP32
+from pipeline.core.errors import InputError
+from pipeline.runtime.latency import Latency, measure_sessions
 
 REPORT = "reports/benchmark.json"
 PLOT = "reports/benchmark.png"

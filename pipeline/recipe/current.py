@@ -12,11 +12,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipeline.artifact import Artifact
-from pipeline.errors import ArtifactError, InputError
-from pipeline.recipe import Recipe, parse_recipe
-from pipeline.recipe_yaml import load_recipe
-from pipeline.records import TrainRecord
+from pipeline.artifact.directory import Artifact
+from pipeline.artifact.records import TrainRecord
+from pipeline.core.errors import ArtifactError, InputError
+from pipeline.recipe.file import load_recipe
+from pipeline.recipe.schema import Recipe, parse_recipe
 
 
 def train_record(artifact: Artifact) -> TrainRecord:

@@ -1,0 +1,11 @@
+"""Which way each metric an artifact records improves: what `pipe check`, the recipe's budgets and the reports judge."""
+
+from __future__ import annotations
+
+# Per metric name, whether a higher value is better; a metric not listed here is shown, never judged.
+HIGHER_IS_BETTER = {"accuracy": True, "mae": False, "rmse": False, "r2": True}
+
+
+def metric_drop(name: str, reference: float, candidate: float) -> float:
+    """How much worse `candidate` is than `reference` (negative: better); for MAE and RMSE a rise is a drop."""
+    return reference - candidate if HIGHER_IS_BETTER[name] else candidate - reference

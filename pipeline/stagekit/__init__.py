@@ -1,0 +1,1 @@
+"""The stage contract every stage package follows (see `contract.py`)."""

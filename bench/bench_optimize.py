@@ -101,7 +101,7 @@ def train_all(repo: Path, out: Out) -> dict[str, Path]:
     roots = {}
     for name, recipe in RECIPES.items():
         start, log = time.perf_counter(), []
-        roots[name] = run_recipe(recipe, out_root=repo, echo=log.append).root
+        roots[name] = run_recipe(recipe, out_root=repo, progress=log.append).root
         out(f"pipe run {recipe.name}: {time.perf_counter() - start:.1f} s (train, export, optimize) -> {roots[name]}")
     return roots
 

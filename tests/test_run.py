@@ -79,8 +79,8 @@ def test_editing_only_the_export_section_re_exports_without_training(tmp_path: P
 
 
 def test_a_version_trained_with_an_epochs_override_is_not_up_to_date(tmp_path: Path) -> None:
-    from pipeline.chain.chain import up_to_date_version
     from pipeline.recipe.file import load_recipe
+    from pipeline.train.stage import up_to_date_version
 
     recipe = tmp_path / "run-tiny.yaml"
     recipe.write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"], "epochs": 2}}))
@@ -103,8 +103,8 @@ def test_run_on_a_bad_recipe_exits_2_and_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_a_damaged_older_version_is_not_up_to_date_and_does_not_stop_the_run(tmp_path: Path) -> None:
-    from pipeline.chain.chain import up_to_date_version
     from pipeline.recipe.file import load_recipe
+    from pipeline.train.stage import up_to_date_version
 
     recipe = tmp_path / "run-tiny.yaml"
     recipe.write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"], "epochs": 1}}))

@@ -147,6 +147,15 @@ class Lineage:
     seed: int | None = None
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a gate needs to know of a model besides its files: its inputs, outputs and task."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    task: str = "classification"
+
+
 @dataclass
 class Manifest:
     """manifest.json: the contract between stages."""
@@ -167,6 +176,10 @@ class Manifest:
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)
+
+    @property
+    def spec(self) -> ModelSpec:
+        return ModelSpec(self.inputs, self.outputs, self.task)
 
     @classmethod
     def from_dict(cls, data: Any, source: str = MANIFEST_NAME) -> Manifest:

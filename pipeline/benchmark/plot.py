@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from pipeline.benchmark.stage import BenchmarkOutcome, Result
+from pipeline.benchmark.outcome import BATCH, BenchmarkOutcome, Result
 
 MARKERS = {"torch": ("s", "tab:orange"), "onnxruntime": ("o", "tab:blue"), "litert": ("^", "tab:green")}
 LABELS = {"torch": "torch eager", "onnxruntime": "onnxruntime", "litert": "LiteRT (TFLite)"}
@@ -27,8 +26,6 @@ def write_plot(outcome: BenchmarkOutcome, path: Path) -> None:
 
     matplotlib.use("Agg")  # no display: a file only
     import matplotlib.pyplot as plt
-
-    from pipeline.benchmark.stage import BATCH
 
     metric = outcome.metric
     points, left_out = plotted(outcome)
@@ -88,7 +85,6 @@ def plotted(outcome: BenchmarkOutcome) -> tuple[list[tuple[Result, float, float]
     """(result, p50 ms at batch 1, metric or KiB) for each row that can be drawn, and the names of those that
     cannot: not timed at batch 1, or no metric, or one that is not a finite number (a NaN MAE of a model that
     overflowed in fp16 would make the axis limits NaN)."""
-    from pipeline.benchmark.stage import BATCH
 
     points, left_out = [], []
     for result in outcome.results:

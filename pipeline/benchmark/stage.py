@@ -12,137 +12,64 @@ the previous report (or none), never half of one.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import platform
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact.directory import Artifact
+from pipeline.artifact.directory import Artifact, resolve_artifact
 from pipeline.artifact.golden import load_golden
 from pipeline.artifact.records import BenchmarkRecord
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import FP32
-from pipeline.benchmark.rows import Row, drop, metric_name, plan_rows, timed_files
+from pipeline.benchmark.outcome import BATCH, MAX_RUNS, THROUGHPUT_BATCH, BenchmarkOutcome, Result
+from pipeline.benchmark.rows import drop, metric_name, plan_rows, timed_files
 from pipeline.benchmark.sessions import open_rows, versions
 from pipeline.core.errors import InputError
-from pipeline.runtime.latency import Latency, measure_sessions
+from pipeline.recipe.current import current_recipe, section_settings
+from pipeline.runtime.latency import measure_sessions
+from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
 
 REPORT = "reports/benchmark.json"
 PLOT = "reports/benchmark.png"
-BATCH = 1  # latency (p50, p95) is taken at this batch
-THROUGHPUT_BATCH = 32  # throughput (samples/s) at this one
-# Timed runs per row and batch at most: a model of tens of microseconds reaches it long before `seconds`. Every
-# row runs in every round, so going on until the fastest row has `seconds` of runs would take about
-# seconds x (sum of the rows' latencies / the fastest's), tens of seconds per batch for digits-cnn.
-MAX_RUNS = 2000
-
-
-@dataclass
-class Result:
-    """One row of the table: the model, and its timings or why it was not timed."""
-
-    row: Row
-    latency: Latency | None = None
-    not_timed: str = ""  # why it was not timed (empty when it was)
-    drop: float | None = None  # its metric's drop against model.onnx's (negative: better)
-
-    def at(self, batch: int) -> tuple[int, Any] | None:
-        """(batch, timings) at `batch`, or at the model's fixed batch when it ran there only; None if untimed."""
-        if self.latency is None:
-            return None
-        if batch in self.latency.batches:
-            return batch, self.latency.batches[batch]
-        if self.latency.fixed_batch is not None and self.latency.fixed_batch in self.latency.batches:
-            return self.latency.fixed_batch, self.latency.batches[self.latency.fixed_batch]
-        return None
-
-    def to_dict(self) -> dict[str, Any]:
-        row = self.row
-        figures: dict[str, Any] = {}
-        if (latency := self.at(BATCH)) is not None:
-            batch, timing = latency
-            figures |= {"latency_batch": batch, "p50_ms": timing.p50_ms, "p95_ms": timing.p95_ms, "runs": timing.runs}
-        if (throughput := self.at(THROUGHPUT_BATCH)) is not None:
-            batch, timing = throughput
-            figures |= {"throughput_batch": batch, "throughput": timing.throughput}
-        return {
-            "name": row.name,
-            "runtime": row.runtime,
-            "format": row.format,
-            "precision": row.precision,
-            "file": row.file,
-            "size_bytes": row.size,
-            "status": row.status,
-            "reason": row.reason,
-            "metric": row.metric,
-            "drop": self.drop,
-            "timed": self.latency is not None,
-            "not_timed": self.not_timed,
-            "fixed_batch": self.latency.fixed_batch if self.latency else None,
-            **figures,
-            "latency": self.latency.to_dict() if self.latency else {},
-        }
-
-
-@dataclass
-class BenchmarkOutcome:
-    """What one benchmark measured and where it was written."""
-
-    root: Path
-    name: str
-    version: int
-    metric: str | None  # the task metric compared (accuracy, mae), None when the records hold none
-    results: list[Result]
-    settings: dict[str, Any]
-    machine: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
-    report: Path = Path()
-    plot: Path | None = None
-
-    @property
-    def failed(self) -> list[str]:
-        """The rows that could not be timed."""
-        return [r.row.name for r in self.results if r.latency is None]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.name,
-            "version": self.version,
-            "metric": self.metric,
-            "settings": self.settings,
-            "machine": self.machine,
-            "rows": [result.to_dict() for result in self.results],
-            "not_timed": self.failed,
-            "notes": self.notes,
-            "finished": _dt.datetime.now(_dt.UTC).isoformat(),
-        }
 
 
 def benchmark_artifact(
-    root: Path, *, seconds: float = 1.0, threads: int = 1, say: Callable[[str], None] = print, plot: bool = True
+    path: str | Path,
+    overrides: Overrides | None = None,
+    recipe_path: Path | None = None,
+    progress: Progress = print,
+    *,
+    plot: bool = True,
 ) -> BenchmarkOutcome:
-    """Time every format of the artifact at `root` side by side, then record reports/benchmark.json (and .png).
+    """Time every format of the artifact at `path` side by side, then record reports/benchmark.json (and .png).
 
-    `seconds`: timed runs per row and batch; `threads`: the threads every runtime gets (onnxruntime
-    intra-op, torch, LiteRT). InputError (exit 2) for bad settings or an artifact without model.onnx.
+    Settings: the recipe's `benchmark:` section as it is now (an imported model: its defaults) with
+    `overrides` on top: `seconds`, timed runs per row and batch; `threads`, the threads every runtime
+    gets (onnxruntime intra-op, torch, LiteRT). InputError (exit 2) for bad settings or an artifact
+    without model.onnx.
     """
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    seconds, threads = given.get("seconds", 1.0), given.get("threads", 1)
     if not threads >= 1:
         raise InputError(f"--threads is {threads}; give 1 or more (every runtime gets the same count)")
     if not seconds > 0:
         raise InputError(f"--seconds is {seconds}; give a positive duration of timed runs per row and batch")
-    artifact = Artifact.load(root, replacing=[REPORT, PLOT])
+    artifact = Artifact.load(resolve_artifact(path), replacing=[REPORT, PLOT])
+    recipe = current_recipe(artifact, recipe_path)[0] if artifact.manifest.stages.train else None
+    wanted = section_settings(recipe, "benchmark", given)
+    seconds, threads = wanted.seconds, wanted.threads
     rows, notes = plan_rows(artifact)
     inputs = load_golden(artifact).inputs
     settings = {"seconds": seconds, "threads": threads, "batch": BATCH, "throughput_batch": THROUGHPUT_BATCH}
     batches = (BATCH, THROUGHPUT_BATCH)
-    say(f"[benchmark] {len(rows)} rows: {', '.join(row.name for row in rows)}; {threads} thread(s), {seconds:g} s each")
+    progress(
+        f"[benchmark] {len(rows)} rows: {', '.join(row.name for row in rows)}; {threads} thread(s), {seconds:g} s each"
+    )
     with open_rows(artifact, rows, threads, inputs, batches) as (sessions, untimed):
         for name, why in untimed.items():
-            say(f"[benchmark] {name}: not timed: {why}")
+            progress(f"[benchmark] {name}: not timed: {why}")
         timed = (
             measure_sessions(
                 sessions,
@@ -151,7 +78,7 @@ def benchmark_artifact(
                 threads,
                 seconds,
                 max_runs=MAX_RUNS,
-                progress=lambda message: say(f"[benchmark] {message}"),
+                progress=lambda message: progress(f"[benchmark] {message}"),
             )
             if sessions
             else {}
@@ -237,3 +164,25 @@ def _machine() -> dict[str, Any]:
         "python": platform.python_version(),
         **versions(),
     }
+
+
+def _fresh(ctx: Context) -> str | None:
+    """Up to date while it timed, with the recipe's `benchmark:` settings, the files the version holds."""
+    record, wanted = Artifact.load(ctx.version, verify=False).manifest.stages.benchmark, ctx.recipe.benchmark
+    same = record is not None and [record.settings.get(k) for k in ("seconds", "threads")] == [
+        wanted.seconds,
+        wanted.threads,
+    ]
+    return benchmark_fresh(ctx.version) if same else None
+
+
+def _run(ctx: Context) -> str:
+    benchmark_artifact(ctx.version, recipe_path=ctx.recipe_path, progress=ctx.progress)
+    return str(ctx.version / REPORT)
+
+
+def _off(ctx: Context) -> str | None:
+    return None if ctx.recipe.benchmark.enabled else "benchmark.enabled: false"
+
+
+STAGE = Stage("benchmark", _fresh, _run, _off)

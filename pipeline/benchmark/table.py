@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import io
 import shutil
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from pipeline.benchmark.stage import BenchmarkOutcome, Result
+from pipeline.benchmark.outcome import BATCH, MAX_RUNS, THROUGHPUT_BATCH, BenchmarkOutcome, Result
 
 STATUS_STYLE = {"reference": "cyan", "passed": "green", "failed": "red", "stale": "yellow"}
 
@@ -17,8 +15,6 @@ def render(outcome: BenchmarkOutcome, width: int | None = None) -> str:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
-
-    from pipeline.benchmark.stage import BATCH, MAX_RUNS, THROUGHPUT_BATCH
 
     threads = outcome.settings["threads"]
     table = Table(

@@ -21,10 +21,11 @@ from pipeline.artifact.directory import Artifact
 from pipeline.artifact.records import CheckRecord
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.check.baseline import summarize
-from pipeline.check.reports import to_json, to_junit, to_markdown
+from pipeline.check.reports import to_json, to_junit, to_markdown, to_table
 from pipeline.check.verdict import CheckRun, budgets_for, check_candidate
 from pipeline.core.fsutil import sha256_file
 from pipeline.core.jsontypes import encode
+from pipeline.stagekit.contract import Context, Stage
 
 REPORTS: dict[str, Callable[[CheckRun], str]] = {
     "reports/check.json": to_json,
@@ -91,3 +92,28 @@ def check_stage(root: Path, baseline: Path, *, latency_seconds: float = 2.0) -> 
 
         write.commit(list(REPORTS), record)
     return CheckOutcome(run, [Path(root) / rel for rel in REPORTS])
+
+
+def _baseline(ctx: Context) -> Path:
+    return committed_baseline(ctx.recipe_path, ctx.recipe.name)
+
+
+def _off(ctx: Context) -> str | None:
+    baseline = _baseline(ctx)
+    if baseline.is_file():
+        return None
+    return f"no baseline committed at {baseline} (write one: pipe check ARTIFACT --write-baseline {baseline})"
+
+
+def _fresh(ctx: Context) -> str | None:
+    return check_fresh(ctx.version, _baseline(ctx))
+
+
+def _run(ctx: Context) -> str:
+    outcome = check_stage(ctx.version, _baseline(ctx))
+    ctx.progress(to_table(outcome.run))
+    outcome.run.raise_on_failure()
+    return f"{len(outcome.run.results)} checks hold against {_baseline(ctx)}; {outcome.reports[1]}"
+
+
+STAGE = Stage("check", _fresh, _run, _off, judges=True)

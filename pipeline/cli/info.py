@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipeline.artifact.directory import Artifact, is_version_name, version_dirs
 from pipeline.artifact.manifest import MANIFEST_NAME, Manifest
+from pipeline.artifact.variants import EDGE_PREFIX
 from pipeline.core.errors import ArtifactError, InputError, PipelineError
 from pipeline.report.markdown import shape, size
 
@@ -123,7 +124,7 @@ def version_summary(artifact: Artifact) -> tuple[str, str]:
         stages.append("variants " + ", ".join(_variant(m, n) for n in lossy))
     edge = sorted(n for n, v in m.variants.items() if v.format == "tflite")
     if edge:
-        stages.append("edge " + ", ".join(_variant(m, n).removeprefix("tflite-") for n in edge))
+        stages.append("edge " + ", ".join(_variant(m, n).removeprefix(EDGE_PREFIX) for n in edge))
     if m.stages.check is not None:
         stages.append("check " + ("passed" if m.stages.check.passed else "FAILED"))
     if m.stages.benchmark is not None:

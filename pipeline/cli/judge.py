@@ -74,9 +74,8 @@ def benchmark(artifact: str, seconds: float, threads: int, json_copy: str | None
     from pipeline.benchmark.table import render
     from pipeline.core.errors import InputError
 
-    outcome = benchmark_artifact(
-        resolve_artifact(artifact), seconds=seconds, threads=threads, say=click.echo, plot=not no_plot
-    )
+    overrides = {"seconds": seconds, "threads": threads}
+    outcome = benchmark_artifact(resolve_artifact(artifact), overrides, progress=click.echo, plot=not no_plot)
     click.echo(render(outcome))
     for note in outcome.notes:
         click.secho(f"note: {note}", err=True, fg="yellow")
@@ -98,7 +97,7 @@ def report(artifact: str) -> None:
     """Write ARTIFACT's model card (reports/model-card.md) and training curves (reports/training-curves.png)."""
     from pipeline.report.stage import report_artifact
 
-    outcome = report_artifact(Path(artifact), say=click.echo)
+    outcome = report_artifact(Path(artifact), progress=click.echo)
     for note in outcome.notes:
         click.secho(f"note: {note}", err=True, fg="yellow")
     click.echo(f"card: {outcome.card}")

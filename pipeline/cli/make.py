@@ -149,7 +149,7 @@ def export(
         from pipeline.edge.stage import edge_artifact
 
         overrides = {"precisions": list(precisions) or None, "layout": layout and layout.lower()}
-        outcome = edge_artifact(artifact, overrides, Path(recipe) if recipe else None, say=click.echo)
+        outcome = edge_artifact(artifact, overrides, Path(recipe) if recipe else None, progress=click.echo)
         for note in outcome.notes:
             click.secho(f"note: {note}", err=True, fg="yellow")
         for m in outcome.made:
@@ -168,10 +168,11 @@ def export(
         click.echo(f"Triton model repository: {model_dir} (config.pbtxt + version directory)")
         return
     from pipeline.artifact.variants import MODEL_FILE
-    from pipeline.export.stage import Overrides, export_artifact
+    from pipeline.export.stage import export_artifact
 
-    overrides = Overrides(opset=opset, exporter=exporter, atol=atol, rtol=rtol)
-    outcome = export_artifact(artifact, overrides, Path(recipe) if recipe else None)
+    dynamo = None if exporter is None else exporter == "dynamo"
+    overrides = {"opset": opset, "dynamo": dynamo, "atol": atol, "rtol": rtol}
+    outcome = export_artifact(artifact, overrides, Path(recipe) if recipe else None, progress=lambda _: None)
     for note in outcome.notes:
         click.secho(f"note: {note}", err=True, fg="yellow")
     result = outcome.result
@@ -209,7 +210,7 @@ def optimize(artifact: str, quantize: tuple[str, ...], recipe: str | None, **opt
     from pipeline.optimize.stage import optimize_artifact
 
     overrides = {**options, "quantize": list(quantize) or None}
-    outcome = optimize_artifact(artifact, overrides, Path(recipe) if recipe else None, say=click.echo)
+    outcome = optimize_artifact(artifact, overrides, Path(recipe) if recipe else None, progress=click.echo)
     for note in outcome.notes:
         click.secho(f"note: {note}", err=True, fg="yellow")
     for m in outcome.made:
@@ -226,4 +227,4 @@ def run_cmd(recipe: str, out_root: str, force: bool) -> None:
     """Run RECIPE's stages (train, export, optimize, edge, check, benchmark, report), skipping those up to date."""
     from pipeline.chain.chain import run_recipe
 
-    run_recipe(recipe, out_root=Path(out_root), force=force, echo=click.echo)
+    run_recipe(recipe, out_root=Path(out_root), force=force, progress=click.echo)

@@ -18,29 +18,26 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
 
-from pipeline.artifact.directory import Artifact, resolve_artifact
+from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import GOLDEN_NAME
 from pipeline.artifact.records import EdgeRecord
 from pipeline.artifact.stagewrite import StageWrite
-from pipeline.artifact.variants import EDGE_PREFIX, FP32, MODEL_FILE, EdgeIO, EdgeTensor, Variant, variant_file
-from pipeline.core.errors import ArtifactError, CheckFailed, InputError
+from pipeline.artifact.variants import EDGE_PREFIX, MODEL_FILE, EdgeIO, EdgeTensor, Variant, variant_file
+from pipeline.core.errors import CheckFailed, InputError
 from pipeline.edge.convert import Converted, EdgeSettings, convert
-from pipeline.recipe.current import current_recipe, section_settings
-from pipeline.recipe.schema import EdgeSpec, Recipe
+from pipeline.recipe.schema import EdgeSpec
 from pipeline.runtime.runners import ort_runner, tflite_candidate
 from pipeline.samples.calibration import calibration_set, has_real_samples
-from pipeline.samples.evaluation import EvaluationSet, evaluation_set
+from pipeline.samples.evaluation import EvaluationSet
+from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
+from pipeline.stagekit.opening import made_from_model_fresh, open_for_model
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact, MinCosine, Policy, budget_for
 from pipeline.verify.report import GateReport
-
-Say = Callable[[str], None]
 
 
 @dataclass
@@ -66,11 +63,6 @@ class EdgeOutcome:
     notes: list[str]
 
 
-def edge_settings(recipe: Recipe | None, overrides: dict[str, Any]) -> EdgeSpec:
-    """The recipe's edge section (or the defaults) with the command line's values on top, validated."""
-    return section_settings(recipe, "edge", overrides)
-
-
 def policy_for(precision: str, settings: EdgeSpec, task: str, has_target: bool) -> Policy:
     """fp32 and fp16 are held to model.onnx element by element; int8 to the task's budget."""
     if precision == "fp32":
@@ -83,24 +75,16 @@ def policy_for(precision: str, settings: EdgeSpec, task: str, has_target: bool) 
 
 
 def edge_artifact(
-    path: str | Path, overrides: dict[str, Any] | None = None, recipe_path: Path | None = None, say: Say = print
+    path: str | Path, overrides: Overrides | None = None, recipe_path: Path | None = None, progress: Progress = print
 ) -> EdgeOutcome:
     """Convert, judge and record the edge models the settings ask for; see the module doc."""
-    root = resolve_artifact(path)
-    loaded = Artifact.load(root, verify=False)  # which files this stage rewrites: left out of the check below
-    rewritten = [rel for rel in loaded.manifest.files if rel.startswith("edge/")]
-    artifact = Artifact.load(root, replacing=rewritten)
-    manifest = artifact.manifest
-    fp32 = manifest.variants.get(FP32)
-    if MODEL_FILE not in manifest.files or (fp32 is not None and not fp32.passed):
-        raise ArtifactError(f"artifact {artifact.root} has no model.onnx that passed its gate; run `pipe export` first")
-    if recipe_path is not None and manifest.stages.train is None:
-        raise InputError("--recipe applies to trained artifacts; an imported model takes its edge settings from flags")
-    recipe, notes = current_recipe(artifact, recipe_path) if manifest.stages.train else (None, [])
-    settings = edge_settings(recipe, overrides or {})
-    evaluation = evaluation_set(artifact, recipe)
-    parent = manifest.files[MODEL_FILE].sha256
-    source = artifact.path(MODEL_FILE)
+    opened = open_for_model(
+        path, "edge", lambda rel: rel.startswith("edge/"), overrides, recipe_path, flags="--precision, --layout ..."
+    )
+    artifact, recipe, settings, evaluation, notes = (
+        opened.artifact, opened.recipe, opened.settings, opened.evaluation, opened.notes
+    )  # fmt: skip
+    parent, source, rewritten = opened.parent, opened.model, opened.rewritten
     precisions = list(dict.fromkeys(settings.precisions))
     calibration = None
     if "int8" in precisions:
@@ -114,12 +98,12 @@ def edge_artifact(
                     "int8 edge models calibrate on real samples, and this artifact was imported without --eval-data; "
                     "re-import it with --eval-data FILE, or ask for --precision fp32 / fp16"
                 )
-    say(f"[edge] {artifact.root}: converting with onnx2tf ({', '.join(precisions)}; layout {settings.layout})")
+    progress(f"[edge] {artifact.root}: converting with onnx2tf ({', '.join(precisions)}; layout {settings.layout})")
 
     with StageWrite(artifact.root, "edge") as write:
         try:
             converted = convert(source, write.scratch / "convert",
-                                EdgeSettings(tuple(precisions), settings.layout), calibration, say)  # fmt: skip
+                                EdgeSettings(tuple(precisions), settings.layout), calibration, progress)  # fmt: skip
         except CheckFailed as exc:
             kept = _record_failure(write, parent, settings, precisions, str(exc))
             message = str(exc)
@@ -128,8 +112,8 @@ def edge_artifact(
             raise CheckFailed(message) from None
         for warning in dict.fromkeys(w for c in converted for w in c.warnings):  # e.g. int8 not made, and why
             notes.append(warning)
-            say(f"[edge] note: {warning}")
-        made = [_judge(c, artifact, evaluation, settings, write.scratch, say) for c in converted]
+            progress(f"[edge] note: {warning}")
+        made = [_judge(c, artifact, evaluation, settings, write.scratch, progress) for c in converted]
         device = device_python()
         if device is None:
             notes.append(
@@ -140,7 +124,9 @@ def edge_artifact(
             if device is not None:
                 m.device = device_check(device, m.converted, artifact.path(GOLDEN_NAME))
                 label, ran, detail = m.device
-                say(f"[edge] {m.name} on {label}: {'runs' if ran else 'DOES NOT RUN'}{'' if ran else ': ' + detail}")
+                progress(
+                    f"[edge] {m.name} on {label}: {'runs' if ran else 'DOES NOT RUN'}{'' if ran else ': ' + detail}"
+                )
         for m in made:
             target = write.scratch / variant_file(m.name)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -175,25 +161,14 @@ def edge_artifact(
 
 
 def _judge(c: Converted, artifact: Artifact, evaluation: EvaluationSet, settings: EdgeSpec, scratch: Path,
-           say: Say) -> EdgeMade:  # fmt: skip
+           progress: Progress) -> EdgeMade:  # fmt: skip
     m = artifact.manifest
     name = f"{EDGE_PREFIX}{c.precision}"
     policy = policy_for(c.precision, settings, m.task, evaluation.target is not None)
     candidate = tflite_candidate(c.path, names=c.names, layout=c.input_layout)
-    report = verify(
-        candidate,
-        ort_runner(artifact.path(MODEL_FILE)),
-        evaluation.samples,
-        m.inputs,
-        m.outputs,
-        policy,
-        m.task,
-        evaluation=evaluation.split,
-        recorded=evaluation.recorded,
-        scratch=scratch,
-    )
+    report = verify(candidate, ort_runner(artifact.path(MODEL_FILE)), evaluation, m.spec, policy, scratch=scratch)
     status = "passed" if report.passed else "FAILED"
-    say(f"[edge] {name}: converted in {c.seconds:.1f} s, {c.path.stat().st_size} bytes; {policy.name}: {status}")
+    progress(f"[edge] {name}: converted in {c.seconds:.1f} s, {c.path.stat().st_size} bytes; {policy.name}: {status}")
     return EdgeMade(name, c, report)
 
 
@@ -306,3 +281,22 @@ def _litert_version() -> str:
         return version("ai-edge-litert")
     except PackageNotFoundError:
         return "?"
+
+
+def _fresh(ctx: Context) -> str | None:
+    record = Artifact.load(ctx.version, verify=False).manifest.stages.edge
+    if record is not None and (record.failed or not record.variants):
+        return None  # a failed edge model fails the run again (exit 1) rather than pass as up to date
+    return made_from_model_fresh(ctx, "edge", "edge models")
+
+
+def _run(ctx: Context) -> str:
+    outcome = edge_artifact(ctx.version, recipe_path=ctx.recipe_path, progress=ctx.progress)
+    return f"{', '.join(m.name for m in outcome.made)} in {ctx.version / 'edge'}"
+
+
+def _off(ctx: Context) -> str | None:
+    return None if ctx.recipe.edge.enabled else "edge.enabled: false"
+
+
+STAGE = Stage("edge", _fresh, _run, _off, judges=True)

@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 
 from pipeline.artifact.directory import Artifact, allocate_version
 from pipeline.artifact.golden import Golden, save_golden
-from pipeline.artifact.manifest import TASKS, Lineage, Manifest, TensorSpec, check_name
+from pipeline.artifact.manifest import TASKS, Lineage, Manifest, ModelSpec, TensorSpec, check_name
 from pipeline.artifact.records import ImportRecord
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
 from pipeline.core.arrays import Arrays
@@ -44,6 +44,7 @@ from pipeline.export.shapes import (
 )
 from pipeline.runtime.images import record_image_option
 from pipeline.runtime.runners import Runner, ort_runner
+from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
 from pipeline.verify.metrics import task_metric
 from pipeline.verify.policies import Exact
@@ -276,7 +277,8 @@ def _build(
         raise InputError(f"onnxruntime cannot run {source} on inputs shaped like its graph inputs: {exc}") from exc
     _check_labels(labels, outputs, golden_out, task)
     reference = _one_at_a_time(run, inputs)
-    report = verify(root / MODEL_FILE, reference, samples, inputs, outputs, Exact(), task, session=run.session)
+    given = EvaluationSet.of(samples, source="the import's samples")
+    report = verify(root / MODEL_FILE, reference, given, ModelSpec(inputs, outputs, task), Exact(), session=run.session)
     try:
         report.raise_on_failure(f"imported model {source}")
     except CheckFailed as exc:

@@ -14,19 +14,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pipeline.artifact.directory import Artifact, resolve_artifact
-from pipeline.artifact.records import ExportRecord
+from pipeline.artifact.records import ExportRecord, settings_digest
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
-from pipeline.core.errors import InputError
 from pipeline.export.metadata import stamp
 from pipeline.export.onnx_export import ExportResult, export_module
-from pipeline.recipe.current import current_recipe, train_record
-from pipeline.recipe.schema import ExportSpec, Recipe
+from pipeline.recipe.current import current_recipe, section_settings, train_record
 from pipeline.runtime.backends import backend_for
 from pipeline.samples.evaluation import evaluation_set
+from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact
 from pipeline.verify.report import GateReport
@@ -43,43 +41,26 @@ class ExportOutcome:
     notes: list[str] = field(default_factory=list)  # where the settings came from, when not the recipe file
 
 
-@dataclass(frozen=True)
-class Overrides:
-    """Command-line values that win over the recipe's export section (None: use the recipe's)."""
-
-    opset: int | None = None
-    exporter: str | None = None  # dynamo | torchscript
-    atol: float | None = None
-    rtol: float | None = None
-
-
-def export_settings(recipe: Recipe, overrides: Overrides) -> ExportSpec:
-    """The recipe's export section with the command line's values on top, validated like the recipe."""
-    update: dict[str, Any] = {k: v for k, v in vars(overrides).items() if v is not None and k != "exporter"}
-    if overrides.exporter is not None:
-        update["dynamo"] = overrides.exporter == "dynamo"
-    try:
-        return ExportSpec.model_validate({**recipe.export.model_dump(), **update})
-    except ValueError as exc:
-        raise InputError(f"export settings are invalid: {exc}") from None
-
-
 def export_artifact(
-    path: str | Path, overrides: Overrides = Overrides(), recipe_path: Path | None = None
+    path: str | Path, overrides: Overrides | None = None, recipe_path: Path | None = None, progress: Progress = print
 ) -> ExportOutcome:
-    """Export a trained artifact's model to model.onnx through the parity gate; see the module doc."""
+    """Export a trained artifact's model to model.onnx through the parity gate; see the module doc.
+
+    `overrides`: the command line's values of the recipe's `export:` keys (opset, dynamo, atol, rtol).
+    """
     # model.onnx is what this stage writes: a copy left by an interrupted export is replaced, not refused.
     artifact = Artifact.load(resolve_artifact(path), replacing=EXPORTED_FILES)
     manifest = artifact.manifest
     train = train_record(artifact)
     recipe, notes = current_recipe(artifact, recipe_path)
-    settings = export_settings(recipe, overrides)
+    settings = section_settings(recipe, "export", dict(overrides or {}))
     exporter = "dynamo" if settings.dynamo else "torchscript"
     tol = Exact(settings.atol, settings.rtol, settings.metric_tolerance)
     backend = backend_for(artifact)
     model = backend.load_model(artifact)
     evaluation = evaluation_set(artifact, recipe)
     weights = train.checkpoint.weights
+    progress(f"[export] {artifact.root}: {exporter} exporter, opset {settings.opset}; gate on {evaluation.source}")
 
     with StageWrite(artifact.root, "export") as write:
         candidate = write.scratch / MODEL_FILE
@@ -92,18 +73,8 @@ def export_artifact(
             settings.opset,
             exporter,
         )
-        report = verify(
-            candidate,
-            backend.reference(artifact, model),
-            evaluation.samples,
-            manifest.inputs,
-            manifest.outputs,
-            tol,
-            manifest.task,
-            evaluation=evaluation.split,
-            recorded=evaluation.recorded,
-            scratch=write.scratch,
-        )
+        reference = backend.reference(artifact, model)
+        report = verify(candidate, reference, evaluation, manifest.spec, tol, scratch=write.scratch)
         report.raise_on_failure(f"the ONNX export of {manifest.name} v{manifest.version}")
         stamp(candidate, manifest)
         files = list(EXPORTED_FILES[::-1]) if result.external_data else [MODEL_FILE]  # weights, then the graph
@@ -138,3 +109,25 @@ def export_artifact(
 
         artifact = write.commit(files, record)
     return ExportOutcome(artifact, result, report, notes)
+
+
+def _fresh(ctx: Context) -> str | None:
+    """Up to date while model.onnx passed the gate with the recipe's `export:` section as it is now, from
+    the weights the version holds now."""
+    manifest = Artifact.load(ctx.version, verify=False).manifest
+    record, variant = manifest.stages.export, manifest.variants.get(FP32)
+    if record is None or variant is None or not variant.passed or MODEL_FILE not in manifest.files:
+        return None
+    weights = manifest.stages.train.checkpoint.weights if manifest.stages.train else None
+    same_weights = weights in manifest.files and record.inputs.get(weights) == manifest.files[weights].sha256
+    same_settings = record.settings_digest() == settings_digest(ctx.recipe.export.model_dump(mode="json"))
+    return "model.onnx passed the parity gate with these export settings" if same_weights and same_settings else None
+
+
+def _run(ctx: Context) -> str:
+    outcome = export_artifact(ctx.version, recipe_path=ctx.recipe_path, progress=ctx.progress)
+    ctx.progress(outcome.report.table())
+    return f"{ctx.version / MODEL_FILE} (opset {outcome.result.opset})"
+
+
+STAGE = Stage("export", _fresh, _run)

@@ -23,12 +23,12 @@ from pathlib import Path
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.errors import ArtifactError, InputError
 from pipeline.core.fsutil import atomic_write_bytes
 from pipeline.export.importer import external_files, load_graph
 from pipeline.export.metadata import identity
 
-MODEL_FILE = "model.onnx"
 DEFAULT_MAX_BATCH = 64
 INSTANCE_KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU"}  # --instance-kind -> Triton's instance_group kind
 TRITON_TYPES = {

@@ -77,8 +77,7 @@ class Judge:
         policy = policy or self.policy
         m = self.artifact.manifest
         e = self.evaluation
-        report = verify(candidate, self.reference, e.samples, m.inputs, m.outputs, policy, m.task,
-                        evaluation=e.split, recorded=e.recorded, scratch=scratch)  # fmt: skip
+        report = verify(candidate, self.reference, e, m.spec, policy, scratch=scratch)
         if not report.passed and any(r.check == "onnxruntime load" for r in report.rows):
             return Verdict(False, float("nan"), float("-inf"), _first_failure(report), report)
         got = run_chunked(ort_runner(candidate), e.data, [self._output])[self._output]

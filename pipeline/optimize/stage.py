@@ -20,24 +20,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact.directory import Artifact, resolve_artifact
+from pipeline.artifact.directory import Artifact
 from pipeline.artifact.records import OptimizeRecord
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant, variant_file
-from pipeline.core.errors import ArtifactError, CheckFailed, InputError
+from pipeline.core.errors import CheckFailed, InputError
 from pipeline.optimize.graph import optimize_graph
 from pipeline.optimize.judge import LOSSLESS, Judge, Verdict, budget_policy
 from pipeline.optimize.quantize import QuantSettings, quantize
 from pipeline.optimize.report import markdown
-from pipeline.recipe.current import current_recipe, section_settings
-from pipeline.recipe.schema import OptimizeSpec, Recipe
+from pipeline.recipe.schema import OptimizeSpec
 from pipeline.runtime.latency import Latency, measure
 from pipeline.samples.calibration import Calibration, calibration_set, has_real_samples
-from pipeline.samples.evaluation import evaluation_set
+from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
+from pipeline.stagekit.opening import made_from_model_fresh, open_for_model
 
 REPORT_JSON, REPORT_MD = "reports/optimize.json", "reports/optimize.md"
+
+
+def _rewrites(rel: str) -> bool:
+    """The files an optimize run writes anew: every ONNX variant and its reports."""
+    return rel.startswith("variants/") or rel in (REPORT_JSON, REPORT_MD)
+
+
 MODES = {"dynamic": "int8-dynamic", "static": "int8-static", "fp16": "fp16", "auto": "int8"}  # mode -> variant
-Say = Callable[[str], None]
 
 
 @dataclass
@@ -65,60 +71,42 @@ class OptimizeOutcome:
     notes: list[str]
 
 
-def optimize_settings(recipe: Recipe | None, overrides: dict[str, Any]) -> OptimizeSpec:
-    """The recipe's optimize section (or the defaults) with the command line's values on top, validated."""
-    return section_settings(recipe, "optimize", overrides)
-
-
 def optimize_artifact(
-    path: str | Path, overrides: dict[str, Any] | None = None, recipe_path: Path | None = None, say: Say = print
+    path: str | Path, overrides: Overrides | None = None, recipe_path: Path | None = None, progress: Progress = print
 ) -> OptimizeOutcome:
     """Make, judge, time and record the variants the settings ask for; see the module doc."""
-    root = resolve_artifact(path)
-    loaded = Artifact.load(root, verify=False)  # which files this stage rewrites: left out of the check below
-    rewritten = [rel for rel in loaded.manifest.files if rel.startswith("variants/") or rel in (REPORT_JSON, REPORT_MD)]
-    artifact = Artifact.load(root, replacing=rewritten)
+    opened = open_for_model(
+        path, "optimize", _rewrites, overrides, recipe_path, flags="--quantize, --max-accuracy-drop ..."
+    )
+    artifact, recipe, settings, evaluation, notes = (
+        opened.artifact, opened.recipe, opened.settings, opened.evaluation, opened.notes
+    )  # fmt: skip
     manifest = artifact.manifest
-    fp32 = manifest.variants.get(FP32)
-    if MODEL_FILE not in manifest.files or (fp32 is not None and not fp32.passed):
-        raise ArtifactError(
-            f"artifact {artifact.root} has no model.onnx that passed its gate; "
-            "run `pipe export` (or `pipe import`) first"
-        )
-    if recipe_path is not None and manifest.stages.train is None:
-        raise InputError(
-            f"--recipe {recipe_path}: artifact {artifact.root} was imported, not trained from a recipe; "
-            "give its optimize settings on the command line (--quantize, --max-accuracy-drop ...)"
-        )
-    recipe, notes = current_recipe(artifact, recipe_path) if manifest.stages.train else (None, [])
-    settings = optimize_settings(recipe, overrides or {})
     if (overrides or {}).get("min_cosine") is not None and manifest.task != "embedding":
         raise InputError(
             f"--min-cosine {overrides['min_cosine']:g} is the budget of embedding models; {artifact.root} is a "
             f"{manifest.task} model: give --max-accuracy-drop (the task metric's drop) instead"
         )
-    evaluation = evaluation_set(artifact, recipe)
     policy = budget_policy(manifest.task, evaluation.target is not None, settings)
-    parent = manifest.files[MODEL_FILE].sha256
-    source = artifact.path(MODEL_FILE)
+    parent, source, rewritten = opened.parent, opened.model, opened.rewritten
     bounds = ", ".join(f"{k} {v}" for k, v in policy.to_dict().items() if k != "policy")
-    say(f"[optimize] {artifact.root}: budget {policy.name} ({bounds}); evaluated on {evaluation.source}")
+    progress(f"[optimize] {artifact.root}: budget {policy.name} ({bounds}); evaluated on {evaluation.source}")
     judge = Judge(artifact, source, evaluation, policy)
     # auto tries static candidates only with real samples to calibrate on; static itself insists on them
     needs_calibration = "static" in settings.quantize or ("auto" in settings.quantize and has_real_samples(artifact))
     calibration = calibration_set(artifact, recipe, settings.calibration_samples) if needs_calibration else None
     if "auto" in settings.quantize and calibration is None:
-        say("[optimize] auto: no real inputs to calibrate on (imported without --eval-data): dynamic candidates only")
+        progress("[optimize] auto: no real inputs to calibrate on (imported without --eval-data): dynamic only")
 
     with StageWrite(artifact.root, "optimize") as write:
         (write.scratch / "variants").mkdir()
-        made = _make_variants(source, write.scratch, settings, calibration, judge, say)
-        say(f"[optimize] timing model.onnx and {len(made)} variant(s) side by side ({settings.threads} thread)")
+        made = _make_variants(source, write.scratch, settings, calibration, judge, progress)
+        progress(f"[optimize] timing model.onnx and {len(made)} variant(s) side by side ({settings.threads} thread)")
         timed = measure(
             {FP32: source, **{m.name: write.scratch / m.file for m in made}},
             evaluation.samples,
             threads=settings.threads,
-            progress=say,
+            progress=progress,
         )
         for m in made:
             m.latency = timed[m.name].to_dict()
@@ -161,7 +149,7 @@ def optimize_artifact(
 
 
 def _make_variants(
-    source: Path, scratch: Path, settings: OptimizeSpec, calibration: Calibration | None, judge: Judge, say: Say
+    source: Path, scratch: Path, settings: OptimizeSpec, calibration: Calibration | None, judge: Judge, say: Progress
 ) -> list[Made]:
     made = []
     if settings.graph != "none":
@@ -194,7 +182,7 @@ def _auto(
     settings: OptimizeSpec,
     calibration: Calibration | None,
     judge: Judge,
-    say: Say,
+    say: Progress,
 ) -> Made:
     from pipeline.optimize.search import auto_search, default_candidates
 
@@ -229,7 +217,7 @@ def _quant_settings(mode: str, settings: OptimizeSpec) -> QuantSettings:
     )
 
 
-def _calibration_progress(name: str, say: Say) -> Callable[[int, int], None]:
+def _calibration_progress(name: str, say: Progress) -> Callable[[int, int], None]:
     def progress(done: int, total: int) -> None:
         if done == total or done % max(1, total // 4) == 0:
             say(f"[optimize] {name}: calibrating {done}/{total} samples")
@@ -300,3 +288,16 @@ def _summary(
 
 def _ratio(base: dict[str, float], other: dict[str, float], key: str) -> float | None:
     return base[key] / other[key] if key in base and other.get(key) else None
+
+
+def _fresh(ctx: Context) -> str | None:
+    return made_from_model_fresh(ctx, "optimize", "variants")
+
+
+def _run(ctx: Context) -> str:
+    outcome = optimize_artifact(ctx.version, recipe_path=ctx.recipe_path, progress=ctx.progress)
+    failed = f"; failed their budget (not served): {', '.join(outcome.failed)}" if outcome.failed else ""
+    return f"{', '.join(m.name for m in outcome.made)} in {ctx.version / 'variants'}{failed}"
+
+
+STAGE = Stage("optimize", _fresh, _run)

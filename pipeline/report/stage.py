@@ -12,7 +12,6 @@ report it reads, or the recipe file.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from pipeline.recipe.current import current_recipe, section_settings
 from pipeline.report.card import CARD_MD, CardFacts, model_card
 from pipeline.report.curves import CURVES_PNG, METRICS_JSONL, TRAIN_JSON, plot_curves, read_curves
 from pipeline.report.variants import BENCHMARK_JSON
+from pipeline.stagekit.contract import Context, Progress, Stage
 
 OWN_FILES = (CARD_MD, CURVES_PNG)  # what this stage writes: left out of its own inputs and its load's check
 
@@ -37,16 +37,19 @@ class ReportOutcome:
     notes: list[str] = field(default_factory=list)
 
 
-def report_artifact(root: Path, *, say: Callable[[str], None] = print) -> ReportOutcome:
-    """Write the model card (and the training curves, for a trained artifact) into the artifact at `root`."""
-    artifact = Artifact.load(resolve_artifact(root), replacing=OWN_FILES)
+def report_artifact(path: str | Path, *, progress: Progress = print) -> ReportOutcome:
+    """Write the model card (and the training curves, for a trained artifact) into the artifact at `path`.
+
+    The card has no settings of its own: it shows the artifact and its recipe as they are.
+    """
+    artifact = Artifact.load(resolve_artifact(path), replacing=OWN_FILES)
     inputs = report_inputs(artifact)
     facts = card_facts(artifact)
     with StageWrite(artifact.root, "report") as write:
         (write.scratch / "reports").mkdir()
         files = []
         if facts.curves is not None:
-            say(f"[report] training curves: {len(facts.curves.epochs)} epochs")
+            progress(f"[report] training curves: {len(facts.curves.epochs)} epochs")
             title = f"{artifact.name} v{artifact.version}: training curves"
             plot_curves(facts.curves, title, write.scratch / CURVES_PNG)
             files.append(CURVES_PNG)
@@ -133,3 +136,14 @@ def card_facts(artifact: Artifact) -> CardFacts:
         curves_note=curves_note,
         notes=notes,
     )
+
+
+def _fresh(ctx: Context) -> str | None:
+    return report_fresh(ctx.version)
+
+
+def _run(ctx: Context) -> str:
+    return str(report_artifact(ctx.version, progress=ctx.progress).card)
+
+
+STAGE = Stage("report", _fresh, _run)

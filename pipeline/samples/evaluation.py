@@ -34,21 +34,33 @@ if TYPE_CHECKING:
 
 @dataclass
 class EvaluationSet:
-    """What a gate runs a candidate on; `verify(..., samples, evaluation=split, recorded=recorded)`."""
+    """What a gate runs a candidate on: `verify(candidate, reference, evaluation, spec)`."""
 
     samples: Arrays  # golden inputs: the batch 1/2/N cases and the recorded check run on these
-    recorded: Arrays  # the reference's outputs for `samples`, stored when the artifact was made
-    data: Arrays  # the split the metric and the budgets are measured on (the whole test split if reachable)
+    recorded: Arrays | None  # the reference's outputs for `samples`, stored when the artifact was made
+    data: Arrays | None  # the split the metric and the budgets are measured on (None: the samples only)
     target: np.ndarray | None  # its ground truth; None: no task metric, only agreement
     source: str  # where `data` came from, in words
 
+    @classmethod
+    def of(
+        cls,
+        samples: Arrays,
+        split: tuple[Arrays, np.ndarray | None] | None = None,
+        recorded: Arrays | None = None,
+        source: str = "the given samples",
+    ) -> EvaluationSet:
+        """An evaluation set from arrays in hand (an import before its artifact exists, a test)."""
+        data, target = split if split is not None else (None, None)
+        return cls(samples, recorded, data, target, source)
+
     @property
-    def split(self) -> tuple[Arrays, np.ndarray | None]:
-        """`data` and `target` in the form `verify(evaluation=...)` takes."""
-        return self.data, self.target
+    def split(self) -> tuple[Arrays, np.ndarray | None] | None:
+        """`data` and `target`, or None when there is no split beyond the samples."""
+        return None if self.data is None else (self.data, self.target)
 
     def __len__(self) -> int:
-        return len(next(iter(self.data.values())))
+        return len(next(iter((self.data if self.data is not None else self.samples).values())))
 
 
 def evaluation_set(artifact: Artifact, recipe: Recipe | None = None) -> EvaluationSet:

@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact.directory import allocate_version
+from pipeline.artifact.directory import Artifact, allocate_version, version_dirs
 from pipeline.artifact.manifest import MANIFEST_NAME
-from pipeline.core.errors import InputError, first_line
+from pipeline.artifact.records import settings_digest
+from pipeline.core.errors import ArtifactError, InputError, first_line
 from pipeline.data import Splits, load_splits
 from pipeline.recipe.file import load_recipe
-from pipeline.recipe.schema import Recipe
+from pipeline.recipe.schema import Recipe, stage_settings
+from pipeline.stagekit.contract import Context, Stage
 
 
 @dataclass(frozen=True)
@@ -264,3 +266,36 @@ def _torch_settings(recipe: Recipe) -> Iterator[None]:
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
+
+
+def up_to_date_version(recipe: Recipe, out_root: Path) -> Path | None:
+    """The newest version trained from exactly this recipe's training sections and data, if any."""
+    from pipeline.data.sources import read_source
+    from pipeline.data.splits import fingerprint
+
+    found = version_dirs(out_root / recipe.name)
+    if not found:
+        return None
+    wanted = settings_digest(stage_settings(recipe, "train"))
+    data_fingerprint = fingerprint(read_source(recipe))
+    for root in reversed(found.values()):
+        try:
+            record = Artifact.load(root, verify=False).manifest.stages.train
+        except ArtifactError:  # a damaged or hand-broken version is never up to date; `pipe info` says why
+            continue
+        if record is not None and record.settings_digest() == wanted and record.inputs.get("data") == data_fingerprint:
+            return root
+    return None
+
+
+def _fresh(ctx: Context) -> str | None:
+    ctx.root = up_to_date_version(ctx.recipe, ctx.out_root)
+    return None if ctx.root is None else f"{ctx.root} was trained from these sections and data"
+
+
+def _run(ctx: Context) -> str:
+    ctx.root = train_recipe(ctx.recipe_path, out_root=ctx.out_root)
+    return str(ctx.root)
+
+
+STAGE = Stage("train", _fresh, _run)

@@ -36,7 +36,8 @@ from pipeline.verify.report import GateReport, Row
 if TYPE_CHECKING:
     import onnxruntime as ort
 
-    from pipeline.artifact.manifest import TensorSpec
+    from pipeline.artifact.manifest import ModelSpec, TensorSpec
+    from pipeline.samples.evaluation import EvaluationSet
 
 LARGE_BATCH = 16  # the "larger N": big enough to catch an axis fixed at 1 or 2, cheap enough for CI
 
@@ -44,24 +45,24 @@ LARGE_BATCH = 16  # the "larger N": big enough to catch an axis fixed at 1 or 2,
 def verify(
     candidate: str | Path | Candidate,
     reference: Runner,
-    samples: Arrays,
-    inputs: list[TensorSpec],
-    outputs: list[TensorSpec],
+    evaluation: EvaluationSet,
+    spec: ModelSpec,
     policy: Policy | None = None,
-    task: str = "classification",
-    evaluation: tuple[Arrays, np.ndarray | None] | None = None,
-    recorded: Arrays | None = None,
+    *,
     scratch: Path | None = None,
     session: ort.InferenceSession | None = None,
 ) -> GateReport:
     """Run every check on `candidate` against `reference`; never raises on a mismatch.
 
     `candidate`: an ONNX file (run on CPU onnxruntime, or by `session` when the caller already
-    holds one, so a large model is not loaded twice) or any `Candidate`. `policy`: Exact() when
-    None. `samples` are real inputs (golden); `recorded` the outputs stored earlier for all of
-    them, which the candidate must reproduce too; `evaluation` the whole split (inputs, target or
-    None) for the metric and the budget. Call `raise_on_failure` on the result for exit 1.
+    holds one, so a large model is not loaded twice) or any `Candidate`. `evaluation`: its
+    `samples` are real inputs (golden), its `recorded` the outputs stored earlier for all of them,
+    which the candidate must reproduce too, and its split (inputs, target or None) what the metric
+    and the budget are measured on. `spec`: the model's inputs, outputs and task (`manifest.spec`).
+    `policy`: Exact() when None. Call `raise_on_failure` on the result for exit 1.
     """
+    samples, recorded, split = evaluation.samples, evaluation.recorded, evaluation.split
+    inputs, outputs, task = spec.inputs, spec.outputs, spec.task
     policy = policy if policy is not None else Exact()
     report = GateReport()
     path = candidate.onnx_path if isinstance(candidate, Candidate) else Path(candidate)
@@ -91,8 +92,8 @@ def verify(
             report.rows += compare(label, candidate.run(samples), recorded, outputs, policy, candidate.name)
         except Exception as exc:  # as above
             report.rows.append(Row(label, "-", False, f"{candidate.runtime} refused the input: {first_line(exc)}"))
-    if evaluation is not None:
-        report.rows += _split_rows(report, candidate, reference, evaluation, outputs, policy, task)
+    if split is not None:
+        report.rows += _split_rows(report, candidate, reference, split, outputs, policy, task)
     elif policy.needs_metric:
         why = f"the {policy.name} policy judges the task metric, but no evaluation split was given"
         report.rows.append(Row("metric", outputs[0].name, False, f"{why}; give the split with its targets"))

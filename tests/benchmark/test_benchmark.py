@@ -119,7 +119,7 @@ def test_every_format_of_a_trained_artifact_is_timed_side_by_side_and_recorded(t
 
 def test_a_second_call_is_up_to_date_until_a_variant_changes(trained: Path, tmp_path: Path) -> None:
     root = copy_of(trained, tmp_path)
-    benchmark_artifact(root, seconds=0.05, say=lambda _: None, plot=False)
+    benchmark_artifact(root, {"seconds": 0.05}, progress=lambda _: None, plot=False)
     reason = benchmark_fresh(root)
     assert reason is not None and "4 models" in reason
 
@@ -130,7 +130,7 @@ def test_a_second_call_is_up_to_date_until_a_variant_changes(trained: Path, tmp_
     assert sha256_file(root / "variants" / "model.int8-dynamic.onnx") != before
     assert benchmark_fresh(root) is None
 
-    benchmark_artifact(root, seconds=0.05, say=lambda _: None, plot=False)
+    benchmark_artifact(root, {"seconds": 0.05}, progress=lambda _: None, plot=False)
     assert benchmark_fresh(root) is not None
     remade = invoke("optimize", str(root), "--quantize", "dynamic", "--quantize", "fp16", "--graph", "none")
     assert remade.exit_code == 0, remade.output
@@ -162,7 +162,7 @@ def test_a_stale_variant_is_timed_and_marked_and_one_that_cannot_run_is_named(tm
                                           stage="optimize", parent=parent))  # fmt: skip
     artifact.save()
 
-    outcome = benchmark_artifact(root, seconds=0.05, say=lambda _: None)
+    outcome = benchmark_artifact(root, {"seconds": 0.05}, progress=lambda _: None)
     results = {r.row.name: r for r in outcome.results}
     assert results["old"].row.status == "stale" and "stale" in results["old"].row.reason
     assert results["old"].latency is not None  # timed, and marked: not servable

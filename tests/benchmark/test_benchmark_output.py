@@ -13,7 +13,7 @@ from PIL import Image
 
 from pipeline.benchmark.plot import plotted, write_plot
 from pipeline.benchmark.rows import Row
-from pipeline.benchmark.stage import BenchmarkOutcome, Result
+from pipeline.benchmark.outcome import BenchmarkOutcome, Result
 from pipeline.benchmark.table import render
 from pipeline.runtime.latency import BatchLatency, Latency
 

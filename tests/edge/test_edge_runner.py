@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.manifest import ModelSpec, TensorSpec
 from pipeline.core.errors import ArtifactError
 from pipeline.runtime.runners import tflite_candidate
 from pipeline.runtime.tflite_runner import TFLiteRunner, dequantize, quantize
+from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact, Policy, Top1Agreement
 from pipeline.verify.report import GateReport
@@ -265,7 +266,8 @@ def gate(models: Path, model: str, policy: Policy | None = None, split: bool = F
         data = {"x": np.random.default_rng(3).normal(size=(300, 8)).astype(np.float32)}
         evaluation = (data, reference(data)["logits"].argmax(1))
     candidate = tflite_candidate(models / model, names=NAMES)
-    return verify(candidate, reference, golden(models, "dense")[0], X_SPEC, LOGITS_SPEC, policy, evaluation=evaluation)
+    given = EvaluationSet.of(golden(models, "dense")[0], evaluation)
+    return verify(candidate, reference, given, ModelSpec(X_SPEC, LOGITS_SPEC), policy)
 
 
 def test_tflite_candidate_passes_the_gate_and_a_perturbed_model_fails(models: Path) -> None:

@@ -10,10 +10,11 @@ import pytest
 import torch
 from export_models import CNN, MLP, SEQ, VOCAB, BranchesOnBatch, GridSampler, MoE, Transformer
 
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.manifest import ModelSpec, TensorSpec
 from pipeline.core.errors import CheckFailed, InputError
 from pipeline.export.onnx_export import export_module
 from pipeline.runtime.runners import torch_runner
+from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact
 
@@ -41,15 +42,8 @@ def export_and_verify(module: torch.nn.Module, spec: TensorSpec, samples: np.nda
     torch.manual_seed(0)
     result = export_module(module, (torch.from_numpy(samples[:2]),), [spec], LOGITS, path, **kw)
     target = np.random.default_rng(1).integers(0, 3, len(samples))
-    report = verify(
-        path,
-        torch_runner(module, [spec], LOGITS),
-        {spec.name: samples},
-        [spec],
-        LOGITS,
-        Exact(),
-        evaluation=({spec.name: samples}, target),
-    )
+    given = EvaluationSet.of({spec.name: samples}, ({spec.name: samples}, target))
+    report = verify(path, torch_runner(module, [spec], LOGITS), given, ModelSpec([spec], LOGITS), Exact())
     return result, report
 
 

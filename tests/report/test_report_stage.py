@@ -53,7 +53,7 @@ def test_the_card_of_a_trained_artifact_names_what_the_artifact_holds(trained: P
 @pytest.mark.slow
 def test_the_card_is_remade_only_when_what_it_shows_changed(trained: Path) -> None:
     assert report_fresh(trained) is None  # never made
-    first = report_artifact(trained, say=lambda _: None)
+    first = report_artifact(trained, progress=lambda _: None)
     assert "was made from this manifest" in (report_fresh(trained) or "")
     made = (trained / CARD_MD).stat().st_mtime_ns, first.artifact.manifest.stages.report.finished
 
@@ -61,7 +61,7 @@ def test_the_card_is_remade_only_when_what_it_shows_changed(trained: Path) -> No
     exported = invoke("export", trained, "--atol", "2e-4")
     assert exported.exit_code == 0, exported.output
     assert report_fresh(trained) is None
-    report_artifact(trained, say=lambda _: None)
+    report_artifact(trained, progress=lambda _: None)
     assert report_fresh(trained) is not None
     assert (trained / CARD_MD).stat().st_mtime_ns != made[0]
     assert "0.0002 + 0.001·\\|ref\\|" in (trained / CARD_MD).read_text()  # the re-export's tolerance is shown
@@ -70,13 +70,13 @@ def test_the_card_is_remade_only_when_what_it_shows_changed(trained: Path) -> No
     recipe = trained.parents[2] / "rep-tiny.yaml"
     recipe.write_text(recipe.read_text().replace("max_size_increase: 0.3", "max_size_increase: 0.4"))
     assert report_fresh(trained) is None
-    report_artifact(trained, say=lambda _: None)
+    report_artifact(trained, progress=lambda _: None)
     assert "| size | more than x1.4 the baseline's |" in (trained / CARD_MD).read_text()
 
     # a card edited by hand is not up to date (and the artifact no longer verifies until it is remade)
     (trained / CARD_MD).write_text("edited")
     assert report_fresh(trained) is None
-    report_artifact(trained, say=lambda _: None)
+    report_artifact(trained, progress=lambda _: None)
     Artifact.load(trained)
 
 
@@ -106,14 +106,14 @@ def test_an_imported_artifact_gets_a_card_without_curves_and_a_new_variant_makes
 
 
 def test_the_card_states_the_kept_check_verdict_and_goes_stale_when_it_changes(tmp_path: Path, imported: Path) -> None:
-    report_artifact(imported, say=lambda _: None)
+    report_artifact(imported, progress=lambda _: None)
     assert "Checked against" not in (imported / CARD_MD).read_text()  # no verdict kept: nothing said
     baseline = tmp_path / "linear.baseline.json"
     write_baseline(Artifact.load(imported), baseline)
     run = check_stage(imported, baseline, latency_seconds=0.05).run
     assert not run.failures
     assert report_fresh(imported) is None  # the verdict is in the manifest the card digests
-    report_artifact(imported, say=lambda _: None)
+    report_artifact(imported, progress=lambda _: None)
     card = (imported / CARD_MD).read_text()
     assert f"Checked against `{baseline}`: all {len(run.results)} checks held (reports/check.md)." in card
 
@@ -123,7 +123,7 @@ def test_the_card_states_the_kept_check_verdict_and_goes_stale_when_it_changes(t
     record.passed, record.failures = False, ["metric `accuracy`", "size | model.onnx"]
     artifact.save()
     assert report_fresh(imported) is None
-    report_artifact(imported, say=lambda _: None)
+    report_artifact(imported, progress=lambda _: None)
     card = (imported / CARD_MD).read_text()
     assert (
         f"Checked against `{baseline}`: 2 of {len(run.results)} checks failed: `metric 'accuracy'`, "

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 from verify_models import X, bumped_linear, graph, inputs, int8_linear, linear, spec, weights
 
+from pipeline.artifact.manifest import ModelSpec
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import CheckFailed
 from pipeline.runtime.runners import Candidate, ort_runner
+from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact, MetricDrop, MinCosine, Policy, RelativeError, Top1Agreement
 
@@ -28,8 +30,17 @@ def classifier_split() -> tuple[Arrays, np.ndarray]:
     return SPLIT, (SPLIT["x"] @ W3).argmax(axis=1)
 
 
-def check(candidate: Path, reference: Path, policy: Policy, width: int = 3, **kw: object):
-    return verify(candidate, ort_runner(reference), SAMPLES, [X], [spec(width)], policy, **kw)
+def check(
+    candidate: Path,
+    reference: Path,
+    policy: Policy,
+    width: int = 3,
+    task: str = "classification",
+    evaluation: tuple[Arrays, np.ndarray | None] | None = None,
+    recorded: Arrays | None = None,
+):
+    given = EvaluationSet.of(SAMPLES, evaluation, recorded)
+    return verify(candidate, ort_runner(reference), given, ModelSpec([X], [spec(width)], task), policy)
 
 
 def test_perturbed_weights_fail_exact_but_pass_a_loose_metric_drop(tmp_path: Path) -> None:
@@ -160,7 +171,7 @@ def test_nan_from_the_reference_fails_too(tmp_path: Path) -> None:
     def reference(arrays: Arrays) -> Arrays:
         return {"y": np.where(arrays["x"] < 0, np.inf, np.abs(arrays["x"]))}
 
-    report = verify(candidate, reference, SAMPLES, [X], [spec(4)], Top1Agreement(0.0))
+    report = verify(candidate, reference, EvaluationSet.of(SAMPLES), ModelSpec([X], [spec(4)]), Top1Agreement(0.0))
     assert {"batch 2", "batch 16"} <= {r.check for r in report.failures}
     assert all("reference has" in r.detail for r in report.failures)
 
@@ -187,7 +198,7 @@ def test_any_runner_is_a_candidate_and_every_failure_is_collected(tmp_path: Path
     candidate = Candidate(small_batches, "TFLite", "LiteRT")
     split, target = classifier_split()
     evaluation = ({"x": split["x"][:2]}, target[:2])
-    report = verify(candidate, reference, SAMPLES, [X], [spec(3)], Exact(), evaluation=evaluation)
+    report = verify(candidate, reference, EvaluationSet.of(SAMPLES, evaluation), ModelSpec([X], [spec(3)]), Exact())
     assert [r.check for r in report.rows][:3] == ["batch 1", "batch 2", "batch 16"]  # no ONNX checks
     assert report.metric == {"name": "accuracy", "reference": 1.0, "tflite": 1.0, "difference": 0.0, "samples": 2}
     (row,) = report.failures

@@ -1,0 +1,57 @@
+"""What every stage is to `pipe run` and to its own command: see the package doc.
+
+A stage's `stage.py` ends with its `STAGE`:
+
+    STAGE = Stage("optimize", fresh=_fresh, run=_run)
+
+`run(ctx)` calls the same entry function the stage's command calls, with `ctx.progress`; `fresh(ctx)` says
+why the stage's output is up to date (or None to run it); `off(ctx)` why it does not apply at all. The chain
+(pipeline/chain/chain.py) is a list of stage package names, so adding a stage is one package and one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.recipe.schema import Recipe
+
+Progress = Callable[[str], None]  # one line of progress for a person; every stage entry takes it as `progress`
+Overrides = Mapping[str, Any]  # command-line values keyed like the stage's recipe section, validated by its schema
+
+
+@dataclass
+class Context:
+    """What the stages of one `pipe run` share: the recipe, where artifacts go, and the version worked on."""
+
+    recipe: Recipe
+    recipe_path: Path
+    out_root: Path
+    progress: Progress
+    root: Path | None = None  # the artifact version; set by train (ran or found up to date)
+
+    @property
+    def version(self) -> Path:
+        """The version the stages after train work on; train sets it before any of them runs."""
+        if self.root is None:
+            raise RuntimeError("the train stage sets the version before any later stage runs")
+        return self.root
+
+
+def applies(ctx: Context) -> str | None:
+    """`off` for a stage that always applies."""
+    return None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage as `pipe run` walks it (see the module doc)."""
+
+    name: str
+    fresh: Callable[[Context], str | None]  # why the stage's output is up to date, or None to run it
+    run: Callable[[Context], str]  # do the work through the stage's entry function; returns what it made
+    off: Callable[[Context], str | None] = applies  # why it does not apply (even with --force)
+    judges: bool = False  # a CheckFailed here is recorded and the later stages still run

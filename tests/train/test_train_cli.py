@@ -167,10 +167,10 @@ def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
 
 
 def test_more_cuda_processes_than_gpus_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.train import run
+    from pipeline.train import stage
 
-    monkeypatch.setattr(run, "resolve_device", lambda requested: "cuda")  # as on a one-GPU machine
-    monkeypatch.setattr(run, "_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(stage, "resolve_device", lambda requested: "cuda")  # as on a one-GPU machine
+    monkeypatch.setattr(stage, "_cuda_device_count", lambda: 1)
     code, output = pipe_train(str(write_recipe(tmp_path)), "--out", str(tmp_path / "a"), "--nproc", "2")
     assert code == 2 and "--nproc 2 on CUDA needs a GPU per process; this machine has 1: use --nproc 1" in output
     assert not (tmp_path / "a").exists()

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from pipeline.benchmark.outcome import BenchmarkOutcome, Result
 from pipeline.benchmark.plot import plotted, write_plot
 from pipeline.benchmark.rows import Row
-from pipeline.benchmark.outcome import BenchmarkOutcome, Result
 from pipeline.benchmark.table import render
 from pipeline.runtime.latency import BatchLatency, Latency
 

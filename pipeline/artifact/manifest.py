@@ -13,6 +13,7 @@ import datetime as _dt
 import hashlib
 import json
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Literal
@@ -80,7 +81,19 @@ def _check_variants(variants: dict[str, Variant]) -> str | None:
     return None
 
 
+def label_problem(label: str) -> str | None:
+    """Why `label` cannot be a class name, or None: a class name is one line of printable text (labels.txt
+    holds one per line, the card and the reports show them), so no control or format character (newline,
+    tab, NUL, a byte-order mark, a zero-width space)."""
+    bad = sorted({ch for ch in label if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")})
+    if not bad:
+        return None
+    return f"class name {label!r} holds {', '.join(repr(ch) for ch in bad)}: a class name is one line of printable text"
+
+
 def _check_labels(labels: list[str]) -> str | None:
+    if problems := [p for p in map(label_problem, labels) if p]:
+        return problems[0]
     return "class names must be distinct" if len(set(labels)) != len(labels) else None
 
 

@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 
 from pipeline.artifact.directory import Artifact, allocate_version
 from pipeline.artifact.golden import Golden, save_golden
-from pipeline.artifact.manifest import TASKS, Lineage, Manifest, ModelSpec, TensorSpec, check_name
+from pipeline.artifact.manifest import TASKS, Lineage, Manifest, ModelSpec, TensorSpec, check_name, label_problem
 from pipeline.artifact.records import ImportRecord
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
 from pipeline.core.arrays import Arrays
@@ -358,13 +358,17 @@ def read_labels(inline: str | None, file: Path | None) -> list[str]:
         if not file.is_file():
             raise InputError(f"labels file {file} not found; pass a text file with one class name per line")
         try:
-            names = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+            text = file.read_text(encoding="utf-8").removeprefix("\ufeff")  # a byte-order mark some editors write
+            names = [line.strip() for line in text.splitlines() if line.strip()]
         except UnicodeDecodeError as exc:
             raise InputError(f"labels file {file} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     else:
         names = [s.strip() for s in inline.split(",")] if inline else []
         if "" in names:
             raise InputError(f"--labels {inline!r} has an empty class name; give names separated by single commas")
+    if problems := [p for p in map(label_problem, names) if p]:
+        where = f"labels file {file}" if file is not None else "--labels"
+        raise InputError(f"{where}: {problems[0]}; give plain names")
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise InputError(f"class names must be distinct; repeated: {', '.join(repeated)}")

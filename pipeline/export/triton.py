@@ -15,7 +15,6 @@ under the usual umask), so a Triton container running as another user can read i
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -63,9 +62,13 @@ def _tensor(spec: TensorSpec, batched: bool, label_file: str | None = None) -> s
         )
     dims = spec.shape[1:] if batched else spec.shape
     text = ", ".join(str(d) if isinstance(d, int) else "-1" for d in dims)
-    lines = [f'    name: "{spec.name}"', f"    data_type: {TRITON_TYPES[spec.dtype]}", f"    dims: [ {text} ]"]
+    lines = [
+        f"    name: {pbtxt_string(spec.name)}",
+        f"    data_type: {TRITON_TYPES[spec.dtype]}",
+        f"    dims: [ {text} ]",
+    ]
     if label_file:
-        lines.append(f'    label_filename: "{label_file}"')
+        lines.append(f"    label_filename: {pbtxt_string(label_file)}")
     return "  {\n" + "\n".join(lines) + "\n  }"
 
 
@@ -79,7 +82,7 @@ def config_text(artifact: Artifact, max_batch_size: int = DEFAULT_MAX_BATCH, ins
     inputs = ",\n".join(_tensor(s, batched) for s in manifest.inputs)
     outputs = ",\n".join(_tensor(s, batched, labels if i == 0 else None) for i, s in enumerate(manifest.outputs))
     parameters = "".join(
-        f'parameters {{\n  key: "{key}"\n  value {{ string_value: {json.dumps(value)} }}\n}}\n'
+        f"parameters {{\n  key: {pbtxt_string(key)}\n  value {{ string_value: {pbtxt_string(value)} }}\n}}\n"
         for key, value in identity(manifest).items()
     )
     instances = (
@@ -88,9 +91,9 @@ def config_text(artifact: Artifact, max_batch_size: int = DEFAULT_MAX_BATCH, ins
         else ""  # Triton's default: an instance per GPU when it has GPUs, else on CPU
     )
     return (
-        f'name: "{manifest.name}"\n'
+        f"name: {pbtxt_string(manifest.name)}\n"
         'platform: "onnxruntime_onnx"\n'
-        f'default_model_filename: "{MODEL_FILE}"\n'
+        f"default_model_filename: {pbtxt_string(MODEL_FILE)}\n"
         f"max_batch_size: {max_batch_size if batched else 0}\n"
         f"input [\n{inputs}\n]\n"
         f"output [\n{outputs}\n]\n"
@@ -98,6 +101,15 @@ def config_text(artifact: Artifact, max_batch_size: int = DEFAULT_MAX_BATCH, ins
         + instances
         + parameters
     )
+
+
+def pbtxt_string(value: str) -> str:
+    """`value` as a protobuf text-format string literal: quoted, with quotes, backslashes, newlines and every
+    other non-printable byte escaped by protobuf's own escaper, so a tensor name can never end the string
+    and add a field (`" data_type: TYPE_STRING`) or break the file (a newline)."""
+    from google.protobuf import text_encoding
+
+    return '"' + text_encoding.CEscape(value, as_utf8=True) + '"'
 
 
 def _directory_mode() -> int:
@@ -123,8 +135,9 @@ def write_repository(
             "(or `pipe import` for an ONNX model made elsewhere)"
         )
     model_dir = Path(out) / artifact.name
-    model_dir.mkdir(parents=True, exist_ok=True)
+    _refuse_overlap(artifact, Path(out), model_dir)
     config = config_text(artifact, max_batch_size, instance_kind)
+    model_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{artifact.version}.", dir=model_dir))
     staging.chmod(_directory_mode())  # mkdtemp makes it owner-only (0700); it becomes the version directory
     try:
@@ -135,6 +148,7 @@ def write_repository(
             shutil.copyfile(artifact.path(rel), target)
         final = model_dir / str(artifact.version)
         if final.exists():
+            _refuse_foreign(final, {MODEL_FILE, *weights})
             shutil.rmtree(final)
         staging.rename(final)
     finally:
@@ -145,3 +159,32 @@ def write_repository(
         (model_dir / "labels.txt").unlink(missing_ok=True)  # the new config references none: drop a stale one
     atomic_write_bytes(model_dir / "config.pbtxt", config.encode())
     return model_dir
+
+
+def _refuse_overlap(artifact: Artifact, out: Path, model_dir: Path) -> None:
+    """Refuse, before anything is written, an output that is a file or that overlaps the source artifact's
+    model directory (the repository holding it, the model directory, the artifact or a directory inside
+    them): the Triton version directory written there would replace a pipe version."""
+    for path in (out, model_dir):
+        if path.exists() and not path.is_dir():
+            raise InputError(f"--out {out}: {path} is a file, not a directory; give a directory for the repository")
+    source, target = artifact.root.parent.resolve(), model_dir.resolve()  # pipe's model directory: every version
+    if source.is_relative_to(target) or target.is_relative_to(source):
+        raise InputError(
+            f"--out {out} overlaps the artifact {artifact.root} (the Triton model directory would be {model_dir}); "
+            "write the Triton repository somewhere outside pipe's artifacts, e.g. --out triton-models"
+        )
+
+
+def _refuse_foreign(version_dir: Path, written: set[str]) -> None:
+    """A version directory is replaced only when it holds what an earlier Triton export wrote: nothing else."""
+    foreign = sorted(
+        str(p.relative_to(version_dir)) for p in version_dir.rglob("*") if p.is_file() and
+        str(p.relative_to(version_dir)) not in written
+    )  # fmt: skip
+    if foreign or not version_dir.is_dir():
+        shown = ", ".join(foreign[:5]) or "not a directory"
+        raise InputError(
+            f"{version_dir} exists and holds files a Triton export did not write ({shown}); pipe replaces only its "
+            "own version directories: move it away or choose another --out"
+        )

@@ -116,3 +116,72 @@ def test_instance_kind_is_omitted_unless_asked_and_files_are_readable_by_others(
     bad = CliRunner().invoke(main, ["export", str(artifact.root), "--target", "triton", "--out", str(out),
                                     "--instance-kind", "tpu"])  # fmt: skip
     assert bad.exit_code == 2 and "'tpu' is not one of" in bad.output
+
+
+def renamed(tmp_path: Path, name: str) -> Path:
+    """The one-input linear model with its input called `name` (any bytes ONNX allows)."""
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[batch, 4] x) => (float[batch, 4] y) { y = Relu(x) }""")
+    model.graph.input[0].name = name
+    model.graph.node[0].input[0] = name
+    path = tmp_path / "renamed.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_an_out_that_overlaps_the_artifact_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    artifact = import_onnx(write(tmp_path, "batch", "m"), "twoin", tmp_path / "repo", labels=list("abcd"))
+    Artifact.load(artifact.root)  # its lock file exists from here on, as after any verified load
+
+    def listing() -> list[Path]:
+        return sorted(p.relative_to(tmp_path) for p in (tmp_path / "repo").rglob("*"))
+
+    before = listing()
+    for out in (tmp_path / "repo", artifact.root, artifact.root / "variants", artifact.root.parent):
+        result = CliRunner().invoke(main, ["export", str(artifact.root), "--target", "triton", "--out", str(out)])
+        assert result.exit_code == 2, (out, result.output)
+        assert "overlaps the artifact" in result.output, result.output
+    assert listing() == before
+    Artifact.load(artifact.root)  # still whole: manifest, golden, model.onnx verify
+
+
+def test_an_out_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    artifact = import_onnx(write(tmp_path, "batch", "m"), "twoin", tmp_path / "repo")
+    (tmp_path / "file").write_text("keep me")
+    result = CliRunner().invoke(
+        main, ["export", str(artifact.root), "--target", "triton", "--out", str(tmp_path / "file")]
+    )
+    assert result.exit_code == 2 and "is a file, not a directory" in result.output, result.output
+    assert (tmp_path / "file").read_text() == "keep me"
+
+
+def test_a_version_directory_holding_foreign_files_is_not_deleted(tmp_path: Path) -> None:
+    artifact = import_onnx(write(tmp_path, "batch", "m"), "twoin", tmp_path / "repo")
+    mine = tmp_path / "triton" / "twoin" / "1"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("not pipe's")
+    result = CliRunner().invoke(
+        main, ["export", str(artifact.root), "--target", "triton", "--out", str(tmp_path / "triton")]
+    )
+    assert result.exit_code == 2 and "notes.txt" in result.output, result.output
+    assert (mine / "notes.txt").read_text() == "not pipe's"
+    (mine / "notes.txt").unlink()  # an earlier export of pipe's own is replaced
+    for _ in range(2):
+        result = CliRunner().invoke(
+            main, ["export", str(artifact.root), "--target", "triton", "--out", str(tmp_path / "triton")]
+        )
+        assert result.exit_code == 0, result.output
+
+
+def test_tensor_names_cannot_inject_into_config_pbtxt(tmp_path: Path) -> None:
+    for name in ('x" data_type: TYPE_STRING name: "z', "x\ny", "x\\", "é ü"):
+        root = tmp_path / str(abs(hash(name)))
+        artifact = import_onnx(renamed(root.parent, name), "named", root)
+        result = CliRunner().invoke(
+            main, ["export", str(artifact.root), "--target", "triton", "--out", str(root / "t")]
+        )
+        assert result.exit_code == 0, result.output
+        config = parse(root / "t" / "named")
+        assert [t.name for t in config.input] == [name]  # one input, its name intact
+        assert config.input[0].data_type == model_config_pb2.DataType.Value("TYPE_FP32")

@@ -81,14 +81,30 @@ def _check_variants(variants: dict[str, Variant]) -> str | None:
     return None
 
 
+def _unprintable(text: str) -> str:
+    """The control and format characters in `text` (newline, tab, NUL, a byte-order mark, a zero-width space)."""
+    return ", ".join(repr(ch) for ch in sorted({ch for ch in text if unicodedata.category(ch) in UNPRINTABLE}))
+
+
+UNPRINTABLE = ("Cc", "Cf", "Zl", "Zp")  # Unicode categories no name or label may hold
+
+
 def label_problem(label: str) -> str | None:
     """Why `label` cannot be a class name, or None: a class name is one line of printable text (labels.txt
-    holds one per line, the card and the reports show them), so no control or format character (newline,
-    tab, NUL, a byte-order mark, a zero-width space)."""
-    bad = sorted({ch for ch in label if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")})
-    if not bad:
-        return None
-    return f"class name {label!r} holds {', '.join(repr(ch) for ch in bad)}: a class name is one line of printable text"
+    holds one per line, the card and the reports show them)."""
+    if bad := _unprintable(label):
+        return f"class name {label!r} holds {bad}: a class name is one line of printable text"
+    return None
+
+
+def tensor_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a model input or output, or None: names go into shell lines, config.pbtxt and
+    reports, quoted there, and must stay one line of printable text to be quoted safely."""
+    if not name:
+        return "a tensor name is empty"
+    if bad := _unprintable(name):
+        return f"tensor name {name!r} holds {bad}: names are one line of printable text"
+    return None
 
 
 def _check_labels(labels: list[str]) -> str | None:
@@ -131,7 +147,7 @@ class Feature:
 class TensorSpec:
     """One model input or output as the outside world sees it."""
 
-    name: str
+    name: str = field(metadata={"check": tensor_name_problem})
     dtype: str = field(metadata={"check": _one_of(DTYPES)})  # numpy dtype name: "float32", "int64", ...
     shape: list[int | str] = field(metadata={"check": _check_shape})  # symbolic dims are names: ["batch", 64]
     layout: str = field(default="NC", metadata={"check": _one_of(LAYOUTS)})  # NC, NCHW / NHWC, NT (tokens)

@@ -23,7 +23,16 @@ from google.protobuf.message import DecodeError
 
 from pipeline.artifact.directory import Artifact, allocate_version
 from pipeline.artifact.golden import Golden, save_golden
-from pipeline.artifact.manifest import TASKS, Lineage, Manifest, ModelSpec, TensorSpec, check_name, label_problem
+from pipeline.artifact.manifest import (
+    TASKS,
+    Lineage,
+    Manifest,
+    ModelSpec,
+    TensorSpec,
+    check_name,
+    label_problem,
+    tensor_name_problem,
+)
 from pipeline.artifact.records import ImportRecord
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
 from pipeline.core.arrays import Arrays
@@ -111,6 +120,8 @@ def graph_specs(model: onnx.ModelProto) -> tuple[list[TensorSpec], list[TensorSp
 
 
 def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
+    if problem := tensor_name_problem(value.name):  # the name goes into shell lines, config.pbtxt and reports
+        raise InputError(f"{problem}; rename it in the graph (onnx.utils or onnx-graphsurgeon) and import again")
     tensor = value.type.tensor_type
     if not value.type.HasField("tensor_type") or not tensor.HasField("shape"):
         raise InputError(f"graph value {value.name!r} is not a tensor of known rank; pipe imports tensor models only")

@@ -8,6 +8,7 @@ commands name the edge model's layout, renamed tensors and the runtimes it was s
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,11 @@ from pipeline.report.markdown import code, shape, table
 from pipeline.report.variants import usable
 
 INLINE_ELEMENTS = 256  # a request up to this many values is written out in full; a larger one is built from golden.npz
+
+
+def sh(*args: str) -> str:
+    """A command line to paste into a shell: every argument quoted (shlex.quote), never spliced in raw."""
+    return shlex.join(args)
 
 
 def _place(artifact: Artifact) -> str:
@@ -71,7 +77,7 @@ def serve_section(artifact: Artifact) -> list[str]:
         "## How to serve it",
         "",
         "```sh",
-        f"pipe serve {place}    # KServe V2 and TF Serving REST on 127.0.0.1:8000",
+        f"{sh('pipe', 'serve', place)}    # KServe V2 and TF Serving REST on 127.0.0.1:8000",
         "```",
         "",
         f"Servable variants: {', '.join(code(n) for n in servable) or 'none'} (`--variant NAME`; `--variant best` "
@@ -85,17 +91,20 @@ def serve_section(artifact: Artifact) -> list[str]:
     if sum(x.size for x in sample.values()) <= INLINE_ELEMENTS:
         body = {"inputs": [{"name": n, "shape": list(x.shape), "datatype": dtypes[n], "data": _values(x.ravel())}
                            for n, x in sample.items()]}  # fmt: skip
-        lines.append(f"curl -s {url} -H 'Content-Type: application/json' -d '{json.dumps(body)}'")
+        lines.append(sh("curl", "-s", url, "-H", "Content-Type: application/json", "-d", json.dumps(body)))
     else:
         build = ", ".join(
             f"{{'name': {n!r}, 'shape': list(g['in.{n}'][:{batch}].shape), 'datatype': {dtypes[n]!r}, "
             f"'data': g['in.{n}'][:{batch}].ravel().tolist()}}"
             for n in sample
         )
+        program = (
+            f"import json, numpy as np; g = np.load({f'{place}/{GOLDEN_NAME}'!r}); "
+            f"json.dump({{'inputs': [{build}]}}, open('request.json', 'w'))"
+        )
         lines += [
-            f"python -c \"import json, numpy as np; g = np.load('{place}/{GOLDEN_NAME}'); "
-            f"json.dump({{'inputs': [{build}]}}, open('request.json', 'w'))\"",
-            f"curl -s {url} -H 'Content-Type: application/json' -d @request.json",
+            sh("python", "-c", program),
+            sh("curl", "-s", url, "-H", "Content-Type: application/json", "-d", "@request.json"),
         ]
     lines += [
         "```",
@@ -106,16 +115,17 @@ def serve_section(artifact: Artifact) -> list[str]:
         "",
         "```sh",
     ]
+    predict = f"{base}/v1/models/{m.name}/versions/{m.version}:predict"
     if len(sample) == 1 and sum(x.size for x in sample.values()) <= INLINE_ELEMENTS:
         (x,) = sample.values()
         instances = json.dumps({"instances": _values(x)})
-        lines.append(f"curl -s {base}/v1/models/{m.name}/versions/{m.version}:predict -d '{instances}'")
+        lines.append(sh("curl", "-s", predict, "-d", instances))
     elif sum(x.size for x in sample.values()) <= INLINE_ELEMENTS:
         instances = json.dumps({"instances": [{n: _values(x[i]) for n, x in sample.items()} for i in range(batch)]})
-        lines.append(f"curl -s {base}/v1/models/{m.name}/versions/{m.version}:predict -d '{instances}'")
+        lines.append(sh("curl", "-s", predict, "-d", instances))
     else:
-        lines.append(f"curl -s {base}/v1/models/{m.name}/versions/{m.version}:predict "
-                     "-d '{\"instances\": [...]}'    # one value per example, without the batch axis")  # fmt: skip
+        example = sh("curl", "-s", predict, "-d", '{"instances": [...]}')
+        lines.append(f"{example}    # one value per example, without the batch axis")
     lines += ["```", "", "See docs/http-api.md for binary tensors, metadata and readiness."]
     return lines
 
@@ -145,7 +155,7 @@ def device_section(artifact: Artifact) -> list[str]:
         return [*head, "No edge model passed its checks, so none is shipped to devices "
                 "(`pipe export ARTIFACT --target edge` makes them)."]  # fmt: skip
     place = _place(artifact)
-    files = " ".join(f"{place}/{v.file}" for v in edge.values())
+    files = [f"{place}/{v.file}" for v in edge.values()]
     runtimes = sorted({r for v in edge.values() for r, ok in v.edge.runtimes.items() if ok})
     lines = [
         *head,
@@ -153,7 +163,7 @@ def device_section(artifact: Artifact) -> list[str]:
         "file to the device:",
         "",
         "```sh",
-        f"scp pipeline/runtime/tflite_runner.py {files} {place}/{GOLDEN_NAME} device:model/",
+        sh("scp", "pipeline/runtime/tflite_runner.py", *files, f"{place}/{GOLDEN_NAME}", "device:model/"),
         "```",
         "",
         "On the device, install one of the runtimes these models were seen to run on:",
@@ -169,8 +179,9 @@ def device_section(artifact: Artifact) -> list[str]:
         "cd model",
     ]
     for v in edge.values():
-        names = "".join(f" --name {a}={b}" for a, b in v.edge.names.items())
-        lines.append(f"python runner.py {v.file.rsplit('/', 1)[-1]} {GOLDEN_NAME} --layout {v.edge.layout}{names}")
+        names = [arg for a, b in v.edge.names.items() for arg in ("--name", f"{a}={b}")]
+        model = v.file.rsplit("/", 1)[-1]
+        lines.append(sh("python", "tflite_runner.py", model, GOLDEN_NAME, "--layout", v.edge.layout, *names))
     first_name, first = next(iter(edge.items()))
     specs = artifact.manifest.inputs
     inputs = ", ".join(f"{code(s.name)} {s.dtype} {shape(s.shape)}" for s in specs)
@@ -230,8 +241,9 @@ def check_section(artifact: Artifact, budgets: BudgetSpec, where: str) -> list[s
         *table(["check", "fails when it", "of"], rows),
         "",
         "```sh",
-        f"pipe check artifacts/{artifact.name}/NEW_VERSION --baseline {place}",
-        f"pipe check {place} --write-baseline models/{artifact.name}.baseline.json    # a summary to commit",
+        sh("pipe", "check", f"artifacts/{artifact.name}/NEW_VERSION", "--baseline", place),
+        sh("pipe", "check", place, "--write-baseline", f"models/{artifact.name}.baseline.json")
+        + "    # a summary to commit",
         "```",
         "",
         "Exit 0: every check held; 1: a regression, each listed with its numbers; 2: bad input (docs/check.md).",

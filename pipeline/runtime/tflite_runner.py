@@ -4,7 +4,7 @@ This file imports numpy and a TFLite interpreter, `ai_edge_litert` (LiteRT) when
 `tflite_runtime` (the interpreter many devices still have), and nothing else: not the rest of
 pipe, not tensorflow. Copy it next to a model and run it anywhere those two packages exist:
 
-    python runner.py model.int8.tflite golden.npz --layout NHWC
+    python tflite_runner.py model.int8.tflite golden.npz --layout NHWC
 
 prints one JSON line: the runtime used and, per output, the largest absolute difference from the
 golden outputs (`in.<name>` arrays in, `out.<name>` arrays compared). `make edge-check` runs it in

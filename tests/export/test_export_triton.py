@@ -175,7 +175,7 @@ def test_a_version_directory_holding_foreign_files_is_not_deleted(tmp_path: Path
 
 
 def test_tensor_names_cannot_inject_into_config_pbtxt(tmp_path: Path) -> None:
-    for name in ('x" data_type: TYPE_STRING name: "z', "x\ny", "x\\", "é ü"):
+    for name in ('x" data_type: TYPE_STRING name: "z', 'x\\" } input [ {', "x\\", "é ü"):
         root = tmp_path / str(abs(hash(name)))
         artifact = import_onnx(renamed(root.parent, name), "named", root)
         result = CliRunner().invoke(

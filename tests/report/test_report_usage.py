@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -46,3 +47,47 @@ def test_the_requests_of_a_fixed_batch_model_with_two_inputs_are_ones_it_accepts
     instances = json.loads(re.search(r"-d '(\{\"instances\".*\})'$", section, re.MULTILINE).group(1))["instances"]
     assert len(instances) == 4 and all(set(row) == {"x", "ids"} for row in instances)
     assert "the batch axis is 4 here" in section
+
+
+HOSTILE = "x'; touch PWNED; echo '"
+
+
+def test_the_cards_command_lines_quote_a_hostile_input_name(tmp_path: Path) -> None:
+    """Pasted into a real shell, every command line of the card runs its own program with the name intact."""
+    model = onnx.parser.parse_model(
+        FIXED.replace("float[4, 2] x,", "float[4, 2] hostile,").replace("MatMul(x,", "MatMul(hostile,")
+    )
+    model.graph.input[0].name = HOSTILE
+    model.graph.node[0].input[0] = HOSTILE
+    onnx.save(model, tmp_path / "hostile.onnx")
+    repo = tmp_path / "artifacts"
+    assert invoke("import", tmp_path / "hostile.onnx", "--name", "hostile", "--repository", repo).exit_code == 0
+    assert invoke("report", repo / "hostile" / "1").exit_code == 0
+    card = (repo / "hostile" / "1" / "reports" / "model-card.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", card, re.DOTALL)
+    script = "\n".join(blocks)
+    assert HOSTILE in card and "curl" in script
+
+    assert subprocess.run(["sh", "-n", "-c", script], capture_output=True).returncode == 0
+    stubs = tmp_path / "bin"  # every program the card names, recording its arguments instead of running
+    stubs.mkdir()
+    for program in ("curl", "python", "pipe", "scp", "pip"):
+        (stubs / program).write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done >> {tmp_path}/argv\n')
+        (stubs / program).chmod(0o755)
+    work = tmp_path / "shell"
+    work.mkdir()
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    ran = subprocess.run(["sh", "-c", script], cwd=work, env=env, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert not list(tmp_path.rglob("PWNED"))
+    argv = (tmp_path / "argv").read_text()
+    assert json.loads(next(a for a in argv.splitlines() if a.startswith('{"inputs"')))["inputs"][0]["name"] == HOSTILE
+
+
+def test_a_tensor_name_that_cannot_be_one_line_is_refused_at_import(tmp_path: Path) -> None:
+    model = onnx.parser.parse_model(FIXED)
+    model.graph.input[0].name = "x\nrm -rf ~"
+    model.graph.node[0].input[0] = "x\nrm -rf ~"
+    onnx.save(model, tmp_path / "newline.onnx")
+    result = invoke("import", tmp_path / "newline.onnx", "--name", "n", "--repository", tmp_path / "artifacts")
+    assert result.exit_code == 2 and "names are one line of printable text" in result.output, result.output

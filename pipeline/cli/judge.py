@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from pipeline.cli.group import main
+from pipeline.cli.params import THREADS, Number
 
 
 @main.command()
@@ -17,7 +18,7 @@ from pipeline.cli.group import main
 @click.option("--max-accuracy-drop", type=float, default=None, help="Budget: metric drop allowed [default: recipe].")
 @click.option("--max-latency-increase", type=float, default=None, help="Budget: 0.10 = 10% slower [default: recipe].")
 @click.option("--max-size-increase", type=float, default=None, help="Budget: 0.10 = 10% larger [default: recipe].")
-@click.option("--latency-seconds", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
+@click.option("--latency-seconds", type=Number(0, 600, low_open=True), default=2.0, show_default=True,
               help="Time spent timing both models side by side.")  # fmt: skip
 @click.option("--junit", type=click.Path(), default=None, help="Write JUnit XML (one testcase per check).")
 @click.option("--markdown", type=click.Path(), default=None, help="Write Markdown (e.g. $GITHUB_STEP_SUMMARY).")
@@ -63,8 +64,10 @@ def check(
 
 @main.command()
 @click.argument("artifact", type=click.Path())
-@click.option("--seconds", type=float, default=1.0, show_default=True, help="Timed runs per row and batch.")
-@click.option("--threads", type=int, default=1, show_default=True, help="Threads every runtime runs with.")
+@click.option(
+    "--seconds", type=Number(0, 60, low_open=True), default=1.0, show_default=True, help="Timed runs per row and batch."
+)
+@click.option("--threads", type=THREADS, default=1, show_default=True, help="Threads every runtime runs with.")
 @click.option("--json", "json_copy", type=click.Path(), default=None, help="Also write the JSON report to this file.")
 @click.option("--no-plot", is_flag=True, help="Write no reports/benchmark.png.")
 def benchmark(artifact: str, seconds: float, threads: int, json_copy: str | None, no_plot: bool) -> None:

@@ -8,17 +8,22 @@ from typing import Any
 import click
 
 from pipeline.cli.group import main
+from pipeline.cli.params import THREADS, TOLERANCE, Number, Whole
 
 
 @main.command()
 @click.argument("recipe", type=click.Path())
 @click.option("--resume", is_flag=True, help="Continue the newest unfinished run of this recipe from its checkpoint.")
-@click.option("--epochs", type=int, help="Override train.epochs.")
+@click.option("--epochs", type=Whole(1, 100_000), help="Override train.epochs.")
 @click.option(
     "--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Override train.device (auto: CUDA if present)."
 )
 @click.option(
-    "--nproc", default=1, show_default=True, type=int, help="Processes on this machine (torchrun; DDP or FSDP)."
+    "--nproc",
+    default=1,
+    show_default=True,
+    type=Whole(1, 1024),
+    help="Processes on this machine (torchrun; DDP or FSDP).",
 )
 @click.option("--out", "out_root", default="artifacts", show_default=True, type=click.Path(), help="Model repository.")
 @click.option("--quiet", is_flag=True, help="No progress display (metrics still go to reports/).")
@@ -110,19 +115,19 @@ def import_cmd(
               help="Edge: TFLite models to make (repeatable) [default: recipe edge.precisions].")  # fmt: skip
 @click.option("--layout", type=click.Choice(["nhwc", "nchw"], case_sensitive=False), default=None,
               help="Edge: image input layout, NHWC for devices or the server's NCHW [default: recipe].")  # fmt: skip
-@click.option("--opset", type=click.IntRange(min=7), default=None, help="ONNX opset [default: recipe export.opset]")
+@click.option("--opset", type=Whole(7, 100), default=None, help="ONNX opset [default: recipe export.opset]")
 @click.option(
     "--exporter",
     type=click.Choice(["dynamo", "torchscript"]),
     default=None,
     help="dynamo falls back to torchscript and logs why [default: the recipe's export.dynamo]",
 )
-@click.option("--atol", type=float, default=None, help="Parity: max abs difference [default: recipe export.atol]")
-@click.option("--rtol", type=float, default=None, help="Parity: relative difference [default: recipe export.rtol]")
+@click.option("--atol", type=TOLERANCE, default=None, help="Parity: max abs difference [default: recipe export.atol]")
+@click.option("--rtol", type=TOLERANCE, default=None, help="Parity: relative difference [default: recipe export.rtol]")
 @click.option("--recipe", type=click.Path(), default=None,
               help="Recipe to read export settings from [default: the one it was trained from].")  # fmt: skip
 @click.option("--out", type=click.Path(), default=None, help="Triton: the model repository directory to write into.")
-@click.option("--max-batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Triton batching.")
+@click.option("--max-batch-size", type=Whole(1, 1 << 20), default=64, show_default=True, help="Triton batching.")
 @click.option("--instance-kind", type=click.Choice(["cpu", "gpu"]), default=None,
               help="Triton: pin the model to CPU or GPU instances [default: none written; Triton uses its GPUs "
               "when it has them, else the CPU].")  # fmt: skip
@@ -187,17 +192,29 @@ def export(
               help="Variants to make (repeatable) [default: the recipe's optimize.quantize].")  # fmt: skip
 @click.option("--graph", type=click.Choice(["none", "basic", "extended"]), default=None,
               help="onnxruntime offline level for variants/model.opt.onnx [default: recipe].")  # fmt: skip
-@click.option("--max-accuracy-drop", type=float, default=None, help="Budget: task-metric drop allowed (its units).")
-@click.option("--min-cosine", type=float, default=None, help="Budget for embeddings: minimum cosine similarity.")
+@click.option("--max-accuracy-drop", type=Number(0), default=None, help="Budget: task-metric drop allowed (its units).")
+@click.option(
+    "--min-cosine",
+    type=Number(0, 1, low_open=True),
+    default=None,
+    help="Budget for embeddings: minimum cosine similarity.",
+)
 @click.option("--per-channel/--per-tensor", default=None, help="int8 weight scales [default: recipe].")
 @click.option("--calibration", type=click.Choice(["minmax", "entropy", "percentile"]), default=None,
               help="Static int8: how activation ranges are set [default: recipe].")  # fmt: skip
 @click.option("--reduce-range/--full-range", default=None, help="int8 weights in 7 bits (CPUs without VNNI).")
 @click.option("--activation-type", type=click.Choice(["uint8", "int8"]), default=None, help="Static int8 activations.")
-@click.option("--calibration-samples", type=int, default=None, help="Real training samples static int8 calibrates on.")
+@click.option(
+    "--calibration-samples",
+    type=Whole(1, 100_000),
+    default=None,
+    help="Real training samples static int8 calibrates on.",
+)
 @click.option("--slim/--no-slim", default=None, help="onnxslim after onnxruntime's passes for the opt variant.")
-@click.option("--max-exclusions", type=int, default=None, help="auto: nodes the search may leave in fp32.")
-@click.option("--threads", type=int, default=None, help="Intra-op threads the variants are timed with.")
+@click.option(
+    "--max-exclusions", type=Whole(0, 100_000), default=None, help="auto: nodes the search may leave in fp32."
+)
+@click.option("--threads", type=THREADS, default=None, help="Intra-op threads the variants are timed with.")
 @click.option("--strict/--no-strict", default=None, help="Exit 1 when a variant misses its budget [default: recipe].")
 @click.option("--recipe", type=click.Path(), default=None, help="Recipe to read optimize settings from.")
 def optimize(artifact: str, quantize: tuple[str, ...], recipe: str | None, **options: Any) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from pipeline.cli.group import main
+from pipeline.cli.params import MAX_THREADS, Number, Whole
 
 
 def _variants(values: tuple[str, ...]) -> dict[str, str]:
@@ -25,28 +26,90 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
 @main.command()
 @click.argument("paths", metavar="REPOSITORY|ARTIFACT...", nargs=-1, required=True, type=click.Path())
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; loopback by default.")
-@click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--workers", default=1, show_default=True, type=int, help="Server processes (each loads every model).")
-@click.option("--latest", type=int, help="Serve only the newest N loadable versions of each model (default: all).")
+@click.option("--port", default=8000, show_default=True, type=Whole(None, 65535))
+@click.option(
+    "--workers", default=1, show_default=True, type=Whole(None, 256), help="Server processes (each loads every model)."
+)
+@click.option(
+    "--latest",
+    type=Whole(None, 1_000_000),
+    help="Serve only the newest N loadable versions of each model (default: all).",
+)
 @click.option("--variant", "variants", multiple=True, help="fp32 (model.onnx), a manifest variant (opt, int8...) or "
               "best (the fastest that passed), for every model or as MODEL=VARIANT; repeatable.")  # fmt: skip
-@click.option("--poll", default=2.0, show_default=True, help="Seconds between scans for new versions (0: no reload).")
-@click.option("--max-batch-size", default=64, show_default=True, help="Rows per onnxruntime run (dynamic batching).")
-@click.option("--max-queue-delay-ms", default=0.0, show_default=True, help="How long a batch waits to fill up.")
-@click.option("--max-queue", default=256, show_default=True, help="Queued requests per model before 503.")
-@click.option("--timeout", default=30.0, show_default=True, help="Per-request limit in seconds (queue + compute).")
-@click.option("--instances", default=1, show_default=True, help="Batches of one model computing at once.")
+@click.option(
+    "--poll",
+    default=2.0,
+    show_default=True,
+    type=Number(0, 3600),
+    help="Seconds between scans for new versions (0: no reload).",
+)
+@click.option(
+    "--max-batch-size",
+    default=64,
+    show_default=True,
+    type=Whole(None, 1 << 20),
+    help="Rows per onnxruntime run (dynamic batching).",
+)
+@click.option(
+    "--max-queue-delay-ms",
+    default=0.0,
+    show_default=True,
+    type=Number(None, 60_000),
+    help="How long a batch waits to fill up.",
+)
+@click.option(
+    "--max-queue",
+    default=256,
+    show_default=True,
+    type=Whole(None, 1_000_000),
+    help="Queued requests per model before 503.",
+)
+@click.option(
+    "--timeout",
+    default=30.0,
+    show_default=True,
+    type=Number(None, 3600),
+    help="Per-request limit in seconds (queue + compute).",
+)
+@click.option(
+    "--instances", default=1, show_default=True, type=Whole(None, 256), help="Batches of one model computing at once."
+)
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="onnxruntime provider; auto uses CUDA when onnxruntime-gpu and a GPU are usable.")  # fmt: skip
-@click.option("--intra-op-threads", default=0, show_default=True, help="onnxruntime threads per operator (0: auto).")
-@click.option("--inter-op-threads", default=0, show_default=True, help="onnxruntime threads across ops (0: auto).")
+@click.option(
+    "--intra-op-threads",
+    default=0,
+    show_default=True,
+    type=Whole(None, MAX_THREADS),
+    help="onnxruntime threads per operator (0: auto).",
+)
+@click.option(
+    "--inter-op-threads",
+    default=0,
+    show_default=True,
+    type=Whole(None, MAX_THREADS),
+    help="onnxruntime threads across ops (0: auto).",
+)
 @click.option("--spin/--no-spin", default=True, show_default=True, help="Let idle onnxruntime threads busy-wait.")
-@click.option("--max-body-mb", default=64.0, show_default=True, help="Largest request body accepted (413 beyond).")
+@click.option(
+    "--max-body-mb",
+    default=64.0,
+    show_default=True,
+    type=Number(None, 4096),
+    help="Largest request body accepted (413 beyond).",
+)
 @click.option("--api-key-env", help="Env var holding a token; requests must send 'Authorization: Bearer <token>'.")
-@click.option("--graceful-timeout", default=30.0, show_default=True, help="Seconds accepted requests get on SIGTERM.")
+@click.option(
+    "--graceful-timeout",
+    default=30.0,
+    show_default=True,
+    type=Number(0, 3600),
+    help="Seconds accepted requests get on SIGTERM.",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 @click.option("--access-log", metavar="PATH|-", help="Append one JSON line per request to PATH (- for stdout).")
-@click.option("--read-timeout", default=30.0, show_default=True,
+@click.option("--read-timeout", default=30.0, show_default=True, type=Number(None, 3600),
               help="Seconds a request's headers, then its body, may take to arrive (408 beyond).")  # fmt: skip
 def serve(paths: tuple[str, ...], **options: Any) -> None:
     """Serve artifacts over HTTP: KServe V2 (binary tensors too), TF Serving REST, /metrics."""
@@ -90,7 +153,7 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
               "one input) or a PNG/JPEG for a model with one image input.")  # fmt: skip
 @click.option("--variant", default="fp32", show_default=True, help="The variant to run: fp32 (model.onnx), opt, "
               "int8, tflite-fp16 ... (pipe info lists them).")  # fmt: skip
-@click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1), help="Classes shown per sample.")
+@click.option("--top-k", default=5, show_default=True, type=Whole(1, 100_000), help="Classes shown per sample.")
 @click.option("--allow-failed", is_flag=True, help="Run a failed or stale variant anyway (a note says why it is not "
               "usable).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: top_k per sample and every output in full.")

@@ -177,8 +177,8 @@ def test_a_stale_variant_is_timed_and_marked_and_one_that_cannot_run_is_named(tm
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--threads", "0"], "--threads is 0"),
-        (["--seconds", "0"], "--seconds is 0"),
+        (["--threads", "0"], "--threads 0 must be >= 1"),
+        (["--seconds", "0"], "--seconds 0 must be > 0"),
     ],
 )
 def test_bad_settings_exit_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:

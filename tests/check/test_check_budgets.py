@@ -96,3 +96,11 @@ def test_a_negative_budget_flag_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert "--max-latency-increase budgets.max_latency_increase: Input should be greater than or equal to 0" in (
         result.output
     )
+
+
+@pytest.mark.parametrize("value", ["nan", "-inf", "-1"])
+def test_a_budget_flag_that_is_not_a_number_at_least_0_is_exit_2(tmp_path: Path, value: str) -> None:
+    base = imported(tmp_path, linear(), "base")
+    for flag in ("--max-accuracy-drop", "--max-latency-increase", "--max-size-increase"):
+        result = invoke("check", str(base), "--baseline", str(base), flag, value, *FAST)
+        assert result.exit_code == 2 and result.output.count("\n") == 1 and flag in result.output, result.output

@@ -18,7 +18,7 @@ from pipeline.artifact.directory import Artifact, resolve_artifact
 from pipeline.artifact.manifest import TensorSpec
 from pipeline.artifact.variants import MODEL_FILE, unusable
 from pipeline.core.errors import InputError
-from pipeline.core.fsutil import atomic_write_bytes
+from pipeline.core.fsutil import write_user_file
 from pipeline.core.jsontypes import decode, encode
 
 FORMAT = "pipe-baseline/1"  # the `format` key of a baseline file; bumped when its meaning changes
@@ -106,7 +106,7 @@ def write_baseline(artifact: Artifact, path: Path) -> Baseline:
     """Write the artifact's summary to `path` (atomically) and return it."""
     baseline = summarize(artifact)
     text = json.dumps(encode(baseline), indent=2, sort_keys=True) + "\n"
-    atomic_write_bytes(Path(path), text.encode())
+    write_user_file(Path(path), text.encode(), "--write-baseline")
     return baseline
 
 

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.check.verdict import CheckRun
-from pipeline.core.errors import InputError
-from pipeline.core.fsutil import atomic_write_bytes
+from pipeline.core.fsutil import write_user_file
 from pipeline.core.jsontypes import encode
 
 SUITE = "pipe check"
@@ -83,11 +82,7 @@ def write_reports(run: CheckRun, junit: Path | None, markdown: Path | None, json
     for flag, path, render in (("--junit", junit, to_junit), ("--markdown", markdown, to_markdown),
                                ("--json", json_file, to_json)):  # fmt: skip
         if path is not None:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write_bytes(path, render(run).encode())
-            except OSError as exc:
-                raise InputError(f"{flag} {path}: cannot write it ({exc.strerror or exc})") from None
+            write_user_file(path, render(run).encode(), flag)
             written.append(path)
     return written
 

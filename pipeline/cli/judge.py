@@ -43,10 +43,7 @@ def check(
         from pipeline.check.baseline import write_baseline as write
 
         loaded = Artifact.load(resolve_artifact(candidate))
-        try:
-            written = write(loaded, Path(write_baseline))
-        except OSError as exc:
-            raise InputError(f"--write-baseline {write_baseline}: cannot write it ({exc.strerror or exc})") from None
+        written = write(loaded, Path(write_baseline))
         click.echo(f"baseline: {written.name} v{written.version} -> {write_baseline}")
         return
     from pipeline.check.reports import to_table, write_reports
@@ -75,7 +72,7 @@ def benchmark(artifact: str, seconds: float, threads: int, json_copy: str | None
     from pipeline.artifact.directory import resolve_artifact
     from pipeline.benchmark.stage import benchmark_artifact
     from pipeline.benchmark.table import render
-    from pipeline.core.errors import InputError
+    from pipeline.core.fsutil import write_user_file
 
     overrides = {"seconds": seconds, "threads": threads}
     outcome = benchmark_artifact(resolve_artifact(artifact), overrides, progress=click.echo, plot=not no_plot)
@@ -83,12 +80,7 @@ def benchmark(artifact: str, seconds: float, threads: int, json_copy: str | None
     for note in outcome.notes:
         click.secho(f"note: {note}", err=True, fg="yellow")
     if json_copy is not None:
-        try:
-            Path(json_copy).write_text(outcome.report.read_text())
-        except OSError as exc:
-            raise InputError(
-                f"--json {json_copy}: cannot write it ({exc.strerror}); the report is in {outcome.report}"
-            ) from None
+        write_user_file(Path(json_copy), outcome.report.read_bytes(), "--json")
     for path in (outcome.report, outcome.plot, json_copy):
         if path is not None:
             click.echo(f"report: {path}")

@@ -9,6 +9,8 @@ import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipeline.core.errors import InputError
+
 _CHUNK = 1 << 20
 
 
@@ -58,3 +60,21 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` so that readers see the old content or the new, never a mix."""
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
+
+
+def write_user_file(path: Path, data: bytes, flag: str) -> None:
+    """Write a file the user named on the command line (a report, a baseline) atomically, and only as a
+    regular file: an existing device, FIFO, directory or symbolic link at `path` is refused, not replaced
+    (run as root, replacing /dev/full or a link to /proc/self/fd/1 with a regular file breaks the system).
+    Any failure is InputError naming `flag`."""
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise InputError(
+            f"{flag} {path}: it exists and is not a regular file (a device, FIFO, directory or link); "
+            "give the path of a regular file to write"
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, data)
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: cannot write it ({exc.strerror or exc})") from None

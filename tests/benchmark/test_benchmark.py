@@ -205,6 +205,7 @@ def test_not_an_artifact_or_no_model_onnx_yet_exit_2(tmp_path: Path) -> None:
 
 def test_a_json_copy_that_cannot_be_written_exits_2_and_keeps_the_report(tmp_path: Path) -> None:
     root = imported(tmp_path)
-    result = invoke("benchmark", str(root), *FAST, "--no-plot", "--json", str(tmp_path / "no" / "such" / "dir.json"))
+    (tmp_path / "file").write_text("")  # a file where the copy's directory would be
+    result = invoke("benchmark", str(root), *FAST, "--no-plot", "--json", str(tmp_path / "file" / "dir.json"))
     assert result.exit_code == 2 and "--json" in result.output and "cannot write it" in result.output, result.output
     assert "reports/benchmark.json" in Artifact.load(root).manifest.files

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,22 @@ def test_a_budget_flag_that_is_not_a_number_at_least_0_is_exit_2(tmp_path: Path,
     for flag in ("--max-accuracy-drop", "--max-latency-increase", "--max-size-increase"):
         result = invoke("check", str(base), "--baseline", str(base), flag, value, *FAST)
         assert result.exit_code == 2 and result.output.count("\n") == 1 and flag in result.output, result.output
+
+
+def test_a_report_path_that_is_not_a_regular_file_is_refused_not_replaced(tmp_path: Path) -> None:
+    base = imported(tmp_path, linear(), "base")
+    fifo, target = tmp_path / "fifo", tmp_path / "target.txt"
+    os.mkfifo(fifo)
+    target.write_text("keep me")
+    (tmp_path / "link").symlink_to(target)
+    (tmp_path / "dir").mkdir()
+    for flag in ("--json", "--markdown", "--junit"):
+        for path in (fifo, tmp_path / "link", tmp_path / "dir"):
+            result = invoke("check", str(base), "--baseline", str(base), flag, str(path), *FAST)
+            assert result.exit_code == 2 and "is not a regular file" in result.output, (flag, path, result.output)
+    written = invoke("check", str(base), "--write-baseline", str(tmp_path / "link"))
+    assert written.exit_code == 2 and "is not a regular file" in written.output, written.output
+    assert fifo.is_fifo() and (tmp_path / "link").is_symlink() and target.read_text() == "keep me"
+    assert (
+        invoke("check", str(base), "--baseline", str(base), "--json", str(tmp_path / "new.json"), *FAST).exit_code == 0
+    )

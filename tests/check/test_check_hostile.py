@@ -131,13 +131,17 @@ def test_a_report_or_baseline_path_that_cannot_be_written_is_exit_2_naming_the_f
     artifact, _ = base
     (tmp_path / "folder").mkdir()
     (tmp_path / "file").write_text("")
-    for flag, path in (("--junit", tmp_path / "folder"), ("--markdown", tmp_path / "file" / "c.md")):
+    cases = (
+        ("--junit", tmp_path / "folder", "it exists and is not a regular file"),
+        ("--markdown", tmp_path / "file" / "c.md", "cannot write it"),
+    )
+    for flag, path, why in cases:
         result = invoke("check", str(artifact), "--baseline", str(artifact), flag, str(path), *FAST)
         assert result.exit_code == 2, (result.output, result.exception)
-        assert f"error: {flag} {path}: cannot write it" in result.output, result.output
+        assert f"error: {flag} {path}: {why}" in result.output, result.output
     result = invoke("check", str(artifact), "--write-baseline", str(tmp_path / "folder"))
     assert result.exit_code == 2, (result.output, result.exception)
-    assert f"error: --write-baseline {tmp_path / 'folder'}: cannot write it" in result.output, result.output
+    assert f"error: --write-baseline {tmp_path / 'folder'}: it exists and is not" in result.output, result.output
 
 
 def test_a_latency_window_of_zero_seconds_is_bad_input_not_a_skipped_latency_check(

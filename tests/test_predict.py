@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -249,3 +251,34 @@ def test_an_image_too_large_to_decode_is_one_line_naming_its_size(
     result = invoke("predict", cnn, "--input", tmp_path / "huge.png")
     assert result.exit_code == 2, result.output
     assert f"{side * side} pixels" in result.output and "smaller" in result.output
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"x": [' + "9" * 5000 + ", 0, 0, 0]}", "a number in it cannot be read"),  # was ValueError, exit 3
+        ('{"x": [NaN, 0, 0, 0]}', "NaN is not a JSON number"),  # was "too large for float32"
+        ('{"x": [Infinity, 0, 0, 0]}', "Infinity is not a JSON number"),
+    ],
+)
+def test_json_numbers_python_reads_but_json_has_not_are_one_line(
+    linear: Path, tmp_path: Path, text: str, message: str
+) -> None:
+    (tmp_path / "in.json").write_text(text)
+    result = invoke("predict", linear, "--input", tmp_path / "in.json")
+    assert result.exit_code == 2 and message in result.output, result.output[-300:]
+    assert len(result.output.strip().splitlines()) == 1 and len(result.output) < 500
+
+
+def test_an_npz_whose_header_claims_more_than_it_holds_is_refused_before_allocating(
+    linear: Path, tmp_path: Path
+) -> None:
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**9, 4)})
+    with zipfile.ZipFile(tmp_path / "forged.npz", "w") as archive:  # numpy would allocate 16 GB for it
+        archive.writestr("x.npy", header.getvalue() + np.zeros((2, 4), np.float32).tobytes())
+    result = invoke("predict", linear, "--input", tmp_path / "forged.npz")
+    assert result.exit_code == 2, result.output
+    assert (
+        "array 'x' claims shape (1000000000, 4) of float32 (16,000,000,000 bytes) but holds 32 bytes" in result.output
+    )

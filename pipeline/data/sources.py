@@ -139,6 +139,8 @@ def load_npz(path: Path, required: tuple[str, ...] = ()) -> dict[str, np.ndarray
                     "write it with numpy.savez(path, name=array, ...)"
                 )
             with loaded as f:
+                for k in f.files:
+                    _refuse_inflated(f.zip, f"{k}.npy", path)
                 arrays = {k: f[k] for k in f.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         # a truncated or corrupt file: zipfile's BadZipFile (also a bad CRC), zlib's error, EOFError when empty
@@ -151,6 +153,26 @@ def load_npz(path: Path, required: tuple[str, ...] = ()) -> dict[str, np.ndarray
     if empty:
         raise InputError(f"{path}: array(s) {empty} hold no samples; save the data into them")
     return arrays
+
+
+def _refuse_inflated(archive: zipfile.ZipFile, member: str, path: Path) -> None:
+    """Refuse an array whose header claims more bytes than its member holds (a header that says
+    (1e9, 1, 8, 8) made numpy allocate 238 GiB before reading a byte)."""
+    try:
+        info = archive.getinfo(member)
+    except KeyError:
+        return  # a member not named NAME.npy: numpy reports it itself
+    with archive.open(info) as stream:
+        major, _ = np.lib.format.read_magic(stream)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(stream)  # the header numpy itself reads next
+        stored = info.file_size - stream.tell()
+    claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if dtype.hasobject or claimed > stored:
+        raise InputError(
+            f"{path}: array {member.removesuffix('.npy')!r} claims shape {tuple(shape)} of {dtype} ({claimed:,} bytes) "
+            f"but holds {max(stored, 0):,} bytes; the file is corrupt or forged: write it again with numpy.savez"
+        )
 
 
 def _npz_labels(arrays: dict[str, np.ndarray], y: np.ndarray, path: Path) -> tuple[np.ndarray, list[str]]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from pipeline.artifact.manifest import Manifest, TensorSpec
 from pipeline.core.arrays import Arrays
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, first_line
 
 UNNAMED = "arr_0"  # the key numpy.savez gives one array passed without a name
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -58,7 +58,7 @@ def _npz(path: Path, specs: list[TensorSpec]) -> Arrays:
 
 def _json(path: Path, specs: list[TensorSpec]) -> Arrays:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_not_a_number)
     except UnicodeDecodeError as exc:
         raise InputError(
             f"{path.name} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8"
@@ -67,6 +67,9 @@ def _json(path: Path, specs: list[TensorSpec]) -> Arrays:
         raise InputError(f"{path.name} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     except RecursionError:
         raise InputError(f"{path.name} nests lists too deeply to read; give each input as nested lists") from None
+    except ValueError as exc:  # an integer past Python's 4,300-digit conversion limit
+        raise InputError(f"{path.name}: a number in it cannot be read ({first_line(exc, 120)}); give numbers the "
+                         "model's dtype can hold") from None  # fmt: skip
     if isinstance(data, list):
         if len(specs) != 1:
             raise InputError(
@@ -126,6 +129,11 @@ def json_array(value: Any, spec: TensorSpec, source: str) -> np.ndarray:
     if dtype.kind == "f" and not np.isfinite(array).all():
         raise InputError(f"{source}: input {spec.name!r} holds a number too large for {spec.dtype}")
     return array
+
+
+def _not_a_number(constant: str) -> float:
+    """JSON has no NaN or Infinity; Python's json reads them unless told otherwise."""
+    raise InputError(f"{constant} is not a JSON number; give finite numbers (null, NaN and Infinity are refused)")
 
 
 def _number(v: Any) -> bool:

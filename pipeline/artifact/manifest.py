@@ -19,6 +19,7 @@ from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pipeline import __version__
+from pipeline.artifact.preprocessing import preprocessing_problems
 from pipeline.artifact.records import Stages
 from pipeline.artifact.variants import Variant, check_variant_name, variant_file
 from pipeline.core.errors import ArtifactError
@@ -285,6 +286,7 @@ def _contradictions(manifest: Manifest) -> list[str]:
                 f"inputs[{i}].tokens.padding_id: {tokens.padding_id} is not an id in [0, {tokens.vocab_size})"
             )
     problems += _feature_contradictions(manifest.inputs)
+    problems += preprocessing_problems(manifest.inputs)  # an image record that cannot be applied: refused up front
     classes = manifest.outputs[0].shape[-1] if manifest.outputs and manifest.outputs[0].shape else None
     if manifest.task == "classification" and manifest.labels and isinstance(classes, int):
         if len(manifest.labels) != classes:

@@ -4,7 +4,8 @@ Every nested value is checked on load (pipeline/core/jsontypes.py): a shape give
 numpy does not know, a size given as a string, `stages: []`, an unsafe name are each refused with
 their dotted path; then what the fields say against each other (a variant recorded in another
 variant's file or in a file `files` does not list, no inputs, labels that do not match the
-classes). Standard library only, so the server and the CLI load it cheaply.
+classes, an image record that cannot be applied to its input: pipeline/artifact/preprocessing.py).
+Standard library only, so the server and the CLI load it cheaply.
 """
 
 from __future__ import annotations

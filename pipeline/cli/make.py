@@ -60,7 +60,7 @@ def train(
 )
 @click.option(
     "--eval-limit",
-    type=click.IntRange(min=1),
+    type=Whole(1, 1_000_000),  # the samples' 512 MiB cap lowers it further
     default=500,
     show_default=True,
     help="At most this many pictures from an --eval-data folder (chosen with seed 0).",

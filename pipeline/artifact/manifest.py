@@ -4,7 +4,8 @@ Every nested value is checked on load (pipeline/core/jsontypes.py): a shape give
 numpy does not know, a size given as a string, `stages: []`, an unsafe name are each refused with
 their dotted path; then what the fields say against each other (a variant recorded in another
 variant's file or in a file `files` does not list, no inputs, labels that do not match the
-classes). Standard library only, so the server and the CLI load it cheaply.
+classes, an image record that cannot be applied to its input: pipeline/artifact/preprocessing.py).
+Standard library only, so the server and the CLI load it cheaply.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pipeline import __version__
+from pipeline.artifact.preprocessing import preprocessing_problems
 from pipeline.artifact.records import Stages
 from pipeline.artifact.variants import Variant, check_variant_name, variant_file
 from pipeline.core.errors import ArtifactError
@@ -285,6 +287,7 @@ def _contradictions(manifest: Manifest) -> list[str]:
                 f"inputs[{i}].tokens.padding_id: {tokens.padding_id} is not an id in [0, {tokens.vocab_size})"
             )
     problems += _feature_contradictions(manifest.inputs)
+    problems += preprocessing_problems(manifest.inputs)  # an image record that cannot be applied: refused up front
     classes = manifest.outputs[0].shape[-1] if manifest.outputs and manifest.outputs[0].shape else None
     if manifest.task == "classification" and manifest.labels and isinstance(classes, int):
         if len(manifest.labels) != classes:

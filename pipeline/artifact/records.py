@@ -96,6 +96,16 @@ class ExportRecord(StageRecord):
 
 
 @dataclass(kw_only=True)
+class PictureFolder:
+    """`pipe import --eval-data DIR` given a folder of pictures: what went into golden.npz."""
+
+    found: int  # pictures in the folder (png, jpg, jpeg, bmp, webp)
+    used: int  # converted into golden.npz: all, or `limit` of them chosen with seed 0
+    limit: int  # --eval-limit, lowered when the samples would pass 512 MiB together
+    classes: dict[str, int] = field(default_factory=dict)  # class folder -> label index; empty: a flat folder
+
+
+@dataclass(kw_only=True)
 class ImportRecord(StageRecord):
     """`pipe import`: a model made elsewhere."""
 
@@ -104,9 +114,16 @@ class ImportRecord(StageRecord):
     producer: str
     ir_version: int
     opset: int | None
+    # where golden.npz's inputs came from: `generated` means every judgement of this model and its
+    # variants is on generated inputs (agreement on noise, not accuracy)
     golden: Literal["eval-data", "generated"]
     eval_data: str | None = None
+    pictures: PictureFolder | None = field(default=None, metadata={"omit_none": True})  # --eval-data DIR
     parity: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def judged_on_generated(self) -> bool:
+        return self.golden == "generated"
 
 
 @dataclass(kw_only=True)

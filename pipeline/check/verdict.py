@@ -15,6 +15,7 @@ from pipeline.core.errors import ArtifactError, CheckFailed, InputError
 from pipeline.recipe.current import current_recipe, section_settings
 from pipeline.recipe.schema import BudgetSpec
 from pipeline.runtime.latency import measure
+from pipeline.samples.evaluation import GENERATED_NOTE, judged_on_generated
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ def check_candidate(
     budgets, notes = budgets_for(artifact, overrides or {})
     if candidate.name != baseline.name:
         notes.append(f"the candidate is {candidate.name!r}, the baseline {baseline.name!r}")
+    if judged_on_generated(artifact.manifest):  # its variants' figures are agreement on noise
+        notes.append(f"the candidate's variants were {GENERATED_NOTE}")
     results = [
         *check_metrics(candidate, baseline, budgets),
         *check_variants(candidate, baseline, budgets),

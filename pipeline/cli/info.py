@@ -11,9 +11,11 @@ from pathlib import Path
 
 from pipeline.artifact.directory import Artifact, is_version_name, version_dirs
 from pipeline.artifact.manifest import MANIFEST_NAME, Manifest
+from pipeline.artifact.preprocessing import ImageRecord, image_record
 from pipeline.artifact.variants import EDGE_PREFIX
 from pipeline.core.errors import ArtifactError, InputError, PipelineError
 from pipeline.report.markdown import shape, size
+from pipeline.samples.evaluation import GENERATED_NOTE, judged_on_generated
 
 
 def _or_dash(value: object) -> str:
@@ -34,6 +36,10 @@ def manifest_table(artifact: Artifact) -> str:
     for kind, specs in (("input", m.inputs), ("output", m.outputs)):
         for spec in specs:
             lines.append(f"  {kind:<9} {spec.name}: {spec.dtype} {shape(spec.shape)} {spec.layout}")
+            if record := image_record(spec):  # checked when the manifest loaded
+                lines.append(f"            pictures: {_pictures(record)}")
+    if judged_on_generated(m):
+        lines.append(f"  golden    {GENERATED_NOTE} (imported without --eval-data)")
     if m.metrics:
         lines.append("  metrics   " + "  ".join(f"{k}={v:.4g}" for k, v in sorted(m.metrics.items())))
     if m.files:
@@ -50,6 +56,23 @@ def manifest_table(artifact: Artifact) -> str:
     if names := m.stages.names():
         lines.append("  stages    " + ", ".join(names))
     return "\n".join(lines)
+
+
+def _pictures(record: ImageRecord) -> str:
+    """How a picture becomes the input, in one line: `RGB, resize_short 256, crop 224x224, bilinear, scale 0.003922`."""
+    if record.letterbox is not None:
+        geometry = f"letterbox {_size(record.letterbox.size)} pad {record.letterbox.pad}"
+    elif record.resize_short is not None:
+        geometry = f"resize_short {record.resize_short}"
+    else:
+        geometry = f"stretch to {_size(record.size)}"
+    if record.crop is not None:
+        geometry += f", crop {_size(record.crop)}"
+    return f"{record.mode}, {geometry}, {record.resize}, scale {record.scale:.4g}"
+
+
+def _size(size: tuple[int, int] | None) -> str:
+    return "x".join(str(d) for d in size or ())
 
 
 def describe_path(path: Path) -> tuple[str, list[str]]:

@@ -51,7 +51,20 @@ def train(
 @main.command("import")
 @click.argument("model", type=click.Path())
 @click.option("--name", required=True, help="Artifact name: artifacts/NAME/<next version>/.")
-@click.option("--eval-data", type=click.Path(), default=None, help="NPZ: one array per input name, optional 'target'.")
+@click.option(
+    "--eval-data",
+    type=click.Path(),
+    default=None,
+    help="Real inputs: an NPZ (one array per input name, optional 'target'), or a folder of pictures "
+    "(class sub-folders label them), converted with the image preprocessing. See docs/export.md.",
+)
+@click.option(
+    "--eval-limit",
+    type=Whole(1, 1_000_000),  # the samples' 512 MiB cap lowers it further
+    default=500,
+    show_default=True,
+    help="At most this many pictures from an --eval-data folder (chosen with seed 0).",
+)
 @click.option("--labels", default=None, help="Class names, comma separated: --labels cat,dog.")
 @click.option("--labels-file", type=click.Path(), default=None, help="Class names, one per line.")
 @click.option(
@@ -67,14 +80,16 @@ def train(
 @click.option(
     "--image-preprocessing",
     default=None,
-    help='How pictures feed the image input, as JSON: \'{"mode": "RGB", "size": [224, 224], "resize": "bilinear", '
+    help='How pictures feed the image input, as JSON: \'{"mode": "RGB", "resize_short": 256, "crop": [224, 224], '
     '"scale": 0.00392156862745098, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}\' '
-    "(mean/std: applied outside the model; also layout NCHW|NHWC, input NAME). See docs/artifact.md.",
+    '(or "size": [H, W] to stretch, "letterbox": {"size": [H, W], "pad": 114}; "resize": a Pillow filter; '
+    "mean/std: applied outside the model; also layout NCHW|NHWC, input NAME). See docs/artifact.md.",
 )
 def import_cmd(
     model: str,
     name: str,
     eval_data: str | None,
+    eval_limit: int,
     labels: str | None,
     labels_file: str | None,
     task: str,
@@ -86,15 +101,22 @@ def import_cmd(
     from pipeline.artifact.golden import load_golden
     from pipeline.export.importer import import_onnx, read_labels
     from pipeline.export.shapes import parse_input_shapes
+    from pipeline.samples.evaluation import GENERATED_NOTE
 
     shapes = parse_input_shapes(input_shapes)
     names = read_labels(labels, Path(labels_file) if labels_file else None)
     evaluation = Path(eval_data) if eval_data else None
     artifact = import_onnx(
-        Path(model), name, Path(repository), evaluation, names, task, image_preprocessing, input_shapes=shapes
+        Path(model), name, Path(repository), evaluation, names, task, image_preprocessing, shapes, eval_limit
     )
-    golden = artifact.manifest.stages.import_.golden if artifact.manifest.stages.import_ else "?"
+    imported = artifact.manifest.stages.import_
+    golden = imported.golden if imported else "?"
     click.echo(f"imported {model} -> {artifact.root} (golden outputs from {golden} inputs)")
+    if imported is not None and (pictures := imported.pictures) is not None:
+        labelled = f", {len(pictures.classes)} class folders" if pictures.classes else ", unlabelled (a flat folder)"
+        click.echo(f"  pictures: {pictures.used} of {pictures.found} (at most {pictures.limit}){labelled}")
+    if imported is not None and imported.judged_on_generated:
+        click.echo(f"  note: {GENERATED_NOTE}; give --eval-data (an .npz or a folder of pictures) to judge it")
     arrays = load_golden(artifact).inputs
     for spec in artifact.manifest.inputs:  # which sizes the free dims were run at
         shape = ", ".join(str(d) for d in spec.shape)

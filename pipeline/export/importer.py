@@ -38,7 +38,8 @@ from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import ArtifactError, CheckFailed, InputError, first_line
 from pipeline.core.fsutil import sha256_file
-from pipeline.data.sources import load_npz
+from pipeline.data.picture_folder import DEFAULT_LIMIT
+from pipeline.export.evaldata import EvalData, read_eval_data
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
 from pipeline.export.shapes import (
@@ -52,7 +53,7 @@ from pipeline.export.shapes import (
     write_dims,
 )
 from pipeline.runtime.images import record_image_option
-from pipeline.runtime.runners import Runner, ort_runner
+from pipeline.runtime.runners import Runner, ort_runner, run_chunked
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
 from pipeline.verify.metrics import task_metric
@@ -60,6 +61,7 @@ from pipeline.verify.policies import Exact
 
 if TYPE_CHECKING:
     import onnxruntime as ort
+GOLDEN_CHUNK = 32  # samples per onnxruntime call when recording golden outputs on the evaluation data
 VARY_ADVICE = (
     "onnxruntime refused an input size above: a dim the graph declares free that the model cannot vary "
     "is fixed with --input-shape NAME:d0,d1,... (an int per fixed dim, ? for one left free)"
@@ -156,39 +158,6 @@ def _check_specs(source: Path, inputs: list[TensorSpec], outputs: list[TensorSpe
         )
 
 
-def read_eval_data(path: Path, specs: list[TensorSpec]) -> tuple[Arrays, np.ndarray | None]:
-    """Evaluation inputs from an NPZ (keys = input names, optional `target`), checked against the specs."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"evaluation data {path} not found; pass an .npz with one array per model input")
-    arrays = load_npz(path)
-    missing = [s.name for s in specs if s.name not in arrays]
-    if missing:
-        raise InputError(f"{path} lacks arrays for model inputs {missing}; it has {sorted(arrays)}")
-    inputs = {}
-    for spec in specs:
-        array = arrays[spec.name]
-        fixed = [(i, d) for i, d in enumerate(spec.shape) if isinstance(d, int)]
-        if array.ndim != len(spec.shape) or any(array.shape[i] != d for i, d in fixed):
-            raise InputError(f"{path}: {spec.name!r} has shape {list(array.shape)}, the model expects {spec.shape}")
-        if not array.ndim:
-            raise InputError(f"{path}: {spec.name!r} is a scalar; golden data needs a leading sample axis")
-        if not np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
-            raise InputError(f"{path}: {spec.name!r} is {array.dtype}, the model expects {spec.dtype}")
-        inputs[spec.name] = array.astype(spec.dtype)
-    counts = {len(a) for a in inputs.values()}
-    target = arrays.get("target")
-    if target is not None:
-        if not target.ndim:
-            raise InputError(f"{path}: 'target' is a scalar; give one target per sample (shape [samples, ...])")
-        counts.add(len(target))
-    if len(counts) != 1:
-        raise InputError(f"{path}: arrays disagree on the number of samples: {sorted(counts)}")
-    if counts == {0}:
-        raise InputError(f"{path} holds no samples; the golden outputs and the gate need at least one")
-    return inputs, target
-
-
 def import_onnx(
     source: Path,
     name: str,
@@ -198,13 +167,15 @@ def import_onnx(
     task: str = "classification",
     image_preprocessing: str | None = None,
     input_shapes: Shapes | None = None,
+    eval_limit: int = DEFAULT_LIMIT,
 ) -> Artifact:
     """Create `repository/<name>/<next version>/` from the ONNX file `source` and return it.
 
-    `image_preprocessing`: the JSON of `--image-preprocessing`, how pictures feed the image input
-    (pipeline/runtime/images.py, `record_image_option`). `input_shapes`: `--input-shape` as parsed by
-    `pipeline.export.shapes.parse_input_shapes`, the dims the user fixes or names; recorded as
-    `stages.import.settings.input_shapes`.
+    `eval_data`: an NPZ or a folder of pictures (pipeline/export/evaldata.py), at most `eval_limit`
+    pictures of it. `image_preprocessing`: the JSON of `--image-preprocessing`, how pictures feed the
+    image input (pipeline/runtime/images.py, `record_image_option`). `input_shapes`: `--input-shape` as
+    parsed by `pipeline.export.shapes.parse_input_shapes`, the dims the user fixes or names; recorded
+    as `stages.import.settings.input_shapes`.
     """
     source = Path(source)
     if problem := check_name(name):
@@ -225,13 +196,14 @@ def import_onnx(
         apply_input_shapes(input_shapes, inputs, outputs)
     if image_preprocessing is not None:
         record_image_option(image_preprocessing, inputs)
-    evaluation = read_eval_data(eval_data, inputs) if eval_data is not None else None
+    labels = labels or []
+    evaluation = read_eval_data(eval_data, inputs, labels, task, eval_limit) if eval_data is not None else None
     settings = {"input_shapes": input_shapes} if input_shapes else {}
     model_root = Path(repository) / name
     made = [d for d in (model_root, model_root.parent) if not d.exists()]  # removed again if the import fails
     root = allocate_version(model_root)
     try:
-        return _build(root, source, model, extra, inputs, outputs, evaluation, eval_data, labels or [], task, settings)
+        return _build(root, source, model, extra, inputs, outputs, evaluation, eval_data, labels, task, settings)
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)  # nothing half-written
         for directory in made:  # nor a model or repository directory this import made, unless another filled it
@@ -247,7 +219,7 @@ def _build(
     extra: list[str],
     inputs: list[TensorSpec],
     outputs: list[TensorSpec],
-    evaluation: tuple[Arrays, np.ndarray | None] | None,
+    evaluation: EvalData | None,
     eval_data: Path | None,
     labels: list[str],
     task: str,
@@ -259,8 +231,8 @@ def _build(
         task=task,
         inputs=inputs,
         outputs=outputs,
-        labels=labels,
-        lineage=Lineage(backend="import", dataset_fingerprint=sha256_file(eval_data) if eval_data else None),
+        labels=evaluation.labels if evaluation is not None else labels,
+        lineage=Lineage(backend="import", dataset_fingerprint=evaluation.digest if evaluation else None),
     )
     artifact = Artifact(root, manifest)
     if write_dims(
@@ -278,15 +250,24 @@ def _build(
     except ArtifactError as exc:  # the model does not load
         raise InputError(f"onnxruntime cannot load {source}: {first_line(exc.__cause__ or exc)}") from exc
     if evaluation is not None:
-        samples, target = evaluation
+        samples, target = evaluation.inputs, evaluation.target
     else:
         sizes = choose_sizes(inputs, _probe(run.session), str(source))
         samples, target = generated_inputs(inputs, sizes, GENERATED_BATCH), None
-    try:
-        golden_out = run(samples)
+    batched = all(spec.shape and isinstance(spec.shape[0], str) for spec in [*inputs, *outputs])
+    try:  # a few hundred pictures: run in chunks, so a large model's activations stay bounded
+        golden_out = run_chunked(run, samples, chunk=GOLDEN_CHUNK) if batched else run(samples)
     except Exception as exc:  # the model loads but does not run on inputs of its declared shape
         raise InputError(f"onnxruntime cannot run {source} on inputs shaped like its graph inputs: {exc}") from exc
-    _check_labels(labels, outputs, golden_out, task)
+    try:
+        _check_labels(manifest.labels, outputs, golden_out, task)
+    except InputError as exc:
+        if evaluation is None or evaluation.pictures is None or labels:
+            raise
+        raise InputError(  # the labels came from the class folders
+            f"--eval-data {eval_data}: its class folders became the labels, but {exc}; give the model's labels in "
+            "output order with --labels or --labels-file, and the folders are matched to them by name"
+        ) from None
     reference = _one_at_a_time(run, inputs)
     given = EvaluationSet.of(samples, source="the import's samples")
     report = verify(root / MODEL_FILE, reference, given, ModelSpec(inputs, outputs, task), Exact(), session=run.session)
@@ -304,7 +285,7 @@ def _build(
     source_sha256 = sha256_file(source)
     manifest.stages.import_ = ImportRecord(
         settings=settings,
-        inputs={"source": source_sha256, **({"eval_data": sha256_file(eval_data)} if eval_data is not None else {})},
+        inputs={"source": source_sha256, **({"eval_data": evaluation.digest} if evaluation is not None else {})},
         source=str(source),
         source_sha256=source_sha256,
         producer=f"{model.producer_name} {model.producer_version}".strip(),
@@ -312,6 +293,7 @@ def _build(
         opset=default_opset(model),
         golden="eval-data" if evaluation is not None else "generated",
         eval_data=str(eval_data) if eval_data is not None else None,
+        pictures=evaluation.pictures if evaluation is not None else None,
         parity=report.to_dict(),
     )
     artifact.add_variant(

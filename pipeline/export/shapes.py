@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 
 from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.preprocessing import image_record
 from pipeline.core.errors import InputError
 
 GENERATED_BATCH = 16  # samples generated on the batch axis when no evaluation data is given
@@ -166,9 +167,8 @@ def _base(spec: TensorSpec, axis: int) -> int:
     spatial = _spatial_axes(spec)
     if axis not in spatial:
         return SEQUENCE_BASE
-    size = (spec.preprocessing.get("image") or {}).get("size")
-    if size:  # --image-preprocessing: pictures are resized to it
-        return int(size[spatial.index(axis)])
+    if record := image_record(spec):  # --image-preprocessing: the size pictures are made (a crop, a letterbox)
+        return record.input_size[spatial.index(axis)]
     other = spec.shape[spatial[1 - spatial.index(axis)]]
     return other if isinstance(other, int) else SPATIAL_BASE
 

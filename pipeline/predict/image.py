@@ -25,7 +25,8 @@ def image_input(path: Path, manifest: Manifest) -> tuple[TensorSpec, np.ndarray]
         conversion = image_conversion(manifest, spec)
     except InputError as exc:
         raise InputError(f"{path.name}: {exc}") from None
-    return spec, conversion.convert(path, path.name)
+    sample, _ = conversion.convert(path, path.name)
+    return spec, sample
 
 
 def _image_spec(manifest: Manifest, source: str) -> TensorSpec:

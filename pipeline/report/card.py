@@ -19,6 +19,7 @@ from pipeline.report.curves import CURVES_PNG, Curves
 from pipeline.report.markdown import cell, code, number, shape, table
 from pipeline.report.usage import check_section, device_section, serve_section
 from pipeline.report.variants import benchmark_section, edge_section, variants_section
+from pipeline.samples.evaluation import GENERATED_NOTE, judged_on_generated
 
 CARD_MD = "reports/model-card.md"
 LABELS_SHOWN = 30  # a card lists this many class names; more are counted
@@ -66,6 +67,9 @@ def identity_section(artifact: Artifact, facts: CardFacts) -> list[str]:
     ])  # fmt: skip
     for note in facts.notes:
         lines += ["", f"> note: {cell(note)}"]
+    if judged_on_generated(m):  # imported without --eval-data: every figure below compares outputs on noise
+        lines += ["", f"> **{GENERATED_NOTE}**: imported without `--eval-data`, so every variant's figure on this "
+                      "card compares outputs on generated inputs"]  # fmt: skip
     return lines
 
 

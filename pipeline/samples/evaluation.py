@@ -8,7 +8,9 @@ Where the split comes from, in order:
    (the trained data sections, relative paths resolved from the recipe's directory);
 3. for an imported model, the evaluation data given at import (golden.npz, with `target`);
 4. otherwise golden.npz's inputs without targets: no task metric, only agreement with the
-   reference's outputs.
+   reference's outputs. For a model imported without `--eval-data` those inputs were generated:
+   `generated` is set and `source` says GENERATED_NOTE, which every report that shows a judgement
+   repeats (`judged_on_generated`).
 
 `source` says which, in words, for the report.
 """
@@ -25,8 +27,11 @@ from pipeline.artifact.golden import load_golden
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import ArtifactError, InputError
 
+GENERATED_NOTE = "judged on generated inputs: agreement on noise is not accuracy"
+
 if TYPE_CHECKING:
     from pipeline.artifact.directory import Artifact
+    from pipeline.artifact.manifest import Manifest
     from pipeline.artifact.records import TrainRecord
     from pipeline.data import Splits
     from pipeline.recipe.schema import Recipe
@@ -41,6 +46,7 @@ class EvaluationSet:
     data: Arrays | None  # the split the metric and the budgets are measured on (None: the samples only)
     target: np.ndarray | None  # its ground truth; None: no task metric, only agreement
     source: str  # where `data` came from, in words
+    generated: bool = False  # the samples were generated (an import without --eval-data): GENERATED_NOTE
 
     @classmethod
     def of(
@@ -91,7 +97,16 @@ def evaluation_set(artifact: Artifact, recipe: Recipe | None = None) -> Evaluati
         return EvaluationSet(golden.inputs, golden.outputs, test.inputs, test.target, source)
     if golden.target is not None:
         return from_golden(f"{given} with targets ({len(golden)} samples)", golden.target)
+    if judged_on_generated(artifact.manifest):
+        source = f"golden.npz generated inputs ({len(golden)} samples): {GENERATED_NOTE}"
+        return EvaluationSet(golden.inputs, golden.outputs, golden.inputs, None, source, generated=True)
     return from_golden(f"golden.npz inputs without targets ({len(golden)} samples): agreement only", None)
+
+
+def judged_on_generated(manifest: Manifest) -> bool:
+    """Whether the model is judged on generated inputs only: imported without --eval-data (import record)."""
+    imported = manifest.stages.import_
+    return manifest.stages.train is None and imported is not None and imported.judged_on_generated
 
 
 def _trained_split(artifact: Artifact, train: TrainRecord, recipe: Recipe | None) -> tuple[Arrays, np.ndarray]:

@@ -261,7 +261,9 @@ class ServeApp:
         started = time.perf_counter()
         try:
             decoded = protocol.decode(body, headers, model.io)
-            decoded.inputs = await model.images.converted(decoded.inputs, model.session.input_by_name)  # PNG/JPEG
+            decoded.inputs, decoded.placements = await model.images.converted(
+                decoded.inputs, model.session.input_by_name
+            )
             wanted = _output_names(model, decoded.outputs)
             rows = model.session.check_inputs(decoded.inputs)
             results = await model.batcher.infer(decoded.inputs, rows)

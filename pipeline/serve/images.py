@@ -6,7 +6,9 @@ JPEG bytes, one per row: TF Serving's `{"b64": "..."}` values, or a V2 BYTES ten
 an object array of one element per picture: its raw bytes, or its base64 text (V2 JSON). Here each picture is
 converted as the manifest records the model was trained (`pipeline/runtime/images.py`, the same conversion
 `pipe predict` uses) and the rows are stacked into the input's own tensor, before the usual check
-of every input against the model. A picture that cannot be read is a 400 naming it.
+of every input against the model; where each picture landed in its row (`Placement`) is kept with the
+request, so boxes can be mapped back to the picture. A picture that cannot be read is a 400 naming it.
+A version whose image record cannot be applied is refused when it loads (the manifest check), not here.
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ import numpy as np
 
 from pipeline.artifact.manifest import Manifest
 from pipeline.core.errors import InputError
-from pipeline.runtime.images import ImageInput, image_input
+from pipeline.runtime.images import ImageInput, Placement, image_input
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.datatypes import IOSpec
 
 # The first bytes of every format pipeline.runtime.images decodes (WebP: RIFF, then WEBP at byte 8).
 SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM", b"RIFF")
+
+
+# The feeds with pictures converted, and per input sent as pictures, where each landed in its row.
+Converted = tuple[dict[str, np.ndarray], dict[str, list[Placement]]]
 
 
 @dataclass(frozen=True)
@@ -51,16 +57,17 @@ class ServedImages:
             recorded[spec.name] = {**recorded.get(spec.name, {}), "image": inputs[spec.name].describe()}
         return cls(inputs, refused, recorded)
 
-    async def converted(self, feeds: dict[str, np.ndarray], specs: dict[str, IOSpec]) -> dict[str, np.ndarray]:
+    async def converted(self, feeds: dict[str, np.ndarray], specs: dict[str, IOSpec]) -> Converted:
         """`feeds` with every input sent as encoded pictures converted (in a worker thread: decoding a
         photo takes milliseconds the event loop should spend elsewhere); unchanged when there is none."""
         if not any(_is_encoded(array, specs.get(name)) for name, array in feeds.items()):
-            return feeds
+            return feeds, {}
         return await asyncio.to_thread(self.decode, feeds, specs)
 
-    def decode(self, feeds: dict[str, np.ndarray], specs: dict[str, IOSpec]) -> dict[str, np.ndarray]:
-        """Each input sent as encoded pictures -> the input's tensor, [n, C, H, W] or [n, H, W, C]."""
-        decoded = dict(feeds)
+    def decode(self, feeds: dict[str, np.ndarray], specs: dict[str, IOSpec]) -> Converted:
+        """Each input sent as encoded pictures -> the input's tensor, [n, C, H, W] or [n, H, W, C], and
+        where each picture landed in its row."""
+        decoded, placements = dict(feeds), {}
         for name, array in feeds.items():
             spec = specs.get(name)
             if spec is None or not _is_encoded(array, spec):
@@ -80,8 +87,10 @@ class ServedImages:
                         enumerate(array)]  # fmt: skip
             except InputError as exc:
                 raise RequestError(str(exc)) from None
-            decoded[name] = np.stack(rows) if rows else np.zeros((0, *_sample_shape(image)), image.dtype)
-        return decoded
+            samples = [sample for sample, _ in rows]
+            decoded[name] = np.stack(samples) if rows else np.zeros((0, *image.sample_shape), image.dtype)
+            placements[name] = [placement for _, placement in rows]
+        return decoded, placements
 
 
 def _is_encoded(array: np.ndarray, spec: IOSpec | None) -> bool:
@@ -105,9 +114,3 @@ def _picture(item: Any, name: str, index: int) -> bytes:
         return base64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError):
         return raw
-
-
-def _sample_shape(image: ImageInput) -> tuple[int, int, int]:
-    channels = len(image.mode)  # L: 1, RGB: 3
-    height, width = image.size
-    return (channels, height, width) if image.layout == "NCHW" else (height, width, channels)

@@ -34,6 +34,7 @@ DIGITS_RECORD = {"mode": "L", "size": [8, 8], "resize": "bilinear", "scale": 16 
 RGB_OPTION = {"layout": "NHWC", "mode": "RGB", "size": [4, 6], "scale": 1 / 255, "mean": [0.5, 0.4, 0.3],
               "std": [0.25, 0.5, 2.0]}  # fmt: skip
 SAMPLES = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 42, 1000]  # rows of sklearn's digits
+LETTERBOX_RECORD = {"mode": "L", "letterbox": {"size": [8, 8], "pad": 0}, "resize": "bilinear", "scale": 16 / 255}
 
 
 def digits_classifier(layout: str = "NCHW") -> onnx.ModelProto:
@@ -88,6 +89,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     result = CliRunner().invoke(main, [*args, "--image-preprocessing", json.dumps(RGB_OPTION)])
     assert result.exit_code == 0, result.output
     record(repo, "unrecorded", digits_classifier(), "NCHW", {})  # an image input nobody said how to feed
+    record(repo, "boxed", digits_classifier(), "NCHW", {"image": LETTERBOX_RECORD})  # kept aspect, padded
+    # A record that cannot be applied (a hand edit): the version is refused when it loads, not per request.
+    record(repo, "badcrop", digits_classifier(), "NCHW", {"image": {"mode": "L", "resize_short": 8, "crop": [9, 9]}})
     running = start_server([repo], tmp_path_factory.mktemp("log") / "serve.log", "--poll", "0")
     yield running
     running.stop()
@@ -167,6 +171,28 @@ def test_mean_std_outside_the_model_resize_and_nhwc_are_applied_as_recorded(serv
     response = httpx.post(f"{server.url}/v1/models/rgb:predict", json={"instances": [{"b64": b64(picture)}]})
     assert response.status_code == 200, response.text
     np.testing.assert_allclose(response.json()["predictions"][0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_letterboxed_model_gets_the_picture_fitted_and_padded_and_a_bad_record_is_refused_at_load(
+    server: Server,
+) -> None:
+    wide = np.repeat(np.round(load_digits().images[3] * 255 / 16).astype(np.uint8), 2, axis=1)  # 16x8 (w x h)
+    fitted = Image.fromarray(wide, "L").resize((8, 4), Image.Resampling.BILINEAR)  # fit 8x8: 8x4, aspect kept
+    tensor = np.zeros((1, 1, 8, 8), np.float32)  # padded with 0 above and below: 2 rows each
+    tensor[0, 0, 2:6] = np.asarray(fitted, np.float32) * np.float32(16 / 255)
+    fp32 = {"name": "input", "datatype": "FP32", "shape": [1, 1, 8, 8], "data": tensor.ravel().tolist()}
+    expected = v2_logits(v2_infer(server, "boxed", fp32))
+    picture = {"name": "input", "datatype": "BYTES", "shape": [1], "data": [b64(png(wide))]}
+    np.testing.assert_allclose(v2_logits(v2_infer(server, "boxed", picture)), expected, rtol=1e-5, atol=1e-5)
+    shown = httpx.get(f"{server.url}/v2/models/boxed").json()["parameters"]["preprocessing"]["input"]["image"]
+    assert shown == {"layout": "NCHW", **LETTERBOX_RECORD}
+
+    refused = httpx.get(f"{server.url}/v2/models/badcrop")
+    assert refused.status_code == 404
+    assert (
+        "failed to load" in refused.json()["error"]
+        and "crop [9, 9] is larger than resize_short 8" in (refused.json()["error"])
+    )
 
 
 def test_metadata_shows_the_recorded_preprocessing(server: Server) -> None:

@@ -9,12 +9,15 @@ the protocol needs to remember for its answer; `encode` turns the outputs back i
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipeline.serve.protocols.datatypes import IOSpec
+
+if TYPE_CHECKING:
+    from pipeline.runtime.images import Placement
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,8 @@ class Decoded:
     inputs: dict[str, np.ndarray]  # input name -> array, as sent (checked against the model later)
     outputs: list[str] | None  # output names asked for, in the order to answer them; None: every output
     options: Any = None  # read only by the protocol that decoded it (V2: id, binary outputs; TF: row form)
+    # input name -> where each picture sent for it landed in its row (boxes map back through these)
+    placements: dict[str, list[Placement]] = field(default_factory=dict)
 
 
 Encoded = tuple[bytes, dict[str, str]]  # response body and its headers

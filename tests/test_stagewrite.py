@@ -123,3 +123,28 @@ def test_a_reader_never_pairs_a_manifest_with_files_of_another_commit(
     assert not writers[0].is_alive()
     after = Artifact.load(root)  # consistent: the new manifest with the new file
     assert before.manifest.files["model.onnx"] != after.manifest.files["model.onnx"]
+
+
+def test_the_scratch_of_a_killed_stage_is_removed_by_the_next_and_a_live_ones_kept(toy_artifact: Artifact) -> None:
+    root = toy_artifact.root
+    holder = (
+        "import sys, time\nfrom pipeline.artifact.stagewrite import StageWrite\n"
+        "with StageWrite(sys.argv[1], 'optimize') as w:\n    print(w.scratch, flush=True)\n    time.sleep(60)\n"
+    )
+    killed = subprocess.Popen([sys.executable, "-c", holder, str(root)], stdout=subprocess.PIPE, text=True)
+    orphan = Path(killed.stdout.readline().strip())
+    killed.kill()  # kill -9: no __exit__, the scratch stays behind
+    killed.wait()
+    live = subprocess.Popen([sys.executable, "-c", holder, str(root)], stdout=subprocess.PIPE, text=True)
+    try:
+        running = Path(live.stdout.readline().strip())
+        assert not orphan.exists() and running.is_dir()  # the next stage to start removed the killed one's
+        (root / ".edge-x9k2").mkdir()  # a scratch left before pids were in the names
+        with StageWrite(root, "edge") as write:
+            assert write.scratch.is_dir() and not (root / ".edge-x9k2").exists()
+            assert running.is_dir()  # another stage at work on this version right now
+    finally:
+        live.kill()
+        live.wait()
+        live.stdout.close()
+        killed.stdout.close()

@@ -35,7 +35,9 @@ class StageWrite:
         self.scratch = Path()
 
     def __enter__(self) -> StageWrite:
-        self.scratch = Path(tempfile.mkdtemp(prefix=f".{self.stage}-", dir=self.root))
+        _remove_orphans(self.root)
+        # the owner's pid in the name: a scratch directory whose process is gone (kill -9) is an orphan
+        self.scratch = Path(tempfile.mkdtemp(prefix=f".{self.stage}-{os.getpid()}-", dir=self.root))
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -63,3 +65,29 @@ class StageWrite:
             record(artifact)
             artifact.save()
         return artifact
+
+
+def _remove_orphans(root: Path) -> None:
+    """Remove the scratch directories of stages whose process no longer runs (killed before their cleanup).
+
+    A scratch directory is `.<stage>-<pid>-<random>`; one of a live process (another stage working on this
+    version right now) is left alone. Names without a pid (written before pids were recorded) are orphans.
+    """
+    for path in root.glob(".*-*"):
+        stage, _, rest = path.name[1:].partition("-")
+        if not path.is_dir() or not stage.isalpha():
+            continue
+        pid = rest.partition("-")[0]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # no signal sent: only whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True

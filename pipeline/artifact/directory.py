@@ -51,7 +51,7 @@ class Artifact:
         if not path.is_file():
             hint = ""
             if root.is_dir() and version_dirs(root):
-                hint = f" (it holds versions: pass {root}/<version>, or use resolve_artifact)"
+                hint = f" (it holds versions: pass {root}/<version>)"
             raise ArtifactError(f"{root} is not an artifact: {MANIFEST_NAME} not found{hint}")
         _check_place(root)
         # Verifying reads the manifest and checks the files under one shared lock: a stage committing

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -66,7 +67,7 @@ def to_markdown(run: CheckRun) -> str:
         "| check | status | figures |",
         "| --- | --- | --- |",
     ]
-    lines += [f"| {_code(_cell(r.name))} | {MARK[r.status]} | {_cell(r.detail)} |" for r in run.results]
+    lines += [f"| {_code(_pipes(r.name))} | {MARK[r.status]} | {_cell(r.detail)} |" for r in run.results]
     lines += [f"\n> note: {_cell(n)}" for n in run.notes]
     return "\n".join(lines) + "\n"
 
@@ -88,6 +89,13 @@ def write_reports(run: CheckRun, junit: Path | None, markdown: Path | None, json
 
 
 def _cell(text: str) -> str:
+    """Text for a Markdown table cell that renders as text: HTML escaped (a label `<img onerror=...>` reaches
+    $GITHUB_STEP_SUMMARY), pipes escaped, line breaks folded."""
+    return _pipes(html.escape(text, quote=False))
+
+
+def _pipes(text: str) -> str:
+    """Pipes escaped and line breaks folded, so the text stays in its table cell (a code span needs no more)."""
     return text.replace("|", "\\|").replace("\n", " ")
 
 

@@ -74,9 +74,13 @@ def load_graph(path: Path) -> onnx.ModelProto:
     if not path.is_file():
         raise InputError(f"ONNX model {path} not found; pass the path of a .onnx file")
     try:
-        return onnx.load(str(path), load_external_data=False)
+        model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, OSError) as exc:
         raise InputError(f"{path} is not an ONNX model ({exc}); pass a file written by an ONNX exporter") from exc
+    if not model.HasField("graph"):  # an empty file, or another message (a TensorProto) parses as an empty model
+        what = "is empty" if path.stat().st_size == 0 else "holds no graph (another protobuf message, not a model)"
+        raise InputError(f"{path} {what}: it is not an ONNX model; pass a .onnx file written by an ONNX exporter")
+    return model
 
 
 def external_files(model: onnx.ModelProto, model_dir: Path) -> list[str]:

@@ -226,9 +226,10 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
 
 
 def _diverged(value: float, progress: Progress, lr: float, precision: str, kept: Path | None) -> TrainingDiverged:
+    where = f"the last good checkpoint is kept in {kept}" if kept else "no checkpoint was written yet"
     return TrainingDiverged(
         f"loss became {value} at epoch {progress.epoch + 1}, step {progress.step + 1} (lr {lr:.3g}, precision "
-        f"{precision}); the last good checkpoint is kept in {kept or 'none: none was written yet'}. Lower "
+        f"{precision}); {where}. Lower "
         "train.lr, set train.grad_clip, or use precision fp32, then train again"
     )
 

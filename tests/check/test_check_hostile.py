@@ -151,3 +151,16 @@ def test_a_latency_window_of_zero_seconds_is_bad_input_not_a_skipped_latency_che
     result = invoke("check", str(artifact), "--baseline", str(artifact), "--latency-seconds", "0")
     assert result.exit_code == 2, result.output
     assert "--latency-seconds" in result.output and "latency  " not in result.output, result.output
+
+
+def test_html_in_a_label_is_text_in_the_markdown_report() -> None:
+    from pipeline.check.checks import check_signature
+    from pipeline.check.reports import to_markdown
+    from pipeline.check.verdict import CheckRun
+    from pipeline.recipe.schema import BudgetSpec
+
+    before = summary()
+    after = summary(labels=["a", "b", "<img src=x onerror=alert(1)>"])
+    run = CheckRun(after, before, BudgetSpec(), check_signature(after, before), [])
+    markdown = to_markdown(run)
+    assert "<img" not in markdown and "&lt;img src=x onerror=alert(1)&gt;" in markdown, markdown

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
 import pytest
 from click.testing import CliRunner
 from test_export_import import linear_model
@@ -60,3 +62,13 @@ def test_a_hand_edited_manifest_with_a_newline_in_a_label_is_refused(tmp_path: P
     manifest.write_text(manifest.read_text().replace('"b"', '"b\\nx"'))
     result = invoke("info", str(repo / "l" / "1"))
     assert result.exit_code == 2 and "one line of printable text" in result.output, result.output
+
+
+def test_an_empty_file_or_a_tensor_proto_is_not_an_onnx_model(tmp_path: Path) -> None:
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    tensor = onnx.numpy_helper.from_array(np.zeros((4, 3), np.float32))  # unnamed: it parses as a ModelProto
+    (tmp_path / "tensor.onnx").write_bytes(tensor.SerializeToString())
+    for file, why in (("empty.onnx", "is empty"), ("tensor.onnx", "holds no graph")):
+        result = invoke("import", str(tmp_path / file), "--name", "t", "--repository", str(tmp_path / "repo"))
+        assert result.exit_code == 2 and why in result.output and "not an ONNX model" in result.output, result.output
+        assert "0 graph inputs" not in result.output

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 # Per metric name, whether a higher value is better; a metric not listed here is shown, never judged.
-HIGHER_IS_BETTER = {"accuracy": True, "mae": False, "rmse": False, "r2": True}
+# box_agreement: a detection variant's boxes matched to its parent's (pipeline/verify/policies.py BoxAgreement).
+HIGHER_IS_BETTER = {"accuracy": True, "mae": False, "rmse": False, "r2": True, "box_agreement": True}
 
 
 def metric_drop(name: str, reference: float, candidate: float) -> float:

@@ -28,7 +28,11 @@ from pipeline.core.jsontypes import decode, encode
 
 SCHEMA_VERSION = 2  # 2: typed stage records and variant records (1 held free-form stage dicts)
 MANIFEST_NAME = "manifest.json"
-TASKS = ("classification", "regression", "embedding")
+# What a model's outputs mean (docs/export.md, "Tasks"): classification ([batch, classes]), regression,
+# embedding, detection (the Ultralytics head: one [batch, 4+classes, anchors] output) and tensor (none of
+# those: each output judged as a tensor).
+TASKS = ("classification", "regression", "embedding", "detection", "tensor")
+Task = Literal["classification", "regression", "embedding", "detection", "tensor"]
 # A model name is a directory name in every repository and URL it reaches: one safe path segment.
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 NAME_RULE = "1-128 lowercase letters, digits, '.', '_' and '-', starting with a letter or digit"
@@ -158,6 +162,26 @@ class TensorSpec:
     tokens: TokenInput | None = field(default=None, metadata={"omit_none": True})  # token-id inputs only
 
 
+def _fraction(value: float) -> str | None:
+    return None if 0.0 <= value <= 1.0 else f"expected a number from 0 to 1, got {value}"
+
+
+@dataclass(frozen=True)
+class Detection:
+    """How a detector's output becomes boxes (task `detection`): the Ultralytics head layout, one output
+    [batch, 4 + classes, anchors] holding cx, cy, w, h in input pixels, then one score per class.
+
+    The defaults are Ultralytics' own for prediction (cfg/default.yaml: conf 0.25, iou 0.7, max_det 300).
+    """
+
+    confidence: float = field(default=0.25, metadata={"check": _fraction})  # a box is kept if its best score is above
+    iou: float = field(
+        default=0.7, metadata={"check": _fraction}
+    )  # NMS: drop a box overlapping a kept one of its class more
+    max_detections: int = field(default=300, metadata={"check": _positive})  # boxes kept per picture, best first
+    stride: int | None = field(default=None, metadata={"omit_none": True, "check": _positive})  # the head's largest
+
+
 @dataclass
 class FileEntry:
     """What a listed file must hash to; anything else is a tampered or truncated artifact."""
@@ -193,10 +217,11 @@ class Manifest:
 
     name: str = field(metadata={"check": check_name})
     version: int = field(metadata={"check": lambda v: None if v >= 1 else f"expected a version >= 1, got {v}"})
-    task: Literal["classification", "regression", "embedding"]
+    task: Task
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     labels: list[str] = field(default_factory=list, metadata={"check": _check_labels})
+    detection: Detection | None = field(default=None, metadata={"omit_none": True})  # task detection only
     lineage: Lineage = field(default_factory=Lineage)
     files: dict[str, FileEntry] = field(default_factory=dict, metadata={"check": _check_files})
     variants: dict[str, Variant] = field(default_factory=dict, metadata={"check": _check_variants})
@@ -288,17 +313,29 @@ def _contradictions(manifest: Manifest) -> list[str]:
             )
     problems += _feature_contradictions(manifest.inputs)
     problems += preprocessing_problems(manifest.inputs)  # an image record that cannot be applied: refused up front
-    classes = manifest.outputs[0].shape[-1] if manifest.outputs and manifest.outputs[0].shape else None
-    if manifest.task == "classification" and manifest.labels and isinstance(classes, int):
-        if len(manifest.labels) != classes:
-            problems.append(
-                f"labels: {len(manifest.labels)} class names, but output {manifest.outputs[0].name!r} "
-                f"has {classes} classes"
-            )
+    problems += _task_contradictions(manifest)
     return problems
 
 
-_IDENTITY_FIELDS = ("name", "version", "task", "inputs", "outputs", "labels", "lineage", "created")
+def _task_contradictions(manifest: Manifest) -> list[str]:
+    """Labels that do not match the classes the task's output holds; detection settings without detection."""
+    first = manifest.outputs[0] if manifest.outputs else None
+    if (manifest.task == "detection") != (manifest.detection is not None):
+        return [f"detection: recorded for task {manifest.task!r}; it is set for task 'detection' alone, and always"]
+    if first is None or not manifest.labels:
+        return []
+    if manifest.task == "classification" and first.shape and isinstance(first.shape[-1], int):
+        classes = first.shape[-1]
+    elif manifest.task == "detection" and len(first.shape) == 3 and isinstance(first.shape[1], int):
+        classes = first.shape[1] - 4  # [batch, 4 + classes, anchors]
+    else:
+        return []
+    if len(manifest.labels) == classes:
+        return []
+    return [f"labels: {len(manifest.labels)} class names, but output {first.name!r} has {classes} classes"]
+
+
+_IDENTITY_FIELDS = ("name", "version", "task", "inputs", "outputs", "labels", "detection", "lineage", "created")
 
 
 def check_relative(rel: str) -> PurePosixPath:

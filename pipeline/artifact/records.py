@@ -106,6 +106,14 @@ class PictureFolder:
 
 
 @dataclass(kw_only=True)
+class Reading:
+    """One thing `pipe import` set from what the model's exporter recorded, or from the flag that overrode it."""
+
+    value: Any  # what was set: the task, the number of labels, the image size, ...
+    source: str  # where it came from: "metadata_props['names'] (Ultralytics)", "--labels", "default", ...
+
+
+@dataclass(kw_only=True)
 class ImportRecord(StageRecord):
     """`pipe import`: a model made elsewhere."""
 
@@ -120,6 +128,15 @@ class ImportRecord(StageRecord):
     eval_data: str | None = None
     pictures: PictureFolder | None = field(default=None, metadata={"omit_none": True})  # --eval-data DIR
     parity: dict[str, Any] = field(default_factory=dict)
+    # What the exporter recorded (pipeline/export/conventions.py): the model's metadata_props as found
+    # (keys and values verbatim, each value cut at 2,000 characters, at most 64 keys), the convention
+    # recognised in them (Ultralytics, Paddle, Hugging Face), what pipe set from them or from flags
+    # (task, labels, image size, letterbox, stride, detection) with the source of each, and a line
+    # for each value ignored or refused and why.
+    metadata: dict[str, str] = field(default_factory=dict)
+    convention: str | None = None
+    read: dict[str, Reading] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def judged_on_generated(self) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.artifact.directory import Artifact, resolve_artifact
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.manifest import Task, TensorSpec
 from pipeline.artifact.variants import MODEL_FILE, unusable
 from pipeline.core.errors import InputError
 from pipeline.core.fsutil import write_user_file
@@ -51,7 +51,7 @@ class Baseline:
     format: str = FORMAT
     name: str
     version: int
-    task: Literal["classification", "regression", "embedding"]
+    task: Task
     labels: list[str] = field(default_factory=list)
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]

@@ -7,11 +7,14 @@ sees at a glance what the next command is.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from pipeline.artifact.directory import Artifact, is_version_name, version_dirs
 from pipeline.artifact.manifest import MANIFEST_NAME, Manifest
-from pipeline.artifact.preprocessing import ImageRecord, image_record
+from pipeline.artifact.preprocessing import ImageRecord, image_record, parse_image_record
+from pipeline.artifact.records import ImportRecord
 from pipeline.artifact.variants import EDGE_PREFIX
 from pipeline.core.errors import ArtifactError, InputError, PipelineError
 from pipeline.report.markdown import shape, size
@@ -33,6 +36,8 @@ def manifest_table(artifact: Artifact) -> str:
     if m.labels:
         shown = ", ".join(m.labels[:10]) + (" ..." if len(m.labels) > 10 else "")
         lines.append(f"  labels    {len(m.labels)}: {shown}")
+    if m.detection is not None:
+        lines.append(f"  detection {reading_text('detection', asdict(m.detection))}")
     for kind, specs in (("input", m.inputs), ("output", m.outputs)):
         for spec in specs:
             lines.append(f"  {kind:<9} {spec.name}: {spec.dtype} {shape(spec.shape)} {spec.layout}")
@@ -55,6 +60,8 @@ def manifest_table(artifact: Artifact) -> str:
             lines.append(f"    {name:<12} {v.format}/{v.precision:<5} {v.file}  {status}  {metrics}".rstrip())
     if names := m.stages.names():
         lines.append("  stages    " + ", ".join(names))
+    if m.stages.import_ is not None:
+        lines += import_lines(m.stages.import_)
     return "\n".join(lines)
 
 
@@ -73,6 +80,48 @@ def _pictures(record: ImageRecord) -> str:
 
 def _size(size: tuple[int, int] | None) -> str:
     return "x".join(str(d) for d in size or ())
+
+
+VALUE_SHOWN = 70  # characters of a metadata value `pipe info` shows
+
+
+def import_lines(record: ImportRecord) -> list[str]:
+    """What the exporter recorded in the model's metadata, and what `pipe import` made of it, with sources."""
+    lines = [f"  imported  {record.source} ({record.convention or 'no known exporter convention'}, "
+             f"producer {record.producer or '-'}, opset {_or_dash(record.opset)})"]  # fmt: skip
+    if record.metadata:
+        lines.append(f"  metadata  {len(record.metadata)} key(s) in metadata_props")
+        width = min(max(len(key) for key in record.metadata), 24)
+        for key, value in record.metadata.items():
+            used = [what for what, r in record.read.items() if f"metadata_props[{key!r}]" in r.source]
+            shown = value if len(value) <= VALUE_SHOWN else value[: VALUE_SHOWN - 3] + "..."
+            mark = f"  -> {', '.join(used)}" if used else ""
+            lines.append(f"    {key[:24]:<{width}}  {shown!r}{mark}")
+    else:
+        lines.append("  metadata  none (metadata_props is empty)")
+    for i, (what, reading) in enumerate(record.read.items()):
+        head = "  read      " if i == 0 else "            "
+        lines.append(f"{head}{what} {reading_text(what, reading.value)} <- {reading.source}")
+    lines += [f"  note      {note}" for note in record.notes]
+    return lines
+
+
+def reading_text(what: str, value: Any) -> str:
+    """One thing the import read (`stages.import.read`), as a person reads it."""
+    if what == "labels":
+        return f"{value} labels"
+    if what == "image_size" and isinstance(value, list) and len(value) == 2:
+        return f"{value[0]}x{value[1]}"
+    if what == "image" and isinstance(value, dict):
+        try:
+            return _pictures(parse_image_record(value, "image"))
+        except InputError:  # a hand-edited record: shown as it is
+            return str(value)
+    if what == "detection" and isinstance(value, dict):
+        text = (f"confidence > {value.get('confidence')}, NMS IoU {value.get('iou')}, "
+                f"max {value.get('max_detections')} boxes per picture")  # fmt: skip
+        return text + (f", stride {value['stride']}" if value.get("stride") else "")
+    return str(value)
 
 
 def describe_path(path: Path) -> tuple[str, list[str]]:

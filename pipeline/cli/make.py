@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from pipeline.cli.group import main
-from pipeline.cli.params import THREADS, TOLERANCE, Number, Whole
+from pipeline.cli.params import FRACTION, THREADS, TOLERANCE, Number, Whole
 
 
 @main.command()
@@ -69,9 +69,10 @@ def train(
 @click.option("--labels-file", type=click.Path(), default=None, help="Class names, one per line.")
 @click.option(
     "--task",
-    type=click.Choice(["classification", "regression", "embedding"]),
-    default="classification",
-    show_default=True,
+    type=click.Choice(["classification", "regression", "embedding", "detection", "tensor"]),
+    default=None,
+    help="What the outputs are. Default: the task the exporter recorded (Ultralytics), else classification "
+    "when the outputs fit a classifier, else tensor. See docs/export.md.",
 )
 @click.option("--repository", type=click.Path(), default="artifacts", show_default=True, help="Where artifacts live.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
@@ -85,6 +86,9 @@ def train(
     '(or "size": [H, W] to stretch, "letterbox": {"size": [H, W], "pad": 114}; "resize": a Pillow filter; '
     "mean/std: applied outside the model; also layout NCHW|NHWC, input NAME). See docs/artifact.md.",
 )
+@click.option("--confidence", type=FRACTION, default=None, help="Detection: keep boxes scoring above this. [0.25]")
+@click.option("--iou", type=FRACTION, default=None, help="Detection: NMS IoU above which a box is dropped. [0.7]")
+@click.option("--max-detections", type=Whole(1, 100_000), default=None, help="Detection: boxes kept per picture. [300]")
 def import_cmd(
     model: str,
     name: str,
@@ -92,13 +96,17 @@ def import_cmd(
     eval_limit: int,
     labels: str | None,
     labels_file: str | None,
-    task: str,
+    task: str | None,
     repository: str,
     input_shapes: tuple[str, ...],
     image_preprocessing: str | None,
+    confidence: float | None,
+    iou: float | None,
+    max_detections: int | None,
 ) -> None:
-    """Make an artifact from an ONNX MODEL produced elsewhere (JAX, TensorFlow, Paddle, ...)."""
+    """Make an artifact from an ONNX MODEL produced elsewhere (JAX, TensorFlow, Paddle, Ultralytics, ...)."""
     from pipeline.artifact.golden import load_golden
+    from pipeline.cli.info import reading_text
     from pipeline.export.importer import import_onnx, read_labels
     from pipeline.export.shapes import parse_input_shapes
     from pipeline.samples.evaluation import GENERATED_NOTE
@@ -106,12 +114,16 @@ def import_cmd(
     shapes = parse_input_shapes(input_shapes)
     names = read_labels(labels, Path(labels_file) if labels_file else None)
     evaluation = Path(eval_data) if eval_data else None
-    artifact = import_onnx(
-        Path(model), name, Path(repository), evaluation, names, task, image_preprocessing, shapes, eval_limit
-    )
+    detection = {"confidence": confidence, "iou": iou, "max_detections": max_detections}
+    artifact = import_onnx(Path(model), name, Path(repository), evaluation, names, task, image_preprocessing,
+                           shapes, eval_limit, detection=detection)  # fmt: skip
     imported = artifact.manifest.stages.import_
     golden = imported.golden if imported else "?"
     click.echo(f"imported {model} -> {artifact.root} (golden outputs from {golden} inputs)")
+    for what, reading in imported.read.items() if imported else ():
+        click.echo(f"  {what}: {reading_text(what, reading.value)} ({reading.source})")
+    for note in imported.notes if imported else ():
+        click.echo(f"  note: {note}")
     if imported is not None and (pictures := imported.pictures) is not None:
         labelled = f", {len(pictures.classes)} class folders" if pictures.classes else ", unlabelled (a flat folder)"
         click.echo(f"  pictures: {pictures.used} of {pictures.found} (at most {pictures.limit}){labelled}")

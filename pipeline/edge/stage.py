@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import GOLDEN_NAME
+from pipeline.artifact.manifest import Detection
 from pipeline.artifact.records import EdgeRecord
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import EDGE_PREFIX, MODEL_FILE, EdgeIO, EdgeTensor, Variant, variant_file
@@ -36,6 +37,7 @@ from pipeline.samples.evaluation import EvaluationSet
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
 from pipeline.stagekit.opening import made_from_model_fresh, open_for_model
 from pipeline.verify.gate import verify
+from pipeline.verify.metrics import METRIC_TASKS
 from pipeline.verify.policies import Exact, MinCosine, Policy, budget_for
 from pipeline.verify.report import GateReport
 
@@ -63,15 +65,19 @@ class EdgeOutcome:
     notes: list[str]
 
 
-def policy_for(precision: str, settings: EdgeSpec, task: str, has_target: bool) -> Policy:
-    """fp32 and fp16 are held to model.onnx element by element; int8 to the task's budget."""
+def policy_for(
+    precision: str, settings: EdgeSpec, task: str, has_target: bool, detection: Detection | None = None
+) -> Policy:
+    """fp32 and fp16 are held to model.onnx element by element; int8 to the task's budget (a detector's boxes
+    decoded with its recorded `detection` settings)."""
     if precision == "fp32":
         return Exact(atol=settings.atol_fp32, rtol=settings.rtol)
     if precision == "fp16":
         return Exact(atol=settings.atol_fp16, rtol=settings.rtol, metric=settings.max_accuracy_drop)
     if task == "embedding":
         return MinCosine()
-    return budget_for(task, has_target, settings.max_accuracy_drop if has_target else None)
+    metered = has_target and task in METRIC_TASKS
+    return budget_for(task, has_target, settings.max_accuracy_drop if metered else None, detection)
 
 
 def edge_artifact(
@@ -164,7 +170,7 @@ def _judge(c: Converted, artifact: Artifact, evaluation: EvaluationSet, settings
            progress: Progress) -> EdgeMade:  # fmt: skip
     m = artifact.manifest
     name = f"{EDGE_PREFIX}{c.precision}"
-    policy = policy_for(c.precision, settings, m.task, evaluation.target is not None)
+    policy = policy_for(c.precision, settings, m.task, evaluation.target is not None, m.detection)
     candidate = tflite_candidate(c.path, names=c.names, layout=c.input_layout)
     report = verify(candidate, ort_runner(artifact.path(MODEL_FILE)), evaluation, m.spec, policy, scratch=scratch)
     status = "passed" if report.passed else "FAILED"

@@ -5,17 +5,20 @@ the model runs in onnxruntime (a file that does not load is refused); golden out
 on the user's evaluation data or, without it, on generated inputs of the right dtype and shape;
 the parity gate then checks structure and that batched runs equal per-sample runs. Free dims
 (`-1`, a shared `?`, no value or name) are told apart and can be fixed with `--input-shape`
-(shapes.py). External data is copied in, and a location that escapes the model's directory is
-refused. Nothing is left behind on failure: the new version directory is removed, and so are the
-model and repository directories when this import made them.
+(shapes.py). What the exporter recorded in `metadata_props` is read (conventions.py) and, under
+the flags, decides the task, labels, image preprocessing and detection settings (readings.py).
+External data is copied in, and a location that escapes the model's directory is refused.
+Nothing is left behind on failure: the new version directory is removed, and so are the model and
+repository directories when this import made them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -33,15 +36,17 @@ from pipeline.artifact.manifest import (
     label_problem,
     tensor_name_problem,
 )
-from pipeline.artifact.records import ImportRecord
+from pipeline.artifact.records import ImportRecord, Reading
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import ArtifactError, CheckFailed, InputError, first_line
 from pipeline.core.fsutil import sha256_file
 from pipeline.data.picture_folder import DEFAULT_LIMIT
+from pipeline.export.conventions import Found, read_conventions
 from pipeline.export.evaldata import EvalData, read_eval_data
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
+from pipeline.export.readings import Readings, decide
 from pipeline.export.shapes import (
     GENERATED_BATCH,
     Probe,
@@ -52,7 +57,6 @@ from pipeline.export.shapes import (
     graph_dims,
     write_dims,
 )
-from pipeline.runtime.images import record_image_option
 from pipeline.runtime.runners import Runner, ort_runner, run_chunked
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
@@ -168,10 +172,11 @@ def import_onnx(
     repository: Path = Path("artifacts"),
     eval_data: Path | None = None,
     labels: list[str] | None = None,
-    task: str = "classification",
+    task: str | None = None,
     image_preprocessing: str | None = None,
     input_shapes: Shapes | None = None,
     eval_limit: int = DEFAULT_LIMIT,
+    detection: dict[str, Any] | None = None,
 ) -> Artifact:
     """Create `repository/<name>/<next version>/` from the ONNX file `source` and return it.
 
@@ -179,12 +184,15 @@ def import_onnx(
     pictures of it. `image_preprocessing`: the JSON of `--image-preprocessing`, how pictures feed the
     image input (pipeline/runtime/images.py, `record_image_option`). `input_shapes`: `--input-shape` as
     parsed by `pipeline.export.shapes.parse_input_shapes`, the dims the user fixes or names; recorded
-    as `stages.import.settings.input_shapes`.
+    as `stages.import.settings.input_shapes`. `task`: None takes the metadata's, else classification
+    when the outputs fit a classifier, else tensor (pipeline/export/tasks.py). `labels`: None (or empty)
+    takes the metadata's. `detection`: `confidence`, `iou` and `max_detections` given for a detector
+    (None values: the defaults).
     """
     source = Path(source)
     if problem := check_name(name):
         raise InputError(f"--name: {problem}")
-    if task not in TASKS:
+    if task is not None and task not in TASKS:
         raise InputError(f"task {task!r} is not one of {', '.join(TASKS)}")
     model = load_graph(source)
     declared = default_opset(model)
@@ -198,16 +206,21 @@ def import_onnx(
     _check_specs(source, inputs, outputs)
     if input_shapes:
         apply_input_shapes(input_shapes, inputs, outputs)
-    if image_preprocessing is not None:
-        record_image_option(image_preprocessing, inputs)
-    labels = labels or []
-    evaluation = read_eval_data(eval_data, inputs, labels, task, eval_limit) if eval_data is not None else None
+    found = read_conventions(model)
+    readings = decide(found, inputs, outputs, task, labels, image_preprocessing, detection)
+    evaluation = None
+    if eval_data is not None:
+        evaluation = read_eval_data(eval_data, inputs, readings.labels, readings.task, eval_limit)
+        if evaluation.labels != readings.labels:  # a model without labels takes its class folders' names
+            readings.labels = evaluation.labels
+            readings.read["labels"] = Reading(value=len(evaluation.labels), source=f"--eval-data {eval_data} folders")
     settings = {"input_shapes": input_shapes} if input_shapes else {}
     model_root = Path(repository) / name
     made = [d for d in (model_root, model_root.parent) if not d.exists()]  # removed again if the import fails
     root = allocate_version(model_root)
     try:
-        return _build(root, source, model, extra, inputs, outputs, evaluation, eval_data, labels, task, settings)
+        imported = _Imported(source, model, extra, evaluation, eval_data, settings)
+        return _build(root, imported, inputs, outputs, readings, found)
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)  # nothing half-written
         for directory in made:  # nor a model or repository directory this import made, unless another filled it
@@ -216,47 +229,43 @@ def import_onnx(
         raise
 
 
+@dataclass(frozen=True)
+class _Imported:
+    """The source as read: its graph, external data files, evaluation data and settings."""
+
+    source: Path
+    model: onnx.ModelProto
+    extra: list[str]  # external data files, relative to the source's directory
+    evaluation: EvalData | None
+    eval_data: Path | None
+    settings: dict[str, object]
+
+
 def _build(
     root: Path,
-    source: Path,
-    model: onnx.ModelProto,
-    extra: list[str],
+    imported: _Imported,
     inputs: list[TensorSpec],
     outputs: list[TensorSpec],
-    evaluation: EvalData | None,
-    eval_data: Path | None,
-    labels: list[str],
-    task: str,
-    settings: dict[str, object],
+    readings: Readings,
+    found: Found,
 ) -> Artifact:
-    manifest = Manifest(
-        name=root.parent.name,
-        version=int(root.name),
-        task=task,
-        inputs=inputs,
-        outputs=outputs,
-        labels=evaluation.labels if evaluation is not None else labels,
-        lineage=Lineage(backend="import", dataset_fingerprint=evaluation.digest if evaluation else None),
-    )
-    artifact = Artifact(root, manifest)
-    if write_dims(
-        model, inputs, outputs
-    ):  # free dims named, the user's dims fixed: the graph says what the manifest says
-        onnx.save(model, str(root / MODEL_FILE))
+    source, model, eval_data, evaluation = imported.source, imported.model, imported.eval_data, imported.evaluation
+    task, path = readings.task, root / MODEL_FILE
+    if write_dims(model, inputs, outputs):  # free dims named, the user's dims fixed: the graph says what it holds
+        onnx.save(model, str(path))
     else:
-        shutil.copyfile(source, root / MODEL_FILE)
-    for rel in extra:
+        shutil.copyfile(source, path)
+    for rel in imported.extra:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source.parent / rel, root / rel)
-    stamp(root / MODEL_FILE, manifest)
     try:
-        run = ort_runner(root / MODEL_FILE)
+        run = ort_runner(path)
     except ArtifactError as exc:  # the model does not load
         raise InputError(f"onnxruntime cannot load {source}: {first_line(exc.__cause__ or exc)}") from exc
     if evaluation is not None:
         samples, target = evaluation.inputs, evaluation.target
     else:
-        sizes = choose_sizes(inputs, _probe(run.session), str(source))
+        sizes = choose_sizes(inputs, _probe(run.session), str(source), readings.hints)
         samples, target = generated_inputs(inputs, sizes, GENERATED_BATCH), None
     batched = all(spec.shape and isinstance(spec.shape[0], str) for spec in [*inputs, *outputs])
     try:  # a few hundred pictures: run in chunks, so a large model's activations stay bounded
@@ -264,17 +273,29 @@ def _build(
     except Exception as exc:  # the model loads but does not run on inputs of its declared shape
         raise InputError(f"onnxruntime cannot run {source} on inputs shaped like its graph inputs: {exc}") from exc
     try:
-        _check_labels(manifest.labels, outputs, golden_out, task)
+        readings.check_labels(outputs, golden_out)
     except InputError as exc:
-        if evaluation is None or evaluation.pictures is None or labels:
+        if evaluation is None or evaluation.pictures is None or not readings.read["labels"].source.endswith("folders"):
             raise
         raise InputError(  # the labels came from the class folders
             f"--eval-data {eval_data}: its class folders became the labels, but {exc}; give the model's labels in "
             "output order with --labels or --labels-file, and the folders are matched to them by name"
         ) from None
+    manifest = Manifest(
+        name=root.parent.name,
+        version=int(root.name),
+        task=task,
+        inputs=inputs,
+        outputs=outputs,
+        labels=readings.labels,
+        detection=readings.detection,
+        lineage=Lineage(backend="import", dataset_fingerprint=evaluation.digest if evaluation else None),
+    )
+    artifact = Artifact(root, manifest)
+    stamp(path, manifest)  # the session above read the same graph and weights; stamping adds metadata only
     reference = _one_at_a_time(run, inputs)
     given = EvaluationSet.of(samples, source="the import's samples")
-    report = verify(root / MODEL_FILE, reference, given, ModelSpec(inputs, outputs, task), Exact(), session=run.session)
+    report = verify(path, reference, given, ModelSpec(inputs, outputs, task), Exact(), session=run.session)
     try:
         report.raise_on_failure(f"imported model {source}")
     except CheckFailed as exc:
@@ -282,13 +303,13 @@ def _build(
             raise CheckFailed(f"{exc}\n{VARY_ADVICE}") from None
         raise
     save_golden(artifact, Golden(samples, golden_out, target))
-    for rel in [MODEL_FILE, *extra]:
+    for rel in [MODEL_FILE, *imported.extra]:
         artifact.add_file(rel)
     if target is not None and outputs and (metric := _metric(task, golden_out[outputs[0].name], target)):
         manifest.metrics.update(metric)
     source_sha256 = sha256_file(source)
     manifest.stages.import_ = ImportRecord(
-        settings=settings,
+        settings=imported.settings,
         inputs={"source": source_sha256, **({"eval_data": evaluation.digest} if evaluation is not None else {})},
         source=str(source),
         source_sha256=source_sha256,
@@ -299,6 +320,10 @@ def _build(
         eval_data=str(eval_data) if eval_data is not None else None,
         pictures=evaluation.pictures if evaluation is not None else None,
         parity=report.to_dict(),
+        metadata=found.metadata,
+        convention=found.convention,
+        read=readings.read,
+        notes=readings.notes,
     )
     artifact.add_variant(
         FP32,
@@ -370,23 +395,6 @@ def read_labels(inline: str | None, file: Path | None) -> list[str]:
     if repeated:
         raise InputError(f"class names must be distinct; repeated: {', '.join(repeated)}")
     return names
-
-
-def _check_labels(labels: list[str], outputs: list[TensorSpec], golden: Arrays, task: str) -> None:
-    if not labels or task != "classification":
-        return
-    output = golden[outputs[0].name]
-    if output.ndim < 2:
-        raise InputError(
-            f"labels given, but output {outputs[0].name!r} has shape {list(output.shape)}, not [batch, classes]"
-        )
-    declared, classes = outputs[0].shape[-1], output.shape[-1]
-    if isinstance(declared, int) and declared != classes:
-        raise InputError(
-            f"output {outputs[0].name!r} declares {declared} classes but gives {classes}; fix the graph's output shape"
-        )
-    if len(labels) != classes:
-        raise InputError(f"{len(labels)} labels given ({labels}) but output {outputs[0].name!r} has {classes} classes")
 
 
 def _precision(outputs: list[TensorSpec]) -> str:

@@ -14,9 +14,10 @@ and Triton all hold the model to it.
 Without evaluation data the import generates inputs: a batch (leading) axis gets 16 samples; any
 other symbolic dim gets the first size of a short ladder at which the model runs, both at that
 size and at half of it (the gate's second length). A spatial axis of an image input starts from
-the model's own hint: the size of `--image-preprocessing`, else the other spatial axis when that
-one is fixed, else 32; any other axis (a sequence) starts from 4. The ladder doubles from there,
-so a convolution that needs a minimum size is run at one it takes.
+the model's own hint: the size its exporter recorded (Ultralytics' `imgsz`), else the size of
+`--image-preprocessing`, else the other spatial axis when that one is fixed, else 32; any other
+axis (a sequence) starts from 4. The ladder doubles from there, so a convolution that needs a
+minimum size is run at one it takes.
 """
 
 from __future__ import annotations
@@ -201,16 +202,21 @@ def generated_inputs(
     return arrays
 
 
-def choose_sizes(inputs: list[TensorSpec], probe: Probe, source: str) -> dict[str, int]:
+def choose_sizes(
+    inputs: list[TensorSpec], probe: Probe, source: str, hints: dict[str, int] | None = None
+) -> dict[str, int]:
     """A size for each symbolic dim that is not a batch: the first on the ladder that the model runs at,
     together with half of it. Exit 2 when none is found, naming the sizes tried and the fix.
+
+    `hints`: a first size for some dims by name (the image size the exporter recorded).
     """
     batch_dims = _batch_dims(inputs)
     bases: dict[str, int] = {}
     for spec in inputs:
         for axis, dim in enumerate(spec.shape):
             if axis and isinstance(dim, str) and dim not in batch_dims:
-                bases[dim] = max(bases.get(dim, 0), _base(spec, axis))
+                base = (hints or {}).get(dim) or _base(spec, axis)
+                bases[dim] = max(bases.get(dim, 0), base)
     if not bases:
         return {}
     reasons = []

@@ -3,7 +3,8 @@
 The gate (pipeline/verify) runs every check and holds the variant to a policy: `Exact` for a
 graph-only optimization (lossless), a budget for quantization (lossy): the task metric's drop
 when the evaluation split has targets, top-1 agreement for classifiers without, minimum cosine
-similarity for embeddings, relative error for regression. The budget's own figure and how far
+similarity for embeddings, relative error for regression, box agreement for detectors, cosine or
+relative error by output for tensor models. The budget's own figure and how far
 inside or outside the budget it lies (the margin) are computed here over the whole evaluation
 split, so the auto search can rank candidates that all miss.
 """
@@ -17,6 +18,7 @@ import numpy as np
 
 from pipeline.artifact.directions import metric_drop
 from pipeline.artifact.directory import Artifact
+from pipeline.artifact.manifest import Detection
 from pipeline.core.errors import InputError
 from pipeline.recipe.schema import OptimizeSpec
 from pipeline.runtime.runners import Runner, ort_runner, run_chunked
@@ -24,11 +26,13 @@ from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
 from pipeline.verify.metrics import SLACK, task_metric
 from pipeline.verify.policies import (
+    BoxAgreement,
     Exact,
     MetricDrop,
     MinCosine,
     Policy,
     RelativeError,
+    TensorAgreement,
     Top1Agreement,
     budget_for,
     row_cosines,
@@ -38,8 +42,9 @@ from pipeline.verify.report import GateReport
 LOSSLESS = Exact(atol=1e-4, rtol=1e-3)  # a graph-only optimization: fused kernels round differently, nothing more
 
 
-def budget_policy(task: str, has_target: bool, settings: OptimizeSpec) -> Policy:
-    """The budget lossy variants are held to, from the recipe's optimize section and the task."""
+def budget_policy(task: str, has_target: bool, settings: OptimizeSpec, detection: Detection | None = None) -> Policy:
+    """The budget lossy variants are held to, from the recipe's optimize section and the task (a detector's
+    boxes decoded with its recorded `detection` settings)."""
     if task == "embedding" and settings.max_accuracy_drop is not None:
         raise InputError(
             f"max_accuracy_drop {settings.max_accuracy_drop:g} cannot be measured: an embedding model has no "
@@ -47,7 +52,7 @@ def budget_policy(task: str, has_target: bool, settings: OptimizeSpec) -> Policy
         )
     if task == "embedding":
         return MinCosine(settings.min_cosine)
-    return budget_for(task, has_target, settings.max_accuracy_drop)
+    return budget_for(task, has_target, settings.max_accuracy_drop, detection)
 
 
 @dataclass
@@ -92,6 +97,8 @@ class Judge:
         if not (np.isfinite(got64).all()):
             return float("nan"), float("-inf"), f"{int((~np.isfinite(got64)).sum())} NaN/Inf outputs on the split"
         target = self.evaluation.target
+        if isinstance(policy, BoxAgreement | TensorAgreement):
+            return policy.statistic(got64, want64)
         if isinstance(policy, MetricDrop) and target is not None:
             measured_ref = task_metric(self.artifact.manifest.task, want64, target)
             measured = task_metric(self.artifact.manifest.task, got64, target)

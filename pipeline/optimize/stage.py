@@ -87,7 +87,7 @@ def optimize_artifact(
             f"--min-cosine {overrides['min_cosine']:g} is the budget of embedding models; {artifact.root} is a "
             f"{manifest.task} model: give --max-accuracy-drop (the task metric's drop) instead"
         )
-    policy = budget_policy(manifest.task, evaluation.target is not None, settings)
+    policy = budget_policy(manifest.task, evaluation.target is not None, settings, manifest.detection)
     parent, source, rewritten = opened.parent, opened.model, opened.rewritten
     bounds = ", ".join(f"{k} {v}" for k, v in policy.to_dict().items() if k != "policy")
     progress(f"[optimize] {artifact.root}: budget {policy.name} ({bounds}); evaluated on {evaluation.source}")

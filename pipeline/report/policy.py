@@ -13,6 +13,7 @@ from typing import Any
 from pipeline.artifact.manifest import Manifest
 from pipeline.artifact.variants import Variant
 from pipeline.recipe.schema import EdgeSpec, ExportSpec
+from pipeline.verify.metrics import METRIC_TASKS
 from pipeline.verify.policies import Exact, Policy, budget_for
 
 
@@ -30,6 +31,12 @@ def describe(policy: dict[str, Any]) -> str:
         return f"cosine similarity >= {policy.get('min_cosine'):g}"
     if name == "relative error":
         return f"relative error <= {policy.get('max_rel'):g}"
+    if name == "box agreement":
+        return (f"boxes matched (same class, IoU >= {policy.get('match_iou'):g}) >= {policy.get('min_matched'):g}, "
+                f"decoded at confidence {policy.get('confidence'):g}, NMS IoU {policy.get('iou'):g}")  # fmt: skip
+    if name == "tensor agreement":
+        return (f"per output: cosine >= {policy.get('min_cosine'):g} (unit-vector rows) or relative error "
+                f"<= {policy.get('max_rel'):g}")  # fmt: skip
     bounds = ", ".join(f"{k} {v}" for k, v in policy.items() if k != "policy")
     return f"{name}: {bounds}" if bounds else str(name)
 
@@ -58,4 +65,5 @@ def _edge_policy(variant: Variant, manifest: Manifest) -> Policy:
     if variant.precision == "fp16":
         return Exact(atol=s["atol_fp16"], rtol=s["rtol"], metric=s["max_accuracy_drop"])
     has_target = bool(variant.metrics)  # a metric is recorded only where the evaluation set has targets
-    return budget_for(manifest.task, has_target, s["max_accuracy_drop"] if has_target else None)
+    metered = has_target and manifest.task in METRIC_TASKS
+    return budget_for(manifest.task, has_target, s["max_accuracy_drop"] if metered else None, manifest.detection)

@@ -218,10 +218,27 @@ def _split_rows(
     except Exception as exc:  # the reference cannot run the split: a finding, as in `verify`
         return [Row(label, output, False, f"the reference failed on the evaluation split: {first_line(exc)}")]
     rows = compare("evaluation split", got, want, outputs, policy, candidate.name) if policy.over_split else []
+    if measured is None and output in got and (own := policy.split_metric(got[output], want[output])):
+        rows += _own_metric(report, candidate.name, output, own, len(next(iter(data.values()))), policy)
     if measured is not None:
         split = (want[output], got[output], target)
         rows.append(_metric_row(report, candidate.name, output, measured, split, policy, task))
     return rows
+
+
+def _own_metric(
+    report: GateReport, name: str, output: str, own: tuple[str, float], samples: int, policy: Policy
+) -> list[Row]:
+    """The policy's figure over the split, the candidate's metric where the task has none (box agreement:
+    the reference agrees with itself, 1.0); a failed row when the split left it unmeasured."""
+    metric, value = own
+    if value != value:  # NaN: the split gave the policy nothing to measure
+        why = f"nothing to measure {metric} on over the {samples} samples of the evaluation split"
+        return [Row(f"metric {metric}", output, False, f"{why} (the {policy.name} budget is unmeasured); "
+                    "give real inputs with --eval-data")]  # fmt: skip
+    report.metric = {"name": metric, "reference": 1.0, name.lower(): value, "difference": 1.0 - value}
+    report.metric["samples"] = samples
+    return []
 
 
 def _metric_row(

@@ -12,6 +12,7 @@ import numpy as np
 # Budgets compare float differences of ratios of counts: 1.0 - 0.99 is 0.010000000000000009, which
 # must meet a 0.01 budget (4 of 400 samples is exactly 1 point). Bounds are met within this slack.
 SLACK = 1e-9
+METRIC_TASKS = ("classification", "regression")  # the tasks with a task metric; the others are judged on outputs
 
 
 def task_metric(task: str, outputs: np.ndarray, target: np.ndarray) -> tuple[str, float] | None:

@@ -5,7 +5,10 @@ element within numpy's allclose rule, and the task metric within a small toleran
 (int8, fp16, TFLite) is held to a budget against its parent: `MetricDrop` (the task metric over
 the evaluation split may drop by at most so much), `Top1Agreement` (classifiers pick the same
 class), `MinCosine` (embeddings point the same way), `RelativeError` (regression values stay
-close as a whole). `budget_for` picks the budget from the task, with the defaults below.
+close as a whole), `BoxAgreement` (a detector finds the same boxes: decoded, then matched per
+class by IoU) and `TensorAgreement` (any other model, output by output: cosine for unit-vector
+outputs, relative error otherwise). `budget_for` picks the budget from the task, with the defaults
+below.
 
 NaN or Inf on either side fails whatever the policy: the gate checks that before a policy judges.
 """
@@ -20,13 +23,18 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pipeline.artifact.directions import metric_drop
+from pipeline.artifact.manifest import TASKS, Detection
 from pipeline.core.errors import InputError
+from pipeline.runtime.detection import compare_outputs, head_problem
 from pipeline.verify.metrics import SLACK
 
 DEFAULT_MAX_DROP = 0.01  # task metric: at most 1 accuracy point lost
 DEFAULT_MIN_AGREEMENT = 0.99  # classifiers: at most 1 sample in 100 changes its predicted class
 DEFAULT_MIN_COSINE = 0.99  # embeddings: every row within about 8 degrees of the reference's
 DEFAULT_MAX_REL = 0.01  # regression: error at most 1% of the reference outputs' size
+DEFAULT_MIN_MATCHED = 0.9  # detectors: at least 9 boxes in 10 found again (same class, IoU >= 0.5)
+MATCH_IOU = 0.5  # detectors: two boxes of one class are the same object at this IoU or more
+UNIT_NORM = 1e-3  # tensor outputs: rows whose L2 norm is within this of 1 are directions (cosine judges them)
 REL_FLOOR = 1e-4  # the max-rel figure of budgeted policies divides by at least this (as Exact's atol)
 
 
@@ -58,6 +66,11 @@ class Policy(ABC):
     def judge_metric(self, metric: str, reference: float, candidate: float) -> Judgement:
         """Judge the task metric over the evaluation split; by default it is reported, not judged."""
         return Judgement(True, f"reported; the {self.name} policy judges the outputs")
+
+    def split_metric(self, got: np.ndarray, want: np.ndarray) -> tuple[str, float] | None:
+        """The policy's own figure over the whole split, recorded as the candidate's metric where the task has
+        none (BoxAgreement: `box_agreement`); NaN when the split gives it nothing to measure. None: no figure."""
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         """The policy as a stage record stores it: its name and its bounds."""
@@ -191,26 +204,130 @@ class RelativeError(Policy):
         return Judgement(relative <= self.max_rel, detail, *_figures(got, want))
 
 
-def budget_for(task: str, has_target: bool, max_drop: float | None = None) -> Policy:
+@dataclass(frozen=True)
+class BoxAgreement(Policy):
+    """Detectors (task detection): both outputs decoded into boxes as the artifact records (confidence, per-class
+    NMS at `iou`, `max_detections`; pipeline/runtime/detection.py) and matched per class at IoU >= `match_iou`;
+    the pairs over the larger box count (a missed box and an extra one both count) reach `min_matched`.
+
+    A batch where neither side finds a box passes (nothing to match); over the whole split, a reference
+    with no box at all leaves the budget unmeasured, and the gate fails it (`split_metric`: NaN).
+    """
+
+    name: ClassVar[str] = "box agreement"
+    over_split: ClassVar[bool] = True
+    min_matched: float = DEFAULT_MIN_MATCHED
+    match_iou: float = MATCH_IOU
+    confidence: float = 0.25
+    iou: float = 0.7
+    max_detections: int = 300
+
+    def __post_init__(self) -> None:
+        _within(self, "min_matched", 0.0, 1.0)
+        _within(self, "match_iou", 0.0, 1.0)
+
+    def compare(self, got: np.ndarray, want: np.ndarray) -> Judgement:
+        if problem := head_problem(want.shape):
+            return Judgement(False, f"the box agreement budget cannot judge it: {problem}")
+        boxes = compare_outputs(got, want, self.confidence, self.iou, self.max_detections, self.match_iou)
+        if not boxes.reference and not boxes.candidate:
+            nothing = f"no box above confidence {self.confidence:g} on either side: nothing to match"
+            return Judgement(True, nothing, *_figures(got, want))
+        detail = (
+            f"boxes matched {boxes.matched} of {boxes.reference} reference, {boxes.candidate} candidate "
+            f"(IoU >= {self.match_iou:g}, same class): agreement {boxes.agreement:.4f}, mean IoU "
+            f"{boxes.mean_iou:.4f}, budget >= {self.min_matched:g}"
+        )
+        return Judgement(boxes.agreement >= self.min_matched - SLACK, detail, *_figures(got, want))
+
+    def split_metric(self, got: np.ndarray, want: np.ndarray) -> tuple[str, float] | None:
+        if head_problem(want.shape):
+            return None
+        boxes = compare_outputs(got, want, self.confidence, self.iou, self.max_detections, self.match_iou)
+        return "box_agreement", boxes.agreement if boxes.reference else float("nan")
+
+    def statistic(self, got: np.ndarray, want: np.ndarray) -> tuple[float, float, str]:
+        """(agreement, margin over the budget, one line) on one output: what `pipe optimize` ranks candidates by."""
+        boxes = compare_outputs(got, want, self.confidence, self.iou, self.max_detections, self.match_iou)
+        if not boxes.reference:
+            return float("nan"), float("-inf"), f"no reference box above confidence {self.confidence:g}: unmeasured"
+        detail = f"box agreement {boxes.agreement:.4f}, mean IoU {boxes.mean_iou:.4f} (budget >= {self.min_matched:g})"
+        return boxes.agreement, boxes.agreement - self.min_matched, detail
+
+
+@dataclass(frozen=True)
+class TensorAgreement(Policy):
+    """Any other model (task tensor), output by output, by what fits the output: one whose reference rows (first
+    axis, the rest flattened) are all unit vectors (a normalized embedding: only its direction means
+    anything) by per-row cosine, the minimum at least `min_cosine`; any other by relative error (L2 over
+    the whole output, at most `max_rel`), which holds values and their scale.
+    """
+
+    name: ClassVar[str] = "tensor agreement"
+    over_split: ClassVar[bool] = True
+    max_rel: float = DEFAULT_MAX_REL
+    min_cosine: float = DEFAULT_MIN_COSINE
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "max_rel")
+        _within(self, "min_cosine", -1.0, 1.0)
+
+    def chosen(self, want: np.ndarray) -> Policy:
+        """The budget that fits this output: MinCosine for unit-vector rows, else RelativeError."""
+        rows = want.reshape(len(want), -1) if want.ndim else want.reshape(1, -1)
+        norms = np.linalg.norm(rows, axis=1)
+        unit = rows.shape[1] >= 2 and bool(np.all(np.abs(norms - 1.0) <= UNIT_NORM))
+        return MinCosine(self.min_cosine) if unit else RelativeError(self.max_rel)
+
+    def compare(self, got: np.ndarray, want: np.ndarray) -> Judgement:
+        if unmeasured := _unmeasured(self, want):
+            return unmeasured
+        return self.chosen(want).compare(got, want)
+
+    def statistic(self, got: np.ndarray, want: np.ndarray) -> tuple[float, float, str]:
+        """(figure, margin over the budget, one line) on one output, by the budget that fits it."""
+        chosen = self.chosen(want)
+        if isinstance(chosen, MinCosine):
+            cosine = float(row_cosines(got, want).min()) if want.size else float("nan")
+            return cosine, cosine - self.min_cosine, f"min cosine {cosine:.6f} (budget >= {self.min_cosine:g})"
+        scale = float(np.linalg.norm(want)) or 1.0
+        relative = float(np.linalg.norm(got - want)) / scale
+        return relative, self.max_rel - relative, f"relative error {relative:.4g} (budget <= {self.max_rel:g})"
+
+
+def budget_for(
+    task: str, has_target: bool, max_drop: float | None = None, detection: Detection | None = None
+) -> Policy:
     """The budget a lossy hop of a `task` model is held to (lossless hops use Exact()).
 
     - classification: MetricDrop(max_drop, default 0.01) when the evaluation set has targets,
       else Top1Agreement(0.99);
     - regression: MetricDrop(max_drop) when `max_drop` is given (MAE, in the target's units),
       else RelativeError(0.01), which needs no units;
-    - embedding: MinCosine(0.99), the minimum over rows.
+    - embedding: MinCosine(0.99), the minimum over rows;
+    - detection: BoxAgreement(0.9), decoding with the artifact's `detection` settings (defaults
+      when None);
+    - tensor: TensorAgreement (cosine 0.99 or relative error 0.01, by output).
 
-    A `max_drop` without targets, or for embeddings, is refused: nothing could measure it.
+    A `max_drop` without targets, or for a task with no task metric, is refused: nothing could measure it.
     """
-    if task not in ("classification", "regression", "embedding"):
-        raise InputError(f"task {task!r} has no budget; tasks are classification, regression, embedding")
-    if max_drop is not None and (task == "embedding" or not has_target):
-        why = "embeddings have no task metric" if task == "embedding" else "the evaluation set has no targets"
+    if task not in TASKS:
+        raise InputError(f"task {task!r} has no budget; tasks are {', '.join(TASKS)}")
+    unmetered = task in ("embedding", "detection", "tensor")
+    if max_drop is not None and (unmetered or not has_target):
+        why = "the evaluation set has no targets"
+        if unmetered:
+            why = "embeddings have no task metric" if task == "embedding" else f"a {task} model has no task metric"
         raise InputError(f"a metric budget (max drop {max_drop:g}) cannot be measured: {why}; leave it unset")
     if task == "classification":
         return MetricDrop(DEFAULT_MAX_DROP if max_drop is None else max_drop) if has_target else Top1Agreement()
     if task == "regression":
         return RelativeError() if max_drop is None else MetricDrop(max_drop)
+    if task == "detection":
+        settings = detection or Detection()
+        return BoxAgreement(confidence=settings.confidence, iou=settings.iou, max_detections=settings.max_detections)
+    if task == "tensor":
+        return TensorAgreement()
     return MinCosine()
 
 

@@ -5,6 +5,16 @@
   its head fitted in closed form so it tells the colour classes of `write_pictures` apart.
 - `write_pictures`: class folders of PNG and JPEG pictures of several sizes (landscape, portrait,
   square, small), each a shape in its class's colour on a grey gradient, as a photo folder would hold.
+- `yolo_detector`: the layout of an Ultralytics YOLOv8 detector exported to ONNX with `dynamic=True`
+  (ultralytics 8.2.x): input `images` [batch, 3, height, width], one output `output0`
+  [batch, 4 + classes, anchors] from three strides (8, 16, 32; 2100 anchors at 320x320), each
+  anchor's box as cx, cy, w, h in input pixels (from left/top/right/bottom distances to the
+  anchor point, as the head's dist2bbox does) and sigmoid class scores; metadata_props exactly as
+  Ultralytics' exporter writes them (`ultralytics_metadata`). A small torch conv net, random
+  weights with a fixed seed, exported by the TorchScript exporter as Ultralytics does.
+- `paddle_classifier`: a PaddleClas-style classifier as paddle2onnx writes one: input `x`
+  declared [-1, 3, -1, -1] (Paddle's -1 dims), a softmax output [-1, classes], and the labels in
+  `metadata_props['character']`, one per line.
 """
 
 from __future__ import annotations
@@ -13,6 +23,8 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 from PIL import Image, ImageDraw
 
 # Class name -> the colour its shapes are drawn in. Sorted names (blue, green, red, yellow) differ from
@@ -108,4 +120,129 @@ def mobilenet_like(path: Path, classes: int = len(COLOURS), pictures: Path | Non
             model, (torch.zeros(2, 3, 224, 224),), str(path), input_names=["image"], output_names=["logits"],
             dynamo=True, external_data=False, dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False,
         )  # fmt: skip
+    return path
+
+
+# --- Ultralytics and Paddle layouts ------------------------------------------------------------
+
+COCO_FIRST = ["person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck"]
+STRIDES = (8, 16, 32)
+IMGSZ = 320
+SCORE_GAIN, SCORE_BIAS = 40.0, -3.0  # class logits spread wide: on noise, ~100 anchors per picture score > 0.25
+
+
+def ultralytics_metadata(names: list[str], imgsz: tuple[int, int] = (IMGSZ, IMGSZ)) -> dict[str, str]:
+    """metadata_props as ultralytics 8.2.46 writes them for a detector (every value str()'d)."""
+    return {
+        "description": "Ultralytics YOLOv8n model trained on coco.yaml",
+        "author": "Ultralytics",
+        "date": "2024-07-01T12:00:00.000000",
+        "version": "8.2.46",
+        "license": "AGPL-3.0 License (https://ultralytics.com/license)",
+        "docs": "https://docs.ultralytics.com",
+        "stride": "32",
+        "task": "detect",
+        "batch": "1",
+        "imgsz": str(list(imgsz)),
+        "names": str(dict(enumerate(names))),
+    }
+
+
+def set_metadata(path: Path, metadata: dict[str, str]) -> None:
+    """Replace the metadata_props of the ONNX file at `path`."""
+    model = onnx.load(str(path))
+    del model.metadata_props[:]
+    for key, value in metadata.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(model, str(path))
+
+
+def yolo_module(classes: int, seed: int = 0, box_scale: float = 1.0):  # -> torch.nn.Module
+    """The torch detector (see the module doc); `box_scale` scales every box's distances (a perturbed box head)."""
+    import torch
+    from torch import nn
+
+    class Detector(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(seed)
+            act = nn.SiLU()
+            self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), act, nn.Conv2d(8, 16, 3, 2, 1), act)  # stride 4
+            self.down = nn.ModuleList(
+                [nn.Sequential(nn.Conv2d(16, 16, 3, 2, 1), act) for _ in STRIDES]
+            )  # strides 8, 16, 32
+            self.box = nn.ModuleList([nn.Conv2d(16, 4, 1) for _ in STRIDES])
+            self.cls = nn.ModuleList([nn.Conv2d(16, classes, 1) for _ in STRIDES])
+            with torch.no_grad():
+                for conv in self.cls:  # confident scores: some anchors well above 0.25, most below
+                    conv.weight.mul_(SCORE_GAIN)
+                    conv.bias.fill_(SCORE_BIAS)
+
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            x = self.stem(images)
+            outputs = []
+            for stride, down, box, cls in zip(STRIDES, self.down, self.box, self.cls, strict=True):
+                x = down(x)
+                batch, _, h, w = x.shape
+                ys = (torch.arange(h, dtype=torch.float32) + 0.5) * stride
+                xs = (torch.arange(w, dtype=torch.float32) + 0.5) * stride
+                gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+                anchor = torch.stack([gx, gy]).reshape(1, 2, h * w)  # [1, 2, h*w] anchor points in pixels
+                ltrb = nn.functional.softplus(box(x)).reshape(batch, 4, -1) * (2.0 * stride * box_scale)
+                lt, rb = ltrb[:, :2], ltrb[:, 2:]
+                xyxy1, xyxy2 = anchor - lt, anchor + rb
+                cxcy, wh = (xyxy1 + xyxy2) / 2, xyxy2 - xyxy1
+                scores = cls(x).sigmoid().reshape(batch, cls.out_channels, -1)
+                outputs.append(torch.cat([cxcy, wh, scores], dim=1))  # [batch, 4 + classes, h*w]
+            return torch.cat(outputs, dim=2)  # [batch, 4 + classes, anchors]
+
+    return Detector().eval()
+
+
+def yolo_detector(
+    path: Path, names: list[str] | None = None, seed: int = 0, box_scale: float = 1.0, metadata: bool = True
+) -> Path:
+    """Write the YOLOv8-layout detector to `path` (dynamic batch, height, width, anchors) and return it."""
+    import torch
+
+    names = names if names is not None else COCO_FIRST[:3]
+    module = yolo_module(len(names), seed, box_scale)
+    example = torch.zeros(1, 3, IMGSZ, IMGSZ)
+    dynamic = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch", 2: "anchors"}}
+    torch.onnx.export(module, (example,), str(path), dynamo=False, opset_version=17, input_names=["images"],
+                      output_names=["output0"], dynamic_axes=dynamic)  # fmt: skip
+    model = onnx.load(str(path))
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 4 + len(names)  # [batch, 84, anchors], as shipped
+    onnx.save(model, str(path))
+    set_metadata(path, ultralytics_metadata(names) if metadata else {})
+    return path
+
+
+def paddle_classifier(path: Path, labels: list[str], character: str | None = None) -> Path:
+    """Write a PaddleClas-style classifier (see the module doc) with `character` metadata (default: the labels)."""
+    classes = len(labels)
+    rng = np.random.default_rng(0)
+    conv = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "conv_w")
+    dense = numpy_helper.from_array(rng.standard_normal((8, classes)).astype(np.float32), "fc_w")
+    nodes = [
+        helper.make_node("Conv", ["x", "conv_w"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("HardSwish", ["c"], ["h"]),
+        helper.make_node("GlobalAveragePool", ["h"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("MatMul", ["f", "fc_w"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["softmax_0.tmp_0"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "pplcnet",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, -1, -1])],
+        [helper.make_tensor_value_info("softmax_0.tmp_0", TensorProto.FLOAT, [-1, classes])],
+        [conv, dense],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], producer_name="PaddlePaddle")
+    model.ir_version = 8
+    entry = model.metadata_props.add()
+    entry.key, entry.value = "character", character if character is not None else "\n".join(labels) + "\n"
+    onnx.save(model, str(path))
     return path

@@ -5,12 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.artifact.manifest import Detection
 from pipeline.core.errors import InputError
 from pipeline.verify.policies import (
+    BoxAgreement,
     Exact,
     MetricDrop,
     MinCosine,
     RelativeError,
+    TensorAgreement,
     Top1Agreement,
     budget_for,
     row_cosines,
@@ -68,6 +71,27 @@ def test_relative_error_is_relative_to_the_whole_output() -> None:
     assert not RelativeError(0.5).compare(np.ones((2, 1)), np.zeros((2, 1))).passed
 
 
+def test_tensor_agreement_judges_unit_rows_by_cosine_and_the_rest_by_relative_error() -> None:
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((8, 16))
+    unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    policy = TensorAgreement()
+    assert isinstance(policy.chosen(unit), MinCosine) and isinstance(policy.chosen(rows), RelativeError)
+    assert isinstance(policy.chosen(unit[:, :1] / np.abs(unit[:, :1])), RelativeError)  # one value a row: no direction
+    # A unit-vector output is judged by its direction: a small rotation fails, a tiny rescale passes.
+    judged = policy.compare(unit * 1.0005, unit)
+    assert judged.passed and judged.detail.startswith("cosine min")
+    rotated = unit + 0.3 * rng.standard_normal(unit.shape)
+    assert not policy.compare(rotated / np.linalg.norm(rotated, axis=1, keepdims=True), unit).passed
+    # Any other output keeps its scale: 3x is 200% off.
+    judged = policy.compare(rows * 3, rows)
+    assert not judged.passed and judged.detail.startswith("relative error 2 ")
+    assert policy.compare(rows * 1.001, rows).passed
+    figure, margin, detail = policy.statistic(rows * 1.005, rows)
+    assert figure == pytest.approx(0.005) and margin == pytest.approx(0.005) and "budget <= 0.01" in detail
+    assert not policy.compare(np.zeros((0, 3)), np.zeros((0, 3))).passed  # nothing to judge: unmeasured
+
+
 def test_budget_for_picks_from_the_task_and_the_targets() -> None:
     assert budget_for("classification", has_target=True) == MetricDrop(0.01)
     assert budget_for("classification", has_target=True, max_drop=0.02) == MetricDrop(0.02)
@@ -79,8 +103,16 @@ def test_budget_for_picks_from_the_task_and_the_targets() -> None:
         budget_for("classification", has_target=False, max_drop=0.01)
     with pytest.raises(InputError, match="embeddings have no task metric"):
         budget_for("embedding", has_target=True, max_drop=0.01)
-    with pytest.raises(InputError, match="task 'detection' has no budget"):
-        budget_for("detection", has_target=True)
+    assert budget_for("detection", has_target=False) == BoxAgreement(0.9)
+    assert budget_for("detection", False, detection=Detection(confidence=0.5, iou=0.6, max_detections=10)) == (
+        BoxAgreement(0.9, confidence=0.5, iou=0.6, max_detections=10)
+    )
+    assert budget_for("tensor", has_target=True) == TensorAgreement(max_rel=0.01, min_cosine=0.99)
+    for task in ("detection", "tensor"):
+        with pytest.raises(InputError, match=f"a {task} model has no task metric"):
+            budget_for(task, has_target=True, max_drop=0.01)
+    with pytest.raises(InputError, match="task 'segmentation' has no budget"):
+        budget_for("segmentation", has_target=True)
 
 
 @pytest.mark.parametrize(

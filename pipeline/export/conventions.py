@@ -160,8 +160,7 @@ def _label_problem(labels: list[str]) -> str | None:
 
 def _ids_to_names(text: str) -> list[str]:
     """Ultralytics `names`: a dict literal {0: 'person', ...} (or a list literal) -> names in id order."""
-    value = ast.literal_eval(text.strip())
-    return _by_id(value, "{0: 'name', 1: 'name', ...}")
+    return _by_id(_literal(text), "{0: 'name', 1: 'name', ...}")
 
 
 def _id2label(text: str) -> list[str]:
@@ -169,7 +168,7 @@ def _id2label(text: str) -> list[str]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
-        value = ast.literal_eval(text.strip())
+        value = _literal(text)
     if isinstance(value, dict):
         value = {_int_key(k): v for k, v in value.items()}
     return _by_id(value, '{"0": "name", "1": "name", ...}')
@@ -179,11 +178,25 @@ def _characters(text: str) -> list[str]:
     """Paddle `character`: one label per line (a trailing line break allowed), or a list literal."""
     stripped = text.strip()
     if stripped.startswith("[") and stripped.endswith("]"):
-        return _by_id(ast.literal_eval(stripped), "['a', 'b', ...]")
+        return _by_id(_literal(stripped), "['a', 'b', ...]")
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return [line.removesuffix("\r") for line in lines]
+
+
+def _literal(text: str) -> Any:
+    """A Python literal read with ast.literal_eval (nothing is evaluated); its problem as one clean ValueError."""
+    try:
+        return ast.literal_eval(text.strip())
+    except SyntaxError as exc:
+        raise ValueError(f"not a valid literal ({exc.msg.split(';')[0]})") from None
+    except (MemoryError, RecursionError):
+        raise ValueError("not a literal pipe can read (nested too deep)") from None
+    except ValueError as exc:
+        if str(exc).startswith("malformed node"):
+            raise ValueError("not a plain literal (strings, numbers, lists, dicts: nothing is run)") from None
+        raise ValueError(str(exc).split(";")[0]) from None
 
 
 def _int_key(key: Any) -> Any:
@@ -209,7 +222,7 @@ def _by_id(value: Any, shape: str) -> list[str]:
 
 def _image_size(text: str) -> list[int]:
     """Ultralytics `imgsz`: "[640, 640]" (height, width) or one int for both."""
-    value = ast.literal_eval(text.strip())
+    value = _literal(text)
     sides = [value, value] if type(value) is int else list(value) if isinstance(value, list | tuple) else []
     if len(sides) == 1:
         sides *= 2
@@ -219,7 +232,7 @@ def _image_size(text: str) -> list[int]:
 
 
 def _stride(text: str) -> int:
-    value = ast.literal_eval(text.strip())
+    value = _literal(text)
     if type(value) is not int or not 0 < value <= 1024:
         raise ValueError("not a stride in pixels (1..1024)")
     return value

@@ -210,8 +210,10 @@ def yolo_detector(
     module = yolo_module(len(names), seed, box_scale)
     example = torch.zeros(1, 3, IMGSZ, IMGSZ)
     dynamic = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch", 2: "anchors"}}
-    torch.onnx.export(module, (example,), str(path), dynamo=False, opset_version=17, input_names=["images"],
-                      output_names=["output0"], dynamic_axes=dynamic)  # fmt: skip
+    with warnings.catch_warnings():  # Ultralytics exports with the TorchScript exporter, which torch now flags
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(module, (example,), str(path), dynamo=False, opset_version=17, input_names=["images"],
+                          output_names=["output0"], dynamic_axes=dynamic)  # fmt: skip
     model = onnx.load(str(path))
     model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 4 + len(names)  # [batch, 84, anchors], as shipped
     onnx.save(model, str(path))

@@ -218,6 +218,11 @@ def _int8_variant(**changes: object) -> dict[str, object]:
         ("variants", _int8_variant(status="failed", format="tflite"), r"variants.int8.format: 'tflite', but"),
         ("variants", _int8_variant(status="failed", size=-5), r"variants.int8.size: expected a size in bytes >= 0"),
         ("stages", {"export": {**EXPORT_JSON, "opset": "18"}}, "stages.export.opset: expected an integer, got '18'"),
+        ("detection", {"confidence": 0.25}, "detection: recorded for task 'classification'; it belongs to task 'det"),
+        ("detection", {"confidence": 1.5}, "detection.confidence: expected a number from 0 to 1, got 1.5"),
+        ("detection", {"max_detections": 0}, "detection.max_detections: expected a number >= 1, got 0"),
+        ("task", "detection", "detection: missing; a task 'detection' model records how its output becomes boxes"),
+        ("task", "segmentation", "task: expected one of .*'detection', 'tensor'.*got 'segmentation'"),
     ],
 )
 def test_a_manifest_contradicting_itself_is_refused_by_field(

@@ -320,8 +320,10 @@ def _contradictions(manifest: Manifest) -> list[str]:
 def _task_contradictions(manifest: Manifest) -> list[str]:
     """Labels that do not match the classes the task's output holds; detection settings without detection."""
     first = manifest.outputs[0] if manifest.outputs else None
-    if (manifest.task == "detection") != (manifest.detection is not None):
-        return [f"detection: recorded for task {manifest.task!r}; it is set for task 'detection' alone, and always"]
+    if manifest.task == "detection" and manifest.detection is None:
+        return ["detection: missing; a task 'detection' model records how its output becomes boxes"]
+    if manifest.task != "detection" and manifest.detection is not None:
+        return [f"detection: recorded for task {manifest.task!r}; it belongs to task 'detection' alone"]
     if first is None or not manifest.labels:
         return []
     if manifest.task == "classification" and first.shape and isinstance(first.shape[-1], int):

@@ -81,13 +81,15 @@ def _ultralytics(props: dict[str, str], found: Found) -> None:
     if "names" in props and (labels := _labels(props, "names", found, _ids_to_names)) is not None:
         found.labels, found.sources["labels"] = labels, f"metadata_props['names'] {where}"
     if "imgsz" in props and (size := _parsed(props, "imgsz", found, _image_size)) is not None:
-        found.image_size, found.sources["image_size"] = size, f"metadata_props['imgsz'] = {props['imgsz']!r} {where}"
+        found.image_size = size
+        found.sources["image_size"] = f"metadata_props['imgsz'] = {_short(props['imgsz'])} {where}"
     if "stride" in props and (stride := _parsed(props, "stride", found, _stride)) is not None:
-        found.stride, found.sources["stride"] = stride, f"metadata_props['stride'] = {props['stride']!r} {where}"
+        found.stride = stride
+        found.sources["stride"] = f"metadata_props['stride'] = {_short(props['stride'])} {where}"
     task = props.get("task", "").strip()
     if task in ULTRALYTICS_TASKS:
         found.task = ULTRALYTICS_TASKS[task]
-        found.sources["task"] = f"metadata_props['task'] = {task!r} {where}"
+        found.sources["task"] = f"metadata_props['task'] = {_short(task)} {where}"
     elif task:
         found.notes.append(
             f"metadata_props['task'] = {task[:40]!r} (Ultralytics) has no pipe task (pipe reads detect and classify); "

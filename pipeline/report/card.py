@@ -101,7 +101,10 @@ def lineage_section(artifact: Artifact, facts: CardFacts) -> list[str]:
             ["ONNX IR version, opset", f"{imported.ir_version}, {imported.opset}"],
             ["golden outputs from", f"{imported.golden} inputs" + (f" ({code(imported.eval_data)})"
                                                                   if imported.eval_data else "")],
+            ["exporter's metadata", f"{len(imported.metadata)} key(s), convention {imported.convention or '-'}"],
         ]  # fmt: skip
+        rows += [[f"{what} from", reading.source] for what, reading in imported.read.items()]
+        rows += [["import note", note] for note in imported.notes]
     if m.stages.export is not None:
         e = m.stages.export
         via = e.exporter + (f" (fallback: {e.fallback_reason})" if e.fallback_reason else "")
@@ -158,6 +161,11 @@ def metrics_section(artifact: Artifact, facts: CardFacts) -> list[str]:
     split = "test split" if m.stages.train is not None else "evaluation data"
     if m.metrics:
         lines += table(["metric", f"on the {split}"], [[k, number(v)] for k, v in m.metrics.items()])
+    elif m.task in ("detection", "tensor", "embedding"):
+        judged = {"detection": "box agreement", "tensor": "cosine or relative error, by output",
+                  "embedding": "cosine similarity"}[m.task]  # fmt: skip
+        lines.append(f"No task metric: a {m.task} model has none here; its variants are judged against model.onnx "
+                     f"by {judged} (see Variants).")  # fmt: skip
     else:
         lines.append("No task metrics recorded (no labelled evaluation data).")
     curves, train = facts.curves, m.stages.train

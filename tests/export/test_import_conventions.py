@@ -314,3 +314,18 @@ def test_a_picture_is_letterboxed_as_ultralytics_does(
     want = np.pad(resized, pads, constant_values=114)
     assert got.shape == (3, 320, 320) and got.dtype == np.float32
     np.testing.assert_allclose(got, want.transpose(2, 0, 1).astype(np.float32) / 255, atol=1e-6)
+
+
+def test_the_model_card_says_where_each_reading_came_from(yolo: tuple[Path, str]) -> None:
+    from pipeline.recipe.schema import BudgetSpec
+    from pipeline.report.card import CardFacts, lineage_section, metrics_section
+
+    artifact = imported(yolo[0], "yolo")
+    facts = CardFacts("", BudgetSpec(), "defaults", None, None, "imported, not trained here")
+    lineage = "\n".join(lineage_section(artifact, facts))
+    assert "| exporter's metadata | 11 key(s), convention Ultralytics |" in lineage
+    assert "| task from | metadata_props['task'] = 'detect' (Ultralytics) |" in lineage
+    assert "| labels from | metadata_props['names'] (Ultralytics) |" in lineage
+    metrics = "\n".join(metrics_section(artifact, facts))
+    assert "No task metric: a detection model has none here; its variants are judged against model.onnx by box " \
+           "agreement" in metrics  # fmt: skip

@@ -13,15 +13,19 @@ import numpy as np
 import pytest
 
 from pipeline.artifact.directions import HIGHER_IS_BETTER, metric_drop
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.manifest import ModelSpec, TensorSpec
 from pipeline.runtime.detection import Boxes, decode, iou_matrix, match
 from pipeline.runtime.runners import ort_runner
+from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import BoxAgreement
 from tests.export.real_models import yolo_detector
 
-INPUTS = [TensorSpec("images", "float32", ["batch", 3, "height", "width"], "NCHW")]
-OUTPUTS = [TensorSpec("output0", "float32", ["batch", 7, "anchors"])]
+SPEC = ModelSpec(
+    [TensorSpec("images", "float32", ["batch", 3, "height", "width"], "NCHW")],
+    [TensorSpec("output0", "float32", ["batch", 7, "anchors"])],
+    "detection",
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +41,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def pictures() -> dict[str, np.ndarray]:
     return {"images": np.random.default_rng(0).standard_normal((4, 3, 320, 320)).astype(np.float32)}
+
+
+def given(pictures: dict[str, np.ndarray]) -> EvaluationSet:
+    """The pictures as the gate's samples and as its evaluation split (no targets: a detector has no metric)."""
+    return EvaluationSet.of(pictures, (pictures, None), source="noise pictures")
 
 
 def _iou(a: tuple[float, ...], b: tuple[float, ...]) -> float:
@@ -103,19 +112,16 @@ def test_box_agreement_passes_a_model_against_itself_and_fails_a_perturbed_box_h
     reference = ort_runner(models["reference"])
     policy = BoxAgreement()
 
-    itself = verify(models["reference"], reference, pictures, INPUTS, OUTPUTS, policy, "detection",
-                    evaluation=(pictures, None))  # fmt: skip
+    itself = verify(models["reference"], reference, given(pictures), SPEC, policy)
     assert itself.passed, itself.table()
     assert itself.metric == {"name": "box_agreement", "reference": 1.0, "onnx": 1.0, "difference": 0.0, "samples": 4}
     split = next(r for r in itself.rows if r.check == "evaluation split")
     assert "agreement 1.0000, mean IoU 1.0000, budget >= 0.9" in split.detail
 
-    nudged = verify(models["nudged"], reference, pictures, INPUTS, OUTPUTS, policy, "detection",
-                    evaluation=(pictures, None))  # fmt: skip
+    nudged = verify(models["nudged"], reference, given(pictures), SPEC, policy)
     assert nudged.passed, nudged.table()  # 2% larger boxes: IoU 0.96, every box found again
 
-    perturbed = verify(models["perturbed"], reference, pictures, INPUTS, OUTPUTS, policy, "detection",
-                       evaluation=(pictures, None))  # fmt: skip
+    perturbed = verify(models["perturbed"], reference, given(pictures), SPEC, policy)
     assert not perturbed.passed
     failed = {row.check for row in perturbed.failures}
     assert {"batch 1", "batch 16", "evaluation split"} <= failed
@@ -130,8 +136,7 @@ def test_box_agreement_with_no_reference_box_is_unmeasured(
     models: dict[str, Path], pictures: dict[str, np.ndarray]
 ) -> None:
     never = BoxAgreement(confidence=0.9999)  # no anchor scores above it
-    report = verify(models["perturbed"], ort_runner(models["reference"]), pictures, INPUTS, OUTPUTS, never,
-                    "detection", evaluation=(pictures, None))  # fmt: skip
+    report = verify(models["perturbed"], ort_runner(models["reference"]), given(pictures), SPEC, never)
     assert not report.passed and report.metric == {}
     (row,) = report.failures
     assert row.check == "metric box_agreement"

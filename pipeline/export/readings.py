@@ -99,11 +99,12 @@ def _detection(task: str, given: dict[str, Any], found: Found, read: dict[str, R
             raise InputError(f"{flags} set how a detector's boxes are decoded; the task is {task}, not detection "
                              "(pass --task detection for a model with the Ultralytics head)")  # fmt: skip
         return None
+    if unknown := sorted(set(given) - set(DETECTION_FLAGS)):
+        raise InputError(f"unknown detection setting(s) {unknown}; the settings are {', '.join(DETECTION_FLAGS)}")
     for key in ("confidence", "iou"):
         value = given.get(key, 0.5)
-        if not (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)):
-            raise InputError(f"{DETECTION_FLAGS[key]} {value!r} is not a number from 0 to 1")
-        if not 0 <= value <= 1:
+        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if not (number and 0 <= value <= 1):
             raise InputError(f"{DETECTION_FLAGS[key]} {value!r} is not a number from 0 to 1")
     if "max_detections" in given and not (type(given["max_detections"]) is int and given["max_detections"] >= 1):
         raise InputError(f"--max-detections {given['max_detections']!r} is not a whole number >= 1")

@@ -234,8 +234,8 @@ class BoxAgreement(Policy):
             nothing = f"no box above confidence {self.confidence:g} on either side: nothing to match"
             return Judgement(True, nothing, *_figures(got, want))
         detail = (
-            f"boxes matched {boxes.matched} of {boxes.reference} reference, {boxes.candidate} candidate "
-            f"(IoU >= {self.match_iou:g}, same class): agreement {boxes.agreement:.4f}, mean IoU "
+            f"boxes matched {boxes.matched} of {boxes.reference} reference ({boxes.recall:.4f}), {boxes.candidate} "
+            f"candidate (IoU >= {self.match_iou:g}, same class): agreement {boxes.agreement:.4f}, mean IoU "
             f"{boxes.mean_iou:.4f}, budget >= {self.min_matched:g}"
         )
         return Judgement(boxes.agreement >= self.min_matched - SLACK, detail, *_figures(got, want))

@@ -126,7 +126,8 @@ def test_box_agreement_passes_a_model_against_itself_and_fails_a_perturbed_box_h
     failed = {row.check for row in perturbed.failures}
     assert {"batch 1", "batch 16", "evaluation split"} <= failed
     row = next(r for r in perturbed.failures if r.check == "evaluation split")
-    assert "boxes matched 0 of" in row.detail and "agreement 0.0000" in row.detail
+    assert "boxes matched 0 of" in row.detail and "reference (0.0000)" in row.detail
+    assert "agreement 0.0000" in row.detail
     assert perturbed.metric["name"] == "box_agreement" and perturbed.metric["onnx"] == 0.0
     agreement, margin, detail = policy.statistic(reference(pictures)["output0"], reference(pictures)["output0"])
     assert (agreement, margin) == (1.0, pytest.approx(0.1)) and "box agreement 1.0000" in detail

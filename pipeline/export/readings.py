@@ -126,6 +126,9 @@ def _image(
         read["image"] = Reading(value=spec.preprocessing["image"], source="--image-preprocessing")
     if found.image_size is None:
         return {}
+    if flag is not None:
+        notes.append(f"{found.sources['image_size']} ignored: --image-preprocessing says how pictures are made")
+        return {}
     images = [s for s in inputs if len(s.shape) == 4]
     if len(images) != 1:
         notes.append(f"{found.sources['image_size']} ignored: the model has {len(images)} four-dimensional inputs, "
@@ -144,15 +147,14 @@ def _image(
     else:
         read["image_size"] = Reading(value=size, source=found.sources["image_size"])
     hints = {d: s for d, s in zip(fixed, size, strict=True) if isinstance(d, str)}
-    if found.letterbox and flag is None:
+    if found.letterbox:
         _letterbox(spec, size, found, read, notes)
     return hints
 
 
 def _letterbox(spec: TensorSpec, size: list[int], found: Found, read: dict[str, Reading], notes: list[str]) -> None:
     """Ultralytics' preprocessing on the image input: RGB, letterbox to `size` with pad 114, scale 1/255."""
-    record = {"mode": "RGB", "size": size, "resize": "bilinear", "scale": 1 / 255,
-              "letterbox": {"size": size, "pad": LETTERBOX_PAD}}  # fmt: skip
+    record = {"mode": "RGB", "letterbox": {"size": size, "pad": LETTERBOX_PAD}, "resize": "bilinear", "scale": 1 / 255}
     before = spec.preprocessing
     spec.preprocessing = {**before, "image": record}
     try:

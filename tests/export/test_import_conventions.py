@@ -58,8 +58,8 @@ def test_an_ultralytics_detector_imported_with_no_flags_is_a_detector(detector: 
         0.25, 0.7, 300, 32,
     )  # fmt: skip
     image = m.inputs[0].preprocessing["image"]
-    assert image == {"mode": "RGB", "size": [320, 320], "resize": "bilinear", "scale": 1 / 255,
-                     "letterbox": {"size": [320, 320], "pad": 114}}  # fmt: skip
+    assert image == {"mode": "RGB", "letterbox": {"size": [320, 320], "pad": 114}, "resize": "bilinear",
+                     "scale": 1 / 255}  # fmt: skip
     record = m.stages.import_
     assert record.convention == "Ultralytics"
     assert record.metadata == ultralytics_metadata(NAMES)  # every key kept verbatim, the unread ones too
@@ -90,7 +90,7 @@ def test_an_ultralytics_detector_imported_with_no_flags_is_a_detector(detector: 
         "names        \"{0: 'person', 1: 'bicycle', 2: 'car'}\"  -> labels",
         "license      'AGPL-3.0 License (https://ultralytics.com/license)'",
         "read      task detection <- metadata_props['task'] = 'detect' (Ultralytics)",
-        "image RGB 320x320, letterbox pad 114, scale 0.00392157 <- Ultralytics detect preprocessing",
+        "image RGB, letterbox 320x320 pad 114, bilinear, scale 0.003922 <- Ultralytics detect preprocessing",
     ):
         assert line in info.output, (line, info.output)
 
@@ -111,8 +111,10 @@ def test_flags_win_over_metadata_and_are_recorded_as_the_source(tmp_path: Path, 
     read = m.stages.import_.read
     assert read["labels"].source == "--labels" and read["image"].source == "--image-preprocessing"
     assert read["detection"].source == "--confidence, --max-detections and Ultralytics' prediction defaults"
-    # imgsz still sizes the golden inputs when the flag's picture size is another
-    assert load_golden(imported(repo, "yolo")).inputs["images"].shape[2:] == (320, 320)
+    # the flag's picture size, not imgsz, sizes the golden inputs
+    assert load_golden(imported(repo, "yolo")).inputs["images"].shape[2:] == (256, 256)
+    assert "metadata_props['imgsz'] = '[320, 320]' (Ultralytics) ignored: --image-preprocessing says how pictures " \
+           "are made" in m.stages.import_.notes  # fmt: skip
 
     tensor = invoke("import", detector, "--name", "raw", "--repository", repo, "--task", "tensor")
     assert tensor.exit_code == 0, tensor.output
@@ -233,7 +235,9 @@ HOSTILE = {  # metadata value -> the note it leaves (the import goes on without 
     "[" * 300 + "]" * 300: "metadata_props['names'] ignored: not a valid literal (too many nested parentheses)",
     "__import__('os').system('echo pwned')": "metadata_props['names'] ignored: not a plain literal",
     "{0: 'a', 1: 'a', 2: 'c'}": "ignored: labels repeat ('a'); class names must be distinct",
-    "{0: 'a\\nb', 1: 'b', 2: 'c'}": "label 0 ('a\\nb') is empty, longer than 1000 characters or holds a line break",
+    "{0: 'a\\nb', 1: 'b', 2: 'c'}": "label 0: class name 'a\\nb' holds '\\n'",
+    "{0: 'a\\x1b[31m', 1: 'b', 2: 'c'}": "label 0: class name 'a\\x1b[31m' holds '\\x1b'",
+    "{0: '', 1: 'b', 2: 'c'}": "label 0 ('') is empty or longer than 1000 characters",
     "{0: 1, 1: 2, 2: 3}": "a name is not a string",
     "9" * 5000: "metadata_props['names'] ignored: not a valid literal (Exceeds the limit (4300 digits)",
     "x" * (MAX_PARSED + 1): f"ignored: {MAX_PARSED + 1:,} characters, over the {MAX_PARSED:,} read",
@@ -304,7 +308,7 @@ def test_a_picture_is_letterboxed_as_ultralytics_does(
     width, height = size
     pixels = np.random.default_rng(width).integers(0, 256, (height, width, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(tmp_path / "picture.png")
-    got = image_input(manifest, manifest.inputs[0]).convert(tmp_path / "picture.png", "picture.png")
+    got, _ = image_input(manifest, manifest.inputs[0]).convert(tmp_path / "picture.png", "picture.png")
 
     ratio = min(320 / height, 320 / width)
     new_w, new_h = round(width * ratio), round(height * ratio)

@@ -9,10 +9,14 @@ Check's budgets are the recipe schema's to judge (tests/check/test_check_budgets
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import onnx
 import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import main
+from tests.export.test_export_import import linear_model
 
 NAN, INF, NEG, HUGE, DIGITS = "nan", "inf", "-1", "1e30", "9" * 5000
 COMMANDS = {  # command line before the option; the artifact paths need not exist: nothing is opened
@@ -20,7 +24,6 @@ COMMANDS = {  # command line before the option; the artifact paths need not exis
     "benchmark": ["benchmark", "missing"],
     "train": ["train", "missing.yaml"],
     "export": ["export", "missing"],
-    "optimize": ["optimize", "missing"],
     "serve": ["serve", "missing"],
     "predict": ["predict", "missing", "--input", "missing.npz"],
 }
@@ -33,11 +36,6 @@ CASES = [
     ("export", "--opset", ["0", NEG, DIGITS]),
     ("export", "--atol", [NAN, INF, NEG]),
     ("export", "--rtol", [NAN, INF, NEG]),
-    ("optimize", "--max-accuracy-drop", [NAN, INF, NEG]),
-    ("optimize", "--min-cosine", [NAN, INF, "0", NEG, "1.5"]),
-    ("optimize", "--calibration-samples", ["0", NEG, DIGITS]),
-    ("optimize", "--max-exclusions", [NEG, DIGITS]),
-    ("optimize", "--threads", ["0", "100000", DIGITS]),
     ("serve", "--port", ["70000", DIGITS, NAN]),
     ("serve", "--workers", ["100000", DIGITS]),
     ("serve", "--timeout", [NAN, INF, HUGE]),
@@ -64,3 +62,28 @@ def test_a_bad_number_is_exit_2_naming_the_option(command: str, option: str, val
         assert result.exit_code == 2, (option, shown, result.output[-500:])
         assert option in result.output and "Traceback" not in result.output, (option, shown, result.output[-500:])
         assert len(result.output) < 2000, (option, shown)  # a 5,000-digit value is not echoed back whole
+
+
+OPTIMIZE = [  # judged by the recipe schema (one line naming the flag and the key), so a real artifact is opened
+    ("--max-accuracy-drop", [NAN, INF, NEG]),
+    ("--min-cosine", [NAN, INF, "0", NEG, "1.5"]),
+    ("--calibration-samples", ["0", NEG, "100000000"]),
+    ("--max-exclusions", [NEG, "100000000"]),
+    ("--threads", ["0", NEG, "100000"]),
+]
+
+
+def test_optimize_settings_refuse_bad_numbers_in_one_line(tmp_path: Path) -> None:
+    onnx.save(linear_model(), tmp_path / "linear.onnx")
+    repo = tmp_path / "repo"
+    assert CliRunner().invoke(main, ["import", str(tmp_path / "linear.onnx"), "--name", "l", "--repository", str(repo),
+                                     "--task", "embedding"]).exit_code == 0  # fmt: skip
+    for option, values in OPTIMIZE:
+        for value in values:
+            result = CliRunner().invoke(main, ["optimize", str(repo / "l" / "1"), option, value])
+            assert result.exit_code == 2, (option, value, result.output)
+            assert option in result.output and len(result.output.strip().splitlines()) == 1, (
+                option,
+                value,
+                result.output,
+            )

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from pipeline.cli.group import main
-from pipeline.cli.params import FRACTION, THREADS, TOLERANCE, Number, Whole
+from pipeline.cli.params import FRACTION, TOLERANCE, Whole
 
 
 @main.command()
@@ -226,10 +226,10 @@ def export(
               help="Variants to make (repeatable) [default: the recipe's optimize.quantize].")  # fmt: skip
 @click.option("--graph", type=click.Choice(["none", "basic", "extended"]), default=None,
               help="onnxruntime offline level for variants/model.opt.onnx [default: recipe].")  # fmt: skip
-@click.option("--max-accuracy-drop", type=Number(0), default=None, help="Budget: task-metric drop allowed (its units).")
+@click.option("--max-accuracy-drop", type=float, default=None, help="Budget: task-metric drop allowed (its units).")
 @click.option(
     "--min-cosine",
-    type=Number(0, 1, low_open=True),
+    type=float,
     default=None,
     help="Budget for embeddings: minimum cosine similarity.",
 )
@@ -240,15 +240,13 @@ def export(
 @click.option("--activation-type", type=click.Choice(["uint8", "int8"]), default=None, help="Static int8 activations.")
 @click.option(
     "--calibration-samples",
-    type=Whole(1, 100_000),
+    type=int,
     default=None,
     help="Real training samples static int8 calibrates on.",
 )
 @click.option("--slim/--no-slim", default=None, help="onnxslim after onnxruntime's passes for the opt variant.")
-@click.option(
-    "--max-exclusions", type=Whole(0, 100_000), default=None, help="auto: nodes the search may leave in fp32."
-)
-@click.option("--threads", type=THREADS, default=None, help="Intra-op threads the variants are timed with.")
+@click.option("--max-exclusions", type=int, default=None, help="auto: nodes the search may leave in fp32.")
+@click.option("--threads", type=int, default=None, help="Intra-op threads the variants are timed with.")
 @click.option("--strict/--no-strict", default=None, help="Exit 1 when a variant misses its budget [default: recipe].")
 @click.option("--recipe", type=click.Path(), default=None, help="Recipe to read optimize settings from.")
 def optimize(artifact: str, quantize: tuple[str, ...], recipe: str | None, **options: Any) -> None:

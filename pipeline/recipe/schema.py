@@ -189,12 +189,12 @@ class OptimizeSpec(_Strict):
     reduce_range: bool = False  # 7-bit weights, for CPUs without VNNI where 8-bit saturates
     activation_type: Literal["uint8", "int8"] = "uint8"  # static: activations' int8 type
     calibration: Literal["minmax", "entropy", "percentile"] = "minmax"  # static: how activation ranges are set
-    calibration_samples: int = Field(256, gt=0)  # real training samples the static ranges are measured on
+    calibration_samples: int = Field(256, gt=0, le=100_000)  # real training samples the static ranges are measured on
     # the task-metric budget in its units; None: 0.01 accuracy for classifiers, 1% relative error for regression
     max_accuracy_drop: float | None = Field(None, ge=0)
     min_cosine: float = Field(0.99, gt=0, le=1)  # embeddings: minimum cosine similarity to fp32
-    max_exclusions: int = Field(8, ge=0)  # auto: nodes the search may leave in fp32
-    threads: int = Field(1, gt=0)  # intra-op threads the variants are timed with
+    max_exclusions: int = Field(8, ge=0, le=100_000)  # auto: nodes the search may leave in fp32
+    threads: int = Field(1, gt=0, le=256)  # intra-op threads the variants are timed with (100,000 crashed libgomp)
     strict: bool = False  # a variant that misses its budget fails the command (exit 1), not only its record
 
 
@@ -231,7 +231,7 @@ class BenchmarkSpec(_Strict):
 
     enabled: bool = True  # `pipe run` benchmarks the version it ends on
     seconds: float = Field(1.0, gt=0, le=60)  # timed runs per format and batch size
-    threads: int = Field(1, gt=0)  # the threads every runtime gets (onnxruntime, torch, LiteRT)
+    threads: int = Field(1, gt=0, le=256)  # the threads every runtime gets (onnxruntime, torch, LiteRT)
 
 
 class BudgetSpec(_Strict):

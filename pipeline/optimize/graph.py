@@ -268,6 +268,28 @@ def _slim(model: onnx.ModelProto, original: onnx.ModelProto, path: Path) -> tupl
     return (None, f"onnxslim's result was refused: {problem}") if problem else (slimmed, "")
 
 
+def keep_dim_names(model: onnx.ModelProto, original: onnx.ModelProto) -> None:
+    """Give `model`'s inputs and outputs back the names of `original`'s free dims where a step renamed them.
+
+    onnxruntime's quantization pre-processing runs symbolic shape inference, which writes a free dim it
+    can derive as an expression (a YOLO head's `anchors` becomes `(floor(height/2 - 1/2) ...)`): the
+    same free dim under another name, which `signature_changes` would refuse. Only a free dim becoming
+    another free (or unknown) dim is renamed back; a dim that became a fixed size is left for the check.
+    """
+    for side in ("input", "output"):
+        declared = {value.name: value for value in getattr(original.graph, side)}
+        for value in getattr(model.graph, side):
+            before = declared.get(value.name)
+            if before is None:
+                continue
+            dims, old = value.type.tensor_type.shape.dim, before.type.tensor_type.shape.dim
+            if len(dims) != len(old):
+                continue
+            for dim, was in zip(dims, old, strict=True):
+                if was.dim_param and not dim.HasField("dim_value") and dim.dim_param != was.dim_param:
+                    dim.dim_param = was.dim_param
+
+
 def keep_metadata(model: onnx.ModelProto, original: onnx.ModelProto) -> None:
     """Carry `original`'s metadata_props (identity digest, labels, preprocessing) over if a step dropped them."""
     present = {prop.key for prop in model.metadata_props}

@@ -42,6 +42,8 @@ QUANT_OPS = frozenset(
     }
 )
 Q_TENSOR_OPS = frozenset({"DequantizeLinear", "QuantizeLinear", "DynamicQuantizeLinear"})
+# the ops that hold a model's arithmetic: after the last of them, a graph only rearranges and scales
+WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 
 
 def name_nodes(model: onnx.ModelProto) -> int:
@@ -131,3 +133,25 @@ def quantized_nodes(
         quantized = [n for n in nodes if became_quantized(n)]
     names = {n.name for n in quantized}
     return dict(sorted(Counter(n.op_type for n in quantized).items())), [n.name for n in nodes if n.name not in names]
+
+
+def decode_tail(model: onnx.ModelProto) -> list[str]:
+    """Names of the nodes after the last Conv, MatMul or Gemm on every way to the outputs, in graph order:
+    the ones from which no such node can be reached (a detection head's decoding: sigmoid, anchor grid,
+    box arithmetic and the Concat that joins boxes and scores into one output).
+
+    Static QDQ int8 gives a Concat's inputs and output one scale: a YOLO head's output holds boxes in
+    pixels (0..640) beside class scores (0..1), so one int8 step (~2.5 px) turns every score into 0 or
+    one step. Left in float, the tail costs a few elementwise ops; the convolutions stay int8.
+    """
+    nodes = list(model.graph.node)
+    consumers: dict[str, list[int]] = {}
+    for index, node in enumerate(nodes):
+        for name in node.input:
+            consumers.setdefault(name, []).append(index)
+    reaches = [False] * len(nodes)  # whether a weighted node lies downstream (itself included)
+    for index in reversed(range(len(nodes))):  # consumers first: ONNX lists nodes in topological order
+        node = nodes[index]
+        below = (reaches[c] for output in node.output for c in consumers.get(output, ()))
+        reaches[index] = node.op_type in WEIGHTED_OPS or any(below)
+    return [node.name for node, weighted in zip(nodes, reaches, strict=True) if not weighted and node.name]

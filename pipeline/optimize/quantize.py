@@ -37,6 +37,7 @@ from onnxruntime.transformers.float16 import convert_float_to_float16
 
 from pipeline.core.errors import ArtifactError, InputError, first_line
 from pipeline.optimize.graph import (
+    keep_dim_names,
     keep_metadata,
     load,
     loads_in_onnxruntime,
@@ -44,7 +45,7 @@ from pipeline.optimize.graph import (
     signature_changes,
     strip_debug_info,
 )
-from pipeline.optimize.nodes import MODES, QUANT_OPS, name_nodes, quantizable_nodes, quantized_nodes
+from pipeline.optimize.nodes import MODES, QUANT_OPS, decode_tail, name_nodes, quantizable_nodes, quantized_nodes
 from pipeline.optimize.samples import Progress, SampleReader, check_calibration, sample_reader
 
 TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
@@ -68,6 +69,7 @@ class QuantSettings:
     activation_type: Literal["int8", "uint8"] = "uint8"  # static only; dynamic activations are always uint8
     calibration: Literal["minmax", "entropy", "percentile"] = "minmax"  # static only: how ranges are chosen
     nodes_to_exclude: tuple[str, ...] = ()  # node names left in fp32 (see quantizable_nodes)
+    float_tail: bool = False  # static: the nodes after the last Conv/MatMul/Gemm stay fp32 (nodes.decode_tail)
     preprocess: bool = True  # shape inference + graph optimization before dynamic/static quantization
 
     def __post_init__(self) -> None:
@@ -97,6 +99,7 @@ class QuantSettings:
             parts += ["per-channel"] if self.per_channel else []
             parts += ["reduce-range"] if self.reduce_range else []
             parts += [self.calibration] if self.mode == "static" else []
+            parts += ["decode tail in fp32"] if self.float_tail and self.mode == "static" else []
         excluded = len(self.nodes_to_exclude)
         parts += [f"{excluded} node{'s' if excluded != 1 else ''} excluded"] if excluded else []
         return ", ".join(parts)
@@ -119,6 +122,7 @@ class QuantReport:
     weight_bytes_after: int
     warnings: list[str] = field(default_factory=list)
     debug_bytes_removed: int = 0  # per-node exporter metadata dropped from the output (see strip_debug_info)
+    float_tail: list[str] = field(default_factory=list)  # nodes after the last Conv/MatMul/Gemm left in fp32
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -165,6 +169,9 @@ def quantize(
     if settings.preprocess and settings.mode != "fp16":
         source, excluded, preprocessed = _preprocess(named_path, scratch / "preprocessed.onnx", excluded, warnings)
     quantized_from, out = load(source), scratch / "quantized.onnx"  # dst is written only once it checks out
+    tail = []
+    if settings.float_tail and settings.mode == "static":  # named after pre-processing, which may fuse nodes
+        tail = [name for name in decode_tail(quantized_from) if name not in excluded]
     if settings.mode == "fp16":
         result = convert_float_to_float16(quantized_from, keep_io_types=True, node_block_list=excluded or None)
         _sort_topologically(result.graph)  # the converter appends the input casts last: the checker refuses that
@@ -174,13 +181,14 @@ def quantize(
         if calibration is not None and settings.mode == "static":
             reader = sample_reader(quantized_from, calibration, samples, settings.calibration, progress, warnings)
             samples = reader.samples
-        _quantize_int8(source, out, settings, excluded, reader)
+        _quantize_int8(source, out, settings, [*excluded, *tail], reader)
         result = load(out)
+    keep_dim_names(result, original)
     _check_output(original, result, out, settings)
     keep_metadata(result, original)
     stripped = strip_debug_info(result)
     onnx.save(result, str(dst))
-    quantized, left_float = quantized_nodes(quantized_from, result, settings.mode, excluded)
+    quantized, left_float = quantized_nodes(quantized_from, result, settings.mode, [*excluded, *tail])
     return QuantReport(
         settings.to_dict(),
         settings.describe(),
@@ -195,6 +203,7 @@ def quantize(
         weight_bytes(result),
         warnings,
         stripped,
+        tail,
     )
 
 

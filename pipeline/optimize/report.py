@@ -19,6 +19,7 @@ def markdown(summary: dict[str, Any]) -> str:
         f"# pipe optimize: {summary['model']}",
         "",
         f"- budget: {_policy(summary['policy'])}",
+        *_as_detections(summary["policy"]),
         f"- evaluated on: {summary['evaluation']}",
         f"- calibrated on: {summary['calibration'] or 'no calibration (no static quantization)'}",
         f"- timed with {int(fp32['latency'].get('threads', 1))} intra-op thread(s), all models side by side in one run"
@@ -35,6 +36,10 @@ def markdown(summary: dict[str, Any]) -> str:
         speedups = [v.get(f"speedup_b{b}") for b in batches]
         lines.append(_row(v["variant"], v["status"], v["budget_figure"], size, v["latency"], batches, speedups,
                           v["detail"]))  # fmt: skip
+    for v in summary["variants"]:
+        if tail := v["details"].get("float_tail"):
+            lines.append(f"\n{v['variant']}: the {len(tail)} nodes after the last Conv/MatMul/Gemm (the decode tail) "
+                         "were left in fp32: one int8 scale cannot hold pixel boxes and 0..1 scores")  # fmt: skip
     for v in summary["variants"]:
         search = v["details"].get("search")
         if search:
@@ -89,6 +94,18 @@ def _row(
     pairs = zip(batches, speedups, strict=True)
     timings = "".join(f"{_num(latency.get(f'p50_ms_b{b}'))} | {_x(s)} | " for b, s in pairs)
     return f"| {name} | {status} | {_num(figure)} | {size} | {timings}{_cell(detail)} |"
+
+
+def _as_detections(policy: dict[str, Any]) -> list[str]:
+    """How a detector's variants were judged, in words (box agreement: pipeline/verify/policies.py)."""
+    if policy.get("policy") != "box agreement":
+        return []
+    return [
+        f"- judged as detections: each model's head output decoded into boxes (confidence > "
+        f"{policy['confidence']:g}, per-class NMS at IoU {policy['iou']:g}, at most {policy['max_detections']} per "
+        f"picture), a variant's boxes matched to model.onnx's per class at IoU >= {policy['match_iou']:g}; the pairs "
+        f"over the larger box count must reach {policy['min_matched']:g}"
+    ]
 
 
 def _policy(policy: dict[str, Any]) -> str:

@@ -124,11 +124,9 @@ def default_candidates(task: str, has_calibration: bool) -> list[QuantSettings]:
     Dynamic int8 needs no data: per tensor, per channel (one scale per output channel, which
     rescues layers whose channels differ in range), per channel with 7-bit weights (CPUs without
     VNNI saturate 8-bit products). Static QDQ int8 needs calibration samples: every calibration
-    method with unsigned and signed activations. `task` does not change the list today; it is
-    there because the right candidates differ by model kind (an embedding model's outputs are
-    judged by cosine, which per-tensor ranges hurt first).
+    method with unsigned and signed activations; a detector's keep its decode tail in fp32
+    (nodes.decode_tail: one int8 scale cannot hold pixel boxes and 0..1 scores).
     """
-    del task  # the same candidates for every task, for now
     candidates = [
         QuantSettings(mode="dynamic"),
         QuantSettings(mode="dynamic", per_channel=True),
@@ -136,7 +134,13 @@ def default_candidates(task: str, has_calibration: bool) -> list[QuantSettings]:
     ]
     if has_calibration:
         candidates += [
-            QuantSettings(mode="static", per_channel=True, activation_type=activations, calibration=method)
+            QuantSettings(
+                mode="static",
+                per_channel=True,
+                activation_type=activations,
+                calibration=method,
+                float_tail=task == "detection",
+            )
             for method in ("minmax", "entropy", "percentile")
             for activations in ("uint8", "int8")
         ]

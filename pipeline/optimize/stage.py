@@ -164,7 +164,7 @@ def _make_variants(
         if mode == "auto":
             made.append(_auto(source, dst, scratch, settings, calibration, judge, say))
             continue
-        quant = _quant_settings(mode, settings)
+        quant = _quant_settings(mode, settings, judge.artifact.manifest.task)
         say(f"[optimize] {name}: {quant.describe()}")
         report = quantize(source, dst, quant, calibration.inputs if calibration else None, scratch,
                           progress=_calibration_progress(name, say))  # fmt: skip
@@ -207,13 +207,15 @@ def _auto(
     return Made("int8", "int8", result.chosen.settings.to_dict(), verdict, {"search": result.to_dict()})
 
 
-def _quant_settings(mode: str, settings: OptimizeSpec) -> QuantSettings:
+def _quant_settings(mode: str, settings: OptimizeSpec, task: str) -> QuantSettings:
+    """The recipe's settings for one mode; a detector's decode tail stays fp32 in static int8 (nodes.decode_tail)."""
     return QuantSettings(
         mode=mode,  # type: ignore[arg-type]
         per_channel=settings.per_channel,
         reduce_range=settings.reduce_range,
         activation_type=settings.activation_type,
         calibration=settings.calibration,
+        float_tail=task == "detection" and mode == "static",
     )
 
 

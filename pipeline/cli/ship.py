@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from pipeline.cli.group import main
-from pipeline.cli.params import MAX_THREADS, Number, Whole
+from pipeline.cli.params import FRACTION, MAX_THREADS, Number, Whole
 
 
 def _variants(values: tuple[str, ...]) -> dict[str, str]:
@@ -156,12 +156,28 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
 @click.option("--top-k", default=5, show_default=True, type=Whole(1, 100_000), help="Classes shown per sample.")
 @click.option("--allow-failed", is_flag=True, help="Run a failed or stale variant anyway (a note says why it is not "
               "usable).")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print JSON: top_k per sample and every output in full.")
-def predict(artifact: str, input_file: str, variant: str, top_k: int, allow_failed: bool, as_json: bool) -> None:
-    """Run one variant of ARTIFACT on an input file, locally, for a quick look (top-k labels for classifiers)."""
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: top_k or detections per sample and the outputs.")
+@click.option("--confidence", type=FRACTION, default=None, help="Detection: keep boxes scoring above this. [recorded]")
+@click.option("--iou", type=FRACTION, default=None, help="Detection: NMS IoU above which a box is dropped. [recorded]")
+@click.option("--max-detections", type=Whole(1, 100_000), default=None, help="Detection: boxes kept per sample. "
+              "[recorded]")  # fmt: skip
+def predict(
+    artifact: str,
+    input_file: str,
+    variant: str,
+    top_k: int,
+    allow_failed: bool,
+    as_json: bool,
+    confidence: float | None,
+    iou: float | None,
+    max_detections: int | None,
+) -> None:
+    """Run one variant of ARTIFACT on an input file, locally, for a quick look (top-k labels for classifiers,
+    boxes for detectors)."""
     from pipeline.predict.command import predict_file
 
-    result = predict_file(artifact, input_file, variant, allow_failed)
+    detection = {"confidence": confidence, "iou": iou, "max_detections": max_detections}
+    result = predict_file(artifact, input_file, variant, allow_failed, detection)
     for note in result.notes:
         click.secho(f"note: {note}", err=True, fg="yellow")
     click.echo(result.to_json(top_k) if as_json else result.text(top_k))

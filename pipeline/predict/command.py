@@ -2,29 +2,44 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+from pipeline.artifact.manifest import Detection, Manifest
 from pipeline.artifact.variants import FP32
-from pipeline.core.errors import ArtifactError
+from pipeline.core.arrays import Arrays
+from pipeline.core.errors import ArtifactError, InputError
 from pipeline.predict.inputs import read_inputs
 from pipeline.predict.model import choose_variant, load_runner
-from pipeline.predict.result import Prediction
+from pipeline.predict.result import Detections, Prediction
+from pipeline.runtime.detection import detect
+from pipeline.runtime.images import Placement
+
+DETECTION_FLAGS = {"confidence": "--confidence", "iou": "--iou", "max_detections": "--max-detections"}
 
 
 def predict_file(
-    artifact_path: str | Path, input_path: str | Path, variant: str = FP32, allow_failed: bool = False
+    artifact_path: str | Path,
+    input_path: str | Path,
+    variant: str = FP32,
+    allow_failed: bool = False,
+    detection: dict[str, Any] | None = None,
 ) -> Prediction:
     """Run `variant` of the artifact at `artifact_path` (a version, or a model: its latest) on `input_path`.
 
     The artifact is verified on load; the input is checked against the manifest's input specs
     before anything runs. Bad input, an unknown variant, or a failed or stale one without
-    `allow_failed` raise InputError (exit 2).
+    `allow_failed` raise InputError (exit 2). A detector's output is decoded into boxes with the
+    artifact's detection settings, or those `detection` gives (`confidence`, `iou`, `max_detections`),
+    in the picture's pixels when the input is a picture.
     """
     from pipeline.artifact.directory import Artifact, resolve_artifact
 
     artifact = Artifact.load(resolve_artifact(artifact_path))
+    settings = _detection_settings(artifact.manifest, detection or {})
     chosen = choose_variant(artifact, variant, allow_failed)
-    inputs = read_inputs(Path(input_path), artifact.manifest)
+    inputs, placement = read_inputs(Path(input_path), artifact.manifest)
     runner = load_runner(artifact, chosen)
     try:
         outputs = runner(inputs)
@@ -44,4 +59,32 @@ def predict_file(
         manifest=artifact.manifest,
         outputs=outputs,
         notes=[chosen.note] if chosen.note else [],
+        detections=_detections(artifact.manifest, outputs, placement, settings) if settings else None,
     )
+
+
+def _detection_settings(manifest: Manifest, given: dict[str, Any]) -> Detection | None:
+    """A detector's recorded settings with the options given on top; None for any other model (which
+    refuses the options)."""
+    given = {key: value for key, value in given.items() if value is not None}
+    if manifest.task != "detection" or manifest.detection is None:
+        if given:
+            flags = ", ".join(DETECTION_FLAGS[key] for key in given)
+            raise InputError(f"{flags} set how a detector's boxes are decoded; this is a {manifest.task} model: "
+                             "leave them out")  # fmt: skip
+        return None
+    return replace(manifest.detection, **given)
+
+
+def _detections(manifest: Manifest, outputs: Arrays, placement: Placement | None, settings: Detection) -> Detections:
+    """The head output decoded into each sample's boxes, in the picture's pixels for a picture (the
+    letterbox undone), else in input pixels."""
+    name = manifest.outputs[0].name
+    name = name if name in outputs else next(iter(outputs))  # a runner naming outputs its own way
+    head = outputs[name]
+    placements = [placement] * len(head) if placement is not None else None
+    try:
+        boxes = detect(head, settings.confidence, settings.iou, settings.max_detections, placements)
+    except ValueError as exc:  # a variant answering another shape than the manifest's head
+        raise ArtifactError(f"output {name!r} is not a detection head's output: {exc}") from None
+    return Detections(name, boxes, "picture" if placement is not None else "input", settings)

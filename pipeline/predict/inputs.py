@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,13 +19,17 @@ from pipeline.artifact.manifest import Manifest, TensorSpec
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError, first_line
 
+if TYPE_CHECKING:
+    from pipeline.runtime.images import Placement
+
 UNNAMED = "arr_0"  # the key numpy.savez gives one array passed without a name
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SUFFIXES = (".npz", ".json", *IMAGE_SUFFIXES)
 
 
-def read_inputs(path: Path, manifest: Manifest) -> Arrays:
-    """The model's inputs from `path`, by its suffix, each with a leading batch axis and checked."""
+def read_inputs(path: Path, manifest: Manifest) -> tuple[Arrays, Placement | None]:
+    """The model's inputs from `path`, by its suffix, each with a leading batch axis and checked; and for a
+    picture, where it lies in the model's input (None for arrays given in the model's own units)."""
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         raise InputError(
@@ -34,7 +38,7 @@ def read_inputs(path: Path, manifest: Manifest) -> Arrays:
         )
     if not path.is_file():
         raise InputError(f"input file {path} not found; pass an existing {suffix} file")
-    specs = manifest.inputs
+    specs, placement = manifest.inputs, None
     if suffix == ".npz":
         arrays = _npz(path, specs)
     elif suffix == ".json":
@@ -42,9 +46,9 @@ def read_inputs(path: Path, manifest: Manifest) -> Arrays:
     else:
         from pipeline.predict.image import image_input
 
-        spec, array = image_input(path, manifest)
+        spec, array, placement = image_input(path, manifest)
         arrays = {spec.name: array}
-    return check_inputs(arrays, specs, path.name)
+    return check_inputs(arrays, specs, path.name), placement
 
 
 def _npz(path: Path, specs: list[TensorSpec]) -> Arrays:

@@ -1,8 +1,11 @@
-"""What a prediction shows: top-k labels for a classifier, otherwise each output's shape and values.
+"""What a prediction shows: top-k labels for a classifier, boxes for a detector, otherwise each output's
+shape and values.
 
 A classifier's first output ([batch, classes]) is turned into probabilities with a softmax, unless
 its rows already are a distribution (non-negative, summing to 1: a model ending in Softmax), and
 each sample lists its k most likely classes by the manifest's labels (class indexes without them).
+A detector's head output is decoded (pipeline/runtime/detection.py) into each sample's boxes, with
+their scores and labels, in the picture's pixels when the input was a picture.
 """
 
 from __future__ import annotations
@@ -13,10 +16,25 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.manifest import Detection, Manifest
 from pipeline.core.arrays import Arrays
+from pipeline.runtime.detection import Boxes
 
 FIRST_VALUES = 8  # values of each output shown in the text view
+
+
+@dataclass(frozen=True)
+class Detections:
+    """A detector's head output decoded: each sample's boxes, and how."""
+
+    output: str  # the head output they were decoded from
+    boxes: list[Boxes]  # per sample, highest score first
+    coordinates: str  # "picture" (the letterbox undone) or "input" (the model's input pixels)
+    settings: Detection  # the confidence, NMS IoU and max detections used
+
+    def describe(self) -> str:
+        s = self.settings
+        return f"confidence > {s.confidence:g}, NMS IoU {s.iou:g}, at most {s.max_detections} per sample"
 
 
 @dataclass
@@ -30,6 +48,7 @@ class Prediction:
     manifest: Manifest
     outputs: Arrays
     notes: list[str] = field(default_factory=list)
+    detections: Detections | None = None  # a detector's boxes
 
     @property
     def classifier_output(self) -> str | None:
@@ -66,33 +85,55 @@ class Prediction:
             width = max(len(c["label"]) for c in classes)
             lines.append(f"sample {i}")
             lines += [f"  {c['label']:<{width}}  {c['probability']:.4f}" for c in classes]
+        if (found := self.detections) is not None:
+            lines += self._boxes_text(found)
+            shown = found.output
         for name, array in self.outputs.items():
-            if name != shown:
+            if name == shown and found is not None:
+                lines.append(f"{name}: {array.dtype}{list(array.shape)}  (decoded above: {found.describe()})")
+            elif name != shown:
                 values = ", ".join(_short(v) for v in array.reshape(-1)[:FIRST_VALUES].tolist())
                 more = " ..." if array.size > FIRST_VALUES else ""
                 lines.append(f"{name}: {array.dtype}{list(array.shape)}  {values}{more}")
         return "\n".join(lines)
 
+    def _boxes_text(self, found: Detections) -> list[str]:
+        where = "picture pixels, the letterbox undone" if found.coordinates == "picture" else "input pixels"
+        lines = []
+        for i, boxes in enumerate(found.boxes):
+            lines.append(f"sample {i}: {len(boxes)} box{'es' if len(boxes) != 1 else ''} (x1, y1, x2, y2 in {where})")
+            labels = boxes.labels(self.manifest.labels)
+            width = max((len(label) for label in labels), default=0)
+            for label, score, box in zip(labels, boxes.scores.tolist(), boxes.xyxy.tolist(), strict=True):
+                lines.append(f"  {label:<{width}}  {score:.4f}  " + "  ".join(f"{v:8.1f}" for v in box))
+        return lines
+
     def to_json(self, k: int) -> str:
-        """Machine-readable: the variant, top_k per sample (classifiers) and every output in full.
+        """Machine-readable: the variant, top_k per sample (classifiers), detections per sample (detectors),
+        and every output in full, but for the head output detections were decoded from (dtype and shape).
 
         Non-finite floats are written as null (JSON has no NaN).
         """
-        return json.dumps(
-            {
-                "artifact": self.artifact,
-                "variant": self.variant,
-                "file": self.file,
-                "format": self.format,
-                "notes": self.notes,
-                "top_k": self.top_k(k),
-                "outputs": {
-                    name: {"dtype": str(a.dtype), "shape": list(a.shape), "values": _json_values(a)}
-                    for name, a in self.outputs.items()
-                },
-            },
-            indent=2,
-        )
+        found = self.detections
+        described: dict[str, Any] = {
+            "artifact": self.artifact,
+            "variant": self.variant,
+            "file": self.file,
+            "format": self.format,
+            "notes": self.notes,
+            "top_k": self.top_k(k),
+        }
+        if found is not None:
+            described["detections"] = [boxes.as_dict(self.manifest.labels) for boxes in found.boxes]
+            described["coordinates"] = found.coordinates
+            s = found.settings
+            described["detection"] = {"confidence": s.confidence, "iou": s.iou, "max_detections": s.max_detections}
+        described["outputs"] = {
+            name: {"dtype": str(a.dtype), "shape": list(a.shape)}
+            | ({} if found is not None and name == found.output else {"values": _json_values(a)})
+            for name, a in self.outputs.items()
+        }
+        return json.dumps(described, indent=2)
 
 
 def probabilities(scores: np.ndarray) -> np.ndarray:

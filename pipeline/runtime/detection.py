@@ -8,16 +8,28 @@ a box's class is its best score, boxes whose best score is not above `confidence
 best `MAX_CANDIDATES` remain, NMS runs per class (a box overlapping a higher-scored box of its class
 by more than `iou` is dropped), and the best `max_detections` are kept, highest score first.
 
+`detect` is what a client is given (`pipe serve` with `detections`, `pipe predict`): each picture's
+boxes mapped back from the model's input pixels to the picture's (`Placement`, recorded when the
+picture was converted: a letterbox undone), named by the model's labels (`Boxes.as_dict`).
+
 `match` pairs the boxes of two decodings of one picture, class by class, greedily by IoU (highest
 first, each box used once), keeping pairs at `threshold` IoU or more: what `BoxAgreement`
 (pipeline/verify/policies.py) judges a quantized or converted detector by.
+
+This module is the one decoding of a detector's output: the server, `pipe predict` and the verifier
+all call it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pipeline.runtime.images import Placement
 
 MAX_CANDIDATES = 30_000  # boxes entering NMS per picture, best first (Ultralytics' max_nms)
 
@@ -32,6 +44,26 @@ class Boxes:
 
     def __len__(self) -> int:
         return len(self.scores)
+
+    def mapped(self, placement: Placement | None) -> Boxes:
+        """These boxes in the picture's pixels (`placement`: where the picture lay in the input); as they
+        are when None (the input was given as a tensor: boxes stay in input pixels)."""
+        if placement is None:
+            return self
+        return Boxes(placement.to_original(self.xyxy).astype(np.float32), self.scores, self.classes)
+
+    def labels(self, names: Sequence[str]) -> list[str]:
+        """Each box's class name: `names[class]`, or the class index as text where `names` has none."""
+        return [names[c] if 0 <= c < len(names) else str(c) for c in self.classes.tolist()]
+
+    def as_dict(self, names: Sequence[str]) -> dict[str, Any]:
+        """JSON-ready: `boxes` [[x1, y1, x2, y2], ...], `scores`, `classes` and `labels`, highest score first."""
+        return {
+            "boxes": self.xyxy.astype(np.float64).tolist(),
+            "scores": self.scores.astype(np.float64).tolist(),
+            "classes": self.classes.tolist(),
+            "labels": self.labels(names),
+        }
 
 
 @dataclass(frozen=True)
@@ -80,6 +112,23 @@ def decode(output: np.ndarray, confidence: float = 0.25, iou: float = 0.7, max_d
     if problem := head_problem(output.shape):
         raise ValueError(problem)
     return [_decode_one(np.asarray(rows, np.float32).T, confidence, iou, max_detections) for rows in output]
+
+
+def detect(
+    output: np.ndarray,
+    confidence: float,
+    iou: float,
+    max_detections: int,
+    placements: Sequence[Placement | None] | None = None,
+) -> list[Boxes]:
+    """Each picture's boxes from a head output [batch, 4 + k, anchors], in the picture's pixels where its
+    `placements[i]` says where it lay in the input (a letterbox undone), else in input pixels."""
+    decoded = decode(output, confidence, iou, max_detections)
+    if placements is None:
+        return decoded
+    if len(placements) != len(decoded):
+        raise ValueError(f"{len(placements)} placements for {len(decoded)} pictures")
+    return [boxes.mapped(placement) for boxes, placement in zip(decoded, placements, strict=True)]
 
 
 def _decode_one(anchors: np.ndarray, confidence: float, iou: float, max_detections: int) -> Boxes:

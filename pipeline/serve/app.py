@@ -16,17 +16,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import orjson
 
 from pipeline import __version__
+from pipeline.artifact.manifest import Detection
 from pipeline.core.errors import InputError
 from pipeline.serve.access_log import AccessLog
 from pipeline.serve.config import ServeConfig
+from pipeline.serve.detections import OUTPUTS as DETECTIONS
+from pipeline.serve.detections import not_a_detector, placements_of
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.metrics import CONTENT_TYPE, Metrics
 from pipeline.serve.openapi import document
 from pipeline.serve.protocols import tfserving, v2
-from pipeline.serve.protocols.base import Protocol
+from pipeline.serve.protocols.base import Decoded, Protocol
 from pipeline.serve.protocols.tfclassify import TFClassify
 from pipeline.serve.protocols.tfserving import TFServing
 from pipeline.serve.protocols.v2 import V2
@@ -261,18 +265,37 @@ class ServeApp:
         started = time.perf_counter()
         try:
             decoded = protocol.decode(body, headers, model.io)
+            settings = None
+            if decoded.detections is not None:
+                if model.detector is None:
+                    raise not_a_detector(model.name, model.task)
+                settings = model.detector.settings_for(decoded.detections)
             decoded.inputs, decoded.placements = await model.images.converted(
                 decoded.inputs, model.session.input_by_name
             )
-            wanted = _output_names(model, decoded.outputs)
+            wanted = _output_names(model, decoded.outputs, detections=settings is not None)
             rows = model.session.check_inputs(decoded.inputs)
             results = await model.batcher.infer(decoded.inputs, rows)
+            if settings is not None:
+                results = await self._detections(model, decoded, results, settings)
             payload, out_headers = protocol.encode(model.io, decoded, {name: results[name] for name in wanted})
         except Exception:
             stats.failed()
             raise
         stats.answered(time.perf_counter() - started)
         return 200, payload, out_headers
+
+    async def _detections(
+        self, model: LoadedVersion, decoded: Decoded, results: dict[str, np.ndarray], settings: Detection
+    ) -> dict[str, np.ndarray]:
+        """`results` with the detections outputs (boxes, scores, classes, labels, count) beside the raw ones:
+        the head decoded (in a worker thread: NMS over thousands of anchors takes milliseconds), each
+        picture's boxes mapped back to it."""
+        assert model.detector is not None
+        placements = placements_of(decoded.placements, list(model.session.input_by_name))
+        detected = await asyncio.to_thread(model.detector.detect, results[model.detector.output], placements, settings)
+        decoded.coordinates = detected.coordinates
+        return {**results, **detected.arrays()}
 
     # -- TF Serving REST ---------------------------------------------------------------------------
 
@@ -319,11 +342,15 @@ def _allow(method: str, allowed: str) -> None:
         raise RequestError(f"method {method} is not allowed here; use {allowed}", 405, {"allow": allowed})
 
 
-def _output_names(model: LoadedVersion, asked: list[str] | None) -> list[str]:
-    """The outputs to answer with, in order: those asked for (each must exist), else every output."""
+def _output_names(model: LoadedVersion, asked: list[str] | None, detections: bool = False) -> list[str]:
+    """The outputs to answer with, in order: those asked for (each must exist), else every output; with
+    detections, the detections outputs by default, and the raw ones by name too (a detections output's
+    name wins over a raw output of the same name)."""
     valid = [s.name for s in model.session.outputs]
+    if detections:
+        valid = [*DETECTIONS, *(name for name in valid if name not in DETECTIONS)]
     if asked is None:
-        return valid
+        return list(DETECTIONS) if detections else valid
     unknown = sorted(set(asked) - set(valid))
     if unknown:
         raise RequestError(f"unknown output(s) {unknown} requested; the model's outputs are {valid}")

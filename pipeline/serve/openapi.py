@@ -11,6 +11,7 @@ from typing import Any
 
 from pipeline import __version__
 from pipeline.artifact.datatypes import V2_TO_NUMPY
+from pipeline.serve.detections import MAX_DETECTIONS
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
 _TENSOR_IN = {
@@ -24,6 +25,13 @@ _TENSOR_IN = {
         "data": {"type": "array", "items": {}},
     },
 }
+# Detections asked of a detector (task detection) instead of its raw head output: serve/detections.py.
+_DETECTIONS = {
+    "detections": {"type": "boolean"},
+    "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+    "iou": {"type": "number", "minimum": 0, "maximum": 1},
+    "max_detections": {"type": "integer", "minimum": 1, "maximum": MAX_DETECTIONS},
+}
 _INFER_REQUEST = {
     "type": "object",
     "required": ["inputs"],
@@ -31,7 +39,11 @@ _INFER_REQUEST = {
         "id": {"type": "string"},
         "parameters": {
             "type": "object",
-            "properties": {"binary_data_output": {"type": "boolean"}, "probabilities": {"type": "boolean"}},
+            "properties": {
+                "binary_data_output": {"type": "boolean"},
+                "probabilities": {"type": "boolean"},
+                **_DETECTIONS,
+            },
         },
         "inputs": {"type": "array", "items": _TENSOR_IN},
         "outputs": {
@@ -56,7 +68,7 @@ _INFER_REQUEST = {
 }
 _PREDICT_REQUEST = {
     "type": "object",
-    "properties": {"signature_name": {"type": "string"}, "instances": {"type": "array"}, "inputs": {}},
+    "properties": {"signature_name": {"type": "string"}, "instances": {"type": "array"}, "inputs": {}, **_DETECTIONS},
 }
 _CLASSIFY_REQUEST = {
     "type": "object",

@@ -24,10 +24,11 @@ from functools import cached_property
 from pathlib import Path
 
 from pipeline.artifact.directory import Artifact, locked
-from pipeline.artifact.manifest import MANIFEST_NAME
+from pipeline.artifact.manifest import MANIFEST_NAME, Manifest
 from pipeline.core.errors import ArtifactError, InputError, PipelineError
 from pipeline.serve import scan
 from pipeline.serve.batching import Batcher, BatchSettings
+from pipeline.serve.detections import Detector
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.images import ServedImages
 from pipeline.serve.metrics import Metrics
@@ -52,6 +53,19 @@ class RepositorySettings:
     poll_s: float = 2.0  # seconds between scans for new, removed or changed versions; 0 turns hot reload off
 
 
+@dataclass(frozen=True)
+class Answers:
+    """What a version's manifest says about answering requests, beyond its model file."""
+
+    images: ServedImages  # which inputs take encoded pictures, and how
+    task: str
+    detector: Detector | None  # task detection only
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> Answers:
+        return cls(ServedImages.of(manifest), manifest.task, Detector.of(manifest))
+
+
 @dataclass
 class LoadedVersion:
     """A verified artifact version with its session and batcher, ready for requests."""
@@ -65,6 +79,12 @@ class LoadedVersion:
     stamp: Stamp  # the manifest's stamp when it was last read
     reload_error: str | None = None  # why the manifest's latest change was refused (this keeps serving)
     images: ServedImages = field(default_factory=ServedImages)  # which inputs take encoded pictures, and how
+    task: str = "classification"  # the manifest's task
+    detector: Detector | None = None  # task detection: how the head output becomes boxes
+
+    def read(self, answers: Answers) -> None:
+        """Take what the manifest says about answering requests (read again when the manifest changes)."""
+        self.images, self.task, self.detector = answers.images, answers.task, answers.detector
 
     @property
     def variant(self) -> str:
@@ -178,14 +198,14 @@ class Repository:
         if (previous := self.failed.get((name, version))) and previous[0] == stamp:
             return None  # failed before and unchanged since: do not retry every tick
         try:
-            choice, session, images = await asyncio.to_thread(self._open, root, None)
+            choice, session, answers = await asyncio.to_thread(self._open, root, None)
         except LOAD_ERRORS as exc:
             self._refuse(name, version, root, stamp, exc)
             return None
         assert session is not None  # no current choice: a session is always made
         self.failed.pop((name, version), None)
         loaded = self._serve(name, version, root, choice, session, stamp)
-        loaded.images = images
+        loaded.read(answers)
         log.info(
             "loaded %s v%d from %s (variant %s, %s) on %s; inputs %s; batching %s",
             name, version, root, choice.variant, choice.file, session.providers,
@@ -216,9 +236,9 @@ class Repository:
             return loaded
         loaded.stamp = stamp  # each change is read once, so a refusal is logged once
         try:
-            choice, session, images = await asyncio.to_thread(self._open, loaded.root, loaded.choice)
+            choice, session, answers = await asyncio.to_thread(self._open, loaded.root, loaded.choice)
             if session is None:  # the same file as served
-                loaded.images = images  # the manifest may record the preprocessing anew
+                loaded.read(answers)  # the manifest may record the preprocessing anew
                 if loaded.reload_error is not None:
                     log.info("%s v%d: its manifest is valid again", loaded.name, loaded.version)
                 loaded.reload_error = None
@@ -239,12 +259,12 @@ class Repository:
             loaded.variant, loaded.file, session.providers,
         )  # fmt: skip
         reloaded = self._serve(loaded.name, loaded.version, loaded.root, choice, session, stamp)
-        reloaded.images = images
+        reloaded.read(answers)
         return reloaded
 
-    def _open(self, root: Path, current: Choice | None) -> tuple[Choice, ModelSession | None, ServedImages]:
+    def _open(self, root: Path, current: Choice | None) -> tuple[Choice, ModelSession | None, Answers]:
         """Verify the artifact, choose its variant and, unless that is `current`, create its session; and
-        read how its image inputs take encoded pictures.
+        read what its manifest says about answering (how its image inputs take pictures, its detector).
 
         All under the artifact's shared lock (worker thread): a stage committing a new file in
         between would otherwise have onnxruntime read a file nobody verified.
@@ -252,10 +272,10 @@ class Repository:
         with locked(root, shared=True):
             artifact = Artifact.load(root, verify=True)
             choice = choose(artifact, self.settings.variants)
-            images = ServedImages.of(artifact.manifest)
+            answers = Answers.of(artifact.manifest)
             if choice == current:
-                return choice, None, images
-            return choice, ModelSession(artifact.path(choice.file), self._session_options, artifact.manifest), images
+                return choice, None, answers
+            return choice, ModelSession(artifact.path(choice.file), self._session_options, artifact.manifest), answers
 
     def _serve(
         self, name: str, version: int, root: Path, choice: Choice, session: ModelSession, stamp: Stamp

@@ -204,10 +204,14 @@ def yolo_detector(
     path: Path, names: list[str] | None = None, seed: int = 0, box_scale: float = 1.0, metadata: bool = True
 ) -> Path:
     """Write the YOLOv8-layout detector to `path` (dynamic batch, height, width, anchors) and return it."""
+    names = names if names is not None else COCO_FIRST[:3]
+    return export_detector(yolo_module(len(names), seed, box_scale), path, names, metadata)
+
+
+def export_detector(module, path: Path, names: list[str], metadata: bool = True) -> Path:  # module: torch.nn.Module
+    """`module` exported as Ultralytics exports a detector (see the module doc), with its metadata_props."""
     import torch
 
-    names = names if names is not None else COCO_FIRST[:3]
-    module = yolo_module(len(names), seed, box_scale)
     example = torch.zeros(1, 3, IMGSZ, IMGSZ)
     dynamic = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch", 2: "anchors"}}
     with warnings.catch_warnings():  # Ultralytics exports with the TorchScript exporter, which torch now flags
@@ -219,6 +223,81 @@ def yolo_detector(
     onnx.save(model, str(path))
     set_metadata(path, ultralytics_metadata(names) if metadata else {})
     return path
+
+
+# --- a detector that finds coloured shapes in pictures --------------------------------------------
+
+SHAPE_CLASSES = {"red": (220, 30, 30), "green": (30, 180, 40), "blue": (30, 60, 220)}  # class index = position
+COLOUR_GAIN, COLOUR_BIAS = 12.0, -4.0  # a cell all of one colour scores ~0.99, a grey one ~0.02
+
+
+def colour_module(seed: int = 0):  # -> torch.nn.Module
+    """The YOLOv8 head layout on a network that really finds things: each stride-32 cell's mean colour
+    (a strided conv, as a stem would compute it) scores a class by how much one channel stands out of
+    the other two (red, green, blue; grey scores ~0.02), and its box is the cell's anchor point widened
+    by about one stride each way, a little by its colour (a random 1x1 conv). Strides 8 and 16 give
+    anchors that never score (as a real head's finer strides would on large objects), so the output is
+    the full [batch, 4 + 3, 2100] at 320x320."""
+    import torch
+    from torch import nn
+
+    class ColourDetector(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(seed)
+            self.cells = nn.ModuleList()
+            self.cls = nn.ModuleList()
+            self.box = nn.ModuleList()
+            stand_out = torch.tensor([[1.0, -0.5, -0.5], [-0.5, 1.0, -0.5], [-0.5, -0.5, 1.0]])
+            for stride in STRIDES:
+                mean = nn.Conv2d(3, 3, stride, stride, groups=3, bias=False)  # each cell's mean colour
+                cls, box = nn.Conv2d(3, 3, 1), nn.Conv2d(3, 4, 1)
+                with torch.no_grad():
+                    mean.weight.fill_(1.0 / stride**2)
+                    cls.weight.copy_((stand_out * COLOUR_GAIN).reshape(3, 3, 1, 1))
+                    cls.bias.fill_(COLOUR_BIAS if stride == STRIDES[-1] else -30.0)
+                self.cells.append(mean)
+                self.cls.append(cls)
+                self.box.append(box)
+
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            outputs = []
+            for stride, mean, cls, box in zip(STRIDES, self.cells, self.cls, self.box, strict=True):
+                cells = mean(images)
+                batch, _, h, w = cells.shape
+                ys = (torch.arange(h, dtype=torch.float32) + 0.5) * stride
+                xs = (torch.arange(w, dtype=torch.float32) + 0.5) * stride
+                gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+                anchor = torch.stack([gx, gy]).reshape(1, 2, h * w)
+                ltrb = (0.8 + 0.4 * box(cells).sigmoid()).reshape(batch, 4, -1) * stride
+                xyxy1, xyxy2 = anchor - ltrb[:, :2], anchor + ltrb[:, 2:]
+                scores = cls(cells).sigmoid().reshape(batch, 3, -1)
+                outputs.append(torch.cat([(xyxy1 + xyxy2) / 2, xyxy2 - xyxy1, scores], dim=1))
+            return torch.cat(outputs, dim=2)
+
+    return ColourDetector().eval()
+
+
+def colour_detector(path: Path, seed: int = 0) -> Path:
+    """The colour detector (`colour_module`) exported as Ultralytics exports YOLOv8, labels red, green, blue."""
+    return export_detector(colour_module(seed), path, list(SHAPE_CLASSES))
+
+
+def shapes_picture(size: tuple[int, int], seed: int) -> Image.Image:
+    """A grey gradient of `size` (width, height) holding two or three large shapes of SHAPE_CLASSES' colours."""
+    rng = np.random.default_rng(seed)
+    width, height = size
+    ramp = np.linspace(70, 180, width, dtype=np.float32)[np.newaxis, :]
+    grey = np.repeat(ramp, height, axis=0).astype(np.uint8)
+    image = Image.fromarray(np.stack([grey] * 3, axis=-1), "RGB")
+    draw = ImageDraw.Draw(image)
+    colours = list(SHAPE_CLASSES.values())
+    for n in range(2 + seed % 2):
+        side = int(min(width, height) * rng.uniform(0.3, 0.45))
+        left, top = int(rng.integers(0, width - side + 1)), int(rng.integers(0, height - side + 1))
+        box = (left, top, left + side - 1, top + int(side * rng.uniform(0.7, 1.0)))
+        (draw.ellipse if n % 2 else draw.rectangle)(box, fill=colours[(seed + n) % len(colours)])
+    return image
 
 
 def paddle_classifier(path: Path, labels: list[str], character: str | None = None) -> Path:

@@ -18,6 +18,7 @@ from pipeline.serve.protocols.datatypes import IOSpec
 
 if TYPE_CHECKING:
     from pipeline.runtime.images import Placement
+    from pipeline.serve.detections import Asked
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class Decoded:
     options: Any = None  # read only by the protocol that decoded it (V2: id, binary outputs; TF: row form)
     # input name -> where each picture sent for it landed in its row (boxes map back through these)
     placements: dict[str, list[Placement]] = field(default_factory=dict)
+    detections: Asked | None = None  # detections asked for instead of the raw head output (task detection)
+    coordinates: str | None = None  # the answer's boxes are in "picture" or "input" pixels (set when answered)
 
 
 Encoded = tuple[bytes, dict[str, str]]  # response body and its headers

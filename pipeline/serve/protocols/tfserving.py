@@ -15,6 +15,7 @@ import numpy as np
 import orjson
 
 from pipeline.artifact.datatypes import V2_TO_TF
+from pipeline.serve.detections import SETTINGS, asked
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
 from pipeline.serve.protocols.datatypes import IOSpec, json_text
@@ -23,7 +24,7 @@ from pipeline.serve.protocols.keyed import feature_rows
 from pipeline.serve.protocols.v2 import parse_json
 
 SIGNATURE = "serving_default"
-_KEYS = {"signature_name", "instances", "inputs"}
+_KEYS = {"signature_name", "instances", "inputs", "detections", *SETTINGS}
 _JSON = {"content-type": "application/json"}
 
 
@@ -48,12 +49,17 @@ class TFServing(Protocol):
         request = parse_request(body, _KEYS, "predict")
         if ("instances" in request) == ("inputs" in request):
             raise RequestError("send exactly one of 'instances' (row form) or 'inputs' (columnar form)")
+        detections = asked(request, "")
         if "instances" in request:
-            return Decoded(row_inputs(request["instances"], model.inputs), outputs=None, options="instances")
-        return Decoded(_columns(request["inputs"], model.inputs), outputs=None, options="inputs")
+            inputs, form = row_inputs(request["instances"], model.inputs), "instances"
+        else:
+            inputs, form = _columns(request["inputs"], model.inputs), "inputs"
+        return Decoded(inputs, outputs=None, options=form, detections=detections)
 
     def encode(self, model: ModelIO, decoded: Decoded, results: dict[str, np.ndarray]) -> Encoded:
-        """Outputs -> `{"predictions": ...}` (row form) or `{"outputs": ...}` (columnar)."""
+        """Outputs -> `{"predictions": ...}` (row form) or `{"outputs": ...}` (columnar); detections per picture."""
+        if decoded.coordinates is not None:
+            return _detections(decoded, results)
         values = {k: _jsonable(v) for k, v in results.items()}
         if decoded.options == "instances":  # row form: answer per example
             if len(values) == 1:
@@ -64,6 +70,21 @@ class TFServing(Protocol):
         else:
             body = {"outputs": next(iter(values.values())) if len(values) == 1 else values}
         return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY), _JSON
+
+
+def _detections(decoded: Decoded, results: dict[str, np.ndarray]) -> Encoded:
+    """A detections answer: per picture its `boxes` [[x1, y1, x2, y2], ...], `scores`, `classes` and `labels`
+    (row form: one object per picture in `predictions`; columnar: each key's list of pictures in
+    `outputs`), and `coordinates` beside them."""
+    pictures = []
+    for i, n in enumerate(results["count"].tolist()):
+        pictures.append({key: results[key][i, :n].tolist() for key in ("boxes", "scores", "classes", "labels")})
+    if decoded.options == "instances":
+        body: dict[str, Any] = {"predictions": pictures}
+    else:
+        body = {"outputs": {key: [p[key] for p in pictures] for key in ("boxes", "scores", "classes", "labels")}}
+    body["coordinates"] = decoded.coordinates
+    return orjson.dumps(body), _JSON
 
 
 def row_inputs(instances: Any, specs: list[IOSpec]) -> dict[str, np.ndarray]:

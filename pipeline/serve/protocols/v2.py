@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from pipeline.serve.classify import check_scores, softmax, top_classes
+from pipeline.serve.detections import asked
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols import binary
 from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
@@ -84,11 +85,17 @@ class V2(Protocol):
             raise RequestError(f"parameters.probabilities must be true or false, got {every!r:.40}")
         if every:
             softmaxed = set(outputs) if outputs is not None else {s.name for s in model.outputs}
+        detections = asked(parameters, "parameters.")
+        if detections is not None and (classes or softmaxed):
+            raise RequestError(
+                "classification and probabilities rank a classifier's scores; a detections answer carries its "
+                "own scores and labels: leave them out, or leave out parameters.detections for the raw output"
+            )
         specs = {s.name: s for s in model.outputs}  # an unknown output name is refused by the app
         for name in (classes.keys() | softmaxed) & specs.keys():
             check_scores(specs[name], name in classes, name in softmaxed)
         options = V2Options(request_id or _response_ids.next(), outputs, binary_default, classes, frozenset(softmaxed))
-        return Decoded(inputs, None if outputs is None else list(outputs), options)
+        return Decoded(inputs, None if outputs is None else list(outputs), options, detections=detections)
 
     def encode(self, model: ModelIO, decoded: Decoded, results: dict[str, np.ndarray]) -> Encoded:
         options: V2Options = decoded.options
@@ -108,10 +115,10 @@ class V2(Protocol):
             else:
                 entry["data"] = _json_data(array)
             entries.append(entry)
-        header = orjson.dumps(
-            {"id": options.id, "model_name": model.name, "model_version": str(model.version), "outputs": entries},
-            option=orjson.OPT_SERIALIZE_NUMPY,
-        )
+        response: dict[str, Any] = {"id": options.id, "model_name": model.name, "model_version": str(model.version)}
+        if decoded.coordinates is not None:  # a detections answer: which pixels its boxes are in
+            response["parameters"] = {"coordinates": decoded.coordinates}
+        header = orjson.dumps({**response, "outputs": entries}, option=orjson.OPT_SERIALIZE_NUMPY)
         return binary.join_body(header, tensors)
 
 

@@ -12,6 +12,10 @@
   anchor point, as the head's dist2bbox does) and sigmoid class scores; metadata_props exactly as
   Ultralytics' exporter writes them (`ultralytics_metadata`). A small torch conv net, random
   weights with a fixed seed, exported by the TorchScript exporter as Ultralytics does.
+- `colour_detector`: the same head layout on a network that finds the coloured shapes `shapes_picture`
+  draws, so pictures get a handful of confident boxes (labels red, green, blue).
+- `reference_detections`: what a detector finds in a picture, written out plainly with Pillow, numpy and
+  onnxruntime as Ultralytics does it (LetterBox, non_max_suppression, scale_boxes), nothing of pipe.
 - `paddle_classifier`: a PaddleClas-style classifier as paddle2onnx writes one: input `x`
   declared [-1, 3, -1, -1] (Paddle's -1 dims), a softmax output [-1, classes], and the labels in
   `metadata_props['character']`, one per line.
@@ -298,6 +302,74 @@ def shapes_picture(size: tuple[int, int], seed: int) -> Image.Image:
         box = (left, top, left + side - 1, top + int(side * rng.uniform(0.7, 1.0)))
         (draw.ellipse if n % 2 else draw.rectangle)(box, fill=colours[(seed + n) % len(colours)])
     return image
+
+
+def letterboxed(
+    image: Image.Image, size: int = IMGSZ, pad: int = 114
+) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+    """Ultralytics' LetterBox(auto=False) with Pillow's bilinear resize: the [3, size, size] float32 sample
+    (0..1), the size the picture was resized to and the (left, top) padding."""
+    width, height = image.size
+    ratio = min(size / height, size / width)
+    resized = round(width * ratio), round(height * ratio)
+    left, top = round((size - resized[0]) / 2 - 0.1), round((size - resized[1]) / 2 - 0.1)
+    canvas = np.full((size, size, 3), pad, np.uint8)
+    pixels = np.asarray(image.convert("RGB").resize(resized, Image.Resampling.BILINEAR))
+    canvas[top : top + resized[1], left : left + resized[0]] = pixels
+    return (canvas.astype(np.float32) / 255).transpose(2, 0, 1), resized, (left, top)
+
+
+def plain_iou(a: list[float], b: list[float]) -> float:
+    """IoU of two x1, y1, x2, y2 boxes."""
+    width = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    height = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - width * height
+    return width * height / union if union > 0 else 0.0
+
+
+def plain_decode(head: np.ndarray, confidence: float, iou: float, max_detections: int) -> list[tuple]:
+    """One picture's head [4 + k, anchors] -> [(class, score, [x1, y1, x2, y2])], best first: each anchor's
+    best class above `confidence`, greedy NMS within each class, the best `max_detections`."""
+    found = []
+    for anchor in range(head.shape[1]):
+        scores = head[4:, anchor]
+        cls = int(np.argmax(scores))
+        if scores[cls] > confidence:
+            cx, cy, w, h = (float(v) for v in head[:4, anchor])
+            found.append((cls, float(scores[cls]), [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2]))
+    found.sort(key=lambda box: -box[1])
+    kept: list[tuple] = []
+    for cls, score, box in found:
+        if all(other[0] != cls or plain_iou(other[2], box) <= iou for other in kept):
+            kept.append((cls, score, box))
+    return kept[:max_detections]
+
+
+def reference_detections(
+    model: Path, image: Image.Image, confidence: float = 0.25, iou: float = 0.7, max_detections: int = 300
+) -> list[tuple]:
+    """The detections of the detector at `model` in `image`, in the picture's pixels: letterboxed by hand,
+    run in onnxruntime, decoded plainly, mapped back (minus the padding, over the scale the picture was
+    resized by on each axis, clipped to the picture). [(class, score, [x1, y1, x2, y2])], best first.
+
+    Ultralytics' scale_boxes divides by the ratio (`min(320 / h, 320 / w)`), not by the scale the resize
+    really applied (the resized size is rounded to whole pixels): for a 403x211 picture the two differ by
+    0.3% vertically, half a pixel at the bottom, an IoU of 0.989 for an 80-pixel box. The resize's own
+    scale is where Pillow put the pixels, so that is what this reference (and pipe) divide by.
+    """
+    import onnxruntime as ort
+
+    sample, resized, (left, top) = letterboxed(image)
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    head = session.run(None, {session.get_inputs()[0].name: sample[np.newaxis]})[0][0]
+    width, height = image.size
+    sx, sy = resized[0] / width, resized[1] / height
+    mapped = []
+    for cls, score, (x1, y1, x2, y2) in plain_decode(head, confidence, iou, max_detections):
+        box = [(x1 - left) / sx, (y1 - top) / sy, (x2 - left) / sx, (y2 - top) / sy]
+        box = [min(max(v, 0.0), width if i % 2 == 0 else height) for i, v in enumerate(box)]
+        mapped.append((cls, score, box))
+    return mapped
 
 
 def paddle_classifier(path: Path, labels: list[str], character: str | None = None) -> Path:

@@ -150,3 +150,16 @@ def test_box_agreement_with_no_reference_box_is_unmeasured(
 def test_pipe_check_knows_box_agreement_improves_upwards() -> None:
     assert HIGHER_IS_BETTER["box_agreement"] is True
     assert metric_drop("box_agreement", 0.98, 0.9) == pytest.approx(0.08)
+
+
+def test_nms_row_by_row_past_the_matrix_bound_keeps_the_same_boxes(
+    models: dict[str, Path], pictures: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.runtime import detection
+
+    output = ort_runner(models["reference"])(pictures)["output0"]
+    at_once = decode(output, 0.25, 0.3, 300)
+    monkeypatch.setattr(detection, "MATRIX_BOXES", 0)  # every picture's boxes past the bound
+    row_by_row = decode(output, 0.25, 0.3, 300)
+    for a, b in zip(at_once, row_by_row, strict=True):
+        assert len(a) > 0 and np.array_equal(a.xyxy, b.xyxy) and np.array_equal(a.classes, b.classes)

@@ -126,8 +126,37 @@ def serve_section(artifact: Artifact) -> list[str]:
     else:
         example = sh("curl", "-s", predict, "-d", '{"instances": [...]}')
         lines.append(f"{example}    # one value per example, without the batch axis")
-    lines += ["```", "", "See docs/http-api.md for binary tensors, metadata and readiness."]
+    lines += [
+        "```",
+        "",
+        *_detections(artifact, predict),
+        "See docs/http-api.md for binary tensors, metadata and readiness.",
+    ]
     return lines
+
+
+def _detections(artifact: Artifact, predict: str) -> list[str]:
+    """For a detector: how to send a picture and get boxes back instead of the raw head output."""
+    m = artifact.manifest
+    if m.task != "detection" or m.detection is None:
+        return []
+    d = m.detection
+    program = (
+        "import base64, json; picture = base64.b64encode(open('photo.jpg', 'rb').read()).decode(); "
+        "json.dump({'instances': [{'b64': picture}], 'detections': True}, open('request.json', 'w'))"
+    )
+    return [
+        f"A detector: send a picture and add `detections` for its boxes, scores and labels in the picture's "
+        f"pixels (the letterbox undone) instead of the raw {code(m.outputs[0].name)}; decoded at confidence > "
+        f"{d.confidence:g}, NMS IoU {d.iou:g}, at most {d.max_detections} boxes per picture, as recorded (a "
+        "request may override each):",
+        "",
+        "```sh",
+        sh("python", "-c", program),
+        sh("curl", "-s", predict, "-d", "@request.json"),
+        "```",
+        "",
+    ]
 
 
 def _answer(artifact: Artifact, golden: Golden | None, batch: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -91,3 +92,23 @@ def test_a_tensor_name_that_cannot_be_one_line_is_refused_at_import(tmp_path: Pa
     onnx.save(model, tmp_path / "newline.onnx")
     result = invoke("import", tmp_path / "newline.onnx", "--name", "n", "--repository", tmp_path / "artifacts")
     assert result.exit_code == 2 and "names are one line of printable text" in result.output, result.output
+
+
+def test_a_detectors_card_shows_how_to_ask_for_boxes(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from tests.export.real_models import yolo_detector
+
+    yolo_detector(tmp_path / "yolo.onnx")
+    result = invoke("import", tmp_path / "yolo.onnx", "--name", "yolo", "--repository", tmp_path / "artifacts")
+    assert result.exit_code == 0, result.output
+    section = "\n".join(serve_section(Artifact.load(tmp_path / "artifacts" / "yolo" / "1")))
+    assert "add `detections` for its boxes, scores and labels in the picture's pixels" in section
+    assert "confidence > 0.25, NMS IoU 0.7, at most 300 boxes per picture" in section
+    program = next(line for line in section.splitlines() if line.startswith("python -c") and "b64" in line)
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(tmp_path / "photo.jpg")
+    subprocess.run(program, shell=True, check=True, cwd=tmp_path)  # the card's own line, as a user runs it
+    request = json.loads((tmp_path / "request.json").read_text())
+    assert request["detections"] is True and len(request["instances"]) == 1
+    assert base64.b64decode(request["instances"][0]["b64"]) == (tmp_path / "photo.jpg").read_bytes()
+    assert "curl -s http://127.0.0.1:8000/v1/models/yolo/versions/1:predict -d @request.json" in section

@@ -4,7 +4,7 @@ uvicorn bounds idle keep-alive connections but not a request whose headers trick
 a time: each byte resets nothing and the connection is held forever. Here the headers of every
 request must be complete within `--read-timeout` seconds of the connection opening (first
 request) or of the request's first byte (later ones); past it the server answers 408 and closes.
-The body has its own deadline in the app (`ServeApp._read_body`).
+The body has its own deadline, in the `BodyLimit` wrapper (`body.py`).
 """
 
 from __future__ import annotations

@@ -215,3 +215,24 @@ class _Fixed:
 
     def collect(self) -> Any:
         return iter(self._families)
+
+
+class CountResponses:
+    """An ASGI wrapper counting every HTTP answer by status (`pipe_http_responses_total`), whichever layer gave it."""
+
+    def __init__(self, app: Any, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        count = self.metrics.count_response
+
+        async def counted(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                count(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, counted)

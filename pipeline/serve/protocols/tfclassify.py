@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from pipeline.serve.classify import check_scores, label_scores, softmax
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
+from pipeline.serve.protocols.classify import check_scores, label_scores, softmax
 from pipeline.serve.protocols.datatypes import IOSpec
 from pipeline.serve.protocols.tfserving import parse_request, row_inputs
 

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from pipeline.serve.classify import check_scores, softmax, top_classes
 from pipeline.serve.detections import asked
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols import binary
 from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
+from pipeline.serve.protocols.classify import check_scores, softmax, top_classes
 from pipeline.serve.protocols.datatypes import IOSpec, json_text, numpy_dtype, v2_datatype
 from pipeline.serve.protocols.jsonvalues import json_array
 

@@ -1,0 +1,78 @@
+"""The JSON Schemas of request bodies and of the error body, as the OpenAPI document states them.
+
+The route table (`routes.py`) names each route's request body schema; `openapi.py` writes them into
+the document. They describe what the protocols accept; the protocols themselves check every field.
+"""
+
+from __future__ import annotations
+
+from pipeline.artifact.datatypes import V2_TO_NUMPY
+from pipeline.serve.detections import MAX_DETECTIONS
+
+ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
+_TENSOR_IN = {
+    "type": "object",
+    "required": ["name", "shape", "datatype"],
+    "properties": {
+        "name": {"type": "string"},
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "datatype": {"type": "string", "enum": list(V2_TO_NUMPY)},  # every datatype decode_infer reads
+        "parameters": {"type": "object", "properties": {"binary_data_size": {"type": "integer", "minimum": 0}}},
+        "data": {"type": "array", "items": {}},
+    },
+}
+# Detections asked of a detector (task detection) instead of its raw head output: serve/detections.py.
+_DETECTIONS = {
+    "detections": {"type": "boolean"},
+    "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+    "iou": {"type": "number", "minimum": 0, "maximum": 1},
+    "max_detections": {"type": "integer", "minimum": 1, "maximum": MAX_DETECTIONS},
+}
+INFER_REQUEST = {
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {
+        "id": {"type": "string"},
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "binary_data_output": {"type": "boolean"},
+                "probabilities": {"type": "boolean"},
+                **_DETECTIONS,
+            },
+        },
+        "inputs": {"type": "array", "items": _TENSOR_IN},
+        "outputs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "parameters": {
+                        "type": "object",
+                        "properties": {
+                            "binary_data": {"type": "boolean"},
+                            "classification": {"type": "integer", "minimum": 1},  # top-k "score:index:label"
+                            "probabilities": {"type": "boolean"},  # softmax of the scores, when asked
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+PREDICT_REQUEST = {
+    "type": "object",
+    "properties": {"signature_name": {"type": "string"}, "instances": {"type": "array"}, "inputs": {}, **_DETECTIONS},
+}
+CLASSIFY_REQUEST = {
+    "type": "object",
+    "properties": {
+        "signature_name": {"type": "string"},
+        "context": {"type": "object"},
+        "examples": {"type": "array"},
+        "instances": {"type": "array"},
+        "probabilities": {"type": "boolean"},
+    },
+}

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_serve.py [--seconds 2] [--repeats 3] [--profile 6]
                                           [--server-cpus 0] [--client-cpus 1]
+                                          [--models small,heavy] [--compare-tree DIR]
 
 The servers run pinned (taskset) to the server CPUs and the load generator (this process) to the
 client CPUs, so neither takes the other's cores. For a small model (MLP 784-256-256-10) and a
@@ -21,6 +22,12 @@ heavy one (MLP 1024-2048-2048-1000), every round measures:
 each at concurrency 1, 8 and 32, JSON and binary bodies, one row per request, the servers
 measured one after the other within each cell (the order rotates by round). Reported: the median
 over rounds of requests/s, p50/p99 latency, and ratios computed within each round.
+--compare-tree DIR adds a column, pipe-before: `pipe serve` run from another source tree (a git
+worktree of an earlier commit: `git worktree add /tmp/before HEAD~1`), started with PYTHONPATH=DIR
+and DIR as its working directory so that tree's `pipeline` package is the one imported (each
+server's `pipeline.__file__` is recorded), with the same flags; it is measured in the same rounds
+as pipe, and the ratio pipe/pipe-before is reported per cell: a change to the server measured
+before and after in one run, on the same minute's noise.
 --profile N then samples pipe's worker with py-spy for N seconds per case under load (c=32) and
 sums where its CPU time goes. The load generator is a minimal HTTP/1.1 client on uvloop streams
 with exactly C keep-alive connections to 127.0.0.1, bounded by time; `client_cpu` is the share of
@@ -64,6 +71,8 @@ MODELS = {"small": [784, 256, 256, 10], "heavy": [1024, 2048, 2048, 1000]}
 CONCURRENCY = {"small": (1, 8, 32), "heavy": (1, 8, 32, 128)}
 PIPE_MAX_BATCH = 128  # pipe's --max-batch-size: raw onnxruntime's best batch on this machine (both models)
 KINDS = ("pipe", "strong", "naive")
+BEFORE = "pipe-before"  # pipe serve from --compare-tree DIR
+PIPES = ("pipe", BEFORE)  # the servers speaking pipe's protocol (V2 binary, /metrics)
 RAW_BATCHES = (1, 8, 32, 64, 128)
 MODEL_ENV = "BENCH_SERVE_MODEL"  # the baselines' worker processes find their model here
 STRONG_MODE_ENV = "BENCH_SERVE_STRONG"  # "async" (default) or "sync" endpoints for the strong baseline
@@ -178,7 +187,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
 
 def server_command(kind: str, model_dir: Path, port: int, workers: int) -> list[str]:
     """The command line each server runs (recorded in the results as run)."""
-    if kind == "pipe":
+    if kind in PIPES:
         return [sys.executable, "-m", "pipeline", "serve", str(model_dir), "--port", str(port), "--poll", "0",
                 "--workers", str(workers), "--intra-op-threads", "1", "--inter-op-threads", "1",
                 "--max-batch-size", str(PIPE_MAX_BATCH),
@@ -189,15 +198,34 @@ def server_command(kind: str, model_dir: Path, port: int, workers: int) -> list[
             "--no-access-log", "--log-level", "warning"]  # fmt: skip
 
 
-def start(kind: str, model_dir: Path, cpus: list[int], log: Path) -> tuple[subprocess.Popen, int, list[str]]:
-    port = free_port()
-    command = server_command(kind, model_dir, port, len(cpus))
+def server_env(kind: str, model_dir: Path, compare_tree: Path | None) -> tuple[dict[str, str], Path]:
+    """The environment and working directory a server starts in: pipe-before imports `compare_tree`'s
+    `pipeline` (the working directory comes first on sys.path for `python -m`, PYTHONPATH next)."""
     env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
            MODEL_ENV: str(model_dir / "1" / "model.onnx")}  # fmt: skip
+    if kind != BEFORE:
+        return env, ROOT
+    assert compare_tree is not None
+    return {**env, "PYTHONPATH": str(compare_tree)}, compare_tree
+
+
+def pipeline_imported(kind: str, model_dir: Path, compare_tree: Path | None) -> str:
+    """The `pipeline` package a server of this kind imports, as its `__file__`."""
+    env, cwd = server_env(kind, model_dir, compare_tree)
+    probe = [sys.executable, "-c", "import pipeline; print(pipeline.__file__)"]
+    return subprocess.run(probe, env=env, cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def start(
+    kind: str, model_dir: Path, cpus: list[int], log: Path, compare_tree: Path | None = None
+) -> tuple[subprocess.Popen, int, list[str]]:
+    port = free_port()
+    command = server_command(kind, model_dir, port, len(cpus))
+    env, cwd = server_env(kind, model_dir, compare_tree)
     pinned = ["taskset", "-c", ",".join(map(str, cpus)), *command]
     with open(log, "ab") as out:
-        proc = subprocess.Popen(pinned, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    probe = "/v2/health/ready" if kind == "pipe" else "/docs"
+        proc = subprocess.Popen(pinned, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    probe = "/v2/health/ready" if kind in PIPES else "/docs"
     wait_ready(f"http://127.0.0.1:{port}{probe}", proc)
     return proc, port, command
 
@@ -221,7 +249,7 @@ def request_for(kind: str, encoding: str, port: int, x: np.ndarray) -> tuple[str
         body = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
                                        "data": x.ravel().tolist()}]}).encode()  # fmt: skip
         return f"{base}/v2/models/m/infer", body, {"content-type": "application/json"}
-    if kind != "pipe":
+    if kind not in PIPES:
         headers = {"content-type": "application/octet-stream", "x-shape": ",".join(map(str, x.shape))}
         return f"{base}/raw", x.astype("<f4").tobytes(), headers
     header = json.dumps({
@@ -363,9 +391,9 @@ def cpu_seconds(proc: subprocess.Popen) -> float:
 def measure_cell(
     kind: str, proc: subprocess.Popen, port: int, encoding: str, c: int, x: np.ndarray, seconds: float
 ) -> dict[str, float]:
-    """One load run; adds the server's CPU use (in cores) and, for pipe, its average batch."""
+    """One load run; adds the server's CPU use (in cores) and, for pipe (either tree), its average batch."""
     url, body, headers = request_for(kind, encoding, port, x)
-    before = batch_counters(port) if kind == "pipe" else None
+    before = batch_counters(port) if kind in PIPES else None
     mark: list[float] = []
     cell = uvloop.run(
         load(url, body, headers, c, seconds, lambda: mark.extend((cpu_seconds(proc), time.perf_counter())))
@@ -382,11 +410,12 @@ def measure_model(model: str, model_dir: Path, workdir: Path, cpus: list[int], a
     onnx_path = model_dir / "1" / "model.onnx"
     x = np.random.default_rng(1).standard_normal((1, MODELS[model][0])).astype(np.float32)
     rounds: list[dict[str, Any]] = []
-    servers = {kind: start(kind, model_dir, cpus, workdir / f"{model}-{kind}.log") for kind in KINDS}
+    kinds = kinds_run(args)
+    servers = {kind: start(kind, model_dir, cpus, workdir / f"{model}-{kind}.log", args.compare_tree) for kind in kinds}
     try:
         for r in range(args.repeats):
             measured: dict[str, Any] = {"raw": raw_one_core(onnx_path, cpus[0], min(1.0, args.seconds))}
-            order = KINDS[r % len(KINDS) :] + KINDS[: r % len(KINDS)]
+            order = kinds[r % len(kinds) :] + kinds[: r % len(kinds)]
             for encoding in ("json", "binary"):
                 for c in CONCURRENCY[model]:
                     for kind in order:
@@ -402,13 +431,17 @@ def measure_model(model: str, model_dir: Path, workdir: Path, cpus: list[int], a
     return {
         "sizes": MODELS[model],
         "commands": {kind: " ".join(command[1:]) for kind, (_, _, command) in servers.items()},
-        "summary": summarize(rounds, len(cpus)),
+        "summary": summarize(rounds, len(cpus), kinds),
         "rounds": rounds,
         "profile": profile,
     }
 
 
-def summarize(rounds: list[dict[str, Any]], server_cpus: int) -> dict[str, Any]:
+def kinds_run(args: argparse.Namespace) -> tuple[str, ...]:
+    return (*KINDS, BEFORE) if args.compare_tree else KINDS
+
+
+def summarize(rounds: list[dict[str, Any]], server_cpus: int, kinds: tuple[str, ...]) -> dict[str, Any]:
     """Medians over rounds; every ratio is taken within a round first (same minute, same noise)."""
 
     def median(values: list[float]) -> float:
@@ -420,11 +453,11 @@ def summarize(rounds: list[dict[str, Any]], server_cpus: int) -> dict[str, Any]:
             key: {stat: median([r[kind][key][stat] for r in rounds]) for stat in rounds[0][kind][key]}
             for key in rounds[0][kind]
         }
-        for kind in KINDS
+        for kind in kinds
     }
     ratios = {}
     for key in rounds[0]["pipe"]:
-        for other in ("strong", "naive"):
+        for other in [k for k in kinds if k != "pipe"]:  # pipe/pipe-before last: the change measured
             ratios[f"{key} pipe/{other}"] = median(
                 [r["pipe"][key]["requests_per_s"] / r[other][key]["requests_per_s"] for r in rounds]
             )
@@ -518,18 +551,20 @@ def report(results: dict[str, Any]) -> str:
         f"server CPUs {results['server_cpus']}, client CPUs {results['client_cpus']}; {results['repeats']} rounds "
         f"of {results['seconds_per_cell']:g} s per cell; medians over rounds; pipe at {results['pipe_commit'][:10]}"
     ]
+    if "compare_tree" in results:
+        lines.append(f"pipe-before: {results['compare_tree']} at {results['compare_commit'][:10]}")
     for model, entry in results["models"].items():
         s = entry["summary"]
         lines.append(f"\n{model} MLP {entry['sizes']}")
         sweep = "  ".join(f"b{k.removeprefix('batch')} {v:,.0f}" for k, v in s["raw_rows_per_s"].items())
         lines.append(f"  raw onnxruntime, one core, rows/s: {sweep}  (best batch {s['raw_best_batch']})")
         columns = ("req/s", "p50 ms", "p99 ms", "batch", "server cpu", "client cpu", "errors")
-        lines.append(f"  {'cell':11} {'server':7} " + " ".join(f"{c:>{max(6, len(c))}}" for c in columns))
+        lines.append(f"  {'cell':11} {'server':11} " + " ".join(f"{c:>{max(6, len(c))}}" for c in columns))
         for key in s["cells"]["pipe"]:
-            for kind in KINDS:
+            for kind in s["cells"]:
                 c = s["cells"][kind][key]
                 batch = f"{c['avg_batch']:6.1f}" if "avg_batch" in c else " " * 6
-                lines.append(f"  {key:11} {kind:7} {c['requests_per_s']:6.0f} {c['p50_ms']:6.2f} {c['p99_ms']:6.2f} "
+                lines.append(f"  {key:11} {kind:11} {c['requests_per_s']:6.0f} {c['p50_ms']:6.2f} {c['p99_ms']:6.2f} "
                              f"{batch} {c['server_cpu']:10.2f} {c['client_cpu']:10.2f} {c['errors']:6.0f}")  # fmt: skip
     lines.append("\nratios (within each round, median over rounds):")
     for model, entry in results["models"].items():
@@ -587,15 +622,20 @@ def main() -> None:
     parser.add_argument("--client-cpus", help="comma-separated CPUs for the load generator (default: the rest)")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated, of: " + ", ".join(MODELS))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "serve.json")
+    parser.add_argument("--compare-tree", type=Path, help="also run pipe serve from this source tree (pipe-before)")
     parser.add_argument("--raw", help=argparse.SUPPRESS)  # internal: the raw sweep of this model, as JSON
     args = parser.parse_args()
     if args.raw:
         print(json.dumps(raw_sweep(Path(args.raw), args.seconds)))
         return
 
+    if args.compare_tree and not (args.compare_tree / "pipeline" / "__init__.py").is_file():
+        raise SystemExit(
+            f"--compare-tree {args.compare_tree}: no pipeline/__init__.py there; give a source tree of pipe"
+        )
     server_cpus, client_cpus = split_cpus(args.server_cpus, args.client_cpus)
     os.sched_setaffinity(0, client_cpus)  # the load generator; servers and the raw sweep are pinned by taskset
-    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout  # noqa: E731
+    git = lambda *a, cwd=ROOT: subprocess.run(["git", *a], capture_output=True, text=True, cwd=cwd).stdout  # noqa: E731
     head, changed = git("rev-parse", "HEAD").strip(), git("status", "--porcelain", "pipeline/serve")
     results: dict[str, Any] = {
         "pipe_commit": head or "unknown (not a git checkout)",
@@ -607,8 +647,21 @@ def main() -> None:
         "repeats": args.repeats,
         "models": {},
     }
+    if args.compare_tree:
+        args.compare_tree = args.compare_tree.resolve()
+        results["compare_tree"] = str(args.compare_tree)
+        results["compare_commit"] = git("rev-parse", "HEAD", cwd=args.compare_tree).strip() or "unknown"
+        results["compare_serve_uncommitted"] = git(
+            "status", "--porcelain", "pipeline/serve", cwd=args.compare_tree
+        ).splitlines()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
+        # Which `pipeline` each pipe server imports: with --compare-tree, one from each tree.
+        results["pipeline_imported"] = {
+            kind: pipeline_imported(kind, workdir, args.compare_tree) for kind in PIPES if kind in kinds_run(args)
+        }
+        if args.compare_tree and len(set(results["pipeline_imported"].values())) < 2:
+            raise SystemExit(f"pipe and pipe-before would import the same package: {results['pipeline_imported']}")
         for model, model_dir in build_models(workdir).items():
             if model not in args.models.split(","):
                 continue

@@ -26,8 +26,9 @@ over rounds of requests/s, p50/p99 latency, and ratios computed within each roun
 worktree of an earlier commit: `git worktree add /tmp/before HEAD~1`), started with PYTHONPATH=DIR
 and DIR as its working directory so that tree's `pipeline` package is the one imported (each
 server's `pipeline.__file__` is recorded), with the same flags; it is measured in the same rounds
-as pipe, and the ratio pipe/pipe-before is reported per cell: a change to the server measured
-before and after in one run, on the same minute's noise.
+as pipe, and the ratio pipe/pipe-before is reported per cell (requests/s, and requests per
+server CPU-second): a change to the server measured before and after in one run, on the same
+minute's noise.
 --profile N then samples pipe's worker with py-spy for N seconds per case under load (c=32) and
 sums where its CPU time goes. The load generator is a minimal HTTP/1.1 client on uvloop streams
 with exactly C keep-alive connections to 127.0.0.1, bounded by time; `client_cpu` is the share of
@@ -461,6 +462,11 @@ def summarize(rounds: list[dict[str, Any]], server_cpus: int, kinds: tuple[str, 
             ratios[f"{key} pipe/{other}"] = median(
                 [r["pipe"][key]["requests_per_s"] / r[other][key]["requests_per_s"] for r in rounds]
             )
+        if BEFORE in kinds:  # the same per CPU-second each got: other work on a shared machine takes a share
+            ratios[f"{key} pipe/{BEFORE} per cpu-s"] = median(
+                [r["pipe"][key]["requests_per_s"] / r["pipe"][key]["server_cpu"]
+                 / (r[BEFORE][key]["requests_per_s"] / r[BEFORE][key]["server_cpu"]) for r in rounds]
+            )  # fmt: skip
         # Server efficiency: rows/s served over what raw onnxruntime does on the same cores at its best
         # batch; and the same per CPU-second each really got (other work on the machine takes a share).
         for kind in ("pipe", "strong"):
@@ -569,7 +575,7 @@ def report(results: dict[str, Any]) -> str:
     lines.append("\nratios (within each round, median over rounds):")
     for model, entry in results["models"].items():
         for key, value in entry["summary"]["ratios"].items():
-            lines.append(f"  {model} {key:30} {value:6.2f}")
+            lines.append(f"  {model} {key:38} {value:6.2f}")
     lines.append("\ngoals:")
     for goal in results["goals"]:
         verdict = "MET" if goal["met"] else "MISSED"

@@ -145,11 +145,11 @@ class Router:
             for head, tails in by_head.items()
         }
 
-    def match(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
+    def match(self, method: str, path: str) -> tuple[Handler, dict[str, str | None]]:
         """The handler of `method path` and the path's parameters; a 404 or 405 RequestError otherwise."""
         normalized = path.rstrip("/") or "/"
         methods = self._fixed.get(normalized)
-        params: dict[str, str] = {}
+        params: dict[str, str | None] = {}
         if methods is None:
             for pattern, tails in self._patterns:
                 found = pattern.fullmatch(normalized)

@@ -97,7 +97,8 @@ class ServeApp:
     async def _handle(self, scope: dict[str, Any], receive: Any) -> Response:
         method: str = scope["method"]
         try:
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            # ASGI servers lower-case header names (uvicorn does), as the wrappers also rely on
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             body = await read_body(receive) if method in BODY_METHODS else b""
             handler, params = self._router.match(method, scope["path"])
             return await handler(Request(headers, body, **params))

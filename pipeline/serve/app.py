@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -163,8 +164,8 @@ class ServeApp:
         self._repo().get(request.model_name, request.version)
         return json_response({"name": request.model_name, "ready": True})
 
-    async def model_infer(self, request: Request) -> Response:
-        return await self._infer(_V2, request)
+    def model_infer(self, request: Request) -> Awaitable[Response]:
+        return self._infer(_V2, request)
 
     # -- inference, every protocol ----------------------------------------------------------------
 
@@ -214,11 +215,11 @@ class ServeApp:
 
     # -- TF Serving REST ---------------------------------------------------------------------------
 
-    async def tf_predict(self, request: Request) -> Response:
-        return await self._infer(_TF_SERVING, request)
+    def tf_predict(self, request: Request) -> Awaitable[Response]:
+        return self._infer(_TF_SERVING, request)
 
-    async def tf_classify(self, request: Request) -> Response:
-        return await self._infer(_TF_CLASSIFY, request)
+    def tf_classify(self, request: Request) -> Awaitable[Response]:
+        return self._infer(_TF_CLASSIFY, request)
 
     async def tf_metadata(self, request: Request) -> Response:
         model = self._repo().get(request.model_name, request.version)

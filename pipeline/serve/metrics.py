@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # the name prometheus_client reads
@@ -230,9 +230,9 @@ class CountResponses:
             return
         count = self.metrics.count_response
 
-        async def counted(message: dict[str, Any]) -> None:
+        def counted(message: dict[str, Any]) -> Awaitable[None]:  # send's own awaitable: no coroutine of its own
             if message["type"] == "http.response.start":
                 count(message["status"])
-            await send(message)
+            return send(message)
 
         await self.app(scope, receive, counted)

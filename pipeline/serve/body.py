@@ -76,9 +76,9 @@ class BodyLimit:
     async def _read_within_deadline(self, receive: Any) -> bytes:
         """The body, or a 408 once `timeout_s` has passed: asyncio.timeout's behaviour, on a bare timer.
 
-        Measured with callgrind under uvloop: `async with asyncio.timeout()` costs ~30,000 instructions
-        a use and this ~11,000, most of it the timer itself; per request to a small model, that is
-        more than the rest of this wrapper and the route lookup together."""
+        Measured with callgrind under uvloop, one awaited call under each: ~30,000 instructions with
+        `asyncio.timeout`, ~11,000 with this (2,000 bare); per request to a small model, the saving
+        is more than this wrapper, the response counter and the route lookup cost together."""
         task = asyncio.current_task()
         assert task is not None  # an ASGI app always runs in a task
         cancelling = task.cancelling()  # cancellations already requested, which are not ours to handle

@@ -97,6 +97,8 @@ class Variant:
     latency: dict[str, float] = field(default_factory=dict)  # e.g. {"p50_ms_b1": ..., "throughput_b32": ...}
     size: int | None = field(default=None, metadata={"check": _check_size})  # bytes
     edge: EdgeIO | None = field(default=None, metadata={"omit_none": True})  # edge models: how to feed them
+    # what a reader must know beyond passed/failed, e.g. an int8 model smaller but not faster on this CPU, and why
+    note: str | None = field(default=None, metadata={"omit_none": True})
 
     @property
     def passed(self) -> bool:

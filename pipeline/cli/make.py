@@ -246,6 +246,8 @@ def export(
 )
 @click.option("--slim/--no-slim", default=None, help="onnxslim after onnxruntime's passes for the opt variant.")
 @click.option("--max-exclusions", type=int, default=None, help="auto: nodes the search may leave in fp32.")
+@click.option("--search-seconds", type=float, default=None,
+              help="auto: start no new candidate after N seconds, keep the best so far [default: 120].")  # fmt: skip
 @click.option("--threads", type=int, default=None, help="Intra-op threads the variants are timed with.")
 @click.option("--strict/--no-strict", default=None, help="Exit 1 when a variant misses its budget [default: recipe].")
 @click.option("--recipe", type=click.Path(), default=None, help="Recipe to read optimize settings from.")

@@ -19,8 +19,11 @@ from pipeline.core.errors import InputError
 from pipeline.optimize.graph import load
 
 MODES = ("dynamic", "static", "fp16")
-# op types each mode's quantizer works on: onnxruntime's own registries (dynamic turns Gemm into MatMul)
-DYNAMIC_OPS = frozenset(IntegerOpsRegistry) | {"Gemm"}
+# op types each mode's quantizer works on: onnxruntime's own registries (dynamic turns Gemm into MatMul).
+# Dynamic int8 never takes Conv: onnxruntime makes it ConvInteger, whose kernel is slow (7.8x slower than
+# fp32 on a PP-LCNet at 224x224, DESIGN.md section 5): conv nets get static QDQ int8 instead.
+DYNAMIC_OP_TYPES = tuple(sorted(set(IntegerOpsRegistry) - {"Conv"}))  # what quantize_dynamic is told to take
+DYNAMIC_OPS = frozenset(DYNAMIC_OP_TYPES) | {"Gemm"}
 STATIC_OPS = frozenset(QDQRegistry) | frozenset(QLinearOpsRegistry)
 
 # ops that only exist in a quantized graph: how much of it runs in integer arithmetic
@@ -70,7 +73,7 @@ def quantizable_nodes(
     """Names of the nodes `mode` would quantize, in graph order: the candidates for nodes_to_exclude.
 
     Unnamed nodes are listed under the names `quantize` gives them. Dynamic mode quantizes nodes
-    with a constant weight (MatMul/Gemm with a constant B, Conv, Gather from a table, Attention);
+    with a constant weight (MatMul/Gemm with a constant B, Gather from a table, Attention; never Conv);
     static mode every op onnxruntime's QDQ quantizer knows (Add, Relu, Reshape... too); fp16 every
     node but those onnxruntime's converter keeps in fp32. `weighted` keeps only nodes that carry
     weights (MatMul, Gemm, Conv, ConvTranspose, Gather, Attention, LSTM...), where exclusion matters most.

@@ -36,6 +36,7 @@ from onnxruntime.quantization import (
 from onnxruntime.transformers.float16 import convert_float_to_float16
 
 from pipeline.core.errors import ArtifactError, InputError, first_line
+from pipeline.optimize.cache import Preprocessed, QuantCache
 from pipeline.optimize.graph import (
     keep_dim_names,
     keep_metadata,
@@ -45,8 +46,16 @@ from pipeline.optimize.graph import (
     signature_changes,
     strip_debug_info,
 )
-from pipeline.optimize.nodes import MODES, QUANT_OPS, decode_tail, name_nodes, quantizable_nodes, quantized_nodes
-from pipeline.optimize.samples import Progress, SampleReader, check_calibration, sample_reader
+from pipeline.optimize.nodes import (
+    DYNAMIC_OP_TYPES,
+    MODES,
+    QUANT_OPS,
+    decode_tail,
+    name_nodes,
+    quantizable_nodes,
+    quantized_nodes,
+)
+from pipeline.optimize.samples import STRIDE, Progress, SampleReader, check_calibration, sample_reader
 
 TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
 METHODS = {
@@ -135,12 +144,15 @@ def quantize(
     calibration: dict[str, np.ndarray] | None = None,
     scratch: Path | None = None,
     progress: Progress | None = None,
+    cache: QuantCache | None = None,
 ) -> QuantReport:
     """Write a quantized copy of the model at `src` to `dst` as `settings` say, and report it.
 
     `calibration`: real inputs, one array per graph input with the samples along axis 0; required
     for static mode. `scratch`: where the intermediate files go (a temporary directory beside
-    `dst` if not given). `progress(done, total)` is called per calibration batch.
+    `dst` if not given). `progress(done, total)` is called per calibration batch, when calibration
+    runs. With `cache` (one per search), pre-processing runs once per graph and static mode reuses
+    the ranges an earlier call computed with the same method on the same graph.
     """
     if settings.mode == "static" and calibration is None:
         raise InputError(
@@ -149,7 +161,7 @@ def quantize(
         )
     if scratch is None:
         with tempfile.TemporaryDirectory(prefix="pipe-quantize-", dir=Path(dst).parent) as tmp:
-            return quantize(src, dst, settings, calibration, Path(tmp), progress)
+            return quantize(src, dst, settings, calibration, Path(tmp), progress, cache)
     original = load(src)
     model = onnx.ModelProto.FromString(original.SerializeToString())
     named = name_nodes(model)
@@ -167,7 +179,8 @@ def quantize(
     warnings: list[str] = []
     source, excluded, preprocessed = named_path, list(settings.nodes_to_exclude), False
     if settings.preprocess and settings.mode != "fp16":
-        source, excluded, preprocessed = _preprocess(named_path, scratch / "preprocessed.onnx", excluded, warnings)
+        source, excluded, preprocessed = _preprocess(named_path, scratch / "preprocessed.onnx", excluded, warnings,
+                                                     cache)  # fmt: skip
     quantized_from, out = load(source), scratch / "quantized.onnx"  # dst is written only once it checks out
     tail = []
     if settings.float_tail and settings.mode == "static":  # named after pre-processing, which may fuse nodes
@@ -179,9 +192,9 @@ def quantize(
     else:
         reader = None
         if calibration is not None and settings.mode == "static":
-            reader = sample_reader(quantized_from, calibration, samples, settings.calibration, progress, warnings)
+            reader = sample_reader(quantized_from, calibration, samples, progress, warnings)
             samples = reader.samples
-        _quantize_int8(source, out, settings, [*excluded, *tail], reader)
+        _quantize_int8(source, out, settings, [*excluded, *tail], reader, cache)
         result = load(out)
     keep_dim_names(result, original)
     _check_output(original, result, out, settings)
@@ -255,8 +268,13 @@ def _quantize_int8(
     settings: QuantSettings,
     excluded: list[str],
     reader: SampleReader | None,
+    cache: QuantCache | None,
 ) -> None:
-    """onnxruntime's dynamic or static (QDQ) quantizer; its chatter on stdout is kept off the terminal."""
+    """onnxruntime's dynamic or static (QDQ) quantizer; its chatter on stdout is kept off the terminal.
+
+    Dynamic mode is given DYNAMIC_OP_TYPES (never Conv). Static mode calibrates one batch per pass
+    (STRIDE), into `cache`'s file for this method and graph when given, or reads the ranges from it.
+    """
     # dynamic mode rewrites a Gemm `g` as MatMul `g_MatMul` before it quantizes: exclude both names
     renamed = [f"{n}_MatMul" for n in excluded] if settings.mode == "dynamic" else []
     common = dict(
@@ -264,13 +282,15 @@ def _quantize_int8(
         reduce_range=settings.reduce_range,
         weight_type=TYPES[settings.weight_type],
         nodes_to_exclude=excluded + renamed or None,
-        extra_options=dict(EXTRA_OPTIONS),
     )
     try:
         with _quiet_advice():
             if settings.mode == "dynamic":
-                quantize_dynamic(source, dst, **common)
+                quantize_dynamic(source, dst, op_types_to_quantize=list(DYNAMIC_OP_TYPES),
+                                 extra_options=dict(EXTRA_OPTIONS), **common)  # fmt: skip
             elif reader is not None:  # quantize refused static mode without calibration samples
+                kept = cache.ranges(settings.calibration, source) if cache is not None else None
+                calibrates = kept is None or not kept.is_file()
                 with contextlib.redirect_stdout(io.StringIO()):  # the entropy/percentile calibrators print()
                     quantize_static(
                         source,
@@ -279,8 +299,12 @@ def _quantize_int8(
                         quant_format=QuantFormat.QDQ,
                         activation_type=TYPES[settings.activation_type],
                         calibrate_method=METHODS[settings.calibration],
+                        extra_options={**EXTRA_OPTIONS, **STRIDE},
+                        calibration_cache_path=kept,
                         **common,
                     )
+                if calibrates and cache is not None:
+                    cache.computed.append(settings.calibration)
     except Exception as exc:  # onnxruntime.quantization raises bare Exception/ValueError/KeyError as it goes
         raise ArtifactError(
             f"onnxruntime could not quantize {source.name} ({settings.describe()}): "
@@ -304,27 +328,24 @@ def _working_directory(path: Path) -> Iterator[None]:
         os.chdir(before)
 
 
-def _preprocess(named: Path, out: Path, excluded: list[str], warnings: list[str]) -> tuple[Path, list[str], bool]:
+def _preprocess(
+    named: Path, out: Path, excluded: list[str], warnings: list[str], cache: QuantCache | None = None
+) -> tuple[Path, list[str], bool]:
     """onnxruntime's pre-processing of `named` into `out`: (the model to quantize, its exclusions, ran).
 
     Symbolic shape inference fails on graphs holding contrib ops (e.g. after an extended graph
     optimization), so a second try skips it. A node a fusion renamed (`MatMul_3` -> `MatMul_3/MatMulAddFusion`)
     is followed to its new name; an excluded node that vanished keeps the model unprocessed.
+    With `cache`, a graph pre-processed before is not pre-processed again (same result, same warnings).
     """
-    error = ""
-    for skip_symbolic in (False, True):
-        try:
-            source, target = named.resolve(), out.resolve()  # absolute before the call runs elsewhere
-            with _working_directory(target.parent):
-                quant_pre_process(str(source), str(target), skip_symbolic_shape=skip_symbolic)
-            break
-        except Exception as exc:  # shape inference raises bare Exception on graphs it cannot follow
-            error = f"{type(exc).__name__}: {first_line(exc)}"
-    else:
-        warnings.append(f"pre-processing failed ({error}); quantized without it")
+    kept = cache.preprocessed(named, out) if cache is not None else None
+    if kept is None:
+        kept = _run_preprocess(named, out)
+        if cache is not None:
+            cache.keep_preprocessed(named, kept.path, kept.warnings)
+    warnings += kept.warnings
+    if kept.path is None:
         return named, excluded, False
-    if error:
-        warnings.append(f"symbolic shape inference failed ({error}); pre-processed with onnx shape inference only")
     names = [node.name for node in load(out).graph.node]
     followed = []
     for name in excluded:
@@ -334,6 +355,23 @@ def _preprocess(named: Path, out: Path, excluded: list[str], warnings: list[str]
             return named, excluded, False
         followed += renamed
     return out, followed, True
+
+
+def _run_preprocess(named: Path, out: Path) -> Preprocessed:
+    error, warnings = "", []
+    for skip_symbolic in (False, True):
+        try:
+            source, target = named.resolve(), out.resolve()  # absolute before the call runs elsewhere
+            with _working_directory(target.parent):
+                quant_pre_process(str(source), str(target), skip_symbolic_shape=skip_symbolic)
+            break
+        except Exception as exc:  # shape inference raises bare Exception on graphs it cannot follow
+            error = f"{type(exc).__name__}: {first_line(exc)}"
+    else:
+        return Preprocessed(None, [f"pre-processing failed ({error}); quantized without it"])
+    if error:
+        warnings.append(f"symbolic shape inference failed ({error}); pre-processed with onnx shape inference only")
+    return Preprocessed(out, warnings)
 
 
 def _check_output(original: onnx.ModelProto, result: onnx.ModelProto, path: Path, settings: QuantSettings) -> None:

@@ -24,6 +24,8 @@ def markdown(summary: dict[str, Any]) -> str:
         f"- calibrated on: {summary['calibration'] or 'no calibration (no static quantization)'}",
         f"- timed with {int(fp32['latency'].get('threads', 1))} intra-op thread(s), all models side by side in one run"
         + (f" at batch {int(fixed)}, the batch model.onnx's inputs fix" if fixed else ""),
+        *_resources(summary.get("resources")),
+        *[f"- note: {_cell(note)}" for note in summary.get("notes", [])],
         "",
         "| variant | status | budget figure | size | "
         + "".join(f"p50 b{b} (ms) | speedup b{b} | " for b in batches)
@@ -40,10 +42,12 @@ def markdown(summary: dict[str, Any]) -> str:
         if tail := v["details"].get("float_tail"):
             lines.append(f"\n{v['variant']}: the {len(tail)} nodes after the last Conv/MatMul/Gemm (the decode tail) "
                          "were left in fp32: one int8 scale cannot hold pixel boxes and 0..1 scores")  # fmt: skip
+        if v.get("note"):
+            lines += ["", f"**{v['variant']}: {_cell(v['note'])}**"]
     for v in summary["variants"]:
         search = v["details"].get("search")
         if search:
-            lines += ["", f"## {v['variant']}: the auto search", "", *_search(search)]
+            lines += ["", f"## {v['variant']}: the auto search", "", *_plan(v["details"].get("plan")), *_search(search)]
         graph = v["details"] if v["variant"] == "opt" else None
         if graph:
             lines += ["", "## opt: graph passes", "", f"nodes {graph['nodes_before']} -> {graph['nodes_after']}"]
@@ -54,30 +58,81 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _resources(resources: dict[str, Any] | None) -> list[str]:
+    if not resources:
+        return []
+    peak = resources["peak_rss_bytes"] / 2**30
+    return [f"- this run: {resources['wall_seconds']:.1f} s, peak memory {peak:.2f} GiB (maximum resident set)"]
+
+
+def _plan(plan: dict[str, Any] | None) -> list[str]:
+    """Why these candidates: what the graph's weights are in, the families in order, what was left out."""
+    if not plan:
+        return []
+    weights = ", ".join(f"{kind} {size / 2**20:.2f} MB" for kind, size in plan["weights"].items() if size)
+    lines = [
+        f"Chosen by what the graph holds: weights {weights or 'none'} ({plan['conv_share']:.0%} in Conv, "
+        f"{plan['depthwise_convs']} depthwise). Families tried in this order, each until one of its candidates "
+        "meets the budget, and not widened when its first is slower than fp32:",
+        "",
+    ]
+    lines += [f"{i}. {f['name']}: {f['why']} ({'; '.join(f['candidates'])})" for i, f in enumerate(plan["families"], 1)]
+    lines += [f"- {note}" for note in plan.get("notes", [])]
+    return [*lines, ""]
+
+
 def _search(search: dict[str, Any]) -> list[str]:
-    lines = [f"{'Met' if search.get('passed') else 'Missed'} the budget. Candidates tried:", ""]
+    kept = "Met the budget" if search.get("passed") else "Missed the budget"
+    speed = {"faster": "faster than fp32", "not faster": "not faster than fp32"}.get(search.get("speed", ""), "")
+    lines = [f"{kept}{f' and kept a model {speed}' if speed else ''}, in {_num(search.get('seconds'))} s. "
+             "Candidates tried:", ""]  # fmt: skip
+    batches = search.get("batches", [1, 32])
     lines += [
-        "| candidate | excluded nodes | status | figure | p50 b1 (ms) | p50 b32 (ms) | detail |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| candidate | excluded nodes | status | figure | "
+        + "".join(f"p50 b{b} (ms) | fp32 b{b} (ms) | speedup b{b} | " for b in batches)
+        + "speed | detail |",
+        "| --- | --- | --- | --- | " + "--- | --- | --- | " * len(batches) + "--- | --- |",
     ]
     for trial in search.get("tried", []):
-        verdict, latency = trial.get("verdict", {}), trial.get("latency") or {}
+        verdict, latency, fp32 = trial.get("verdict", {}), trial.get("latency") or {}, trial.get("fp32_latency") or {}
+        timings = "".join(
+            f"{_num(latency.get(key))} | {_num(fp32.get(key))} | {_x(trial.get(f'speedup_b{b}'))} | "
+            for b in batches
+            if (key := f"p50_ms_b{b}")
+        )
         lines.append(
             f"| {trial.get('name', '')} | {len(trial.get('excluded', []))} | "
-            f"{'passed' if verdict.get('passed') else 'failed'} | {_num(verdict.get('figure'))} | "
-            f"{_num(latency.get('p50_ms_b1'))} | {_num(latency.get('p50_ms_b32'))} | "
-            f"{_cell(verdict.get('detail', ''))} |"
+            f"{'passed' if verdict.get('passed') else 'failed'} | {_num(verdict.get('figure'))} | {timings}"
+            f"{trial.get('speed', '-')} | {_cell(verdict.get('detail', ''))} |"
         )
-    reference = search.get("reference_latency") or {}
-    if reference:
-        lines += ["", f"fp32 in the same run: p50 {_num(reference.get('p50_ms_b1'))} ms at batch 1, "
-                      f"{_num(reference.get('p50_ms_b32'))} ms at batch 32."]  # fmt: skip
+    lines += ["", f"Each candidate is timed beside fp32 in its own run; faster or slower means beyond "
+                  f"{search.get('noise', 0.05):.0%} of fp32's speed."]  # fmt: skip
     for note in search.get("notes", []):
-        lines.append(f"- {note}")
+        lines.append(f"- {_cell(note)}")
+    profile = search.get("profile")
+    if profile:
+        lines += ["", *_profile(profile)]
     exclusions = search.get("exclusions", [])
     if exclusions:
         lines += ["", "Nodes left in fp32, worst first:", ""]
         lines += [f"- `{e['node']}` ({e['op_type']}, score {_num(e['score'])}): {e['why']}" for e in exclusions]
+    return lines
+
+
+def _profile(profile: dict[str, Any]) -> list[str]:
+    """onnxruntime's profile of the kept model against fp32, kind of op by kind of op."""
+    fp32, quantized = profile["fp32"], profile["quantized"]
+    lines = [
+        f"onnxruntime's op profile at batch {profile['batch']}, {profile['threads']} thread(s): a run takes "
+        f"{_num(quantized['run_ms'])} ms ({_num(quantized['nodes'])} kernels) against fp32's "
+        f"{_num(fp32['run_ms'])} ms ({_num(fp32['nodes'])} kernels).",
+        "",
+        "| kind of op | role in the int8 model | fp32 (ms) | int8 (ms) | int8 kernels |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in profile["rows"]:
+        lines.append(f"| {row['kind']} | {row['role']} | {_num(row['fp32_ms'])} | {_num(row['quantized_ms'])} | "
+                     f"{', '.join(row['quantized_ops']) or '-'} |")  # fmt: skip
     return lines
 
 

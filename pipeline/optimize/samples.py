@@ -1,8 +1,11 @@
 """Calibration samples as onnxruntime's static quantizer reads them: checked against the graph, batched.
 
 The caller brings real inputs (pipeline/samples/calibration.py); this module checks they fit the graph's
-inputs (names, dtypes, fixed dims, equal counts) and feeds them in batches of equal size where
-onnxruntime's histogram calibrators need that, reporting progress per batch.
+inputs (names, dtypes, fixed dims, equal counts) and feeds them one batch per calibration pass
+(`CalibStridedMinMax`, which despite its name strides every calibrator): onnxruntime's histogram
+calibrators (entropy, percentile) hold every activation of a pass in memory, which for a conv net
+at 224x224 is tens of MB per sample, so one batch at a time keeps calibration bounded, and the
+histograms merge across passes.
 """
 
 from __future__ import annotations
@@ -19,21 +22,26 @@ from onnxruntime.quantization import CalibrationDataReader
 
 from pipeline.core.errors import InputError
 
-BATCH = 16  # calibration samples per session run: small, so large models calibrate in bounded memory
+BATCH = 16  # calibration samples per session run and per calibration pass: bounded memory on large inputs
+STRIDE = {"CalibStridedMinMax": 1}  # quantize_static's extra option: one reader item (one batch) per pass
 Progress = Callable[[int, int], None]  # (samples calibrated so far, samples in all)
 
 
 class SampleReader(CalibrationDataReader):
-    """The calibration samples in batches of `batch`, reporting progress per batch."""
+    """The calibration samples in batches of `batch`, reporting progress per batch.
+
+    onnxruntime's strided calibration calls `set_range` with batch indices, then reads that range.
+    """
 
     def __init__(self, arrays: dict[str, np.ndarray], batch: int, samples: int, progress: Progress | None) -> None:
-        self.arrays, self.batch, self.samples, self.progress, self.start = arrays, batch, samples, progress, 0
+        self.arrays, self.batch, self.samples, self.progress = arrays, batch, samples, progress
+        self.start, self.stop = 0, samples
         self.stdout = sys.stdout  # the caller's: calibration runs with stdout muted, progress must still show
 
     def get_next(self) -> dict[str, np.ndarray] | None:
-        if self.start >= self.samples:
+        if self.start >= self.stop:
             return None
-        stop = min(self.start + self.batch, self.samples)
+        stop = min(self.start + self.batch, self.stop)
         batch = {name: array[self.start : stop] for name, array in self.arrays.items()}
         self.start = stop
         if self.progress is not None:
@@ -44,8 +52,12 @@ class SampleReader(CalibrationDataReader):
     def __len__(self) -> int:
         return math.ceil(self.samples / self.batch)
 
+    def set_range(self, start_index: int, end_index: int) -> None:
+        """Read batches `start_index` to `end_index` (exclusive) next."""
+        self.start, self.stop = start_index * self.batch, min(end_index * self.batch, self.samples)
+
     def rewind(self) -> None:
-        self.start = 0
+        self.start, self.stop = 0, self.samples
 
 
 def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -61,37 +73,18 @@ def sample_reader(
     model: onnx.ModelProto,
     calibration: dict[str, np.ndarray],
     samples: int,
-    method: str,
     progress: Progress | None,
     warnings: list[str],
 ) -> SampleReader:
-    batch, used = _batching(model, samples, method)
+    """A reader of `samples` calibration samples for `model`: BATCH a run, or the batch its inputs fix."""
+    fixed = {_dims(value)[0] for value in _graph_inputs(model) if _dims(value)} - {None}
+    batch = min(fixed) if fixed else BATCH
+    used = samples - samples % batch if fixed else samples  # a fixed batch takes exactly that many a run
     if used == 0:
         raise InputError(f"the model takes batches of exactly {batch}; give at least {batch} calibration samples")
     if used < samples:
-        warnings.append(
-            f"calibrated on {used} of {samples} samples: {method} calibration needs equal batches of {batch}"
-        )
+        warnings.append(f"calibrated on {used} of {samples} samples: the model takes batches of exactly {batch}")
     return SampleReader(calibration, batch, used, progress)
-
-
-def _batching(model: onnx.ModelProto, samples: int, method: str) -> tuple[int, int]:
-    """(samples per run, samples used) for calibrating `model` on `samples` samples with `method`.
-
-    A graph with a fixed batch size takes exactly that many a run. onnxruntime's histogram
-    calibrators (entropy, percentile) stack the batches into one array, so their batches must be
-    equal too: the largest divisor of `samples` up to BATCH, or BATCH and the remainder left out
-    when that divisor is small (a prime count).
-    """
-    fixed = {_dims(value)[0] for value in _graph_inputs(model) if _dims(value)} - {None}
-    if fixed:
-        batch = min(fixed)
-    elif method == "minmax":
-        return BATCH, samples
-    else:
-        batch = max(d for d in range(1, BATCH + 1) if samples % d == 0)
-        batch = batch if batch > BATCH // 4 or samples < BATCH else BATCH
-    return batch, samples - samples % batch
 
 
 def check_calibration(model: onnx.ModelProto, calibration: dict[str, np.ndarray]) -> int:

@@ -1,15 +1,20 @@
-"""`--quantize auto`: the fastest quantized model within the accuracy budget, or the closest one to it.
+"""`--quantize auto`: the fastest int8 model within the accuracy budget, or the smallest, or the closest one.
 
-Every candidate setting is quantized and judged by the caller's judge (the verifier against
-fp32). The candidates that load are then timed side by side with the fp32 model in one run
-(measure.py), so their speeds compare, and the fastest passing one is kept: p50 at batch 1, ties
-broken at batch 32.
+The candidates come from the graph (plan.py): families of settings that make the same kernels and
+differ only in rounding, in the order the graph's weights suggest (static QDQ first for conv
+nets, dynamic first for MatMul models). Each candidate is quantized and judged by the caller's judge
+(the verifier against fp32). A family's first candidate that runs is timed at once beside fp32
+(speed.py, in small groups so few sessions are ever resident): a family slower than fp32 is not
+widened, and a family stops at its first candidate within budget (its others only round
+differently). Static candidates share one pre-processing and one calibration per method
+(cache.py). A time budget (`search_seconds`) cuts the search: what passed so far is kept, and the
+result says what was left untried.
 
-When none passes, the one closest to the budget (largest margin) is repaired greedily: the node
-adding the most error (sensitivity.py, fp32 and quantized activations compared node by node) is
-left in fp32, the model is quantized again and judged, and the ranking is redone on the new model,
-until the budget holds or `max_exclusions` nodes are out. Tools that emit nothing when the goal
-is missed leave users with no model and no reason; here a miss still returns the closest model
+What is kept: the fastest passed candidate that is faster than fp32 beyond noise; when none is, the
+smallest passed one, with onnxruntime's op profile of it against fp32 saying why it is not faster
+(profile.py). When none passes, the candidates of families set aside for speed are tried for the
+smallest model within budget, and then the one closest to the budget is repaired (repair.py: the
+node adding the most error left in fp32, again and again). A miss still returns the closest model
 (passed=False), every trial with its figure, and each exclusion with the error that condemned it.
 """
 
@@ -17,26 +22,29 @@ from __future__ import annotations
 
 import math
 import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pipeline.core.errors import ArtifactError, PipelineError
+from pipeline.optimize.cache import QuantCache
 from pipeline.optimize.graph import load
 from pipeline.optimize.judge import Verdict
-from pipeline.optimize.nodes import name_nodes, quantizable_nodes
+from pipeline.optimize.nodes import name_nodes
+from pipeline.optimize.plan import Family
+from pipeline.optimize.profile import compare_profiles
 from pipeline.optimize.quantize import QuantSettings, quantize
-from pipeline.optimize.sensitivity import NodeScore, sensitivity
-from pipeline.runtime.latency import measure
+from pipeline.optimize.repair import Exclusion, repair
+from pipeline.optimize.speed import NOISE, Timer, choose, speed_verdict
 from pipeline.verify.report import GateReport, Row
 
-REPAIR_FAMILIES = 3  # the closest candidates re-tried with each exclusion (a node left in fp32 can turn
-# a per-channel setting from a miss into a pass where the closest per-tensor one still misses)
-SENSITIVITY_SAMPLES = 64  # real samples compared node by node: enough to rank nodes, cheap on a big model
-SPEED_BATCHES = (1, 32)  # the batches candidates are timed at: p50 at the first decides, the second breaks ties
+REPAIR_FAMILIES = 3  # kinds of int8 (dynamic, static uint8, static int8) re-tried with each exclusion, each
+# with its closest settings: a node left in fp32 can turn one kind from a miss into a pass where another still misses
+SEARCH_SECONDS = 120.0  # the default budget of a search; what passed by then is kept
 Say = Callable[[str], None]
 
 
@@ -51,19 +59,14 @@ class Trial:
     size: int  # bytes; 0 when no file was made
     excluded: tuple[str, ...] = ()  # nodes the search left in fp32 (beyond the settings' own)
     latency: dict[str, float] | None = None  # Latency.to_dict(), timed beside fp32; None: not timed
+    fp32_latency: dict[str, float] | None = None  # the fp32 model timed in the same run
+    speedup: dict[int, float] = field(default_factory=dict)  # batch -> fp32 p50 / this trial's p50, same run
     warnings: list[str] = field(default_factory=list)  # what quantize reported doing otherwise than asked
 
-    def speed_key(self) -> tuple[float, ...]:
-        """What "fastest" means: p50 at batch 1, then at batch 32 (untimed: slowest).
-
-        A model whose inputs fix the batch ran at that batch only: its p50 there comes last.
-        """
-        latency = self.latency or {}
-        fixed = latency.get("fixed_batch")
-        return (
-            *(latency.get(f"p50_ms_b{b}", math.inf) for b in SPEED_BATCHES),
-            latency.get(f"p50_ms_b{int(fixed)}", math.inf) if fixed else math.inf,
-        )
+    @property
+    def speed(self) -> str:
+        """faster, on par or slower than fp32 at the first batch timed (1, or a fixed batch); untimed."""
+        return speed_verdict(self.speedup[min(self.speedup)] if self.speedup else None)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,78 +82,55 @@ class Trial:
             "size": self.size,
             "excluded": list(self.excluded),
             "latency": self.latency,
+            "fp32_latency": self.fp32_latency,
+            **{f"speedup_b{b}": ratio for b, ratio in self.speedup.items()},
+            "speed": self.speed,
             "warnings": self.warnings,
         }
 
 
-@dataclass(frozen=True)
-class Exclusion:
-    """A node the search left in fp32, and the error that condemned it."""
-
-    node: str
-    op_type: str
-    score: float  # the relative error it added in the model it was ranked on
-    why: str  # one line: the error at its output against the error at its inputs, and which trial
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "op_type": self.op_type, "score": _finite(self.score), "why": self.why}
-
-
 @dataclass
 class SearchResult:
-    """What the search kept, whether it is within budget, and everything it tried on the way."""
+    """What the search kept, whether it is within budget and faster, and everything it tried on the way."""
 
-    chosen: Trial  # the fastest passing trial, else the one closest to the budget (best effort)
+    chosen: Trial  # see the module doc: fastest passed and faster, else smallest passed, else closest
     passed: bool
     tried: list[Trial]
     exclusions: list[Exclusion] = field(default_factory=list)
-    reference_latency: dict[str, float] | None = None  # the fp32 model, timed in the same run
-    notes: list[str] = field(default_factory=list)  # why the search stopped where it did
+    notes: list[str] = field(default_factory=list)  # why the search went and stopped where it did
+    speed: str = "none passed"  # faster | not faster | none passed: the kept trial against fp32 at batch 1
+    why_not_faster: str = ""  # when passed but not faster: the op profile's reason, in words
+    profile: dict[str, Any] | None = None  # that profile, kind by kind (profile.Comparison.to_dict)
+    cut: bool = False  # the time budget ran out before every candidate was tried
+    untried: list[str] = field(default_factory=list)  # candidates the budget left out
+    seconds: float = 0.0  # the search's wall time
+    batches: tuple[int, ...] = (1,)  # the batches candidates were timed at
+    calibrations: list[str] = field(default_factory=list)  # each calibration run (method), once per method
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "passed": self.passed,
             "chosen": self.chosen.name,
+            "speed": self.speed,
+            "why_not_faster": self.why_not_faster,
+            "profile": self.profile,
+            "cut": self.cut,
+            "untried": self.untried,
+            "seconds": round(self.seconds, 2),
+            "batches": list(self.batches),
+            "calibrations": self.calibrations,
+            "noise": NOISE,
             "tried": [t.to_dict() for t in self.tried],
             "exclusions": [e.to_dict() for e in self.exclusions],
-            "reference_latency": self.reference_latency,
+            "reference_latency": self.chosen.fp32_latency,
             "notes": self.notes,
         }
-
-
-def default_candidates(task: str, has_calibration: bool) -> list[QuantSettings]:
-    """The settings `--quantize auto` tries, cheapest to make first.
-
-    Dynamic int8 needs no data: per tensor, per channel (one scale per output channel, which
-    rescues layers whose channels differ in range), per channel with 7-bit weights (CPUs without
-    VNNI saturate 8-bit products). Static QDQ int8 needs calibration samples: every calibration
-    method with unsigned and signed activations; a detector's keep its decode tail in fp32
-    (nodes.decode_tail: one int8 scale cannot hold pixel boxes and 0..1 scores).
-    """
-    candidates = [
-        QuantSettings(mode="dynamic"),
-        QuantSettings(mode="dynamic", per_channel=True),
-        QuantSettings(mode="dynamic", per_channel=True, reduce_range=True),
-    ]
-    if has_calibration:
-        candidates += [
-            QuantSettings(
-                mode="static",
-                per_channel=True,
-                activation_type=activations,
-                calibration=method,
-                float_tail=task == "detection",
-            )
-            for method in ("minmax", "entropy", "percentile")
-            for activations in ("uint8", "int8")
-        ]
-    return candidates
 
 
 def auto_search(
     src: Path,
     workdir: Path,
-    candidates: Sequence[QuantSettings],
+    families: Sequence[Family],
     calibration: Mapping[str, np.ndarray] | None,
     judge: Callable[[Path], Verdict],
     samples: Mapping[str, np.ndarray],
@@ -158,45 +138,113 @@ def auto_search(
     threads: int = 1,
     progress: Say | None = None,
     seconds: float = 1.0,
+    budget: float = SEARCH_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
 ) -> SearchResult:
-    """Try `candidates` on the fp32 model `src`; keep the fastest within budget, else repair the closest.
+    """Try the `families` of settings on the fp32 model `src`; keep what the module doc says.
 
     `judge` says whether a quantized file is within the budget (pipeline.optimize.judge.Judge is
     one). `calibration`: real samples for static candidates (without them a static candidate is a
-    failed trial that says so). `samples`: real inputs, timed for speed and compared node by node. Files go to
-    `workdir`. Raises ArtifactError when no candidate could be quantized at all; any other miss is
-    a result with passed=False.
+    failed trial that says so). `samples`: real inputs, timed for speed, profiled and compared node
+    by node. `seconds`: timed runs per model, batch and group. `budget`: seconds after which no new
+    candidate is started (the first is always tried). Files go to `workdir`. Raises ArtifactError
+    when no candidate could be quantized at all; any other miss is a result with passed=False.
     """
-    if not candidates:
+    if not any(f.candidates for f in families):
         raise ArtifactError("the auto search was given no candidate settings; give at least one")
     say = progress or (lambda _message: None)
-    search = _Search(src, workdir, calibration, judge, say)
-    for settings in candidates:
-        search.attempt(settings)
+    began = clock()
+    deadline = began + budget
+    search = Search(src, workdir, calibration, judge, say, QuantCache(workdir / "cache"))
+    timer = Timer(src, samples, threads, seconds, say)
+
+    def out_of_time() -> bool:
+        return clock() >= deadline
+
+    untried: list[str] = []
+    for family in families:
+        if untried:
+            untried += [c.describe() for c in family.candidates]
+            continue
+        untried = search.try_family(family, timer, out_of_time)
+    if not any(t.verdict.passed for t in search.tried) and not untried and search.set_aside:
+        untried = search.revisit(timer, out_of_time)
     made = [t for t in search.tried if t.size]
     if not made:
         raise ArtifactError(
             "no candidate could be quantized:\n  " + "\n  ".join(f"{t.name}: {t.verdict.detail}" for t in search.tried)
         )
-    if not any(t.verdict.passed for t in search.tried):
-        # Closest first; on a tie, per-channel first: its weights cannot hide a wide row, so what
-        # error is left is the activations', which leaving a node in fp32 repairs.
-        ranked = sorted(made, key=lambda t: (t.verdict.margin, t.settings.per_channel), reverse=True)
-        others = [t.settings for t in ranked[1:REPAIR_FAMILIES]]
-        search.exclude(ranked[0], samples, max_exclusions, threads, others)
+    if not any(t.verdict.passed for t in search.tried) and not untried:
+        # Closest first; on a tie, the faster (a family's first is timed), then per-channel: its weights
+        # cannot hide a wide row, so what error is left is the activations', which leaving a node in fp32 repairs.
+        ranked = sorted(made, key=lambda t: (t.verdict.margin, _ratio(t), t.settings.per_channel), reverse=True)
+        others = _other_families(ranked)
+        repair(search, ranked[0], samples, max_exclusions, threads, others, out_of_time)
+        timer.time([t for t in search.tried if t.verdict.passed and not t.speedup])
     search.prune()
-    reference = search.time(samples, threads, seconds)
-    passing = [t for t in search.tried if t.verdict.passed]
-    if passing:
-        chosen = min(passing, key=Trial.speed_key)
-        say(f"kept {chosen.name}: the fastest of {len(passing)} within budget ({_speed(chosen)})")
+    if untried:
+        search.notes.append(
+            f"the search was cut after {clock() - began:.0f} s (search_seconds {budget:g}): the best passed "
+            f"candidate so far is kept; not tried: {'; '.join(untried)}"
+        )
+        say(search.notes[-1])
+    choice = choose(search.tried)
+    chosen = choice.trial or _closest([t for t in search.tried if t.size])
+    result = SearchResult(chosen, choice.trial is not None, search.tried, search.exclusions, search.notes, choice.speed)
+    result.cut, result.untried, result.batches = bool(untried), untried, timer.batches
+    result.calibrations = list(search.cache.computed) if search.cache else []
+    if choice.speed == "faster":
+        say(f"kept {chosen.name}: the fastest within budget ({_speed(chosen)})")
+    elif choice.trial is not None:
+        comparison = compare_profiles(src, chosen.path, samples, threads, workdir / "profile")
+        result.profile = comparison.to_dict()
+        result.why_not_faster = _not_faster(chosen, src.stat().st_size, comparison.why())
+        say(f"kept {chosen.name}: {result.why_not_faster}")
     else:
-        chosen = max((t for t in search.tried if t.size), key=lambda t: t.verdict.margin)
         say(f"no candidate met the budget; best effort: {chosen.name} ({chosen.verdict.detail})")
-    return SearchResult(chosen, bool(passing), search.tried, search.exclusions, reference, search.notes)
+    result.seconds = clock() - began
+    return result
 
 
-class _Search:
+def _other_families(ranked: list[Trial]) -> list[QuantSettings]:
+    """The closest settings of each other kind of int8 than `ranked[0]`'s, closest kind first."""
+    seen, others = {_kind(ranked[0].settings)}, []
+    for trial in ranked[1:]:
+        if _kind(trial.settings) not in seen and len(others) < REPAIR_FAMILIES - 1:
+            seen.add(_kind(trial.settings))
+            others.append(trial.settings)
+    return others
+
+
+def _kind(settings: QuantSettings) -> tuple[str, str]:
+    return settings.mode, settings.activation_type if settings.mode == "static" else ""
+
+
+def _closest(made: list[Trial]) -> Trial:
+    return max(made, key=lambda t: (t.verdict.margin, _ratio(t)))
+
+
+def _ratio(trial: Trial) -> float:
+    """The trial's speed against fp32 at its first timed batch; 0 when untimed."""
+    return trial.speedup[min(trial.speedup)] if trial.speedup else 0.0
+
+
+def _not_faster(trial: Trial, fp32_size: int, why: str) -> str:
+    """The plain statement a card shows: smaller (or not), not faster on this CPU, and the profile's reason."""
+    batch = min(trial.speedup) if trial.speedup else 1
+    ratio = trial.speedup.get(batch)
+    speed = f"{ratio:.2f}x fp32's speed at batch {batch}" if ratio is not None else "not timed"
+    size = trial.size / fp32_size if fp32_size else 1.0
+    smaller = (
+        f"smaller ({size:.2f}x the size of model.onnx) but not faster"
+        if size < 1
+        else f"neither smaller ({size:.2f}x the size of model.onnx: the quantization parameters outweigh the int8 "
+        "weights saved) nor faster"
+    )
+    return f"{smaller} on this CPU: {speed}, where faster means {1 + NOISE:.2f}x or more. Why, from {why}"
+
+
+class Search:
     """The search's state: where files go, what was tried and excluded, and how to report it."""
 
     def __init__(
@@ -206,8 +254,10 @@ class _Search:
         calibration: Mapping[str, np.ndarray] | None,
         judge: Callable[[Path], Verdict],
         say: Say,
+        cache: QuantCache | None = None,
     ) -> None:
         self.src, self.workdir, self.calibration, self.judge, self.say = src, workdir, calibration, judge, say
+        self.cache = cache
         self.scratch = workdir / "scratch"
         self.scratch.mkdir(parents=True, exist_ok=True)
         model = load(src)
@@ -217,6 +267,61 @@ class _Search:
         self.sources: dict[Path, Path] = {}  # a trial's file -> the fp32 graph quantize made it from
         self.exclusions: list[Exclusion] = []
         self.notes: list[str] = []
+        self.set_aside: list[tuple[Family, tuple[QuantSettings, ...]]] = []  # families not widened, what is left
+
+    def try_family(self, family: Family, timer: Timer, out_of_time: Callable[[], bool]) -> list[str]:
+        """Try `family`'s candidates in order until one passes; time its first that runs at once and stop
+        the family there when it is slower than fp32. Returns the candidates left untried for lack of time."""
+        self.say(f"family {family.name}: {family.why}")
+        first = True
+        for index, settings in enumerate(family.candidates):
+            if self.tried and out_of_time():
+                return [c.describe() for c in family.candidates[index:]]
+            trial = self.attempt(settings)
+            timed = first and trial.size > 0 and math.isfinite(trial.verdict.figure)
+            if timed or (trial.verdict.passed and not trial.speedup):
+                timer.time([trial])
+            first = first and not timed
+            rest = len(family.candidates) - index - 1
+            if timed and trial.speed == "slower":
+                if rest:
+                    ratio = trial.speedup[min(trial.speedup)]
+                    self.notes.append(
+                        f"family {family.name}: not widened: {trial.name} runs at {ratio:.2f}x fp32's speed, slower "
+                        f"beyond the {NOISE:.0%} noise band, and its other {rest} candidate(s) make the same kernels"
+                    )
+                    self.say(self.notes[-1])
+                    if not trial.verdict.passed:  # its others may still be the smallest model within budget
+                        self.set_aside.append((family, family.candidates[index + 1 :]))
+                return []
+            if trial.verdict.passed:
+                if rest:
+                    self.notes.append(
+                        f"family {family.name}: {trial.name} met the budget; its other {rest} candidate(s) make the "
+                        "same kernels and only round differently: not tried"
+                    )
+                return []
+        return []
+
+    def revisit(self, timer: Timer, out_of_time: Callable[[], bool]) -> list[str]:
+        """When nothing passed: the candidates of the families set aside for speed, for the smallest int8 model
+        within budget (none is faster), until one passes. Returns those left untried for lack of time."""
+        self.say("no candidate met the budget and none was faster than fp32: trying the candidates set aside for "
+                 "speed, for the smallest int8 model within budget")  # fmt: skip
+        for number, (family, rest) in enumerate(self.set_aside):
+            for index, settings in enumerate(rest):
+                if out_of_time():
+                    later = [c for _, more in self.set_aside[number + 1 :] for c in more]
+                    return [c.describe() for c in (*rest[index:], *later)]
+                trial = self.attempt(settings)
+                if trial.verdict.passed:
+                    timer.time([trial])
+                    self.notes.append(
+                        f"family {family.name}: {trial.name} met the budget once nothing else had: kept as the "
+                        "smallest int8 model within budget, not for speed"
+                    )
+                    return []
+        return []
 
     def attempt(self, settings: QuantSettings, excluded: tuple[str, ...] = ()) -> Trial:
         """Quantize `src` with `settings` and judge it; a failure to quantize is a failed trial, not a crash."""
@@ -228,7 +333,7 @@ class _Search:
         self.say(f"[{number}] quantizing {name}")
         try:
             report = quantize(self.src, path, settings, self.calibration if settings.mode == "static" else None,
-                              scratch, progress=self._calibrating(number))  # fmt: skip
+                              scratch, progress=self._calibrating(number), cache=self.cache)  # fmt: skip
         except PipelineError as exc:  # e.g. static without calibration data, or onnxruntime refusing the graph
             verdict = _failed(f"quantization failed: {exc}")
         else:
@@ -247,101 +352,12 @@ class _Search:
         self.tried.append(trial)
         return trial
 
-    def exclude(
-        self,
-        start: Trial,
-        samples: Mapping[str, np.ndarray],
-        limit: int,
-        threads: int,
-        others: Sequence[QuantSettings] = (),
-    ) -> None:
-        """Leave the worst node of `start` in fp32, re-quantize, judge; repeat until within budget or `limit`.
-
-        Each exclusion is also tried with the `others` settings (the next closest candidates): the
-        closest trial of the step, by margin, is the one ranked for the next exclusion.
-        """
-        self.say(f"no candidate met the budget; repairing the closest, {start.name} ({start.verdict.detail})")
-        self.prune(keep=start)
-        inputs = {k: v[:SENSITIVITY_SAMPLES] for k, v in samples.items()}
-        current, excluded = start, start.excluded
-        while not current.verdict.passed:
-            if len(excluded) >= limit:
-                self.notes.append(f"stopped after {len(excluded)} exclusion(s): max_exclusions is {limit}")
-                self.say(self.notes[-1])
-                break
-            worst = self._worst(current, inputs, {*excluded, *start.settings.nodes_to_exclude}, threads)
-            if worst is None:
-                break
-            node, score = worst
-            self.say(f"excluding {node} ({score.op_type}, adds relative error {score.score:.3g})")
-            where = f" (as {score.node} after pre-processing)" if score.node != node else ""
-            self.exclusions.append(
-                Exclusion(node, score.op_type, score.score, f"{score.why()} in {current.name}{where}")
-            )
-            excluded = (*excluded, node)
-            step = []
-            for base in (start.settings, *others):
-                settings = replace(base, nodes_to_exclude=(*base.nodes_to_exclude, *excluded))
-                step.append(self.attempt(settings, excluded))
-                if step[-1].verdict.passed:
-                    break
-            made = [t for t in step if t.size]
-            if not made:  # quantization itself failed: nothing left to rank
-                self.notes.append(f"stopped: {step[0].verdict.detail}")
-                break
-            current = max(made, key=lambda t: (t.verdict.passed, t.verdict.margin, t.settings.per_channel))
-            self.prune(keep=current)
-
-    def _worst(
-        self, trial: Trial, inputs: Mapping[str, np.ndarray], skip: set[str], threads: int
-    ) -> tuple[str, NodeScore] | None:
-        """The node of `trial` adding the most error, by its name in `src`; None (and a note) when none helps.
-
-        Pre-processing fuses nodes (`fc/MatMul` + `fc/Add` -> `fc/MatMul/MatMulAddFusion`), so nodes are
-        ranked in the graph quantize worked on and named back as they are in `src`.
-        """
-        source = self.sources[trial.path]
-        self.say(f"ranking the nodes of {trial.name} by the error each adds")
-        candidates = set(quantizable_nodes(source, "static")) | set(quantizable_nodes(source, trial.settings.mode))
-        ranked = sensitivity(source, trial.path, inputs, self.scratch, nodes=candidates, threads=threads)
-        named = [(name, score) for score in ranked if (name := self._source_name(score.node)) and name not in skip]
-        if not named:
-            self.notes.append(f"stopped: no node of {trial.name} left to exclude could be compared with fp32")
-        elif not named[0][1].score > 0:
-            worst = named[0][1].score
-            self.notes.append(
-                f"stopped: no node of {trial.name} adds error (the worst adds {worst:.3g}); leaving more in fp32 "
-                "cannot help"
-            )
-        else:
-            return named[0]
-        self.say(self.notes[-1])
-        return None
-
-    def _source_name(self, node: str) -> str | None:
-        """`node`'s name in `src`: itself, or the longest `src` name it extends with "/" (a fusion's)."""
-        if node in self.names:
-            return node
-        prefixes = [name for name in self.names if node.startswith(f"{name}/")]
-        return max(prefixes, key=len) if prefixes else None
-
     def prune(self, keep: Trial | None = None) -> None:
         """Delete the scratch copies of the fp32 graph that no later step reads (a large model has one per trial)."""
         for path, source in list(self.sources.items()):
             if keep is None or path != keep.path:
                 shutil.rmtree(source.parent, ignore_errors=True)
                 del self.sources[path]
-
-    def time(self, samples: Mapping[str, np.ndarray], threads: int, seconds: float) -> dict[str, float]:
-        """Time every trial that made a runnable file beside the fp32 model, in one run; the fp32 timings."""
-        timed = {f"trial{i:02d}": t for i, t in enumerate(self.tried, 1) if t.size and math.isfinite(t.verdict.figure)}
-        self.say(f"timing {len(timed)} candidate(s) beside fp32 ({threads} thread)")
-        models = {"fp32": self.src, **{key: t.path for key, t in timed.items()}}
-        results = measure(models, dict(samples), batches=SPEED_BATCHES, threads=threads, seconds=seconds,
-                          progress=self.say)  # fmt: skip
-        for key, trial in timed.items():
-            trial.latency = results[key].to_dict()
-        return results["fp32"].to_dict()
 
     def _calibrating(self, number: int) -> Callable[[int, int], None]:
         def report(done: int, total: int) -> None:

@@ -28,7 +28,9 @@ from pipeline.runtime.session import create_session
 
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
 DEAD_CHANNEL = 1e-3  # a channel below this share of the median channel's energy is measured against that share
-CHUNK = 16  # samples per run: every intermediate tensor of both models is held for one chunk at a time
+CHUNK = 16  # samples per run: every intermediate tensor of both models is held for one chunk at a time,
+CHUNK_BYTES = 4 << 20  # and at most this many input bytes a run: a conv net at 224x224 holds ~20 MB of
+# activations per picture and model, in float64 here, so 16 pictures took GBs; 4 MB is 6 such pictures
 EXTERNAL_DATA_OVER = 1 << 30  # copies of models larger than this (bytes) keep their weights beside them
 REMOVABLE = ("Relu", "Clip")  # activations static quantization folds into the node before them
 Fold = Callable[[np.ndarray], np.ndarray] | None  # re-applies a folded activation to a quantized tensor
@@ -167,8 +169,9 @@ def _relative_errors(
     ref2: dict[str, np.ndarray | float] = dict.fromkeys(names, 0.0)
     mismatched: set[str] = set()  # same name, different shape: not the same value, not compared
     count = len(next(iter(inputs.values())))
-    for start in range(0, count, CHUNK):
-        feed = {k: np.ascontiguousarray(v[start : start + CHUNK]) for k, v in inputs.items()}
+    chunk = min(CHUNK, max(1, CHUNK_BYTES // max(1, sum(v[:1].nbytes for v in inputs.values()))))
+    for start in range(0, count, chunk):
+        feed = {k: np.ascontiguousarray(v[start : start + chunk]) for k, v in inputs.items()}
         want, got = (dict(zip(names, s.run(names, feed), strict=True)) for s in sessions)
         for name in names:
             a, b = np.asarray(got[name], np.float64), np.asarray(want[name], np.float64)

@@ -9,12 +9,16 @@ ones); time all of them and model.onnx side by side in one run; then, under the 
 move them into place and record each variant (passed, or failed with the reason: never served
 by default), the stage record and reports/optimize.json + .md. A variant that misses its budget
 is still written, so the best effort is there to inspect; `strict` makes the command exit 1.
+The run's wall time and peak memory (the process's maximum resident set) are printed and reported.
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import shutil
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +31,11 @@ from pipeline.artifact.variants import FP32, MODEL_FILE, Variant, variant_file
 from pipeline.core.errors import CheckFailed, InputError
 from pipeline.optimize.graph import optimize_graph
 from pipeline.optimize.judge import LOSSLESS, Judge, Verdict, budget_policy
+from pipeline.optimize.nodes import quantizable_nodes
 from pipeline.optimize.quantize import QuantSettings, quantize
 from pipeline.optimize.report import markdown
 from pipeline.recipe.schema import OptimizeSpec
-from pipeline.runtime.latency import Latency, measure
+from pipeline.runtime.latency import Latency, affordable_batches, measure
 from pipeline.samples.calibration import Calibration, calibration_set, has_real_samples
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
 from pipeline.stagekit.opening import made_from_model_fresh, open_for_model
@@ -57,6 +62,7 @@ class Made:
     details: dict[str, Any]  # what the transformation reports (graph passes, quantized nodes, the search)
     latency: dict[str, float] = field(default_factory=dict)
     size: int | None = None  # bytes, once written
+    note: str = ""  # what a reader must know beyond pass/fail (an int8 model smaller but not faster, and why)
 
     @property
     def file(self) -> str:
@@ -69,12 +75,15 @@ class OptimizeOutcome:
     made: list[Made]
     failed: list[str]  # variants that missed their budget (recorded as failed)
     notes: list[str]
+    seconds: float = 0.0  # wall time of the run
+    peak_rss: int = 0  # bytes: the process's peak resident memory at the end of the run
 
 
 def optimize_artifact(
     path: str | Path, overrides: Overrides | None = None, recipe_path: Path | None = None, progress: Progress = print
 ) -> OptimizeOutcome:
     """Make, judge, time and record the variants the settings ask for; see the module doc."""
+    began = time.perf_counter()
     opened = open_for_model(
         path, "optimize", _rewrites, overrides, recipe_path, flags="--quantize, --max-accuracy-drop ..."
     )
@@ -100,11 +109,14 @@ def optimize_artifact(
 
     with StageWrite(artifact.root, "optimize") as write:
         (write.scratch / "variants").mkdir()
-        made = _make_variants(source, write.scratch, settings, calibration, judge, progress)
-        progress(f"[optimize] timing model.onnx and {len(made)} variant(s) side by side ({settings.threads} thread)")
+        made = _make_variants(source, write.scratch, settings, calibration, judge, progress, notes)
+        batches = affordable_batches(source, evaluation.samples, threads=settings.threads)
+        progress(f"[optimize] timing model.onnx and {len(made)} variant(s) side by side at batch "
+                 f"{', '.join(map(str, batches))} ({settings.threads} thread)")  # fmt: skip
         timed = measure(
             {FP32: source, **{m.name: write.scratch / m.file for m in made}},
             evaluation.samples,
+            batches=batches,
             threads=settings.threads,
             progress=progress,
         )
@@ -113,6 +125,9 @@ def optimize_artifact(
         for m in made:
             m.size = (write.scratch / m.file).stat().st_size
         summary = _summary(artifact, settings, policy.to_dict(), evaluation.source, calibration, made, timed[FP32])
+        seconds, peak = time.perf_counter() - began, peak_rss()
+        summary["resources"] = {"wall_seconds": round(seconds, 2), "peak_rss_bytes": peak}
+        summary["notes"] = notes
         (write.scratch / "reports").mkdir()
         (write.scratch / REPORT_JSON).write_text(json.dumps(summary, indent=2) + "\n")
         (write.scratch / REPORT_MD).write_text(markdown(summary))
@@ -138,6 +153,7 @@ def optimize_artifact(
             )
 
         artifact = write.commit([*[m.file for m in made], REPORT_JSON, REPORT_MD], record)
+    progress(f"[optimize] done in {seconds:.1f} s, peak memory {peak / 2**30:.2f} GiB (maximum resident set)")
     failed = [m.name for m in made if not m.verdict.passed]
     if failed and settings.strict:
         raise CheckFailed(
@@ -145,11 +161,23 @@ def optimize_artifact(
             f"{artifact.root / REPORT_MD}):\n  "
             + "\n  ".join(f"{m.name}: {m.verdict.detail}" for m in made if m.name in failed)
         )
-    return OptimizeOutcome(artifact, made, failed, notes)
+    return OptimizeOutcome(artifact, made, failed, notes, seconds, peak)
+
+
+def peak_rss() -> int:
+    """The process's peak resident memory so far, in bytes (getrusage: kilobytes on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def _make_variants(
-    source: Path, scratch: Path, settings: OptimizeSpec, calibration: Calibration | None, judge: Judge, say: Progress
+    source: Path,
+    scratch: Path,
+    settings: OptimizeSpec,
+    calibration: Calibration | None,
+    judge: Judge,
+    say: Progress,
+    notes: list[str],
 ) -> list[Made]:
     made = []
     if settings.graph != "none":
@@ -163,6 +191,13 @@ def _make_variants(
         dst = scratch / variant_file(name)
         if mode == "auto":
             made.append(_auto(source, dst, scratch, settings, calibration, judge, say))
+            continue
+        if mode == "dynamic" and not quantizable_nodes(source, "dynamic"):
+            notes.append(
+                f"{name} not made: the graph has no MatMul/Gemm/Gather with constant weights, and dynamic int8 never "
+                "quantizes Conv (onnxruntime's ConvInteger is slower than fp32); use --quantize static"
+            )
+            say(f"[optimize] {notes[-1]}")
             continue
         quant = _quant_settings(mode, settings, judge.artifact.manifest.task)
         say(f"[optimize] {name}: {quant.describe()}")
@@ -184,27 +219,36 @@ def _auto(
     judge: Judge,
     say: Progress,
 ) -> Made:
-    from pipeline.optimize.search import auto_search, default_candidates
+    from pipeline.optimize.plan import plan_for
+    from pipeline.optimize.search import auto_search
 
-    candidates = default_candidates(judge.artifact.manifest.task, calibration is not None)
+    plan = plan_for(source, calibration is not None, judge.artifact.manifest.task)
+    holds = ", ".join(f"{kind} {size / 2**20:.2f} MB" for kind, size in plan.weights.items() if size)
+    say(f"[optimize] auto: the graph's weights: {holds or 'none'}; families: "
+        f"{', '.join(f.name for f in plan.families)}")  # fmt: skip
+    for note in plan.notes:
+        say(f"[optimize] auto: {note}")
     workdir = scratch / "search"
     workdir.mkdir()
     result = auto_search(
         source,
         workdir,
-        candidates,
+        plan.families,
         calibration.inputs if calibration else None,
         lambda path: judge(path, None, workdir),
         judge.evaluation.samples,
         max_exclusions=settings.max_exclusions,
         threads=settings.threads,
         progress=lambda message: say(f"[optimize] auto: {message}"),
+        budget=settings.search_seconds,
     )
     shutil.copyfile(result.chosen.path, dst)
     verdict = judge(dst, None, scratch)  # the kept file itself, judged once more with the full table
     say(f"[optimize] int8 (auto): {result.chosen.settings.describe()}: {'passed' if verdict.passed else 'FAILED'}: "
         f"{verdict.detail}")  # fmt: skip
-    return Made("int8", "int8", result.chosen.settings.to_dict(), verdict, {"search": result.to_dict()})
+    details = {"plan": plan.to_dict(), "search": result.to_dict()}
+    note = result.why_not_faster if verdict.passed else ""
+    return Made("int8", "int8", result.chosen.settings.to_dict(), verdict, details, note=note)
 
 
 def _quant_settings(mode: str, settings: OptimizeSpec, task: str) -> QuantSettings:
@@ -241,6 +285,7 @@ def _variant(m: Made, parent: str, artifact: Artifact) -> Variant:
         metrics={metric["name"]: metric["onnx"]} if metric.get("name") and "onnx" in metric else {},
         parity={**m.verdict.report.summary(), "budget_figure": m.verdict.figure, "margin": m.verdict.margin},
         latency=m.latency,
+        note=m.note or None,
     )
 
 
@@ -272,6 +317,7 @@ def _summary(
                 **{f"speedup_b{b}": _ratio(base, m.latency, f"p50_ms_b{b}") for b in batches},
                 "size": m.size,
                 "settings": m.settings,
+                "note": m.note,
                 "details": m.details,
                 "gate": m.verdict.report.to_dict(),
             }

@@ -194,6 +194,8 @@ class OptimizeSpec(_Strict):
     max_accuracy_drop: float | None = Field(None, ge=0)
     min_cosine: float = Field(0.99, gt=0, le=1)  # embeddings: minimum cosine similarity to fp32
     max_exclusions: int = Field(8, ge=0, le=100_000)  # auto: nodes the search may leave in fp32
+    # auto: no new candidate is started after this many seconds; the best passed so far is kept
+    search_seconds: float = Field(120.0, gt=0, le=86_400)
     threads: int = Field(1, gt=0, le=256)  # intra-op threads the variants are timed with (100,000 crashed libgomp)
     strict: bool = False  # a variant that misses its budget fails the command (exit 1), not only its record
 

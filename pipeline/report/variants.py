@@ -60,6 +60,7 @@ def variants_section(artifact: Artifact) -> list[str]:
         ])  # fmt: skip
     headers = ["variant", "file", "precision", "format", "status", "size", "metrics", "drop vs fp32", "parity",
                "held to"]  # fmt: skip
+    notes = [f"- {code(name)}: {cell(v.note)}" for name, v in manifest.variants.items() if v.note]
     return [
         "## Variants",
         "",
@@ -67,6 +68,7 @@ def variants_section(artifact: Artifact) -> list[str]:
         "(a failed or stale variant never is). Parity is the verifier's gate against the variant's parent.",
         "",
         *table(headers, rows),
+        *(["", "Notes:", "", *notes] if notes else []),
     ]
 
 

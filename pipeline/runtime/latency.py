@@ -117,6 +117,37 @@ def speedup(baseline: Latency, other: Latency, batch: int) -> float:
     return baseline.at(batch).p50_ms / other.at(batch).p50_ms
 
 
+def affordable_batches(
+    path: Path,
+    inputs: dict[str, np.ndarray],
+    batches: tuple[int, ...] = (1, 32),
+    threads: int = 1,
+    max_run_seconds: float = 0.05,
+    max_bytes: int = 64 << 20,
+) -> tuple[int, ...]:
+    """The batches of `batches` worth timing the model at `path` at: batch 1 always, a larger one
+    when one run of it would take at most `max_run_seconds` (estimated as that many batch-1 runs,
+    the fastest of 3) and its inputs at most `max_bytes`.
+
+    A timing needs 10 runs or more per model, several models are timed side by side, and the search
+    times several groups: 32 pictures at 224x224 through a conv net are a quarter second a run on
+    one thread, which would spend the search's time on one figure that only breaks ties. A model
+    whose inputs fix the batch keeps `batches` as given: `measure` times it at its own batch.
+    """
+    session = create_session(path, "cpu", intra_op_threads=threads, inter_op_threads=1)
+    if _fixed_batch(str(path), session) is not None:
+        return batches
+    feed = _feed(str(path), session, inputs, 1)
+    per_sample = sum(array.nbytes for array in feed.values())
+    runs = []
+    for _ in range(3):
+        begin = time.perf_counter()
+        _run(str(path), session, feed, 1)
+        runs.append(time.perf_counter() - begin)
+    one = min(runs)
+    return tuple(b for b in batches if b == 1 or (b * one <= max_run_seconds and b * per_sample <= max_bytes))
+
+
 def measure(
     models: dict[str, Path],
     inputs: dict[str, np.ndarray],

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from pipeline.artifact.manifest import TensorSpec
 
 EVAL_CHUNK = 256  # samples per call over a whole split: bounded memory, few calls
+# ... and at most this many input bytes per call: 256 pictures of 224x224 are 154 MB of inputs, and a
+# conv net's activations for them several GB; 32 MB is 53 such pictures, or all 256 of a small input
+CHUNK_BYTES = 32 << 20
 
 
 class Runner(Protocol):
@@ -134,7 +137,8 @@ def tflite_candidate(
 
 
 def run_chunked(run: Runner, inputs: Arrays, names: Sequence[str] | None = None, chunk: int = EVAL_CHUNK) -> Arrays:
-    """`run` over every sample of `inputs`, `chunk` samples per call, outputs concatenated.
+    """`run` over every sample of `inputs`, `chunk` samples per call (fewer when they would pass
+    CHUNK_BYTES of inputs), outputs concatenated.
 
     `names` keeps only those outputs (all when None), so a large split does not hold outputs
     nobody reads.
@@ -142,6 +146,8 @@ def run_chunked(run: Runner, inputs: Arrays, names: Sequence[str] | None = None,
     if chunk < 1:
         raise InputError(f"chunk is {chunk}; give a positive number of samples per call")
     count = len(next(iter(inputs.values())))
+    per_sample = sum(v[:1].nbytes for v in inputs.values())
+    chunk = min(chunk, max(1, CHUNK_BYTES // max(per_sample, 1)))
     parts: dict[str, list[np.ndarray]] = {}
     for start in range(0, max(count, 1), chunk):  # an empty split still runs once, for its output shapes
         result = run({k: v[start : start + chunk] for k, v in inputs.items()})

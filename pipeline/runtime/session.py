@@ -46,12 +46,16 @@ def create_session(
     intra_op_threads: int = 0,
     inter_op_threads: int = 0,
     spin: bool = True,
+    profile: Path | None = None,
 ) -> ort.InferenceSession:
     """An onnxruntime session for the model at `path`; raises ArtifactError when it cannot load.
 
     `intra_op_threads` / `inter_op_threads`: 0 lets onnxruntime decide. `spin=False` stops idle
     onnxruntime threads from busy-waiting (they burn CPU the caller could use when cores are few).
-    The providers really in use are `session.get_providers()`; see the module doc.
+    `profile`: a directory for onnxruntime's profiler (every kernel's time, `end_profiling()` names
+    the file) and the graph as the session optimized it (`optimized.onnx`, to read node attributes
+    the profile does not give). The providers really in use are `session.get_providers()`; see the
+    module doc.
     """
     for name, value in (("intra_op_threads", intra_op_threads), ("inter_op_threads", inter_op_threads)):
         if value < 0:
@@ -64,6 +68,10 @@ def create_session(
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     options.log_severity_level = 3  # errors only: keep provider fallback chatter out of the logs
+    if profile is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile / "profile")
+        options.optimized_model_filepath = str(profile / "optimized.onnx")  # this CPU's layout: read, never shipped
     try:
         session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
     except Exception as exc:  # onnxruntime's own exception types share no base (NoSuchFile, InvalidGraph, EPFail...)

@@ -89,7 +89,9 @@ def verify(
     if recorded is not None:
         label = "golden (recorded)"
         try:
-            report.rows += compare(label, candidate.run(samples), recorded, outputs, policy, candidate.name)
+            report.rows += compare(
+                label, run_chunked(candidate.run, samples), recorded, outputs, policy, candidate.name
+            )
         except Exception as exc:  # as above
             report.rows.append(Row(label, "-", False, f"{candidate.runtime} refused the input: {first_line(exc)}"))
     if split is not None:

@@ -11,6 +11,7 @@ import pytest
 from transform_models import cnn, cosine, digits, features, mlp, relative_error, run, tokens, transformer
 
 from pipeline.core.errors import InputError
+from pipeline.optimize.cache import QuantCache
 from pipeline.optimize.graph import optimize_graph, signature
 from pipeline.optimize.nodes import quantizable_nodes
 from pipeline.optimize.quantize import QuantSettings, quantize, weight_bytes
@@ -113,23 +114,55 @@ def test_the_calibration_method_reaches_onnxruntime(models, tmp_path: Path) -> N
     assert scales["minmax"] > 50 * scales["percentile"]
 
 
-@pytest.mark.parametrize(
-    ("method", "samples", "used"), [("minmax", 97, 97), ("entropy", 100, 100), ("percentile", 97, 96)]
-)
-def test_uneven_sample_counts(models, tmp_path: Path, method: str, samples: int, used: int) -> None:
-    """onnxruntime's histogram calibrators stack the batches: they get equal ones, a prime count loses its rest."""
+@pytest.mark.parametrize("method", ["minmax", "entropy", "percentile"])
+def test_a_prime_sample_count_is_calibrated_whole(models, tmp_path: Path, method: str) -> None:
+    """One batch per calibration pass: the histogram calibrators never stack unequal batches, so none is left out."""
     seen: list[tuple[int, int]] = []
     report = quantize(
         models["mlp"],
         tmp_path / "qdq.onnx",
         QuantSettings("static", calibration=method),
-        features(samples),
+        features(97),
         progress=lambda done, total: seen.append((done, total)),
     )
-    assert report.calibration_samples == used and seen[-1] == (used, used)
-    assert bool(report.warnings) == (used < samples)
-    if used < samples:
-        assert report.warnings == [f"calibrated on 96 of 97 samples: {method} calibration needs equal batches of 16"]
+    assert report.calibration_samples == 97 and seen[-1] == (97, 97) and len(seen) == 7
+    assert report.warnings == []
+
+
+def test_one_calibration_per_method_and_one_preprocessing_serve_every_candidate(models, tmp_path: Path) -> None:
+    """Per-channel, reduce-range, the activation type and exclusions leave the activations' ranges as they are."""
+    cache = QuantCache(tmp_path / "cache")
+    calibration, passes = digits(64), []
+    calibration["x"][3, 0, 2, 2] = 50.0  # one outlier: MinMax stretches the input's range to it, Percentile not
+    settings = [
+        QuantSettings("static"),
+        QuantSettings("static", per_channel=True),
+        QuantSettings("static", per_channel=True, reduce_range=True),
+        QuantSettings("static", calibration="percentile"),
+        QuantSettings("static", per_channel=True, reduce_range=True, calibration="percentile"),
+        QuantSettings("static", nodes_to_exclude=("Conv_0",)),
+    ]
+    scales = []
+    for i, s in enumerate(settings):
+        out = tmp_path / f"q{i}.onnx"
+        report = quantize(models["cnn"], out, s, calibration, tmp_path / f"s{i}", lambda _d, _t, i=i: passes.append(i),
+                          cache)  # fmt: skip
+        assert report.preprocessed and report.calibration_samples == 64
+        scales.append(activation_scales(onnx.load(str(out))))
+    assert cache.computed == ["minmax", "percentile"]  # two methods, two calibrations, six models
+    assert cache.preprocessings == 1  # one graph, pre-processed once
+    assert sorted(set(passes)) == [0, 3]  # only the first candidate of each method read the samples
+    assert scales[0] == scales[1] == scales[2] and scales[3] == scales[4] and scales[0] != scales[3]
+    assert "x_scale" in scales[0] and "x_scale" not in scales[5]  # Conv_0 left in fp32: its input stays float
+    common = set(scales[0]) & set(scales[5])
+    assert common and all(scales[0][k] == scales[5][k] for k in common)  # the same ranges, fewer tensors
+
+
+def activation_scales(model: onnx.ModelProto) -> dict[str, float]:
+    """The scale of every activation a QuantizeLinear quantizes (weights are stored quantized: no QuantizeLinear)."""
+    values = {t.name: t for t in model.graph.initializer}
+    names = {n.input[1] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    return {name: float(onnx.numpy_helper.to_array(values[name])) for name in names}
 
 
 def test_static_int8_activations_on_the_transformer(models, tmp_path: Path) -> None:

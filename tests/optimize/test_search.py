@@ -20,13 +20,16 @@ from onnx import TensorProto, helper, numpy_helper
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.manifest import Manifest, TensorSpec
 from pipeline.core.errors import ArtifactError
-from pipeline.optimize.judge import Judge
+from pipeline.optimize.judge import Judge, Verdict
+from pipeline.optimize.plan import Family
 from pipeline.optimize.quantize import QuantSettings, quantize
-from pipeline.optimize.search import SearchResult, Trial, auto_search, default_candidates
+from pipeline.optimize.search import SearchResult, Trial, auto_search
 from pipeline.optimize.sensitivity import sensitivity
+from pipeline.optimize.speed import choose
 from pipeline.runtime.runners import ort_runner
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.policies import MetricDrop, MinCosine, Policy
+from pipeline.verify.report import GateReport
 
 FEATURES, HIDDEN, CLASSES = 16, 32, 4
 OUTLIER = 1e4  # the outlier channel's bias: ~10^4 times the other activations
@@ -80,6 +83,11 @@ def judge_for(tmp_path: Path, model: Path, policy: Policy) -> Judge:
     return Judge(Artifact(tmp_path / "artifact", manifest), model, evaluation, policy)
 
 
+def alone(*candidates: QuantSettings) -> list[Family]:
+    """Each candidate as a family of its own: every one is tried, whatever the others did."""
+    return [Family(c.describe(), (c,), "a test") for c in candidates]
+
+
 def search(tmp_path: Path, model: Path, candidates: list[QuantSettings], policy: Policy, **kw: object) -> SearchResult:
     judge = judge_for(tmp_path, model, policy)
     workdir = tmp_path / "search"
@@ -88,7 +96,7 @@ def search(tmp_path: Path, model: Path, candidates: list[QuantSettings], policy:
     result = auto_search(
         model,
         workdir,
-        candidates,
+        alone(*candidates),
         kw.pop("calibration", calibration),  # type: ignore[arg-type]
         lambda path: judge(path, None, workdir),
         calibration,
@@ -112,7 +120,7 @@ def test_plain_int8_misses_then_the_search_excludes_the_outlier_node_and_meets_t
     assert repaired.excluded == ("fc3",) and repaired.settings.nodes_to_exclude == ("fc3",)
     assert repaired.verdict.passed and repaired.verdict.figure <= 0.05, repaired.verdict.detail
     assert result.passed and result.chosen is repaired and result.chosen.path.exists()
-    assert repaired.latency is not None and result.reference_latency is not None
+    assert repaired.latency is not None and repaired.fp32_latency is not None and repaired.speedup
 
 
 def test_sensitivity_blames_the_node_reading_the_outlier_in_dynamic_and_static_int8(tmp_path: Path) -> None:
@@ -130,17 +138,45 @@ def test_sensitivity_blames_the_node_reading_the_outlier_in_dynamic_and_static_i
         assert runner_up.score < 0.05  # nothing else adds more than rounding noise
 
 
-def test_the_fastest_passing_candidate_is_kept_and_every_candidate_is_reported(tmp_path: Path) -> None:
+def test_the_kept_candidate_is_the_fastest_faster_one_else_the_smallest_and_every_one_is_reported(
+    tmp_path: Path,
+) -> None:
     model = mlp(tmp_path / "benign.onnx", 0.0)
     candidates = [QuantSettings("dynamic"), QuantSettings("dynamic", per_channel=True), QuantSettings("fp16")]
     result = search(tmp_path, model, candidates, MetricDrop(0.05))
 
     passing = [t for t in result.tried if t.verdict.passed]
     assert len(passing) >= 2 and result.passed and not result.exclusions
-    assert all(t.latency is not None for t in result.tried)  # all timed in one run, beside fp32
-    assert result.chosen is min(passing, key=Trial.speed_key)
-    assert result.chosen.latency is not None and result.reference_latency is not None
+    assert all(t.speedup and t.fp32_latency for t in passing)  # each timed beside fp32 in its group
+    faster = [t for t in passing if t.speed == "faster"]
+    if faster:  # which it is depends on this CPU; the rule must hold either way
+        assert result.chosen is max(faster, key=lambda t: t.speedup[1]) and result.speed == "faster"
+    else:
+        assert result.chosen.size == min(t.size for t in passing if t.speed != "slower" or t is result.chosen)
+        assert result.speed == "not faster" and "not faster" in result.why_not_faster and result.profile
     assert [t.settings for t in result.tried] == candidates
+
+
+def trial(tmp_path: Path, name: str, passed: bool, speedup: float, size: int) -> Trial:
+    verdict = Verdict(passed, 0.0, 0.01 if passed else -0.01, name, GateReport())
+    return Trial(name, QuantSettings("dynamic"), verdict, tmp_path / f"{name}.onnx", size, speedup={1: speedup})
+
+
+def test_a_candidate_slower_than_fp32_is_not_best_and_the_smallest_is_kept_when_none_is_faster(
+    tmp_path: Path,
+) -> None:
+    smallest_but_slower = trial(tmp_path, "slower", True, 0.5, 100)
+    quick = trial(tmp_path, "quick", True, 1.30, 300)
+    quicker_but_failed = trial(tmp_path, "failed", False, 3.0, 100)
+    fast = trial(tmp_path, "fast", True, 1.10, 200)
+    on_par = trial(tmp_path, "on-par", True, 1.02, 250)  # within the 5% band: not faster
+    assert choose([smallest_but_slower, fast, quick, quicker_but_failed, on_par]).trial is quick
+    assert choose([smallest_but_slower, fast, quicker_but_failed]).trial is fast
+    nothing_faster = choose([smallest_but_slower, on_par, quicker_but_failed])
+    assert nothing_faster.trial is on_par and nothing_faster.speed == "not faster"  # smallest that is not slower
+    only_slower = choose([smallest_but_slower, quicker_but_failed])
+    assert only_slower.trial is smallest_but_slower and only_slower.speed == "not faster"
+    assert choose([quicker_but_failed]).trial is None
 
 
 def test_a_candidate_that_cannot_be_made_is_a_failed_trial_not_a_silent_gap(tmp_path: Path) -> None:
@@ -150,6 +186,7 @@ def test_a_candidate_that_cannot_be_made_is_a_failed_trial_not_a_silent_gap(tmp_
 
     static, dynamic = result.tried
     assert not static.verdict.passed and "calibration" in static.verdict.detail and static.size == 0
+    assert not static.speedup and dynamic.speedup  # nothing to time for the one that made no file
     assert static.to_dict()["verdict"]["figure"] is None
     assert result.chosen is dynamic and result.passed
 
@@ -165,16 +202,6 @@ def test_a_budget_nothing_meets_leaves_the_closest_model_and_says_what_was_tried
     assert any("max_exclusions is 1" in note for note in result.notes)
     record = result.to_dict()
     assert record["passed"] is False and record["chosen"] == result.chosen.name and len(record["tried"]) == 2
-
-
-def test_default_candidates_try_static_only_with_calibration_data() -> None:
-    without, with_data = default_candidates("classification", False), default_candidates("classification", True)
-    assert {c.mode for c in without} == {"dynamic"}
-    assert without == with_data[: len(without)]
-    assert {(c.calibration, c.activation_type) for c in with_data if c.mode == "static"} == {
-        (m, a) for m in ("minmax", "entropy", "percentile") for a in ("uint8", "int8")
-    }
-    assert len({c.describe() for c in with_data}) == len(with_data)
 
 
 def test_no_candidate_at_all_is_refused(tmp_path: Path) -> None:

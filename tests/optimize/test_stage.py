@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,11 +12,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
-from transform_models import wide_channel_mlp
+from transform_models import mobile_classifier, wide_channel_mlp
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.variants import variant_file
 from pipeline.cli import main
+from pipeline.report.variants import variants_section
 from pipeline.serve.variant_choice import choose_quietly
 
 TINY_CNN = {
@@ -225,6 +227,8 @@ def test_calibration_progress_counts_samples_as_samples(tmp_path: Path) -> None:
         ("--calibration-samples", "0", "calibration_samples"),
         ("--max-exclusions", "-1", "max_exclusions"),
         ("--threads", "0", "threads"),
+        ("--search-seconds", "0", "search_seconds"),
+        ("--search-seconds", "nan", "search_seconds"),
     ],
 )
 def test_every_optimize_option_reaches_the_settings_and_is_checked(
@@ -232,3 +236,44 @@ def test_every_optimize_option_reaches_the_settings_and_is_checked(
 ) -> None:
     result = CliRunner().invoke(main, ["optimize", str(imported_sensitive(tmp_path)), flag, value])
     assert result.exit_code == 2 and key in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_auto_on_a_conv_net_reports_its_choice_its_cut_its_time_and_memory_and_the_card_says_not_faster(
+    tmp_path: Path,
+) -> None:
+    """A MobileNet-like net imported with labelled pictures, a search budget that cuts after one candidate."""
+    model, data = mobile_classifier(tmp_path)
+    repo = tmp_path / "artifacts"
+    imported = CliRunner().invoke(main, ["import", str(model), "--name", "mobile", "--eval-data", str(data),
+                                         "--repository", str(repo)])  # fmt: skip
+    assert imported.exit_code == 0, imported.output
+    root = repo / "mobile" / "1"
+    args = ["optimize", str(root), "--quantize", "auto", "--graph", "none", "--search-seconds", "0.001",
+            "--max-accuracy-drop", "0.05"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"\[optimize\] done in [0-9.]+ s, peak memory [0-9.]+ GiB", result.output), result.output
+
+    report = json.loads((root / "reports" / "optimize.json").read_text())
+    assert report["settings"]["search_seconds"] == 0.001  # the option reached the settings
+    resources = report["resources"]
+    assert 0 < resources["wall_seconds"] < 600 and resources["peak_rss_bytes"] > 50 * 2**20
+    int8 = report["variants"][0]
+    plan, search = int8["details"]["plan"], int8["details"]["search"]
+    assert [f["name"] for f in plan["families"]] == ["static int8, uint8 activations", "static int8, int8 activations"]
+    assert {t["settings"]["mode"] for t in search["tried"]} == {"static"}  # a conv net: no dynamic candidate
+    assert search["cut"] and len(search["tried"]) == 1 and search["untried"]
+    markdown = (root / "reports" / "optimize.md").read_text()
+    assert "this run:" in markdown and "peak memory" in markdown and "was cut" in markdown
+    assert "Chosen by what the graph holds" in markdown and "no dynamic int8" in markdown
+
+    # On 32x32 maps int8 is slower than fp32 (tests/optimize/test_plan.py): the variant is kept, and says so
+    variant = Artifact.load(root).manifest.variants["int8"]
+    assert variant.passed and variant.note and "faster on this CPU" in variant.note
+    assert "QuantizeLinear/DequantizeLinear" in variant.note and search["speed"] == "not faster"
+    assert int8["note"] == variant.note and variant.note.split(":")[0] in markdown
+    card = "\n".join(variants_section(Artifact.load(root)))
+    assert "Notes:" in card and "`int8`: " in card and "faster on this CPU" in card
+    batches = report["batches"]
+    assert batches == [1, 32]  # 32 pictures of 32x32 are cheap to time

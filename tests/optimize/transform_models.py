@@ -91,6 +91,60 @@ def cnn(tmp_path: Path) -> Path:
     return _save(tmp_path / "cnn.onnx", text, weights)
 
 
+def mobile_cnn(path: Path, head: tuple[np.ndarray, np.ndarray] | None = None) -> Path:
+    """x [N, 3, 32, 32] -> a MobileNet-like stack -> y [N, classes]: a stem conv, two depthwise-separable
+    blocks with hard-swish, a global mean and a Gemm `head` (weights [classes, 64], bias; None: the 64
+    features themselves). 93% of the weights are in Conv; nodes unnamed."""
+    wf, bf = head if head is not None else (np.eye(64, dtype=np.float32), np.zeros(64, np.float32))
+    text = f"""
+    g (float[N, 3, 32, 32] x) => (float[N, {len(wf)}] y) {{
+        c0 = Conv <pads = [1, 1, 1, 1], strides = [2, 2]> (x, k0, b0)
+        h0 = HardSwish(c0)
+        d1 = Conv <pads = [1, 1, 1, 1], group = 16> (h0, dk1, db1)
+        e1 = HardSwish(d1)
+        p1 = Conv (e1, pk1, pb1)
+        h1 = HardSwish(p1)
+        d2 = Conv <pads = [1, 1, 1, 1], strides = [2, 2], group = 32> (h1, dk2, db2)
+        e2 = HardSwish(d2)
+        p2 = Conv (e2, pk2, pb2)
+        h2 = HardSwish(p2)
+        m = ReduceMean <keepdims = 0> (h2, axes)
+        y = Gemm <transB = 1> (m, wf, bf)
+    }}"""
+    weights = {
+        "k0": _weights((16, 3, 3, 3), 27, 11), "b0": np.zeros(16, np.float32),
+        "dk1": _weights((16, 1, 3, 3), 9, 12), "db1": np.full(16, 0.1, np.float32),
+        "pk1": _weights((32, 16, 1, 1), 16, 13), "pb1": np.zeros(32, np.float32),
+        "dk2": _weights((32, 1, 3, 3), 9, 14), "db2": np.full(32, 0.1, np.float32),
+        "pk2": _weights((64, 32, 1, 1), 32, 15), "pb2": np.zeros(64, np.float32),
+        "axes": np.array([2, 3], np.int64), "wf": wf.astype(np.float32), "bf": bf.astype(np.float32),
+    }  # fmt: skip
+    return _save(path, text, weights)
+
+
+def mobile_data(count: int, classes: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Pictures for `mobile_cnn` and their classes: a smooth pattern per class plus noise."""
+    patterns = rng(99).standard_normal((classes, 3, 4, 4)).astype(np.float32).repeat(8, axis=2).repeat(8, axis=3)
+    r = rng(seed)
+    label = r.integers(0, classes, count)
+    noise = r.standard_normal((count, 3, 32, 32)).astype(np.float32)
+    return (patterns[label] + 0.5 * noise).astype(np.float32), label
+
+
+def mobile_classifier(directory: Path, classes: int = 4, samples: int = 128) -> tuple[Path, Path]:
+    """`mobile_cnn` with its head fitted (ridge regression on the features to one-hot classes) and an
+    NPZ of `samples` labelled pictures it was not fitted on: (model, eval data)."""
+    features = directory / "mobile_features.onnx"
+    x, label = mobile_data(512, classes, seed=1)
+    m = ort.InferenceSession(str(mobile_cnn(features)), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    m = np.concatenate([m, np.ones((len(m), 1), np.float32)], axis=1)
+    w = np.linalg.solve(m.T @ m + 1e-3 * np.eye(m.shape[1]), m.T @ np.eye(classes)[label])
+    path = mobile_cnn(directory / "mobile.onnx", (w[:-1].T.astype(np.float32), w[-1].astype(np.float32)))
+    x, label = mobile_data(samples, classes, seed=2)
+    np.savez(directory / "mobile.npz", x=x, target=label)
+    return path, directory / "mobile.npz"
+
+
 _exported: dict[str, Path] = {}
 
 

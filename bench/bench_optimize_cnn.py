@@ -153,6 +153,24 @@ def build(directory: Path, samples: int, out: Any) -> tuple[Path, Path, float]:
     return model, data, accuracy
 
 
+PIXEL_STD = 48.0  # a sample x is written as the pixel 128 + 48 x (clipped to 0..255): 2.6 standard deviations fit
+
+
+def picture_folder(data: Path, directory: Path) -> tuple[Path, list[str]]:
+    """The eval samples as PNG pictures in one folder per class (ImageFolder layout), and the
+    `pipe import` options that read them back: labels by folder name and the pixel -> sample record."""
+    from PIL import Image
+
+    arrays = np.load(data)
+    folder, labels = directory / "pictures", [f"class{k}" for k in range(CLASSES)]
+    for i, (x, y) in enumerate(zip(arrays["image"], arrays["target"], strict=True)):
+        pixels = np.clip(np.rint(128 + PIXEL_STD * x.transpose(1, 2, 0)), 0, 255).astype(np.uint8)
+        (folder / labels[y]).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels, "RGB").save(folder / labels[y] / f"{i:04d}.png")
+    record = {"mode": "RGB", "size": [SIZE, SIZE], "scale": 1.0, "mean": [128.0] * 3, "std": [PIXEL_STD] * 3}
+    return folder, ["--labels", ",".join(labels), "--image-preprocessing", json.dumps(record)]
+
+
 def run_pipe(tree: Path, args: list[str]) -> tuple[str, float, int]:
     """`pipe ARGS` with the code of `tree`, as a child process: (output, wall seconds, its peak RSS in bytes)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "CI": "true"}
@@ -229,8 +247,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=256, help="pictures to fit on, and as many to import")
     parser.add_argument("--before", type=Path, default=None, help="another checkout of pipe to compare with")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "optimize_cnn.json")
+    parser.add_argument("--pictures", action="store_true", help="import a folder of PNG pictures, not the NPZ")
+    parser.add_argument("--out", type=Path, default=None, help="[bench/results/optimize_cnn(_pictures).json]")
     args = parser.parse_args()
+    if args.pictures and args.before is not None:
+        parser.error("--pictures and --before do not go together: the code before issue 17 imports no picture folder")
+    name = "optimize_cnn_pictures.json" if args.pictures else "optimize_cnn.json"
+    args.out = args.out or ROOT / "bench" / "results" / name
     lines: list[str] = []
 
     def out(line: str = "") -> None:
@@ -242,9 +265,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-optimize-cnn-") as tmp:
         directory = Path(tmp)
         model, data, accuracy = build(directory, args.samples, out)
-        repo = directory / "artifacts"
-        run_pipe(ROOT, ["import", str(model), "--name", "mobilenet", "--eval-data", str(data), "--repository",
-                        str(repo)])  # fmt: skip
+        repo, extra = directory / "artifacts", []
+        if args.pictures:
+            data, extra = picture_folder(data, directory)
+            out(f"eval data: {args.samples} PNG pictures in {CLASSES} class folders, imported with --eval-data DIR")
+        output, _, _ = run_pipe(ROOT, ["import", str(model), "--name", "mobilenet", "--eval-data", str(data),
+                                       "--repository", str(repo), *extra])  # fmt: skip
+        out(f"  import: {output.strip().splitlines()[0] if output.strip() else ''}")
         root = repo / "mobilenet" / "1"
         rows = []
         if args.before is not None:  # imported by that checkout too: its manifest is the one it reads

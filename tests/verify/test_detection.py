@@ -19,7 +19,7 @@ from pipeline.runtime.runners import ort_runner
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import BoxAgreement
-from tests.export.real_models import yolo_detector
+from tests.export.real_models import plain_decode, yolo_detector
 
 SPEC = ModelSpec(
     [TensorSpec("images", "float32", ["batch", 3, "height", "width"], "NCHW")],
@@ -48,30 +48,6 @@ def given(pictures: dict[str, np.ndarray]) -> EvaluationSet:
     return EvaluationSet.of(pictures, (pictures, None), source="noise pictures")
 
 
-def _iou(a: tuple[float, ...], b: tuple[float, ...]) -> float:
-    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - w * h
-    return w * h / union if union > 0 else 0.0
-
-
-def reference_decode(head: np.ndarray, confidence: float, iou: float, max_detections: int) -> list[tuple]:
-    """One picture's [4 + k, anchors] the plain way: each anchor's best class, a threshold, greedy NMS per class."""
-    candidates = []
-    for anchor in range(head.shape[1]):
-        scores = head[4:, anchor]
-        cls = int(np.argmax(scores))
-        if scores[cls] > confidence:
-            cx, cy, w, h = (float(v) for v in head[:4, anchor])
-            candidates.append((float(scores[cls]), cls, (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2)))
-    candidates.sort(key=lambda c: -c[0])
-    kept: list[tuple] = []
-    for score, cls, box in candidates:
-        if all(k[1] != cls or _iou(k[2], box) <= iou for k in kept):
-            kept.append((score, cls, box))
-    return kept[:max_detections]
-
-
 @pytest.mark.parametrize(("confidence", "iou", "max_detections"), [(0.25, 0.7, 300), (0.25, 0.2, 300), (0.3, 0.3, 5)])
 def test_decode_equals_a_plain_reference_decoding(
     models: dict[str, Path], pictures: dict[str, np.ndarray], confidence: float, iou: float, max_detections: int
@@ -81,11 +57,11 @@ def test_decode_equals_a_plain_reference_decoding(
     decoded = decode(output, confidence, iou, max_detections)
     suppressed = 0
     for boxes, head in zip(decoded, output, strict=True):
-        want = reference_decode(head, confidence, iou, max_detections)
+        want = plain_decode(head, confidence, iou, max_detections)  # [(class, score, box)], best first
         suppressed += int((head[4:].max(axis=0) > confidence).sum()) - len(want)
         assert len(boxes) == len(want) > 0
-        assert list(boxes.classes) == [c for _, c, _ in want]
-        np.testing.assert_allclose(boxes.scores, [s for s, _, _ in want], rtol=1e-6)
+        assert list(boxes.classes) == [c for c, _, _ in want]
+        np.testing.assert_allclose(boxes.scores, [s for _, s, _ in want], rtol=1e-6)
         ious = iou_matrix(boxes.xyxy, np.array([b for _, _, b in want])).diagonal()
         assert ious.min() >= 0.99, ious.min()
         assert np.all(np.diff(boxes.scores) <= 0)  # best first

@@ -187,7 +187,7 @@ class ServeApp:
                     raise not_a_detector(model.name, model.task)
                 settings = model.detector.settings_for(decoded.detections)
             decoded.inputs, decoded.placements = await model.images.converted(
-                decoded.inputs, model.session.input_by_name
+                decoded.inputs, model.session.input_by_name, model.batcher.check_rows
             )
             wanted = _output_names(model, decoded.outputs, detections=settings is not None)
             rows = model.session.check_inputs(decoded.inputs)

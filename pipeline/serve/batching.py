@@ -94,15 +94,19 @@ class Batcher:
         self._last_requests = 0  # requests in the previous batch: more than one means concurrent clients
         self._loop_task = asyncio.get_running_loop().create_task(self._loop())
 
-    async def infer(self, feeds: Feeds, rows: int) -> Feeds:
-        """Queue one request (already checked against the model) and wait for its outputs."""
-        if self._closing:
-            raise Unavailable("this model version is being unloaded; retry to reach the one that replaces it")
+    def check_rows(self, rows: int) -> None:
+        """Refuse a request of more rows than one batch takes (also asked before pictures are decoded)."""
         if self._batchable and rows > self.settings.max_batch_size:
             raise RequestError(
                 f"the request holds {rows} rows, more than this model's max batch size "
                 f"{self.settings.max_batch_size}; split it into smaller requests"
             )
+
+    async def infer(self, feeds: Feeds, rows: int) -> Feeds:
+        """Queue one request (already checked against the model) and wait for its outputs."""
+        if self._closing:
+            raise Unavailable("this model version is being unloaded; retry to reach the one that replaces it")
+        self.check_rows(rows)
         if len(self._items) >= self.settings.max_queue:
             raise Unavailable(f"the queue for this model is full ({self.settings.max_queue} requests); retry shortly")
         pending = _Pending(feeds, rows, _batch_key(feeds), asyncio.get_running_loop().create_future())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,10 +25,12 @@ import numpy as np
 from pipeline.artifact.manifest import Manifest
 from pipeline.core.errors import InputError
 from pipeline.runtime.images import ImageInput, Placement, image_input
-from pipeline.serve.errors import RequestError
+from pipeline.serve.errors import RequestError, Unavailable
 from pipeline.serve.protocols.datatypes import IOSpec
 
 # The first bytes of every format pipeline.runtime.images decodes (WebP: RIFF, then WEBP at byte 8).
+DECODE_SLOTS = 2  # pictures of one served version decoding at once (a worker thread each)
+DECODE_WAIT_S = 1.0  # how long a request waits for a free decoding slot before 503 + Retry-After
 SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM", b"RIFF")
 
 
@@ -42,6 +45,8 @@ class ServedImages:
     inputs: dict[str, ImageInput] = field(default_factory=dict)  # input name -> its conversion
     refused: dict[str, str] = field(default_factory=dict)  # input name -> why pictures cannot feed it
     recorded: dict[str, dict[str, Any]] = field(default_factory=dict)  # input name -> its preprocessing
+    # pictures decoding at once; asyncio binds a semaphore to its loop on first use, not here
+    slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(DECODE_SLOTS), repr=False, compare=False)
 
     @classmethod
     def of(cls, manifest: Manifest) -> ServedImages:
@@ -57,12 +62,33 @@ class ServedImages:
             recorded[spec.name] = {**recorded.get(spec.name, {}), "image": inputs[spec.name].describe()}
         return cls(inputs, refused, recorded)
 
-    async def converted(self, feeds: dict[str, np.ndarray], specs: dict[str, IOSpec]) -> Converted:
-        """`feeds` with every input sent as encoded pictures converted (in a worker thread: decoding a
-        photo takes milliseconds the event loop should spend elsewhere); unchanged when there is none."""
-        if not any(_is_encoded(array, specs.get(name)) for name, array in feeds.items()):
+    async def converted(
+        self, feeds: dict[str, np.ndarray], specs: dict[str, IOSpec], check_rows: Callable[[int], None]
+    ) -> Converted:
+        """`feeds` with every input sent as encoded pictures converted; unchanged when there is none.
+
+        The row count is checked first (`check_rows`: more pictures than a batch takes is a 400 before
+        any is decoded), then the pictures decode in a worker thread (a photo takes milliseconds the
+        event loop should spend elsewhere) holding one of this version's decoding slots: while they
+        are all busy a request waits at most DECODE_WAIT_S, then gets 503 + Retry-After, so large
+        pictures in flight cannot hold a small request for a minute.
+        """
+        encoded = [array for name, array in feeds.items() if _is_encoded(array, specs.get(name))]
+        if not encoded:
             return feeds, {}
-        return await asyncio.to_thread(self.decode, feeds, specs)
+        for array in encoded:
+            if array.ndim == 1:  # any other shape is refused by `decode`, naming it
+                check_rows(len(array))
+        try:
+            await asyncio.wait_for(self.slots.acquire(), DECODE_WAIT_S)
+        except TimeoutError:
+            raise Unavailable(
+                f"pictures for this model are being decoded at capacity ({DECODE_SLOTS} at a time); retry shortly"
+            ) from None
+        try:
+            return await asyncio.to_thread(self.decode, feeds, specs)
+        finally:
+            self.slots.release()
 
     def decode(self, feeds: dict[str, np.ndarray], specs: dict[str, IOSpec]) -> Converted:
         """Each input sent as encoded pictures -> the input's tensor, [n, C, H, W] or [n, H, W, C], and

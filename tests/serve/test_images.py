@@ -11,7 +11,9 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -310,3 +312,43 @@ def test_pipe_import_refuses_an_image_preprocessing_it_could_not_apply(
     assert result.exit_code == 2, result.output
     assert message in result.output and "\n" == result.output[-1] and result.output.count("\n") == 1
     assert not list((tmp_path / "artifacts").glob("rgb/*/manifest.json"))  # nothing half-made
+
+
+def test_too_many_pictures_are_refused_before_any_is_decoded(server: Server) -> None:
+    garbage = {"name": "input", "datatype": "BYTES", "shape": [65], "data": [b64(b"not a picture")] * 65}
+    response = v2_infer(server, "digits", garbage)
+    assert response.status_code == 400, response.text
+    assert "holds 65 rows, more than this model's max batch size 64" in response.json()["error"]
+
+
+def test_a_small_picture_is_answered_or_refused_within_2_s_while_large_ones_are_sent(server: Server) -> None:
+    """Six requests of 65 four-megapixel PNGs each (over the 64 rows a batch takes) and eight of one
+    49-megapixel picture, all in flight: a one-picture request is answered, or told to retry, within 2 s.
+    The 65-picture ones are refused before any picture is decoded; the 49-megapixel ones take turns on
+    the version's decoding slots, and a request that finds them busy gets 503 + Retry-After."""
+
+    def gradient(side: int) -> str:
+        ramp = np.linspace(0, 255, side, dtype=np.float32)
+        out = io.BytesIO()
+        Image.fromarray((np.add.outer(ramp, ramp) / 2).astype(np.uint8), "L").save(out, format="PNG")  # no JPEG draft
+        return b64(out.getvalue())
+
+    medium, huge = gradient(2000), gradient(7000)
+    rows = {"name": "input", "datatype": "BYTES", "shape": [65], "data": [medium] * 65}
+    large = {"name": "input", "datatype": "BYTES", "shape": [1], "data": [huge]}
+    small = {"name": "input", "datatype": "BYTES", "shape": [1], "data": [b64(digit_png(0, 8))]}
+    with ThreadPoolExecutor(14) as pool:
+        too_many = [pool.submit(v2_infer, server, "digits", rows) for _ in range(6)]
+        heavy = [pool.submit(v2_infer, server, "digits", large) for _ in range(8)]
+        time.sleep(0.5)  # all of them are in flight
+        started = time.perf_counter()
+        answer = v2_infer(server, "digits", small)
+        took = time.perf_counter() - started
+        refused = [f.result() for f in too_many]
+        statuses = sorted(f.result().status_code for f in heavy)
+    assert took < 2.0, (took, answer.status_code)
+    assert answer.status_code in (200, 503), answer.text
+    if answer.status_code == 503:
+        assert answer.headers["retry-after"] and "decoded at capacity" in answer.json()["error"]
+    assert all(r.status_code == 400 and "more than this model's max batch size" in r.text for r in refused)
+    assert set(statuses) <= {200, 503} and 200 in statuses, statuses  # some ran, the rest were told to retry

@@ -17,12 +17,11 @@ from __future__ import annotations
 import contextlib
 import shutil
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError
 
 from pipeline.artifact.directory import Artifact, allocate_version
 from pipeline.artifact.golden import Golden, save_golden
@@ -34,7 +33,6 @@ from pipeline.artifact.manifest import (
     TensorSpec,
     check_name,
     label_problem,
-    tensor_name_problem,
 )
 from pipeline.artifact.records import ImportRecord, Reading
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
@@ -44,6 +42,7 @@ from pipeline.core.fsutil import sha256_file
 from pipeline.data.picture_folder import DEFAULT_LIMIT
 from pipeline.export.conventions import Found, read_conventions
 from pipeline.export.evaldata import EvalData, read_eval_data
+from pipeline.export.graph import check_specs, external_files, graph_specs, load_graph
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
 from pipeline.export.readings import Readings, decide
@@ -54,7 +53,6 @@ from pipeline.export.shapes import (
     apply_input_shapes,
     choose_sizes,
     generated_inputs,
-    graph_dims,
     write_dims,
 )
 from pipeline.runtime.runners import Runner, ort_runner, run_chunked
@@ -70,100 +68,6 @@ VARY_ADVICE = (
     "onnxruntime refused an input size above: a dim the graph declares free that the model cannot vary "
     "is fixed with --input-shape NAME:d0,d1,... (an int per fixed dim, ? for one left free)"
 )
-
-
-def load_graph(path: Path) -> onnx.ModelProto:
-    """Parse an ONNX file without its weights, refusing anything that is not one."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"ONNX model {path} not found; pass the path of a .onnx file")
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except (DecodeError, ValueError, OSError) as exc:
-        raise InputError(f"{path} is not an ONNX model ({exc}); pass a file written by an ONNX exporter") from exc
-    if not model.HasField("graph"):  # an empty file, or another message (a TensorProto) parses as an empty model
-        what = "is empty" if path.stat().st_size == 0 else "holds no graph (another protobuf message, not a model)"
-        raise InputError(f"{path} {what}: it is not an ONNX model; pass a .onnx file written by an ONNX exporter")
-    return model
-
-
-def external_files(model: onnx.ModelProto, model_dir: Path) -> list[str]:
-    """Relative locations of the external data files, refusing any outside the model's directory."""
-    locations = set()
-    for tensor in _all_tensors(model.graph):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            entry = {e.key: e.value for e in tensor.external_data}
-            locations.add(entry.get("location", ""))
-    real_dir = model_dir.resolve()
-    for location in sorted(locations):
-        rel = PurePosixPath(location)
-        full = (model_dir / location).resolve()
-        if not location or rel.is_absolute() or ".." in rel.parts or real_dir not in full.parents:
-            raise InputError(
-                f"external data location {location!r} escapes the model's directory {model_dir}; "
-                "refusing to read it. Keep the weights file beside the model and re-save it with a relative location"
-            )
-        if not full.is_file():
-            raise InputError(f"external data file {location!r} is missing from {model_dir}; copy it beside the model")
-    return sorted(locations)
-
-
-def _all_tensors(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
-    tensors = list(graph.initializer)
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                tensors.append(attr.t)
-            if attr.type == onnx.AttributeProto.GRAPH:
-                tensors += _all_tensors(attr.g)
-            for sub in attr.graphs:
-                tensors += _all_tensors(sub)
-    return tensors
-
-
-def graph_specs(model: onnx.ModelProto) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """Inputs (minus initializers, which old IR versions also list as inputs) and outputs as specs."""
-    weights = {t.name for t in model.graph.initializer}
-    inputs = [_spec(v) for v in model.graph.input if v.name not in weights]
-    outputs = [_spec(v) for v in model.graph.output]
-    return inputs, outputs
-
-
-def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
-    if problem := tensor_name_problem(value.name):  # the name goes into shell lines, config.pbtxt and reports
-        raise InputError(f"{problem}; rename it in the graph (onnx.utils or onnx-graphsurgeon) and import again")
-    tensor = value.type.tensor_type
-    if not value.type.HasField("tensor_type") or not tensor.HasField("shape"):
-        raise InputError(f"graph value {value.name!r} is not a tensor of known rank; pipe imports tensor models only")
-    try:
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
-    except KeyError:  # 0 (UNDEFINED) or a type this onnx release does not know
-        raise InputError(
-            f"graph value {value.name!r} has element type {tensor.elem_type}, which has no numpy dtype; "
-            "re-export the model with a declared element type on every input and output"
-        ) from None
-    if dtype == "object":  # STRING: no numpy dtype golden.npz can hold without pickling, nor one pipe serves
-        raise InputError(
-            f"graph value {value.name!r} holds strings; pipe imports numeric and boolean tensors only. "
-            "Re-export the model with the string handling (tokenizer, lookup) outside the graph"
-        )
-    shape = graph_dims(value)  # free dims (-1, ?, unnamed) each get a name of their own (shapes.py)
-    layout = {2: "NT" if dtype.startswith("int") else "NC", 4: "NCHW"}.get(len(shape), "NC")
-    return TensorSpec(value.name, dtype, shape, layout)
-
-
-def _check_specs(source: Path, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
-    """Refuse what no artifact can hold: no inputs or outputs, or an input without a sample axis."""
-    if not inputs or not outputs:
-        raise InputError(
-            f"{source} has {len(inputs)} graph inputs (initializers aside) and {len(outputs)} outputs; "
-            "pipe imports models with at least one of each"
-        )
-    if scalars := [spec.name for spec in inputs if not spec.shape]:
-        raise InputError(
-            f"{source}: inputs {scalars} are scalars (rank 0); every input needs a leading sample axis. "
-            "Re-export the model with inputs shaped [batch, ...]"
-        )
 
 
 def import_onnx(
@@ -203,7 +107,7 @@ def import_onnx(
         )
     extra = external_files(model, source.parent)
     inputs, outputs = graph_specs(model)
-    _check_specs(source, inputs, outputs)
+    check_specs(source, inputs, outputs)
     if input_shapes:
         apply_input_shapes(input_shapes, inputs, outputs)
     found = read_conventions(model)

@@ -25,7 +25,7 @@ from pipeline.artifact.manifest import TensorSpec
 from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.errors import ArtifactError, InputError
 from pipeline.core.fsutil import atomic_write_bytes
-from pipeline.export.importer import external_files, load_graph
+from pipeline.export.graph import external_files, load_graph
 from pipeline.export.metadata import identity
 
 DEFAULT_MAX_BATCH = 64

@@ -78,7 +78,5 @@ class Whole(click.ParamType):
 
 MAX_THREADS = 256  # more threads than any machine pipe runs on has cores; 100,000 crashed libgomp
 THREADS = Whole(1, MAX_THREADS)  # threads a runtime gets
-THREADS_OR_AUTO = Whole(0, MAX_THREADS)  # 0: onnxruntime decides
-SECONDS = Number(0, 3600, low_open=True)  # a duration that must pass: timed runs, timeouts
 TOLERANCE = Number(0)  # a parity tolerance
 FRACTION = Number(0, 1)  # a score or an overlap: detection's confidence and NMS IoU

@@ -352,3 +352,38 @@ def test_a_small_picture_is_answered_or_refused_within_2_s_while_large_ones_are_
         assert answer.headers["retry-after"] and "decoded at capacity" in answer.json()["error"]
     assert all(r.status_code == 400 and "more than this model's max batch size" in r.text for r in refused)
     assert set(statuses) <= {200, 503} and 200 in statuses, statuses  # some ran, the rest were told to retry
+
+
+def test_a_request_that_finds_every_decoding_slot_busy_gets_503_after_the_short_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process, with the slots held: the deterministic half of the load test above."""
+    import asyncio
+
+    from pipeline.artifact.directory import Artifact
+    from pipeline.serve import images
+    from pipeline.serve.errors import Unavailable
+    from pipeline.serve.protocols.datatypes import IOSpec
+
+    repo = tmp_path / "artifacts"
+    record(repo, "digits", digits_classifier(), "NCHW", {"image": DIGITS_RECORD})
+    served = images.ServedImages.of(Artifact.load(repo / "digits" / "1").manifest)
+    specs = {"input": IOSpec("input", "FP32", (-1, 1, 8, 8))}
+    feeds = {"input": np.array([digit_png(0, 8)], dtype=object)}
+    monkeypatch.setattr(images, "DECODE_WAIT_S", 0.05)
+
+    async def scenario() -> tuple[str, tuple[int, ...]]:
+        for _ in range(images.DECODE_SLOTS):  # every slot taken, as by large pictures decoding
+            await served.slots.acquire()
+        try:
+            await served.converted(feeds, specs, lambda rows: None)
+        except Unavailable as exc:
+            refused = f"{exc.status} {exc.headers.get('retry-after')} {exc}"
+        for _ in range(images.DECODE_SLOTS):
+            served.slots.release()
+        converted, _ = await served.converted(feeds, specs, lambda rows: None)  # a free slot: decoded
+        return refused, converted["input"].shape
+
+    refused, shape = asyncio.run(scenario())
+    assert refused.startswith("503 1 ") and "decoded at capacity" in refused, refused
+    assert shape == (1, 1, 8, 8)

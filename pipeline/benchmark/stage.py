@@ -50,15 +50,9 @@ def benchmark_artifact(
     gets (onnxruntime intra-op, torch, LiteRT). InputError (exit 2) for bad settings or an artifact
     without model.onnx.
     """
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    seconds, threads = given.get("seconds", 1.0), given.get("threads", 1)
-    if not threads >= 1:
-        raise InputError(f"--threads is {threads}; give 1 or more (every runtime gets the same count)")
-    if not seconds > 0:
-        raise InputError(f"--seconds is {seconds}; give a positive duration of timed runs per row and batch")
     artifact = Artifact.load(resolve_artifact(path), replacing=[REPORT, PLOT])
     recipe = current_recipe(artifact, recipe_path)[0] if artifact.manifest.stages.train else None
-    wanted = section_settings(recipe, "benchmark", given)
+    wanted = section_settings(recipe, "benchmark", dict(overrides or {}))  # each bad value named by its flag
     seconds, threads = wanted.seconds, wanted.threads
     rows, notes = plan_rows(artifact)
     inputs = load_golden(artifact).inputs

@@ -59,6 +59,13 @@ def _version_linked_out(root: Path) -> Path:
     return root
 
 
+def _parity_rows(root: Path, rows: object) -> Path:
+    """An export record whose parity rows were edited: readers index them, so they are checked on load."""
+    export = {"exporter": "dynamo", "opset": 18, "requested_opset": 18, "external_data": False,
+              "parity": {"passed": True, "rows": rows}}  # fmt: skip
+    return _edit(root, stages={"export": export})
+
+
 def _superscript_version(root: Path) -> Path:
     odd = root.parent / "²"
     root.rename(odd)
@@ -78,6 +85,8 @@ CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
         lambda r: _raw(r, '"metrics": {', '"labels": ' + "[" * 10_000 + "]" * 10_000 + ', "metrics": {'),
         "nested too deeply",
     ),
+    "parity rows 'none'": (lambda r: _parity_rows(r, "none"), "stages.export.parity: rows must be a list of objects"),
+    "parity rows of numbers": (lambda r: _parity_rows(r, [1, 2]), "stages.export.parity: rows must be a list of"),
     "manifest.json symlinked outside": (_manifest_linked_out, "manifest.json is a symlink to"),
     "version directory symlinked outside": (_version_linked_out, "version directory"),
     "version directory named '²'": (_superscript_version, "'²' is not a version"),

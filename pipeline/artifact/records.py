@@ -27,6 +27,20 @@ def settings_digest(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def parity_problem(parity: dict[str, Any]) -> str | None:
+    """What is wrong with a parity record (`ParityReport.to_dict`) edited by hand; None when nothing is.
+
+    Readers index `rows` and read `passed`: a string for the rows, or a number for the verdict, would
+    pass the type check of a free-form object and break a reader later, so they are checked here.
+    """
+    rows = parity.get("rows", [])
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        return f"rows must be a list of objects (one per check the gate ran), got {str(rows)[:40]!r}"
+    if "passed" in parity and not isinstance(parity["passed"], bool):
+        return f"passed must be true or false, got {str(parity['passed'])[:40]!r}"
+    return None
+
+
 @dataclass(kw_only=True)
 class StageRecord:
     """What every stage records."""
@@ -91,7 +105,7 @@ class ExportRecord(StageRecord):
     requested_opset: int
     external_data: bool
     fallback_reason: str | None = None  # why dynamo was not used
-    parity: dict[str, Any] = field(default_factory=dict)  # the gate's rows and metric
+    parity: dict[str, Any] = field(default_factory=dict, metadata={"check": parity_problem})  # rows and metric
     metric: dict[str, Any] = field(default_factory=dict)  # {"name", "reference", "onnx", "difference", "samples"}
 
 
@@ -127,7 +141,7 @@ class ImportRecord(StageRecord):
     golden: Literal["eval-data", "generated"]
     eval_data: str | None = None
     pictures: PictureFolder | None = field(default=None, metadata={"omit_none": True})  # --eval-data DIR
-    parity: dict[str, Any] = field(default_factory=dict)
+    parity: dict[str, Any] = field(default_factory=dict, metadata={"check": parity_problem})
     # What the exporter recorded (pipeline/export/conventions.py): the model's metadata_props as found
     # (keys and values verbatim, each value cut at 2,000 characters, at most 64 keys), the convention
     # recognised in them (Ultralytics, Paddle, Hugging Face), what pipe set from them or from flags

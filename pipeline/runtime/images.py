@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,12 +259,19 @@ def _decode(data: bytes | Path, source: str, image: ImageInput) -> tuple[Any, _G
                 )
             return picture.convert(image.mode), geometry  # decodes the pixels
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        # Pillow's message names the size: "Image size (N pixels) exceeds limit of M pixels"
+        # Pillow's message: "Image size (N pixels) exceeds limit of M pixels, ..." with its own M
+        pixels = re.search(r"\((\d+) pixels\)", str(exc))
+        size = f"{pixels.group(1)} pixels" if pixels else "larger than that"
         raise InputError(
-            f"{source} is too large to decode safely ({str(exc).split(', could')[0]}); "
-            f"give a smaller picture ({target})"
+            f"{source} is {size}, over the {limit}-pixel limit; give a smaller picture ({target})"
         ) from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as exc:
+    except UnidentifiedImageError:
+        # Pillow names the file object it was given ("<_io.BytesIO object at 0x...>"): no use to anyone
+        raise InputError(
+            f"{source} is not a readable picture (no {', '.join(FORMATS)} content was recognised); "
+            f"send a {', '.join(FORMATS)} file"
+        ) from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
         # A truncated or corrupt file fails while decoding: OSError ("image file is truncated"),
         # SyntaxError ("broken PNG file"), ValueError or EOFError, depending on the format.
         raise InputError(

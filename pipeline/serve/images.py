@@ -14,7 +14,6 @@ A version whose image record cannot be applied is refused when it loads (the man
 from __future__ import annotations
 
 import asyncio
-import base64
 import binascii
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from pipeline.core.errors import InputError
 from pipeline.runtime.images import ImageInput, Placement, image_input
 from pipeline.serve.errors import RequestError, Unavailable
 from pipeline.serve.protocols.datatypes import IOSpec
+from pipeline.serve.protocols.jsonvalues import decode_base64
 
 # The first bytes of every format pipeline.runtime.images decodes (WebP: RIFF, then WEBP at byte 8).
 DECODE_SLOTS = 2  # pictures of one served version decoding at once (a worker thread each)
@@ -137,6 +137,6 @@ def _picture(item: Any, name: str, index: int) -> bytes:
     if raw.startswith(SIGNATURES) and (raw[:4] != b"RIFF" or raw[8:12] == b"WEBP"):
         return raw
     try:
-        return base64.b64decode(raw, validate=True)
+        return decode_base64(raw)
     except (binascii.Error, ValueError):
         return raw

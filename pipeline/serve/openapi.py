@@ -14,8 +14,12 @@ from pipeline import __version__
 from pipeline.serve.routes import BINARY, JSON, ROUTES, TEXT, Route, expand
 from pipeline.serve.schemas import ERROR
 
-_ERRORS = {400: "bad request", 401: "missing or wrong API key", 404: "unknown model or version",
-           408: "request not received in time", 413: "body too large", 503: "overloaded or not ready"}  # fmt: skip
+_ERRORS = {400: "bad request", 401: "missing or wrong API key (only with --api-key-env)",
+           404: "unknown model or version", 405: "method not allowed here (the Allow header lists the allowed ones)",
+           408: "request not received in time", 413: "body too large",
+           415: "a Content-Encoding other than identity (send the body uncompressed)",
+           503: "overloaded or not ready: retry after the Retry-After header's seconds"}  # fmt: skip
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
 _ANSWERS = {JSON: {"type": "object"}, TEXT: {"type": "string"}, BINARY: {"type": "string", "format": "binary"}}
 
 
@@ -24,8 +28,14 @@ def _operation(route: Route) -> dict[str, Any]:
     responses = {
         "200": {"description": route.ok, "content": {kind: {"schema": _ANSWERS[kind]} for kind in route.answers}}
     }
-    responses.update({str(code): {"description": _ERRORS[code], "content": error} for code in route.errors})
+    # Every route may answer 405 (another method) and 415 (a compressed body); a protected one 401.
+    codes = sorted({*route.errors, 405, 415, *(() if route.public else (401,))})
+    responses.update({str(code): {"description": _ERRORS[code], "content": error} for code in codes})
+    if "503" in responses:
+        responses["503"]["headers"] = _RETRY_AFTER
     operation: dict[str, Any] = {"summary": route.summary}
+    if route.public:
+        operation["security"] = []  # the probes answer without the API key
     if route.body is not None:
         operation["requestBody"] = {"required": True, "content": {JSON: {"schema": route.body}}}
     operation["responses"] = responses
@@ -52,5 +62,6 @@ def document(models: list[str]) -> dict[str, Any]:
         "info": {"title": "pipe serve", "version": __version__,
                  "description": "KServe V2 (Open Inference Protocol) with binary tensors, and TF Serving REST."},
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "security": [{"bearer": []}],  # required only when the server runs with --api-key-env
         "paths": paths,
     }  # fmt: skip

@@ -165,6 +165,9 @@ class Router:
         methods, params = known
         handler = methods.get(method)
         if handler is None:
+            last = params.get("version") or params.get("model_name") or ""
+            if ":" in last:  # `m:regress` (or `2:regress`) read as a name on a GET route: an unknown action
+                raise self._unknown_action(normalized, params["model_name"] or "", last.partition(":")[2])
             allowed = list(methods)
             raise RequestError(
                 f"method {method} is not allowed here; use {' or '.join(allowed)}", 405, {"allow": ", ".join(allowed)}
@@ -178,6 +181,15 @@ class Router:
                 params = found.groupdict()
                 return tails[params.pop("_tail") or ""], params
         raise self._not_found(path, normalized)
+
+    def _unknown_action(self, normalized: str, name: str, action: str) -> NotFound:
+        """`/v1/models/m:regress` (or `m:Classify`): the path names an action this server does not have."""
+        model = name.partition(":")[0]
+        prefix = next((p for p in self._actions if normalized.startswith(p)), "")
+        valid = [a for a in self._actions.get(prefix, []) if a.startswith(":")]
+        return NotFound(
+            f"no action ':{action}' for model {model!r}; use {' or '.join(valid)} (actions are case-sensitive)"
+        )
 
     def _not_found(self, path: str, normalized: str) -> NotFound:
         """What was wrong with a path no route matches: under a model, the version or the action."""

@@ -62,17 +62,22 @@ INFER_REQUEST = {
         },
     },
 }
+# TF Serving's binary value: an encoded picture (PNG, JPEG, ...) for an image input, standard or
+# URL-safe base64, wrapped or not (pipeline/serve/images.py).
+B64 = {"type": "object", "required": ["b64"], "properties": {"b64": {"type": "string", "format": "byte"}},
+       "additionalProperties": False}  # fmt: skip
+_ROWS = {"type": "array", "items": {"anyOf": [B64, {}]}}  # a value, an object of inputs, or a b64 picture
 PREDICT_REQUEST = {
     "type": "object",
-    "properties": {"signature_name": {"type": "string"}, "instances": {"type": "array"}, "inputs": {}, **_DETECTIONS},
+    "properties": {"signature_name": {"type": "string"}, "instances": _ROWS, "inputs": {}, **_DETECTIONS},
 }
 CLASSIFY_REQUEST = {
     "type": "object",
     "properties": {
         "signature_name": {"type": "string"},
         "context": {"type": "object"},
-        "examples": {"type": "array"},
-        "instances": {"type": "array"},
+        "examples": _ROWS,
+        "instances": _ROWS,
         "probabilities": {"type": "boolean"},
     },
 }

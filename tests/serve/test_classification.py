@@ -171,6 +171,9 @@ def test_tf_serving_classify_context_and_refusals(http: httpx.Client) -> None:
     for body, needle in [
         ({"examples": [{"a": [1, 1, 1], "b": [0, 2, 1]}], "context": {"a": [0, 0, 0]}}, "repeats ['a']"),
         ({"examples": [], "instances": []}, "send exactly one of 'examples' or 'instances'"),
+        ({"examples": []}, "examples must be a non-empty list"),  # named as sent, not "instances"
+        ({"examples": [{"b": [0, 2, 1]}], "context": {"a": [1, 1, 1]}, "x": 1}, "unknown"),
+        ({"examples": [[0, 2, 1]], "context": {"a": [1, 1, 1]}}, "with a context, examples must be a list of objects"),
         ({"examples": [{"b": [0, 2, 1]}], "context": {"c": 1}}, "context must be an object holding some of"),
         ({"examples": [{"a": [1, 1, 1], "b": [0, 2, 1]}], "probabilities": 1}, "probabilities must be true or false"),
     ]:

@@ -68,6 +68,17 @@ def test_a_known_path_with_another_method_is_405_naming_the_allowed_one(method: 
 
 
 @pytest.mark.parametrize(
+    ("path", "action"), [("/v1/models/m:regress", ":regress"), ("/v1/models/m/versions/2:Classify", ":Classify")]
+)
+def test_an_action_this_server_lacks_is_404_naming_the_valid_ones_not_405_use_get(path: str, action: str) -> None:
+    """`m:regress` parses as a model name on the status route (GET only): it must not read "use GET"."""
+    with pytest.raises(RequestError) as refused:
+        ROUTER.match("POST", path)
+    assert refused.value.status == 404, str(refused.value)
+    assert str(refused.value) == f"no action '{action}' for model 'm'; use :predict or :classify (actions are case-sensitive)"
+
+
+@pytest.mark.parametrize(
     ("path", "message"),
     [
         ("/v3", "no route '/v3'; see GET /openapi.json for the API"),
@@ -91,6 +102,25 @@ def test_the_document_lists_every_route_of_the_table() -> None:
     listed = {(method.upper(), path) for path, item in paths.items() for method in item if method != "parameters"}
     assert listed == {(route.method, path) for route in ROUTES for path in expand(route.path)}
     assert PUBLIC_PATHS == {"/v2/health/live", "/v2/health/ready"}
+
+
+def test_the_document_declares_401_405_415_retry_after_and_b64() -> None:
+    """What the server really answers besides the route's own errors: 401 where a key is needed, 405 for
+    another method, 415 for a compressed body, Retry-After on every 503; and b64 pictures in a body."""
+    doc = document(["m"])
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            if method == "parameters":
+                continue
+            codes = set(operation["responses"])
+            assert {"405", "415"} <= codes, (method, path)
+            assert ("401" in codes) == (path not in PUBLIC_PATHS), (method, path)
+            if "503" in codes:
+                assert "Retry-After" in operation["responses"]["503"]["headers"], (method, path)
+    assert doc["paths"]["/v2/health/live"]["get"]["security"] == [] and doc["security"] == [{"bearer": []}]
+    predict = doc["paths"]["/v1/models/{model_name}:predict"]["post"]["requestBody"]["content"]["application/json"]
+    rows = predict["schema"]["properties"]["instances"]["items"]["anyOf"]
+    assert {"type": "string", "format": "byte"} in [row.get("properties", {}).get("b64") for row in rows]
 
 
 # -- the wrappers ----------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ runs only for a request already refused.
 
 from __future__ import annotations
 
+import base64
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -25,6 +27,8 @@ import numpy as np
 from pipeline.serve.protocols.datatypes import v2_datatype
 
 MAX_DEPTH = 32  # deeper nesting than any tensor rank the protocols accept
+_WHITESPACE = re.compile(rb"[ \t\r\n]+")
+_URL_SAFE = bytes.maketrans(b"-_", b"+/")
 _TAKES = {"b": (bool,), "i": (int, float), "u": (int, float), "f": (int, float), "O": (str,)}  # dtype kind -> leaves
 _FOUND = {"b": "b", "i": "iuf", "u": "iuf", "f": "iuf"}  # dtype kind -> numpy's discovered kinds that can fit
 _EXPECTED = {"b": "true or false", "i": "integers", "u": "integers", "f": "numbers", "O": "strings"}
@@ -56,6 +60,18 @@ def json_array(data: Any, dtype: np.dtype, text: bytes | None = None) -> np.ndar
     if kind == "f":
         return _floats(data, found, dtype)
     return _integers(data, found, dtype)
+
+
+def decode_base64(text: str | bytes) -> bytes:
+    """Base64 text -> bytes, as TF Serving reads it: the standard or the URL-safe alphabet, wrapped
+    in lines (MIME's 76 columns, PEM's 64) or not, padded or not. Any other character is a ValueError
+    (binascii.Error): a JSON string that only looks like base64 is never half-read.
+    """
+    raw = text.encode("ascii", errors="replace") if isinstance(text, str) else text
+    compact = _WHITESPACE.sub(b"", raw)
+    if b"-" in compact or b"_" in compact:
+        compact = compact.translate(_URL_SAFE)
+    return base64.b64decode(compact + b"=" * (-len(compact) % 4), validate=True)
 
 
 def _may_hide_bools(found: np.ndarray, text: bytes | None) -> bool:

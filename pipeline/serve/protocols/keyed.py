@@ -21,7 +21,9 @@ def is_keyed(instance: Any, input_name: str) -> bool:
     return isinstance(instance, dict) and set(instance) != {input_name} and set(instance) != {"b64"}
 
 
-def feature_rows(instances: list[Any], input_name: str, features: tuple[Feature, ...]) -> list[Any]:
+def feature_rows(
+    instances: list[Any], input_name: str, features: tuple[Feature, ...], key: str = "instances"
+) -> list[Any]:
     """Keyed objects -> rows in the recorded column order, and category names -> their indices.
 
     Rows that are neither keyed nor lists pass unchanged: the tensor checks say what is wrong.
@@ -34,7 +36,7 @@ def feature_rows(instances: list[Any], input_name: str, features: tuple[Feature,
             unknown = sorted(str(k) for k in instance if k not in names)
             if missing or unknown:
                 raise RequestError(
-                    f"instances[{i}]: "
+                    f"{key}[{i}]: "
                     + "; ".join(
                         part
                         for part in (

@@ -38,9 +38,9 @@ class TFClassify(Protocol):
             raise RequestError(f"probabilities must be true or false, got {probabilities!r:.40}")
         output = _classifier(model.outputs)
         check_scores(output, classify=True, probabilities=probabilities)
-        examples = request.get("examples", request.get("instances"))
-        examples = _with_context(examples, request.get("context"), model.inputs)
-        return Decoded(row_inputs(examples, model.inputs), outputs=[output.name], options=probabilities)
+        key = "examples" if "examples" in request else "instances"
+        examples = _with_context(request[key], request.get("context"), model.inputs, key)
+        return Decoded(row_inputs(examples, model.inputs, key), outputs=[output.name], options=probabilities)
 
     def encode(self, model: ModelIO, decoded: Decoded, results: dict[str, np.ndarray]) -> Encoded:
         ((name, scores),) = results.items()
@@ -63,7 +63,7 @@ def _classifier(outputs: list[IOSpec]) -> IOSpec:
     )
 
 
-def _with_context(examples: Any, context: Any, inputs: list[IOSpec]) -> Any:
+def _with_context(examples: Any, context: Any, inputs: list[IOSpec], key: str) -> Any:
     """Each example with the context's inputs added (an input may be in the context or the examples, not both)."""
     if context is None:
         return examples
@@ -71,8 +71,8 @@ def _with_context(examples: Any, context: Any, inputs: list[IOSpec]) -> Any:
     if not isinstance(context, dict) or not set(context) <= names:
         raise RequestError(f"context must be an object holding some of the inputs {sorted(names)}, got {context!r:.80}")
     if not isinstance(examples, list) or not all(isinstance(x, dict) for x in examples):
-        raise RequestError("with a context, each example must be an object keyed by input name")
+        raise RequestError(f"with a context, {key} must be a list of objects keyed by input name")
     for i, example in enumerate(examples):
         if shared := sorted(set(example) & set(context)):
-            raise RequestError(f"examples[{i}] repeats {shared}, which the context already gives; give each once")
+            raise RequestError(f"{key}[{i}] repeats {shared}, which the context already gives; give each once")
     return [{**example, **context} for example in examples]

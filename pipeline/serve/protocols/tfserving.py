@@ -7,7 +7,6 @@ gives each input whole. Responses mirror the request's form: `predictions` or `o
 
 from __future__ import annotations
 
-import base64
 import binascii
 from typing import Any
 
@@ -19,7 +18,7 @@ from pipeline.serve.detections import SETTINGS, asked
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
 from pipeline.serve.protocols.datatypes import IOSpec, json_text
-from pipeline.serve.protocols.jsonvalues import json_array
+from pipeline.serve.protocols.jsonvalues import decode_base64, json_array
 from pipeline.serve.protocols.keyed import feature_rows
 from pipeline.serve.protocols.v2 import parse_json
 
@@ -87,18 +86,19 @@ def _detections(decoded: Decoded, results: dict[str, np.ndarray]) -> Encoded:
     return orjson.dumps(body), _JSON
 
 
-def row_inputs(instances: Any, specs: list[IOSpec]) -> dict[str, np.ndarray]:
-    """Row form: one value per example, or one object {input: value} per example."""
+def row_inputs(instances: Any, specs: list[IOSpec], key: str = "instances") -> dict[str, np.ndarray]:
+    """Row form: one value per example, or one object {input: value} per example; `key` is the
+    request field they came in (`instances`, or `:classify`'s `examples`), for the errors."""
     names = [s.name for s in specs]
     if not isinstance(instances, list) or not instances:
-        raise RequestError(f"instances must be a non-empty list, got {instances!r:.80}")
+        raise RequestError(f"{key} must be a non-empty list, got {instances!r:.80}")
     if len(specs) == 1 and specs[0].features is not None:  # objects keyed by column, category names
-        instances = feature_rows(instances, names[0], specs[0].features)
+        instances = feature_rows(instances, names[0], specs[0].features, key)
     if len(specs) == 1 and not all(isinstance(x, dict) and not _is_b64(x) for x in instances):
         columns = {names[0]: instances}
     else:
         if not all(isinstance(x, dict) and sorted(x) == sorted(names) for x in instances):
-            raise RequestError(f"each instance must be an object with exactly the inputs {names}")
+            raise RequestError(f"each entry of {key} must be an object with exactly the inputs {names}")
         columns = {n: [x[n] for x in instances] for n in names}
     return {s.name: _array(columns[s.name], s) for s in specs}
 
@@ -164,7 +164,7 @@ def _b64_array(value: Any, spec: IOSpec) -> np.ndarray:
         if not _is_b64(item):
             raise RequestError(f"input {spec.name!r}: element {i} is {item!r:.60}; mix no other values with b64 ones")
         try:
-            decoded[i] = base64.b64decode(item["b64"], validate=True)
+            decoded[i] = decode_base64(item["b64"])
         except (binascii.Error, ValueError):
             raise RequestError(f"input {spec.name!r}: element {i}'s b64 is not base64: {item['b64'][:40]!r}") from None
     return decoded if isinstance(value, list) else decoded.reshape(())

@@ -75,7 +75,8 @@ def test_an_action_this_server_lacks_is_404_naming_the_valid_ones_not_405_use_ge
     with pytest.raises(RequestError) as refused:
         ROUTER.match("POST", path)
     assert refused.value.status == 404, str(refused.value)
-    assert str(refused.value) == f"no action '{action}' for model 'm'; use :predict or :classify (actions are case-sensitive)"
+    expected = f"no action '{action}' for model 'm'; use :predict or :classify (actions are case-sensitive)"
+    assert str(refused.value) == expected
 
 
 @pytest.mark.parametrize(

@@ -178,7 +178,7 @@ class ServeApp:
         stats = self.metrics.model(model.name, model.version)
         if (record := current_request.get()) is not None:  # the access log's record of this request
             record.model, record.version = model.name, model.version
-        started = time.perf_counter()
+        started, arrived = time.perf_counter(), asyncio.get_running_loop().time()
         try:
             decoded = protocol.decode(request.body, request.headers, model.io)
             settings = None
@@ -187,11 +187,11 @@ class ServeApp:
                     raise not_a_detector(model.name, model.task)
                 settings = model.detector.settings_for(decoded.detections)
             decoded.inputs, decoded.placements = await model.images.converted(
-                decoded.inputs, model.session.input_by_name, model.batcher.check_rows
+                decoded.inputs, model.session.input_by_name, model.batcher, arrived
             )
             wanted = _output_names(model, decoded.outputs, detections=settings is not None)
             rows = model.session.check_inputs(decoded.inputs)
-            results = await model.batcher.infer(decoded.inputs, rows)
+            results = await model.batcher.infer(decoded.inputs, rows, arrived)
             if settings is not None:
                 results = await self._detections(model, decoded, results, settings)
             payload, out_headers = protocol.encode(model.io, decoded, {name: results[name] for name in wanted})

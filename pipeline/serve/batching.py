@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -89,6 +90,7 @@ class Batcher:
         self._slots = asyncio.Semaphore(settings.instances)
         self._running: set[asyncio.Task] = set()
         self._forming: list[_Pending] = []  # taken from the queue, waiting for more before it runs
+        self._preparing = 0  # requests decoding their pictures: in the queue's count, not yet in it
         self._closing = False
         self._run_s = 0.0  # moving average of one onnxruntime run's time, for adaptive filling
         self._last_requests = 0  # requests in the previous batch: more than one means concurrent clients
@@ -102,19 +104,42 @@ class Batcher:
                 f"{self.settings.max_batch_size}; split it into smaller requests"
             )
 
-    async def infer(self, feeds: Feeds, rows: int) -> Feeds:
-        """Queue one request (already checked against the model) and wait for its outputs."""
+    def _admit(self) -> None:
+        if len(self._items) + self._preparing >= self.settings.max_queue:
+            raise Unavailable(f"the queue for this model is full ({self.settings.max_queue} requests); retry shortly")
+
+    @contextlib.contextmanager
+    def preparing(self) -> Iterator[None]:
+        """A request's place in this model's queue while it prepares (its pictures decode): counted
+        against `max_queue` like a queued request, so decoding cannot bypass the bound."""
+        self._admit()
+        self._preparing += 1
+        try:
+            yield
+        finally:
+            self._preparing -= 1
+
+    def time_left(self, arrived: float) -> float:
+        """Seconds left of the request's `timeout_s` (loop time `arrived`); past it, a 503."""
+        left = self.settings.timeout_s - (asyncio.get_running_loop().time() - arrived)
+        if left <= 0:
+            self._expire(None)
+        return left
+
+    async def infer(self, feeds: Feeds, rows: int, arrived: float | None = None) -> Feeds:
+        """Queue one request (already checked against the model) and wait for its outputs, within
+        `timeout_s` from `arrived` (the loop time the request's inference began; default now)."""
         if self._closing:
             raise Unavailable("this model version is being unloaded; retry to reach the one that replaces it")
         self.check_rows(rows)
-        if len(self._items) >= self.settings.max_queue:
-            raise Unavailable(f"the queue for this model is full ({self.settings.max_queue} requests); retry shortly")
+        self._admit()
+        left = self.settings.timeout_s if arrived is None else self.time_left(arrived)
         pending = _Pending(feeds, rows, _batch_key(feeds), asyncio.get_running_loop().create_future())
         self._items.append(pending)
         self._wake.set()
         # One timer per request (cheaper than wait_for's extra task); on expiry the future fails,
         # a batch not yet formed skips it, and a running batch drops its result.
-        timer = asyncio.get_running_loop().call_later(self.settings.timeout_s, self._expire, pending.future)
+        timer = asyncio.get_running_loop().call_later(left, self._expire, pending.future)
         try:
             return await pending.future
         finally:
@@ -122,14 +147,15 @@ class Batcher:
             if (record := current_request.get()) is not None:  # the access log's record of this request
                 record.rows, record.queue_s, record.compute_s = rows, pending.queue_s, pending.compute_s
 
-    def _expire(self, future: asyncio.Future[Feeds]) -> None:
+    def _expire(self, future: asyncio.Future[Feeds] | None) -> None:
+        """Fail `future` with the timeout's 503 (raise it, when there is no future yet)."""
+        late = Unavailable(
+            f"the request did not finish within the {self.settings.timeout_s:g}s timeout; the server is overloaded"
+        )
+        if future is None:
+            raise late
         if not future.done():
-            future.set_exception(
-                Unavailable(
-                    f"the request did not finish within the {self.settings.timeout_s:g}s timeout; "
-                    "the server is overloaded"
-                )
-            )
+            future.set_exception(late)
 
     async def close(self) -> None:
         """Finish every queued and running request, then stop."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import binascii
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ import numpy as np
 from pipeline.artifact.manifest import Manifest
 from pipeline.core.errors import InputError
 from pipeline.runtime.images import ImageInput, Placement, image_input
+from pipeline.serve.batching import Batcher
 from pipeline.serve.errors import RequestError, Unavailable
 from pipeline.serve.protocols.datatypes import IOSpec
 from pipeline.serve.protocols.jsonvalues import decode_base64
@@ -63,32 +63,37 @@ class ServedImages:
         return cls(inputs, refused, recorded)
 
     async def converted(
-        self, feeds: dict[str, np.ndarray], specs: dict[str, IOSpec], check_rows: Callable[[int], None]
+        self, feeds: dict[str, np.ndarray], specs: dict[str, IOSpec], queue: Batcher, arrived: float
     ) -> Converted:
         """`feeds` with every input sent as encoded pictures converted; unchanged when there is none.
 
-        The row count is checked first (`check_rows`: more pictures than a batch takes is a 400 before
-        any is decoded), then the pictures decode in a worker thread (a photo takes milliseconds the
-        event loop should spend elsewhere) holding one of this version's decoding slots: while they
-        are all busy a request waits at most DECODE_WAIT_S, then gets 503 + Retry-After, so large
-        pictures in flight cannot hold a small request for a minute.
+        The row count is checked first (more pictures than a batch takes is a 400 before any is
+        decoded). The request then takes its place in the model's queue (`queue.preparing`: counted
+        against --max-queue) and its pictures decode in a worker thread (a photo takes milliseconds
+        the event loop should spend elsewhere) holding one of this version's decoding slots. While
+        they are all busy a request waits at most DECODE_WAIT_S, then gets 503 + Retry-After, so large
+        pictures in flight cannot hold a small request for a minute; and the wait and the decoding
+        count against the request's --timeout from `arrived` (loop time), as its queueing will.
         """
         encoded = [array for name, array in feeds.items() if _is_encoded(array, specs.get(name))]
         if not encoded:
             return feeds, {}
         for array in encoded:
             if array.ndim == 1:  # any other shape is refused by `decode`, naming it
-                check_rows(len(array))
-        try:
-            await asyncio.wait_for(self.slots.acquire(), DECODE_WAIT_S)
-        except TimeoutError:
-            raise Unavailable(
-                f"pictures for this model are being decoded at capacity ({DECODE_SLOTS} at a time); retry shortly"
-            ) from None
-        try:
-            return await asyncio.to_thread(self.decode, feeds, specs)
-        finally:
-            self.slots.release()
+                queue.check_rows(len(array))
+        with queue.preparing():
+            wait = min(DECODE_WAIT_S, queue.time_left(arrived))
+            try:
+                await asyncio.wait_for(self.slots.acquire(), wait)
+            except TimeoutError:
+                queue.time_left(arrived)  # the request's own timeout first, when that is what ran out
+                raise Unavailable(
+                    f"pictures for this model are being decoded at capacity ({DECODE_SLOTS} at a time); retry shortly"
+                ) from None
+            try:
+                return await asyncio.to_thread(self.decode, feeds, specs)
+            finally:
+                self.slots.release()
 
     def decode(self, feeds: dict[str, np.ndarray], specs: dict[str, IOSpec]) -> Converted:
         """Each input sent as encoded pictures -> the input's tensor, [n, C, H, W] or [n, H, W, C], and

@@ -34,8 +34,6 @@ def _operation(route: Route) -> dict[str, Any]:
     if "503" in responses:
         responses["503"]["headers"] = _RETRY_AFTER
     operation: dict[str, Any] = {"summary": route.summary}
-    if route.public:
-        operation["security"] = []  # the probes answer without the API key
     if route.body is not None:
         operation["requestBody"] = {"required": True, "content": {JSON: {"schema": route.body}}}
     operation["responses"] = responses
@@ -62,6 +60,5 @@ def document(models: list[str]) -> dict[str, Any]:
         "info": {"title": "pipe serve", "version": __version__,
                  "description": "KServe V2 (Open Inference Protocol) with binary tensors, and TF Serving REST."},
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
-        "security": [{"bearer": []}],  # required only when the server runs with --api-key-env
         "paths": paths,
     }  # fmt: skip

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -375,36 +376,102 @@ def test_a_small_picture_is_answered_or_refused_within_2_s_while_large_ones_are_
     assert set(statuses) <= {200, 503} and 200 in statuses, statuses  # some ran, the rest were told to retry
 
 
-def test_a_request_that_finds_every_decoding_slot_busy_gets_503_after_the_short_wait(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """In process, with the slots held: the deterministic half of the load test above."""
-    import asyncio
-
+def _in_process(tmp_path: Path) -> tuple[Any, dict, dict]:
+    """The digits model's picture conversion, its input's spec and a one-picture request, in process."""
     from pipeline.artifact.directory import Artifact
     from pipeline.serve import images
-    from pipeline.serve.errors import Unavailable
     from pipeline.serve.protocols.datatypes import IOSpec
 
     repo = tmp_path / "artifacts"
     record(repo, "digits", digits_classifier(), "NCHW", {"image": DIGITS_RECORD})
     served = images.ServedImages.of(Artifact.load(repo / "digits" / "1").manifest)
     specs = {"input": IOSpec("input", "FP32", (-1, 1, 8, 8))}
-    feeds = {"input": np.array([digit_png(0, 8)], dtype=object)}
+    return served, specs, {"input": np.array([digit_png(0, 8)], dtype=object)}
+
+
+def _batcher(**settings: Any) -> Any:
+    """A real batcher over a model that is never reached: these requests are refused before the queue."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.serve.batching import Batcher, BatchSettings
+    from pipeline.serve.metrics import Metrics
+
+    return Batcher(lambda feeds: feeds, True, BatchSettings(**settings), ThreadPoolExecutor(1), Metrics().model("m", 1))
+
+
+def test_a_request_that_finds_every_decoding_slot_busy_gets_503_after_the_short_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process, with the slots held: the deterministic half of the load test above."""
+    import asyncio
+
+    from pipeline.serve import images
+    from pipeline.serve.errors import Unavailable
+
+    served, specs, feeds = _in_process(tmp_path)
     monkeypatch.setattr(images, "DECODE_WAIT_S", 0.05)
 
     async def scenario() -> tuple[str, tuple[int, ...]]:
+        queue, now = _batcher(), asyncio.get_running_loop().time()
         for _ in range(images.DECODE_SLOTS):  # every slot taken, as by large pictures decoding
             await served.slots.acquire()
         try:
-            await served.converted(feeds, specs, lambda rows: None)
+            await served.converted(feeds, specs, queue, now)
         except Unavailable as exc:
             refused = f"{exc.status} {exc.headers.get('retry-after')} {exc}"
         for _ in range(images.DECODE_SLOTS):
             served.slots.release()
-        converted, _ = await served.converted(feeds, specs, lambda rows: None)  # a free slot: decoded
+        converted, _ = await served.converted(feeds, specs, queue, now)  # a free slot: decoded
         return refused, converted["input"].shape
 
     refused, shape = asyncio.run(scenario())
     assert refused.startswith("503 1 ") and "decoded at capacity" in refused, refused
     assert shape == (1, 1, 8, 8)
+
+
+def test_decoding_counts_against_the_queue_bound_and_the_request_timeout(tmp_path: Path) -> None:
+    """A request whose pictures are decoding holds a place in the model's queue (--max-queue), and the
+    time it spent waiting to decode is taken from its --timeout: neither is a way around the bounds."""
+    import asyncio
+
+    from pipeline.serve import images
+    from pipeline.serve.errors import Unavailable
+
+    served, specs, feeds = _in_process(tmp_path)
+    tensor = np.zeros((1, 1, 8, 8), np.float32)
+
+    async def scenario() -> list[str]:
+        answers = []
+        queue = _batcher(max_queue=1, timeout_s=0.3)
+        loop = asyncio.get_running_loop()
+        for _ in range(images.DECODE_SLOTS):  # the slots busy: this request waits to decode, in the queue
+            await served.slots.acquire()
+        waiting = asyncio.ensure_future(served.converted(feeds, specs, queue, loop.time()))
+        await asyncio.sleep(0.05)
+        try:  # a second request, a plain tensor: the queue's one place is taken by the decoding one
+            await queue.infer({"input": tensor}, 1, loop.time())
+        except Unavailable as exc:
+            answers.append(f"second: {exc}")
+        try:  # the first: its 0.3 s timeout runs out while it waits for a slot (DECODE_WAIT_S is 1 s)
+            await waiting
+        except Unavailable as exc:
+            answers.append(f"first after {loop.time() - started:.2f}s: {exc}")
+        for _ in range(images.DECODE_SLOTS):
+            served.slots.release()
+        try:  # a request that arrived 0.5 s ago is past its timeout before it reaches the queue
+            await served.converted(feeds, specs, queue, loop.time() - 0.5)
+        except Unavailable as exc:
+            answers.append(f"late: {exc}")
+        return answers
+
+    started = 0.0
+
+    async def timed() -> list[str]:
+        nonlocal started
+        started = asyncio.get_running_loop().time()
+        return await scenario()
+
+    second, first, late = asyncio.run(timed())
+    assert second == "second: the queue for this model is full (1 requests); retry shortly"
+    assert first.startswith("first after 0.3") and "within the 0.3s timeout" in first, first
+    assert "within the 0.3s timeout" in late, late

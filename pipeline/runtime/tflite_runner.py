@@ -14,10 +14,9 @@ runs it in `.venv-edge` (numpy<2 and tflite-runtime 2.14, nothing else).
 
 Why it lives in `pipeline/runtime/` although it is the edge stage's deliverable, the file a device
 program copies: the verifier and `pipe predict` run edge models through it too, and it imports
-nothing of pipe, so it can sit under any layer. pipeline/runtime/runners.py imports this one module (inside `tflite_candidate`);
-pyproject's import-linter contracts allow exactly that import and add one, `edge-runner-alone`,
-that keeps this file free of every other pipe module and framework. `pipeline/edge/__init__.py`
-must therefore stay free of imports: importing this module runs it.
+nothing of pipe, so it can sit under any layer. pipeline/runtime/runners.py imports this one
+module (inside `tflite_candidate`); pyproject's import-linter contract `tflite-runner-alone`
+keeps this file free of every other pipe module and framework.
 
 `TFLiteRunner` speaks the verifier's runner shape (named arrays in, named arrays out) and hides
 what differs on a device: input names the converter rewrote (`names`), a batch size other than

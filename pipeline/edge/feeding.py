@@ -92,14 +92,14 @@ def stamp_metadata(path: Path, entry: dict[str, Any], manifest: Manifest) -> Non
     import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
-    payload = json.dumps({**feeding_document(manifest, {}), "models": None, "feeding": entry,
-                          "labels": list(manifest.labels)}, separators=(",", ":")).encode()  # fmt: skip
+    document = {key: value for key, value in feeding_document(manifest, {}).items() if key != "models"}
+    payload = json.dumps({**document, "labels": list(manifest.labels), "feeding": entry}, separators=(",", ":"))
     model = schema.ModelT.InitFromPackedBuf(bytearray(path.read_bytes()), 0)
     if any(b.offset for b in model.buffers or []):  # a model past 2 GB keeps its weights outside the flatbuffer
         raise InputError(f"{path.name} stores its buffers outside the flatbuffer; pipe cannot add metadata to it")
     model.metadata = [m for m in model.metadata or [] if m.name != METADATA_NAME.encode() and m.name != METADATA_NAME]
     buffer = schema.BufferT()
-    buffer.data = list(payload)
+    buffer.data = list(payload.encode())
     model.buffers = [*(model.buffers or []), buffer]
     entry_t = schema.MetadataT()
     entry_t.name = METADATA_NAME

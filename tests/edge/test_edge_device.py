@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
 
@@ -9,8 +10,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from pipeline.artifact.manifest import Manifest, TensorSpec
 from pipeline.core.host import describe_host, host_line
+from pipeline.edge.convert import Converted
 from pipeline.edge.device import device_check, device_runtime, device_tolerance
+from pipeline.edge.feeding import feeding_entry, write_feeding
 from pipeline.edge.fp16range import fp16_range_rows
 
 # tflite-runtime 2.14 on a model converted with free spatial dims: heap corruption, SIGABRT, no result line
@@ -85,3 +89,26 @@ def test_the_host_line_names_the_cpu_and_says_nothing_for_an_empty_record() -> N
         host_line({"cpu": "AMD EPYC", "cpus": 2, "system": "Linux 6.8 x86_64"}) == "AMD EPYC (2 CPUs), Linux 6.8 x86_64"
     )
     assert host_line({}) == ""
+
+
+def test_feeding_json_and_labels_txt_say_how_to_feed_an_int8_image_classifier(tmp_path: Path) -> None:
+    image = {"mode": "L", "size": [8, 8], "resize": "bilinear", "scale": 16 / 255}
+    spec = TensorSpec("input", "float32", ["batch", 1, 8, 8], layout="NCHW", preprocessing={"image": image})
+    logits = TensorSpec("logits", "float32", ["batch", 3])
+    manifest = Manifest("digits", 3, "classification", inputs=[spec], outputs=[logits], labels=["zero", "one", "two"])
+    int8 = Converted("int8", tmp_path / "model.int8.tflite", "NHWC",
+                     [{"name": "input", "dtype": "int8", "shape": [-1, 8, 8, 1], "scale": 0.0627, "zero_point": -128}],
+                     [{"name": "logits", "dtype": "int8", "shape": [-1, 3], "scale": 0.1, "zero_point": 5}],
+                     names={"logits": "output_0"})  # fmt: skip
+    entry = feeding_entry("tflite-int8", int8, manifest)
+    written = write_feeding(tmp_path / "edge", manifest, {"model.int8.tflite": entry})
+    assert written == ["edge/feeding.json", "edge/labels.txt"]
+    assert (tmp_path / "edge" / "labels.txt").read_text() == "zero\none\ntwo\n"  # index order, one a line
+    document = json.loads((tmp_path / "edge" / "feeding.json").read_text())
+    assert document["labels"] == "labels.txt" and document["task"] == "classification"
+    fed = document["models"]["model.int8.tflite"]
+    assert fed["layout"] == "NHWC" and fed["names"] == {"logits": "output_0"}
+    (x,) = fed["inputs"]
+    assert x == {"name": "input", "tensor": "input", "dtype": "int8", "shape": [-1, 8, 8, 1], "scale": 0.0627,
+                 "zero_point": -128, "layout": "NHWC", "preprocessing": {"image": image}}  # fmt: skip
+    assert fed["outputs"][0]["tensor"] == "output_0" and fed["outputs"][0]["zero_point"] == 5

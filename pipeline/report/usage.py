@@ -225,7 +225,7 @@ def device_section(artifact: Artifact) -> list[str]:
         f"and quantizes, transposes and renames them itself, e.g. for {code(first_name)}:",
         "",
         "```python",
-        "from runner import TFLiteRunner",
+        "from tflite_runner import TFLiteRunner  # the runner copied above",
         "",
         f"model = TFLiteRunner({first.file.rsplit('/', 1)[-1]!r})  # layout and names from feeding.json beside it"
         if fed

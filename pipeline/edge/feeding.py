@@ -29,6 +29,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.artifact.manifest import Manifest, TensorSpec
 from pipeline.artifact.variants import FEEDING_FILE, LABELS_FILE
 from pipeline.core.errors import InputError
@@ -87,27 +89,31 @@ def write_feeding(directory: Path, manifest: Manifest, models: dict[str, dict[st
     return written
 
 
-def stamp_metadata(path: Path, entry: dict[str, Any], manifest: Manifest) -> None:
-    """Add (or replace) the `pipe_feeding` metadata entry of the .tflite at `path`: `entry` with the labels."""
+def stamp_metadata(path: Path, entry: dict[str, Any], manifest: Manifest) -> bool:
+    """Add (or replace) the `pipe_feeding` metadata entry of the .tflite at `path`: `entry` with the labels.
+
+    False, and the file untouched, for a model that keeps its weights outside the flatbuffer (past 2 GB).
+    """
     import flatbuffers
     from ai_edge_litert import schema_py_generated as schema
 
     document = {key: value for key, value in feeding_document(manifest, {}).items() if key != "models"}
     payload = json.dumps({**document, "labels": list(manifest.labels), "feeding": entry}, separators=(",", ":"))
     model = schema.ModelT.InitFromPackedBuf(bytearray(path.read_bytes()), 0)
-    if any(b.offset for b in model.buffers or []):  # a model past 2 GB keeps its weights outside the flatbuffer
-        raise InputError(f"{path.name} stores its buffers outside the flatbuffer; pipe cannot add metadata to it")
-    model.metadata = [m for m in model.metadata or [] if m.name != METADATA_NAME.encode() and m.name != METADATA_NAME]
-    buffer = schema.BufferT()
-    buffer.data = list(payload.encode())
-    model.buffers = [*(model.buffers or []), buffer]
-    entry_t = schema.MetadataT()
-    entry_t.name = METADATA_NAME
-    entry_t.buffer = len(model.buffers) - 1
-    model.metadata.append(entry_t)
+    if any(b.offset for b in model.buffers or []):  # re-packing would drop the weights stored after the flatbuffer
+        return False
+    model.metadata = model.metadata or []
+    ours = next((m for m in model.metadata if m.name in (METADATA_NAME, METADATA_NAME.encode())), None)
+    if ours is None:  # a new buffer and an entry naming it; a second stamp rewrites that buffer in place
+        model.buffers = [*(model.buffers or []), schema.BufferT()]
+        ours = schema.MetadataT()
+        ours.name, ours.buffer = METADATA_NAME, len(model.buffers) - 1
+        model.metadata.append(ours)
+    model.buffers[ours.buffer].data = np.frombuffer(payload.encode(), np.uint8)  # packed as one vector
     builder = flatbuffers.Builder(1024)
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
     path.write_bytes(bytes(builder.Output()))
+    return True
 
 
 def read_metadata(path: Path) -> dict[str, Any] | None:

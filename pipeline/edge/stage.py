@@ -133,7 +133,8 @@ def edge_artifact(
             progress(f"[edge] note: {warning}")
         entries = {c.precision: feeding_entry(f"{EDGE_PREFIX}{c.precision}", c, artifact.manifest) for c in converted}
         for c in converted:  # before judging: the file shipped is the file verified
-            stamp_metadata(c.path, entries[c.precision], artifact.manifest)
+            if not stamp_metadata(c.path, entries[c.precision], artifact.manifest):
+                notes.append(f"{c.path.name} keeps its weights outside the flatbuffer: no TFLite metadata written")
         made = [_judge(c, artifact, evaluation, settings, write.scratch, progress) for c in converted]
         for m in made:
             target = write.scratch / variant_file(m.name)

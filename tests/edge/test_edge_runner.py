@@ -247,6 +247,24 @@ def test_tolerance_is_relative_to_the_outputs_scale(models: Path, tmp_path: Path
     assert entry["scale"] == pytest.approx(np.abs(got + 0.01).max())
 
 
+def test_feeding_metadata_stamped_into_a_model_reads_back_and_leaves_its_answers(models: Path, tmp_path: Path) -> None:
+    from pipeline.artifact.manifest import Manifest
+    from pipeline.edge.feeding import read_metadata, stamp_metadata
+
+    model = tmp_path / "dense.fp32.tflite"
+    shutil.copyfile(models / "dense.fp32.tflite", model)
+    manifest = Manifest("dense", 1, "classification", inputs=X_SPEC, outputs=LOGITS_SPEC, labels=["a", "b", "c"])
+    assert read_metadata(model) is None
+    assert stamp_metadata(model, {"layout": "NCHW", "names": NAMES}, manifest)
+    size = model.stat().st_size
+    assert stamp_metadata(model, {"layout": "NCHW", "names": NAMES}, manifest) and model.stat().st_size == size
+    stamped = read_metadata(model)  # a second stamp replaced the first, in place
+    assert stamped["feeding"] == {"layout": "NCHW", "names": NAMES} and stamped["labels"] == ["a", "b", "c"]
+    inputs, _ = golden(models, "dense")
+    before = TFLiteRunner(models / "dense.fp32.tflite", names=NAMES)(inputs)["logits"]
+    np.testing.assert_array_equal(TFLiteRunner(model, names=NAMES)(inputs)["logits"], before)
+
+
 def test_the_stand_alone_file_imports_nothing_of_pipe(models: Path, tmp_path: Path) -> None:
     """A copy of the file, run in isolated mode (-I: no cwd or PYTHONPATH on sys.path), loads no pipe module."""
     copy = Path(shutil.copy(RUNNER, tmp_path / "runner.py"))

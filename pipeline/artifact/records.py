@@ -177,6 +177,8 @@ class EdgeRecord(StageRecord):
     variants: list[str] = field(default_factory=list)  # the edge variants this run made, passed or failed
     failed: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)  # conversion wall time per variant
+    # the machine the conversion times and checks were taken on (this host, not a device): cpu, cpus, system
+    host: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)

@@ -17,6 +17,8 @@ from typing import Any, Literal
 FP32 = "fp32"  # the variant name of model.onnx itself
 MODEL_FILE = "model.onnx"
 EDGE_PREFIX = "tflite-"  # edge variants: tflite-fp32, tflite-fp16, tflite-int8
+FEEDING_FILE = "edge/feeding.json"  # beside the edge models: how to feed each one (pipeline/edge/feeding.py)
+LABELS_FILE = "edge/labels.txt"  # beside the edge models: the class names, one a line
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 FORMATS = ("onnx", "tflite")
 PASSED, FAILED = "passed", "failed"

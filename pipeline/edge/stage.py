@@ -6,20 +6,20 @@ artifact uses the defaults); convert a copy of model.onnx with onnx2tf in a scra
 samples); judge each .tflite with the verifier on the LiteRT interpreter against model.onnx:
 fp32 and fp16 element by element (`atol_fp32`, `atol_fp16`), int8 by the task's budget (the
 metric's drop on the test split, or agreement / cosine / relative error without labels), NaN/Inf
-always, the batch at 1, 2 and 16. Then, under the artifact's lock, move them into
-`edge/model.<precision>.tflite` and record each as a `tflite-<precision>` variant with what a
-device program needs (layout, dtypes, shapes, quantization) and its status. Any failure, a
-conversion onnx2tf refuses included, is recorded and exits 1; the other variants stay as they were.
+always, the batch at 1, 2 and 16; an fp16 model also by fp16's range (pipeline/edge/fp16range.py).
+Each .tflite carries its feeding description as TFLite metadata, and `edge/feeding.json` and
+`edge/labels.txt` lie beside them (pipeline/edge/feeding.py); each is then run by the stand-alone
+runner on the device-like runtime, fed from that JSON (pipeline/edge/device.py), its rows joining
+the gate's. Then, under the artifact's lock, move them into `edge/` and record each as a
+`tflite-<precision>` variant with what a device program needs (layout, dtypes, shapes,
+quantization) and its status. Any failure, a conversion onnx2tf refuses included, is recorded and
+exits 1; the other variants stay as they were.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
 from dataclasses import dataclass
-from importlib.util import find_spec
 from pathlib import Path
 
 from pipeline.artifact.directory import Artifact
@@ -29,7 +29,18 @@ from pipeline.artifact.records import EdgeRecord
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import EDGE_PREFIX, MODEL_FILE, EdgeIO, EdgeTensor, Variant, variant_file
 from pipeline.core.errors import CheckFailed, InputError
+from pipeline.core.host import describe_host
 from pipeline.edge.convert import Converted, EdgeSettings, convert
+from pipeline.edge.device import (
+    DEVICE_PYTHON_ENV,
+    DeviceCheck,
+    device_check,
+    device_python,
+    device_runtime,
+    device_tolerance,
+)
+from pipeline.edge.feeding import feeding_entry, stamp_metadata, write_feeding
+from pipeline.edge.fp16range import fp16_range_rows
 from pipeline.recipe.schema import EdgeSpec
 from pipeline.runtime.runners import ort_runner, tflite_candidate
 from pipeline.samples.calibration import calibration_set, has_real_samples
@@ -48,13 +59,14 @@ class EdgeMade:
 
     name: str  # tflite-fp32 ...
     converted: Converted
-    report: GateReport
-    device: tuple[str, bool, str] | None = None  # (runtime, ran on the golden inputs, why not)
+    report: GateReport  # the gate's rows on LiteRT, then the device check's rows when it ran
+    litert: bool  # the gate passed on LiteRT (before the device rows joined)
+    device: DeviceCheck | None = None  # what the device-like runtime did with it
 
     @property
     def passed(self) -> bool:
         """Verified on LiteRT, and runs on the device-like runtime when one was checked."""
-        return self.report.passed and (self.device is None or self.device[1])
+        return self.report.passed
 
 
 @dataclass
@@ -119,28 +131,33 @@ def edge_artifact(
         for warning in dict.fromkeys(w for c in converted for w in c.warnings):  # e.g. int8 not made, and why
             notes.append(warning)
             progress(f"[edge] note: {warning}")
+        entries = {c.precision: feeding_entry(f"{EDGE_PREFIX}{c.precision}", c, artifact.manifest) for c in converted}
+        for c in converted:  # before judging: the file shipped is the file verified
+            if not stamp_metadata(c.path, entries[c.precision], artifact.manifest):
+                notes.append(f"{c.path.name} keeps its weights outside the flatbuffer: no TFLite metadata written")
         made = [_judge(c, artifact, evaluation, settings, write.scratch, progress) for c in converted]
+        for m in made:
+            target = write.scratch / variant_file(m.name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(m.converted.path, target)
+            m.converted.path = target
+        models = {Path(variant_file(m.name)).name: entries[m.converted.precision] for m in made}
+        feeding = write_feeding(write.scratch / "edge", artifact.manifest, models) if made else []
         device = device_python()
         if device is None:
             notes.append(
                 "no device-like runtime to check on (make edge-runtime builds one: numpy<2 + tflite-runtime 2.14; "
                 f"or set {DEVICE_PYTHON_ENV}); the edge models were verified on LiteRT only"
             )
+        runtime = device_runtime(device) if device is not None and made else ""
         for m in made:
             if device is not None:
-                m.device = device_check(device, m.converted, artifact.path(GOLDEN_NAME))
-                label, ran, detail = m.device
-                progress(
-                    f"[edge] {m.name} on {label}: {'runs' if ran else 'DOES NOT RUN'}{'' if ran else ': ' + detail}"
-                )
-        for m in made:
-            target = write.scratch / variant_file(m.name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(m.converted.path, target)
+                _device(m, device, artifact.path(GOLDEN_NAME), settings, runtime, progress)
+        host = describe_host()
 
         def record(fresh: Artifact) -> None:
-            for rel in rewritten:  # edge models of an earlier run that this run did not make again
-                if rel not in {variant_file(m.name) for m in made}:
+            for rel in rewritten:  # edge files of an earlier run that this run did not make again
+                if rel not in {variant_file(m.name) for m in made} | set(feeding):
                     fresh.remove_file(rel)
             for name in [k for k in fresh.manifest.variants if k.startswith(EDGE_PREFIX)]:
                 if name not in {m.name for m in made}:
@@ -155,9 +172,10 @@ def edge_artifact(
                 variants=[m.name for m in made],
                 failed=[m.name for m in made if not m.passed],
                 seconds={m.name: m.converted.seconds for m in made},
+                host=host,
             )
 
-        artifact = write.commit([variant_file(m.name) for m in made], record)
+        artifact = write.commit([*(variant_file(m.name) for m in made), *feeding], record)
     failed = [m.name for m in made if not m.passed]
     if failed:
         lines = "\n".join(f"{m.name}:\n{m.report.table(only_failures=True)}" for m in made if not m.passed)
@@ -173,9 +191,22 @@ def _judge(c: Converted, artifact: Artifact, evaluation: EvaluationSet, settings
     policy = policy_for(c.precision, settings, m.task, evaluation.target is not None, m.detection)
     candidate = tflite_candidate(c.path, names=c.names, layout=c.input_layout)
     report = verify(candidate, ort_runner(artifact.path(MODEL_FILE)), evaluation, m.spec, policy, scratch=scratch)
+    if c.precision == "fp16":  # the cause before its symptom: a value fp16 cannot hold, then "exceeds atol"
+        samples = None if evaluation.generated else evaluation.samples  # activations only on real samples
+        report.rows[:0] = fp16_range_rows(artifact.path(MODEL_FILE), samples, scratch)
     status = "passed" if report.passed else "FAILED"
     progress(f"[edge] {name}: converted in {c.seconds:.1f} s, {c.path.stat().st_size} bytes; {policy.name}: {status}")
-    return EdgeMade(name, c, report)
+    return EdgeMade(name, c, report, report.passed)
+
+
+def _device(m: EdgeMade, python: Path, golden: Path, settings: EdgeSpec, runtime: str, progress: Progress) -> None:
+    """Run `m` on the device-like runtime (feeding.json beside it); its rows join the gate's report."""
+    atol = {"fp32": settings.atol_fp32, "fp16": settings.atol_fp16}.get(m.converted.precision, 0.0)
+    tolerance = device_tolerance(m.converted.precision, atol, settings.rtol)
+    m.device = device_check(python, m.converted.path, golden, tolerance, runtime)
+    m.report.rows += m.device.rows
+    verdict = "runs" if m.device.ran else f"FAILS: {m.device.detail}"
+    progress(f"[edge] {m.name} on {m.device.runtime}: {verdict}")
 
 
 def _variant(m: EdgeMade, parent: str) -> Variant:
@@ -200,7 +231,7 @@ def _variant(m: EdgeMade, parent: str) -> Variant:
             inputs=[EdgeTensor(**t) for t in c.inputs],
             outputs=[EdgeTensor(**t) for t in c.outputs],
             names=dict(c.names),
-            runtimes={runtime: m.report.passed, **({m.device[0]: m.device[1]} if m.device else {})},
+            runtimes={runtime: m.litert, **({m.device.runtime: m.device.ran} if m.device else {})},
         ),
     )
 
@@ -235,43 +266,11 @@ def _record_failure(
     return kept
 
 
-DEVICE_PYTHON_ENV = "PIPE_EDGE_PYTHON"  # a Python holding only numpy<2 and tflite-runtime (a device's runtime)
-DEVICE_ATOL = {"fp32": 1e-3, "fp16": 5e-2}  # against golden.npz's recorded outputs; int8: only that it runs
-
-
-def device_python() -> Path | None:
-    """The device-like environment's Python: $PIPE_EDGE_PYTHON, else the repository's .venv-edge if built."""
-    if value := os.environ.get(DEVICE_PYTHON_ENV):
-        return Path(value)
-    built = Path(__file__).resolve().parents[2] / ".venv-edge" / "bin" / "python"
-    return built if built.exists() else None
-
-
-def device_check(python: Path, c: Converted, golden: Path) -> tuple[str, bool, str]:
-    """Run the stand-alone runner in the device-like environment on golden.npz: (runtime, ran, why not)."""
-    runner = Path(find_spec("pipeline.runtime.tflite_runner").origin)  # located, not imported: it runs as a script
-    names = [arg for pipe_name, model_name in c.names.items() for arg in ("--name", f"{pipe_name}={model_name}")]
-    atol = ["--atol", str(DEVICE_ATOL[c.precision])] if c.precision in DEVICE_ATOL else []
-    cmd = [str(python), "-I", str(runner), str(c.path), str(golden), "--layout", c.input_layout.upper(), *names, *atol]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return "tflite-runtime", False, f"the device-like runtime could not be run: {exc}"
-    try:
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return "tflite-runtime", False, (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
-    label = f"{result.get('runtime', 'tflite-runtime')} {result.get('runtime_version', '')}".strip()
-    if proc.returncode == 0:
-        return label, True, ""
-    return label, False, str(result.get("error") or f"max abs difference {result.get('max_abs')}")[:300]
-
-
 def _reason(m: EdgeMade) -> str:
-    if not m.report.passed:
+    if not m.litert or m.device is None:
         return _first_failure(m.report)
-    label, _, detail = m.device or ("", True, "")
-    return f"verified on LiteRT but does not run on {label}: {detail}; not shipped to devices with that runtime"
+    return (f"verified on LiteRT but fails on {m.device.runtime}: {m.device.detail}; "
+            "not shipped to devices with that runtime")  # fmt: skip
 
 
 def _first_failure(report: GateReport) -> str:

@@ -17,7 +17,7 @@ from pipeline.artifact.datatypes import NUMPY_TO_V2
 from pipeline.artifact.directions import HIGHER_IS_BETTER
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import GOLDEN_NAME, Golden, load_golden
-from pipeline.artifact.variants import FP32
+from pipeline.artifact.variants import FEEDING_FILE, FP32, LABELS_FILE
 from pipeline.recipe.schema import BudgetSpec
 from pipeline.report.markdown import code, shape, table
 from pipeline.report.variants import usable
@@ -185,11 +185,13 @@ def device_section(artifact: Artifact) -> list[str]:
                 "(`pipe export ARTIFACT --target edge` makes them)."]  # fmt: skip
     place = _place(artifact)
     files = [f"{place}/{v.file}" for v in edge.values()]
+    fed = FEEDING_FILE in artifact.manifest.files  # the runner reads layout and names from it
+    files += [f"{place}/{rel}" for rel in (FEEDING_FILE, LABELS_FILE) if rel in artifact.manifest.files]
     runtimes = sorted({r for v in edge.values() for r, ok in v.edge.runtimes.items() if ok})
     lines = [
         *head,
-        "Copy the stand-alone runner (numpy and a TFLite interpreter, nothing of pipe), the model and the golden "
-        "file to the device:",
+        "Copy the stand-alone runner (numpy and a TFLite interpreter, nothing of pipe), the models, "
+        f"{'feeding.json (how to feed each model), ' if fed else ''}and the golden file to the device:",
         "",
         "```sh",
         sh("scp", "pipeline/runtime/tflite_runner.py", *files, f"{place}/{GOLDEN_NAME}", "device:model/"),
@@ -210,7 +212,8 @@ def device_section(artifact: Artifact) -> list[str]:
     for v in edge.values():
         names = [arg for a, b in v.edge.names.items() for arg in ("--name", f"{a}={b}")]
         model = v.file.rsplit("/", 1)[-1]
-        lines.append(sh("python", "tflite_runner.py", model, GOLDEN_NAME, "--layout", v.edge.layout, *names))
+        flags = [] if fed else ["--layout", v.edge.layout, *names]  # feeding.json beside the model says them
+        lines.append(sh("python", "tflite_runner.py", model, GOLDEN_NAME, *flags))
     first_name, first = next(iter(edge.items()))
     specs = artifact.manifest.inputs
     inputs = ", ".join(f"{code(s.name)} {s.dtype} {shape(s.shape)}" for s in specs)
@@ -222,9 +225,11 @@ def device_section(artifact: Artifact) -> list[str]:
         f"and quantizes, transposes and renames them itself, e.g. for {code(first_name)}:",
         "",
         "```python",
-        "from runner import TFLiteRunner",
+        "from tflite_runner import TFLiteRunner  # the runner copied above",
         "",
-        f"model = TFLiteRunner({first.file.rsplit('/', 1)[-1]!r}, names={dict(first.edge.names)!r}, "
+        f"model = TFLiteRunner({first.file.rsplit('/', 1)[-1]!r})  # layout and names from feeding.json beside it"
+        if fed
+        else f"model = TFLiteRunner({first.file.rsplit('/', 1)[-1]!r}, names={dict(first.edge.names)!r}, "
         f"layout={first.edge.layout!r})",
         *(f"{arrays[s.name]} = ...  # {s.dtype} {shape(s.shape)}, {s.layout}, as model.onnx takes it" for s in specs),
         f"outputs = model({{{', '.join(f'{n!r}: {v}' for n, v in arrays.items())}}})  # named numpy arrays out",

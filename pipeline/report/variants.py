@@ -16,6 +16,7 @@ from typing import Any
 from pipeline.artifact.directions import HIGHER_IS_BETTER, metric_drop
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.variants import FP32, Variant, unusable
+from pipeline.core.host import host_line
 from pipeline.report.markdown import cell, code, number, size, table
 from pipeline.report.policy import held_to
 
@@ -112,11 +113,14 @@ def edge_section(artifact: Artifact) -> list[str]:
         rows.append([code(name), status(v, artifact), io.layout if io else "-", inputs, runtimes,
                      "-" if seconds is None else f"{seconds:g} s"])  # fmt: skip
     converter = f" Converted by {record.converter}." if record else ""
+    machine = host_line(record.host) if record else ""
+    where = f"Conversion times and device checks were measured on this host, not on a device: {cell(machine)}." if (
+        machine) else "Conversion times and device checks were measured on this host, not on a device."  # fmt: skip
     return [
         "## Edge models",
         "",
         f"TFLite models converted from model.onnx, verified on LiteRT and, where found, run on the device-like "
-        f"runtime.{converter}",
+        f"runtime.{converter} {where}",
         "",
         *table(["variant", "status", "layout", "inputs", "device check", "conversion"], rows),
     ]

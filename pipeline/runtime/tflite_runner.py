@@ -4,18 +4,19 @@ This file imports numpy and a TFLite interpreter, `ai_edge_litert` (LiteRT) when
 `tflite_runtime` (the interpreter many devices still have), and nothing else: not the rest of
 pipe, not tensorflow. Copy it next to a model and run it anywhere those two packages exist:
 
-    python tflite_runner.py model.int8.tflite golden.npz --layout NHWC
+    python tflite_runner.py model.int8.tflite golden.npz
 
 prints one JSON line: the runtime used and, per output, the largest absolute difference from the
-golden outputs (`in.<name>` arrays in, `out.<name>` arrays compared). `make edge-check` runs it in
-`.venv-edge` (numpy<2 and tflite-runtime 2.14, nothing else).
+golden outputs (`in.<name>` arrays in, `out.<name>` arrays compared). How to feed the model (its
+layout, the tensors the converter renamed) comes from `feeding.json` beside it, which the edge
+stage writes into `edge/`; without that file, `--layout` and `--name` say it. `make edge-check`
+runs it in `.venv-edge` (numpy<2 and tflite-runtime 2.14, nothing else).
 
-Why it lives in `pipeline/edge/` although the verifier uses it too: it is the edge stage's
-deliverable, the file a device program copies, and it imports nothing of pipe, so it can sit
-under any layer. pipeline/runtime/runners.py imports this one module (inside `tflite_candidate`);
-pyproject's import-linter contracts allow exactly that import and add one, `edge-runner-alone`,
-that keeps this file free of every other pipe module and framework. `pipeline/edge/__init__.py`
-must therefore stay free of imports: importing this module runs it.
+Why it lives in `pipeline/runtime/` although it is the edge stage's deliverable, the file a device
+program copies: the verifier and `pipe predict` run edge models through it too, and it imports
+nothing of pipe, so it can sit under any layer. pipeline/runtime/runners.py imports this one
+module (inside `tflite_candidate`); pyproject's import-linter contract `tflite-runner-alone`
+keeps this file free of every other pipe module and framework.
 
 `TFLiteRunner` speaks the verifier's runner shape (named arrays in, named arrays out) and hides
 what differs on a device: input names the converter rewrote (`names`), a batch size other than
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 
 RUNTIMES = ("ai_edge_litert", "tflite_runtime")  # in order of preference
+FEEDING_FILE = "feeding.json"  # beside the models: how to feed each one (written by `pipe export --target edge`)
 LAYOUTS = ("NCHW", "NHWC")  # the caller's layout is always channels-first; NHWC names a model that wants channels-last
 QUANTIZED = (np.int8, np.uint8, np.int16)  # integer tensors that carry a (scale, zero point)
 
@@ -78,7 +80,9 @@ class TFLiteRunner:
     model's own name is its signature's key when it has one signature, else its tensor name
     without `serving_default_` and `:0`). `layout`: "NHWC" when the model takes channels-last
     tensors while the caller gives channels-first ones; a string applies to every 4-D input and
-    output, a mapping names tensors one by one (by pipe's name). `runtime`: force one of RUNTIMES.
+    output, a mapping names tensors one by one (by pipe's name). Either left out (None) is read
+    from `feeding.json` beside the model when there is one (`self.feeding` is then its path),
+    else no renames and "NCHW". `runtime`: force one of RUNTIMES.
     """
 
     def __init__(
@@ -86,13 +90,21 @@ class TFLiteRunner:
         path: str | Path,
         num_threads: int = 1,
         names: Mapping[str, str] | None = None,
-        layout: str | Mapping[str, str] = "NCHW",
+        layout: str | Mapping[str, str] | None = None,
         runtime: str | None = None,
     ) -> None:
         interpreter_class, self.runtime = load_interpreter_class(runtime)
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"no TFLite model at {self.path}")
+        self.feeding: Path | None = None
+        if names is None or layout is None:
+            entry = read_feeding(self.path)
+            if entry is not None:
+                self.feeding = self.path.parent / FEEDING_FILE
+                names = entry.get("names", {}) if names is None else names
+                layout = entry.get("layout", "NCHW") if layout is None else layout
+        layout = "NCHW" if layout is None else layout
         self.interpreter = interpreter_class(model_path=str(self.path), num_threads=num_threads)
         self.interpreter.allocate_tensors()
         own = _own_names(self.interpreter)
@@ -110,7 +122,8 @@ class TFLiteRunner:
         if missing:
             raise ValueError(
                 f"missing input(s) {missing}: got {sorted(inputs)}, the model takes {sorted(self.inputs)}; "
-                "pass names={pipe_name: model_name} for inputs the converter renamed"
+                f"give --name PIPE=MODEL (names={{pipe_name: model_name}}) for inputs the converter renamed, "
+                f"or keep {FEEDING_FILE} beside the model"
             )
         fed = {name: self._to_model(name, np.asarray(inputs[name])) for name in self.inputs}
         self._resize({self.inputs[name]["index"]: array.shape for name, array in fed.items()})
@@ -149,6 +162,7 @@ class TFLiteRunner:
     def _to_model(self, name: str, array: np.ndarray) -> np.ndarray:
         """The caller's array as the model's input tensor: layout, then quantization or dtype."""
         detail = self.inputs[name]
+        _check_layout(name, array.shape, detail, self.layouts.get(name, "NCHW"))
         if self.layouts.get(name) == "NHWC":
             if array.ndim != 4:
                 raise ValueError(f"input {name!r} has shape {list(array.shape)}; an NCHW image needs 4 dims")
@@ -178,6 +192,46 @@ class TFLiteRunner:
             self.interpreter.resize_tensor_input(index, list(shape), strict=True)
         self.interpreter.allocate_tensors()
         self._shapes.update(changed)
+
+
+def read_feeding(model: Path) -> dict[str, Any] | None:
+    """The entry for `model` in the feeding.json beside it, or None when there is no such file.
+
+    The file is `{"models": {"<file name>": {"layout": ..., "names": {...}, "inputs": [...], ...}}}`;
+    one that cannot be read, or that has no entry for this model, raises ValueError naming it.
+    """
+    path = Path(model).parent / FEEDING_FILE
+    if not path.is_file():
+        return None
+    try:
+        entry = json.loads(path.read_text())["models"][Path(model).name]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"{path} has no readable entry for {Path(model).name} ({type(exc).__name__}: {exc}); "
+            "copy the feeding.json made with this model, or remove it and give --layout and --name"
+        ) from None
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path}: the entry for {Path(model).name} is not an object")
+    return entry
+
+
+def _check_layout(name: str, shape: tuple[int, ...], detail: Mapping[str, Any], layout: str) -> None:
+    """Refuse, in one line naming the flag, a 4-D input given in the other layout than the one set."""
+    signature = [int(n) for n in detail.get("shape_signature", detail["shape"])]
+    if len(shape) != 4 or len(signature) != 4:
+        return
+
+    def fits(dims: tuple[int, ...]) -> bool:
+        return all(want < 0 or want == got for want, got in zip(signature[1:], dims[1:], strict=True))
+
+    other = "NCHW" if layout == "NHWC" else "NHWC"
+    fed = tuple(shape[i] for i in ((0, 2, 3, 1) if layout == "NHWC" else (0, 1, 2, 3)))
+    if not fits(fed) and fits(shape if layout == "NHWC" else tuple(shape[i] for i in (0, 2, 3, 1))):
+        raise ValueError(
+            f"input {name!r} {list(shape)} does not fit the model's {signature} as {layout}: the model takes "
+            f"{other}; give --layout {other} (layout={other!r}), "
+            f"or keep {FEEDING_FILE} beside the model"
+        )
 
 
 def quantize(array: np.ndarray, scale: float, zero_point: int, dtype: np.dtype) -> np.ndarray:
@@ -229,8 +283,13 @@ def _layouts(layout: str | Mapping[str, str], inputs: Mapping[str, Any], outputs
     return {name: "NHWC" for name, value in layout.items() if value.upper() == "NHWC"}
 
 
-def check_golden(runner: TFLiteRunner, golden: Path) -> dict[str, Any]:
-    """Run `runner` on golden.npz's `in.*` arrays and measure each output against `out.*`."""
+def check_golden(runner: TFLiteRunner, golden: Path, atol: float | None = None, rtol: float = 0.0) -> dict[str, Any]:
+    """Run `runner` on golden.npz's `in.*` arrays and measure each output against `out.*`.
+
+    Per output: `max_abs`, `scale` (its largest |golden| value) and `non_finite`; with `atol`, also
+    `tolerance` = atol + rtol * scale and `within`: an output of a house-price regression (~3e5)
+    is held to its own scale, not to a bare 1e-3.
+    """
     with np.load(golden, allow_pickle=False) as data:
         inputs = {k[3:]: data[k] for k in data.files if k.startswith("in.")}
         expected = {k[4:]: data[k] for k in data.files if k.startswith("out.")}
@@ -254,16 +313,23 @@ def check_golden(runner: TFLiteRunner, golden: Path) -> dict[str, Any]:
         if a.shape != b.shape:
             outputs[name] = {"error": f"shape {list(a.shape)}, golden {list(b.shape)}"}
             continue
-        outputs[name] = {
+        finite = b[np.isfinite(b)]
+        entry = {
             "max_abs": float(np.max(np.abs(a - b))) if a.size else 0.0,
+            "scale": float(np.max(np.abs(finite))) if finite.size else 0.0,
             "non_finite": int((~np.isfinite(a)).sum()),
         }
+        if atol is not None:
+            entry["tolerance"] = atol + rtol * entry["scale"]
+            entry["within"] = bool(entry["max_abs"] <= entry["tolerance"])
+        outputs[name] = entry
     worst = [o["max_abs"] for o in outputs.values() if "max_abs" in o]
     return {
         "model": str(runner.path),
         "runtime": runner.runtime,
         "runtime_version": runtime_version(runner.runtime),
         "numpy": np.__version__,
+        "feeding": None if runner.feeding is None else str(runner.feeding),
         "samples": count,
         "max_abs": max(worst) if len(worst) == len(outputs) and worst else None,
         "outputs": outputs,
@@ -278,30 +344,43 @@ def _installed(runtime: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line: one JSON line; exit 0 when the model ran on every golden sample, gave every
-    golden output with its shape and no NaN/Inf (and within --atol, if given), else 1 (2: bad usage).
+    golden output with its shape and no NaN/Inf (and within --atol + --rtol x the output's scale, if
+    given), else 1 (2: bad usage). `--runtime-info` prints only the runtime this file would use.
     """
     parser = argparse.ArgumentParser(description="Run a .tflite model on golden.npz and print one JSON line.")
-    parser.add_argument("model", type=Path, help="the .tflite file")
-    parser.add_argument("golden", type=Path, help="an .npz with in.<name> inputs and out.<name> expected outputs")
-    parser.add_argument("--layout", choices=LAYOUTS, default="NCHW", help="NHWC: the model takes channels-last")
-    parser.add_argument("--name", action="append", default=[], metavar="PIPE=MODEL", help="a renamed tensor")
+    parser.add_argument("model", type=Path, nargs="?", help="the .tflite file")
+    parser.add_argument("golden", type=Path, nargs="?", help="an .npz with in.<name> inputs and out.<name> outputs")
+    parser.add_argument("--layout", choices=LAYOUTS, help=f"NHWC: the model takes channels-last (default: "
+                        f"{FEEDING_FILE} beside the model, else NCHW)")  # fmt: skip
+    parser.add_argument("--name", action="append", default=[], metavar="PIPE=MODEL",
+                        help=f"a renamed tensor (default: {FEEDING_FILE} beside the model)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runtime", choices=RUNTIMES, help="force an interpreter (default: the first installed)")
-    parser.add_argument("--atol", type=float, help="exit 1 when an output differs by more than this")
+    parser.add_argument("--atol", type=float, help="exit 1 when an output differs by more than this (+ --rtol x scale)")
+    parser.add_argument("--rtol", type=float, default=0.0, help="plus this fraction of the output's largest |value|")
+    parser.add_argument("--runtime-info", action="store_true", help="print the runtime this file would use, and exit")
     args = parser.parse_args(argv)
+    if args.runtime_info:
+        runtime = args.runtime or next((r for r in RUNTIMES if _installed(r)), None)
+        version = runtime_version(runtime) if runtime else None
+        print(json.dumps({"runtime": runtime, "runtime_version": version, "numpy": np.__version__}))
+        return 0 if runtime else 1
+    if args.model is None or args.golden is None:
+        parser.error("give a .tflite model and a golden .npz (or --runtime-info)")
     bad = [pair for pair in args.name if "=" not in pair]
     if bad:
         parser.error(f"--name takes PIPE=MODEL, got {bad}")
     if args.threads < 1:
         parser.error(f"--threads must be 1 or more, got {args.threads}")
-    if args.atol is not None and not args.atol >= 0:  # NaN too: every comparison with it is false
-        parser.error(f"--atol must be a number >= 0, got {args.atol}")
+    for flag, value in (("--atol", args.atol), ("--rtol", args.rtol)):
+        if value is not None and not value >= 0:  # NaN too: every comparison with it is false
+            parser.error(f"{flag} must be a number >= 0, got {value}")
     if not args.golden.is_file():
         parser.error(f"golden file {args.golden} not found; give an .npz with in.<name> and out.<name> arrays")
-    names = dict(pair.split("=", 1) for pair in args.name)
+    names = dict(pair.split("=", 1) for pair in args.name) if args.name else None
     try:
         runner = TFLiteRunner(args.model, args.threads, names, args.layout, args.runtime)
-        result = check_golden(runner, args.golden)
+        result = check_golden(runner, args.golden, args.atol, args.rtol)
     except (ValueError, RuntimeError, OSError, ImportError) as exc:
         # The answer a device check needs: this runtime cannot load or run this model (e.g. an op
         # version newer than the interpreter), said as one JSON line like a result.
@@ -312,9 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(json.dumps(result))
     failed = result["max_abs"] is None or any(o.get("non_finite") for o in result["outputs"].values())
-    if args.atol is not None and not failed:
-        failed = result["max_abs"] > args.atol
-    return 1 if failed else 0
+    return 1 if failed or not all(o.get("within", True) for o in result["outputs"].values()) else 0
 
 
 if __name__ == "__main__":

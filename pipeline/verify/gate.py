@@ -208,6 +208,10 @@ def _split_rows(
         got = run_chunked(candidate.run, data, names)
     except Exception as exc:  # same as above: a refusal is a failed row
         return [Row("metric", output, False, f"{candidate.runtime} refused the evaluation split: {first_line(exc)}")]
+    samples = len(next(iter(data.values())))
+    if output in got and len(got[output]) != samples:  # e.g. a converter that folded free dims into the batch
+        return [Row("metric", output, False, f"{candidate.runtime} gave {output!r} {list(got[output].shape)} for "
+                    f"{samples} samples of the evaluation split: one row per sample expected")]  # fmt: skip
     measured = task_metric(task, got[output], target) if target is not None else None
     if measured is None and not policy.over_split:
         why = f"no task metric for {task!r}" if target is not None else "no targets in the evaluation split"

@@ -205,10 +205,64 @@ def test_nchw_images_are_transposed_for_an_nhwc_model(models: Path) -> None:
         "layout": "NHWC",
     }
     as_given = TFLiteRunner(models / "image.fp32.tflite", names={"y": "Identity"})  # no layout: refused, not guessed
-    with pytest.raises(Exception, match="(?i)dim"):
+    with pytest.raises(ValueError, match=r"^input 'pixels' \[32, 2, 3, 4\] .* takes NHWC; give --layout NHWC") as e:
         as_given(inputs)
+    assert "\n" not in str(e.value)  # one line, naming the flag
     with pytest.raises(ValueError, match=r"unknown layout 'NWHC'; choose one of \['NCHW', 'NHWC'\]"):
         TFLiteRunner(models / "image.fp32.tflite", layout="NWHC")
+
+
+def feeding_beside(models: Path, tmp_path: Path, model: str, entry: dict) -> Path:
+    """A copy of `model` with a feeding.json beside it, as `pipe export --target edge` writes one in edge/."""
+    shutil.copyfile(models / model, tmp_path / model)
+    (tmp_path / "feeding.json").write_text(json.dumps({"models": {model: entry}}))
+    return tmp_path / model
+
+
+def test_feeding_json_beside_the_model_replaces_layout_and_name(models: Path, tmp_path: Path) -> None:
+    model = feeding_beside(models, tmp_path, "image.fp32.tflite", {"layout": "NHWC", "names": {"y": "Identity"}})
+    inputs, outputs = golden(models, "image")
+    runner = TFLiteRunner(model)  # no names, no layout: read from feeding.json
+    assert runner.feeding == tmp_path / "feeding.json"
+    np.testing.assert_allclose(runner(inputs)["y"], outputs["y"], atol=1e-5)
+    code, result = run_cli(sys.executable, RUNNER, str(model), str(models / "image.golden.npz"), "--atol", "1e-5")
+    assert code == 0 and result["feeding"] == str(tmp_path / "feeding.json"), result
+    (tmp_path / "feeding.json").write_text(json.dumps({"models": {"other.tflite": {}}}))
+    with pytest.raises(ValueError, match="feeding.json has no readable entry for image.fp32.tflite"):
+        TFLiteRunner(model)
+
+
+def test_tolerance_is_relative_to_the_outputs_scale(models: Path, tmp_path: Path) -> None:
+    """--atol alone is absolute; with --rtol the output's own scale (its largest |golden| value) widens it."""
+    inputs, _ = golden(models, "dense")
+    got = TFLiteRunner(models / "dense.fp32.tflite", names=NAMES)(inputs)["logits"].astype(np.float64)
+    off = tmp_path / "off.golden.npz"  # every value 0.01 away: a few fp32 steps of an output ~1e5
+    np.savez(off, **{"in.x": inputs["x"], "out.logits": got + 0.01})
+    args = [str(models / "dense.fp32.tflite"), str(off), "--name", "logits=Identity", "--atol", "1e-3"]
+    code, result = run_cli(sys.executable, RUNNER, *args)
+    assert code == 1 and result["outputs"]["logits"]["within"] is False, result
+    code, result = run_cli(sys.executable, RUNNER, *args, "--rtol", "0.01")
+    entry = result["outputs"]["logits"]
+    assert code == 0 and entry["within"] and entry["tolerance"] == pytest.approx(1e-3 + 0.01 * entry["scale"]), result
+    assert entry["scale"] == pytest.approx(np.abs(got + 0.01).max())
+
+
+def test_feeding_metadata_stamped_into_a_model_reads_back_and_leaves_its_answers(models: Path, tmp_path: Path) -> None:
+    from pipeline.artifact.manifest import Manifest
+    from pipeline.edge.feeding import read_metadata, stamp_metadata
+
+    model = tmp_path / "dense.fp32.tflite"
+    shutil.copyfile(models / "dense.fp32.tflite", model)
+    manifest = Manifest("dense", 1, "classification", inputs=X_SPEC, outputs=LOGITS_SPEC, labels=["a", "b", "c"])
+    assert read_metadata(model) is None
+    assert stamp_metadata(model, {"layout": "NCHW", "names": NAMES}, manifest)
+    size = model.stat().st_size
+    assert stamp_metadata(model, {"layout": "NCHW", "names": NAMES}, manifest) and model.stat().st_size == size
+    stamped = read_metadata(model)  # a second stamp replaced the first, in place
+    assert stamped["feeding"] == {"layout": "NCHW", "names": NAMES} and stamped["labels"] == ["a", "b", "c"]
+    inputs, _ = golden(models, "dense")
+    before = TFLiteRunner(models / "dense.fp32.tflite", names=NAMES)(inputs)["logits"]
+    np.testing.assert_array_equal(TFLiteRunner(model, names=NAMES)(inputs)["logits"], before)
 
 
 def test_the_stand_alone_file_imports_nothing_of_pipe(models: Path, tmp_path: Path) -> None:
@@ -299,8 +353,9 @@ def test_tflite_candidate_names_a_file_it_cannot_load(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_runner_in_the_tflite_runtime_environment(models: Path) -> None:
+def test_runner_in_the_tflite_runtime_environment(models: Path, tmp_path: Path) -> None:
     """`make edge-runtime`, then the runner file run by .venv-edge's Python: tflite_runtime 2.14 on numpy 1.x."""
+    fed = feeding_beside(models, tmp_path, "image.fp32.tflite", {"layout": "NHWC", "names": {"y": "Identity"}})
     make = subprocess.run(["make", "edge-runtime"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert make.returncode == 0, make.stdout + make.stderr
     for heavy in ("tensorflow", "torch", "ai_edge_litert", "pipeline"):
@@ -314,6 +369,7 @@ def test_runner_in_the_tflite_runtime_environment(models: Path) -> None:
         ("dense.batch1.tflite", dense, ["--name", "logits=Identity", "--atol", "1e-5"]),
         ("dense.signed.tflite", dense, ["--atol", "1e-5"]),
         ("image.fp32.tflite", image, ["--name", "y=Identity", "--layout", "NHWC", "--atol", "1e-5"]),
+        (str(fed), image, ["--atol", "1e-5"]),  # layout and names from the feeding.json beside it
     ]
     for model, npz, args in cases:
         code, result = run_cli(EDGE_PYTHON, RUNNER, str(models / model), npz, *args)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,12 +13,17 @@ import yaml
 from click.testing import CliRunner
 from onnx import TensorProto, helper
 from test_edge_convert import cnn, digits
+from test_edge_device import ABORTS, house
+from test_edge_runner import EDGE_PYTHON
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import Golden, save_golden
 from pipeline.artifact.manifest import Manifest, TensorSpec
 from pipeline.artifact.variants import FP32, Variant, variant_file
 from pipeline.cli import main
+from pipeline.core.host import host_line
+from pipeline.edge.feeding import read_metadata
+from pipeline.report.variants import edge_section
 
 pytestmark = pytest.mark.slow  # onnx2tf converts in a subprocess: seconds per model
 
@@ -116,3 +123,50 @@ def test_int8_asked_for_by_name_without_real_samples_is_refused(tmp_path: Path) 
     result = CliRunner().invoke(main, ["export", str(repo / "plain" / "1"), "--target", "edge",
                                        "--precision", "fp32", "--precision", "int8", "--layout", "NHWC"])  # fmt: skip
     assert result.exit_code == 2 and "--eval-data" in result.output, result.output
+
+
+def test_house_prices_pass_the_device_at_fp32_and_fp16_is_refused_naming_the_constant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outputs ~2e5: fp32 runs on the device runtime within its own scale (a bare 1e-3 failed it); fp16 holds the
+    target mean 206,070 as inf, named before "exceeds atol"; a runtime that aborts on fp16 is a crash with its signal.
+    """
+    source = house(tmp_path / "house.onnx")
+    x = np.random.default_rng(2).normal(size=(64, 8)).astype(np.float32)
+    np.savez(tmp_path / "eval.npz", x=x, target=np.zeros(64, np.float32))
+    repo = tmp_path / "artifacts"
+    args = ["import", str(source), "--name", "house", "--eval-data", str(tmp_path / "eval.npz"), "--task",
+            "regression", "--repository", str(repo)]  # fmt: skip
+    imported = CliRunner().invoke(main, args)
+    assert imported.exit_code == 0, imported.output
+    real = EDGE_PYTHON if EDGE_PYTHON.exists() else Path(sys.executable)  # without .venv-edge, LiteRT stands in
+    wrapper = tmp_path / "device-python"  # aborts on the fp16 model as tflite-runtime 2.14 aborts on some models
+    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *model.fp16.tflite*) {ABORTS.split(chr(10), 1)[1]};; esac\n'
+                       f'exec {shlex.quote(str(real))} "$@"\n')  # fmt: skip
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PIPE_EDGE_PYTHON", str(wrapper))
+    root = repo / "house" / "1"
+    result = CliRunner().invoke(main, ["export", str(root), "--target", "edge", "--precision", "fp32",
+                                       "--precision", "fp16"])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    manifest = Artifact.load(root).manifest
+    fp32, fp16 = manifest.variants["tflite-fp32"], manifest.variants["tflite-fp16"]
+    assert fp32.passed and all(fp32.edge.runtimes.values()) and len(fp32.edge.runtimes) == 2, fp32.reason
+    assert fp32.parity["max_abs"] > 1e-3  # a few fp32 steps at 2e5: what the bare 1e-3 refused
+    assert fp16.reason.startswith(
+        "fp16 range target_mean: constant 'target_mean' (used by node 'add_mean') holds 206,070"
+    )
+    table = result.output[result.output.index("tflite-fp16:\ncheck") :]  # the failure table
+    assert table.index("target_mean") < table.index("exceed atol")  # the cause, then its symptom
+    (device,) = [line for line in table.splitlines() if line.startswith("device ")]  # the device's row, listed
+    assert " FAIL " in device and "crashed (SIGABRT) running model.fp16.tflite; last output: " in device
+    assert device.endswith("malloc(): unaligned tcache chunk detected")
+
+    feeding = json.loads((root / "edge" / "feeding.json").read_text())  # beside the models, hashed like them
+    assert "edge/feeding.json" in manifest.files and "edge/labels.txt" not in manifest.files  # no labels
+    entry = feeding["models"]["model.fp32.tflite"]
+    assert entry["names"] == fp32.edge.names and entry["inputs"][0]["name"] == "x" and entry["layout"] == "NCHW"
+    assert read_metadata(root / "edge" / "model.fp32.tflite")["feeding"] == entry  # the same, inside the .tflite
+    assert manifest.stages.edge.host["cpus"]
+    section = "\n".join(edge_section(Artifact.load(root)))
+    assert "measured on this host, not on a device: " + host_line(manifest.stages.edge.host) in section

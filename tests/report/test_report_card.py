@@ -7,12 +7,12 @@ import re
 from pathlib import Path
 
 from pipeline.artifact.directory import Artifact
-from pipeline.artifact.records import BenchmarkRecord
+from pipeline.artifact.records import BenchmarkRecord, EdgeRecord
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import Variant
 from pipeline.report.card import model_card
 from pipeline.report.stage import card_facts
-from pipeline.report.variants import benchmark_section
+from pipeline.report.variants import benchmark_section, edge_section
 from tests.conftest import build_artifact
 
 UNESCAPED_PIPE = re.compile(r"(?<!\\)\|")
@@ -126,4 +126,19 @@ def test_text_from_the_benchmark_report_stays_inside_its_line(tmp_path: Path) ->
     section = "\n".join(benchmark_section(artifact))
     assert not [line for line in section.splitlines() if line.startswith("#") and line != "## Benchmark"], section
     assert "metric: accuracy # not a heading \\| nor a table." in section
+    assert_tables_render(section)
+
+
+def test_the_edge_section_names_the_host_its_times_were_measured_on(tmp_path: Path) -> None:
+    artifact = build_artifact(tmp_path / "artifacts" / "toy" / "1")
+    artifact.write_file("edge/model.fp32.tflite", b"tflite bytes")
+    parent = artifact.manifest.files["model.onnx"].sha256
+    artifact.add_variant("tflite-fp32", Variant(file="edge/model.fp32.tflite", precision="fp32", format="tflite",
+                                                stage="edge", parent=parent))  # fmt: skip
+    host = {"cpu": "AMD EPYC | 9454", "cpus": 2, "system": "Linux 6.8 x86_64", "python": "3.11.7"}
+    artifact.manifest.stages.edge = EdgeRecord(parent=parent, converter="onnx2tf 1.28.8", variants=["tflite-fp32"],
+                                               seconds={"tflite-fp32": 9.5}, host=host)  # fmt: skip
+    artifact.save()
+    section = "\n".join(edge_section(Artifact.load(artifact.root)))
+    assert "measured on this host, not on a device: AMD EPYC \\| 9454 (2 CPUs), Linux 6.8 x86_64." in section
     assert_tables_render(section)

@@ -231,3 +231,17 @@ def test_a_recorded_output_missing_is_named_not_blamed_on_the_runtime(tmp_path: 
     (row,) = report.failures
     assert row.check == "golden (recorded)" and row.output == "y"
     assert row.detail == "the reference has no output 'y' (it has ['logits'])"
+
+
+def test_a_candidate_giving_more_rows_than_samples_fails_a_row_not_the_gate(tmp_path: Path) -> None:
+    """onnx2tf once folded a model's free spatial dims into the batch: 288 rows for 32 samples."""
+    reference = ort_runner(linear(tmp_path, W3))
+
+    def folded(arrays: Arrays) -> Arrays:
+        return {name: np.repeat(value, 9, axis=0) for name, value in reference(arrays).items()}
+
+    split, target = classifier_split()
+    evaluation = EvaluationSet.of(SAMPLES, ({"x": split["x"][:32]}, target[:32]))
+    report = verify(Candidate(folded, "TFLite", "LiteRT"), reference, evaluation, ModelSpec([X], [spec(3)]), Exact())
+    row = next(r for r in report.failures if r.check == "metric")
+    assert row.detail == "LiteRT gave 'y' [288, 3] for 32 samples of the evaluation split: one row per sample expected"

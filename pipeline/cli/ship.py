@@ -105,8 +105,11 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
     default=30.0,
     show_default=True,
     type=Number(0, 3600),
-    help="Seconds accepted requests get on SIGTERM.",
+    help="Seconds requests in flight get to finish once the drain ends.",
 )
+@click.option("--drain-seconds", default=5.0, show_default=True, type=Number(0, 3600),
+              help="On SIGTERM / Ctrl-C: seconds readiness is false while requests are still answered, each "
+              "response closing its connection, before the server stops (0: stop at once).")  # fmt: skip
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 @click.option("--access-log", metavar="PATH|-", help="Append one JSON line per request to PATH (- for stdout).")
 @click.option("--read-timeout", default=30.0, show_default=True, type=Number(None, 3600),
@@ -134,6 +137,7 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
                 max_body_bytes=int(o["max_body_mb"] * 1024 * 1024),
                 api_key_env=o["api_key_env"],
                 graceful_s=o["graceful_timeout"],
+                drain_s=o["drain_seconds"],
                 log_level=o["log_level"],
                 access_log=o["access_log"],
                 read_timeout_s=o["read_timeout"],

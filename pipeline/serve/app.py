@@ -28,6 +28,7 @@ from pipeline.serve.body import BODY_METHODS, BodyLimit, read_body
 from pipeline.serve.config import ServeConfig
 from pipeline.serve.detections import OUTPUTS as DETECTIONS
 from pipeline.serve.detections import not_a_detector, placements_of
+from pipeline.serve.drain import CloseWhileDraining, Drain
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
 from pipeline.serve.openapi import document
@@ -55,6 +56,7 @@ class ServeApp:
         self.metrics = Metrics()
         self.repository: Repository | None = None
         self.ready = False
+        self.drain = Drain(config.http.drain_s)
         self._router = Router(ROUTES, self)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -93,6 +95,7 @@ class ServeApp:
         await self.repository.start()
         served = {name: sorted(vs) for name, vs in self.repository.models.items()}
         log.info("serving %s on http://%s:%d", served or "no models yet", c.http.host, c.http.port)
+        self.drain.install()
         self.ready = True
 
     async def _handle(self, scope: dict[str, Any], receive: Any) -> Response:
@@ -121,14 +124,20 @@ class ServeApp:
         # KServe V2: 200 is ready, a 4xx is not (Triton answers 400). Ready means serving at least one
         # model version: a server whose every version was refused, or whose repository is still empty,
         # must not receive traffic.
-        if not self.ready:
-            raise RequestError("not ready: starting up or shutting down", 400, {"retry-after": "1"})
+        self._check_serving()
         if not self._repo().models:
             failed = sorted(f"{n} v{v}" for n, v in self._repo().failed)
             why = f"every version was refused ({', '.join(failed)}; see GET /v2/models/NAME/ready)" if failed else (
                 "the repository holds no model version yet")  # fmt: skip
             raise RequestError(f"not ready: no model is loaded: {why}", 400, {"retry-after": "1"})
         return json_response({"ready": True})
+
+    def _check_serving(self) -> None:
+        """Not ready (400, as Triton) while starting up, draining or stopping."""
+        if self.drain.draining:
+            raise RequestError("not ready: draining before shutdown; send new requests elsewhere", 400)
+        if not self.ready:
+            raise RequestError("not ready: starting up or shutting down", 400, {"retry-after": "1"})
 
     async def prometheus_metrics(self, request: Request) -> Response:
         return 200, self.metrics.render(self._repo().ready_map()), {"content-type": CONTENT_TYPE}
@@ -162,6 +171,7 @@ class ServeApp:
 
     async def model_ready(self, request: Request) -> Response:
         self._repo().get(request.model_name, request.version)
+        self._check_serving()
         return json_response({"name": request.model_name, "ready": True})
 
     def model_infer(self, request: Request) -> Awaitable[Response]:
@@ -255,7 +265,7 @@ def create_app() -> Any:
     """uvicorn factory for worker processes: the config arrives in PIPE_SERVE_CONFIG.
 
     The app wrapped, from the inside out: the body limit, the API key when one is set (refusing
-    before any body is read), the response counter (it counts every layer's answers) and the access
+    before any body is read), the response counter (it counts every layer's answers), the drain's `Connection: close` and the access
     log when asked for."""
     config = ServeConfig.from_env()
     logging.basicConfig(level=config.http.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -264,5 +274,5 @@ def create_app() -> Any:
     served: Any = BodyLimit(app, http.max_body_bytes, http.read_timeout_s)
     if http.api_key_env:
         served = ApiKey.from_env(served, http.api_key_env, PUBLIC_PATHS)
-    served = CountResponses(served, app.metrics)
+    served = CloseWhileDraining(CountResponses(served, app.metrics), app.drain)
     return AccessLog(served, http.access_log) if http.access_log else served

@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline import __version__
 from pipeline.artifact.manifest import Detection
+from pipeline.serve import triton
 from pipeline.serve.access_log import AccessLog
 from pipeline.serve.auth import ApiKey
 from pipeline.serve.body import BODY_METHODS, BodyLimit, read_body
@@ -174,6 +175,46 @@ class ServeApp:
         self._check_serving()
         return json_response({"name": request.model_name, "ready": True})
 
+    # -- Triton's repository extension (read-only): config, statistics, index ---------------------
+
+    async def model_config(self, request: Request) -> Response:
+        model = self._repo().get(request.model_name, request.version)
+        kind = "KIND_GPU" if "CUDAExecutionProvider" in model.session.providers else "KIND_CPU"
+        config = triton.model_config(
+            model.name, model.session.inputs, model.session.outputs, model.session.batchable, self.config.batching,
+            model.file, self.config.repository.latest, kind,
+        )  # fmt: skip
+        return json_response(config)
+
+    async def model_stats(self, request: Request) -> Response:
+        repo, name = self._repo(), request.model_name
+        assert name is not None
+        versions = [repo.get(name, request.version).version] if request.version else sorted(repo.get_all(name))
+        return self._stats({name: versions})
+
+    async def every_model_stats(self, request: Request) -> Response:
+        return self._stats({name: sorted(versions) for name, versions in sorted(self._repo().models.items())})
+
+    def _stats(self, versions: dict[str, list[int]]) -> Response:
+        totals = self.metrics.totals()
+        entries = [triton.model_stats(name, v, totals.get((name, v), {})) for name, vs in versions.items() for v in vs]
+        return json_response({"model_stats": entries})
+
+    async def repository_index(self, request: Request) -> Response:
+        asked = v2.parse_json(request.body, "the repository index request") if request.body.strip() else {}
+        if not isinstance(asked, dict) or not isinstance(asked.get("ready", False), bool):
+            raise RequestError(
+                f'the repository index request must be {{}} or {{"ready": true|false}}, got {asked!r:.80}'
+            )
+        repo = self._repo()
+        entries = [
+            triton.index_entry(name, version, served, reason)
+            for name in sorted(repo.names())
+            for version, (served, reason) in sorted(repo.states(name).items())
+            if served or not asked.get("ready", False)
+        ]
+        return json_response(entries)
+
     def model_infer(self, request: Request) -> Awaitable[Response]:
         return self._infer(_V2, request)
 
@@ -265,8 +306,8 @@ def create_app() -> Any:
     """uvicorn factory for worker processes: the config arrives in PIPE_SERVE_CONFIG.
 
     The app wrapped, from the inside out: the body limit, the API key when one is set (refusing
-    before any body is read), the response counter (it counts every layer's answers), the drain's `Connection: close` and the access
-    log when asked for."""
+    before any body is read), the response counter (it counts every layer's answers), the drain's
+    `Connection: close` and the access log when asked for."""
     config = ServeConfig.from_env()
     logging.basicConfig(level=config.http.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     http = config.http

@@ -182,6 +182,7 @@ class Repository:
             for old in dropped:  # unloaded, or replaced by a reload: answer what it accepted, then stop
                 if old.version not in served.get(old.name, {}):
                     log.info("unloaded %s v%d", old.name, old.version)
+                    self._metrics.loaded(old.name, "unloaded")
                 await old.batcher.close()
 
     def _report_strays(self, strays: dict[Path, str]) -> None:
@@ -206,6 +207,7 @@ class Repository:
         self.failed.pop((name, version), None)
         loaded = self._serve(name, version, root, choice, session, stamp)
         loaded.read(answers)
+        self._metrics.loaded(name, "loaded")
         log.info(
             "loaded %s v%d from %s (variant %s, %s) on %s; inputs %s; batching %s",
             name, version, root, choice.variant, choice.file, session.providers,
@@ -219,6 +221,7 @@ class Repository:
         if isinstance(exc, NotExported):  # work in progress (train ran, export not yet): no fault to report
             log.warning("not serving %s v%d yet: %s", name, version, scan.one_line(exc))
             return
+        self._metrics.loaded(name, "refused")
         log.error("refused %s v%d from %s: %s", name, version, root, scan.one_line(exc))
 
     async def _recheck(self, loaded: LoadedVersion) -> LoadedVersion | None:
@@ -260,6 +263,7 @@ class Repository:
         )  # fmt: skip
         reloaded = self._serve(loaded.name, loaded.version, loaded.root, choice, session, stamp)
         reloaded.read(answers)
+        self._metrics.loaded(loaded.name, "reloaded")
         return reloaded
 
     def _open(self, root: Path, current: Choice | None) -> tuple[Choice, ModelSession | None, Answers]:
@@ -303,6 +307,15 @@ class Repository:
             reason = self._failure_note(name, number)
             raise NotFound(f"model {name!r} has no version {number} being served{reason}; served: {sorted(versions)}")
         return loaded
+
+    def get_all(self, name: str) -> dict[int, LoadedVersion]:
+        """Every served version of a model; 404 naming what exists."""
+        self.get(name, None)
+        return self.models[name]
+
+    def names(self) -> set[str]:
+        """Every model found: served, or with refused versions only."""
+        return set(self.models) | {name for name, _ in self.failed}
 
     def _failure_note(self, name: str, version: int | None = None) -> str:
         errors = [e for (n, v), (_, e) in self.failed.items() if n == name and version in (None, v)]

@@ -26,7 +26,7 @@ from typing import Any
 
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.responses import Response
-from pipeline.serve.schemas import CLASSIFY_REQUEST, INFER_REQUEST, PREDICT_REQUEST
+from pipeline.serve.schemas import CLASSIFY_REQUEST, INDEX, INDEX_REQUEST, INFER_REQUEST, PREDICT_REQUEST
 
 JSON = "application/json"
 BINARY = "application/octet-stream"
@@ -44,8 +44,10 @@ class Route:
     ok: str  # what a 200 answer holds
     errors: tuple[int, ...] = ()  # the refusals the document declares, by status
     body: dict[str, Any] | None = None  # the request body's JSON Schema; None: no body
+    body_required: bool = True  # False where clients may send none (Triton's repository index)
     answers: tuple[str, ...] = (JSON,)  # media types of a 200 answer
     public: bool = False  # answered without the API key (the health probes)
+    returns: dict[str, Any] | None = None  # the 200 JSON body's schema when it is not an object
 
 
 _V2_MODEL = "/v2/models/{model_name}[/versions/{version}]"
@@ -60,8 +62,17 @@ ROUTES = (
           "ready", (400,), public=True),
     Route("GET", "/metrics", "prometheus_metrics", "Prometheus metrics", "text exposition format", answers=(TEXT,)),
     Route("GET", "/openapi.json", "openapi_document", "This document", "OpenAPI document"),
+    Route("GET", "/v2/models/stats", "every_model_stats", "Triton statistics of every served model version",
+          "statistics"),
+    Route("POST", "/v2/repository/index", "repository_index",
+          "Triton repository index: every version found, READY or UNAVAILABLE with the reason", "index",
+          _BODY_ERRORS, INDEX_REQUEST, body_required=False, returns=INDEX),
     Route("GET", _V2_MODEL, "model_metadata", "V2 model metadata", "model metadata", (400, 404)),
     Route("GET", f"{_V2_MODEL}/ready", "model_ready", "V2 model readiness", "ready", (400, 404)),
+    Route("GET", f"{_V2_MODEL}/config", "model_config", "Triton model configuration (JSON)", "model config",
+          (400, 404)),
+    Route("GET", f"{_V2_MODEL}/stats", "model_stats", "Triton statistics of the model's versions", "statistics",
+          (400, 404)),
     Route("POST", f"{_V2_MODEL}/infer", "model_infer",
           "V2 inference (JSON, or binary tensors with Inference-Header-Content-Length)", "outputs", _BODY_ERRORS,
           INFER_REQUEST, answers=(JSON, BINARY)),

@@ -112,6 +112,9 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
               "response closing its connection, before the server stops (0: stop at once).")  # fmt: skip
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 @click.option("--access-log", metavar="PATH|-", help="Append one JSON line per request to PATH (- for stdout).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
+              help="The server's own log lines: text, or one JSON object per line. [default: json with "
+              "--access-log, else text]")  # fmt: skip
 @click.option("--read-timeout", default=30.0, show_default=True, type=Number(None, 3600),
               help="Seconds a request's headers, then its body, may take to arrive (408 beyond).")  # fmt: skip
 def serve(paths: tuple[str, ...], **options: Any) -> None:
@@ -140,6 +143,7 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
                 drain_s=o["drain_seconds"],
                 log_level=o["log_level"],
                 access_log=o["access_log"],
+                log_format=o["log_format"] or ("json" if o["access_log"] else "text"),
                 read_timeout_s=o["read_timeout"],
             ),
             session=SessionOptions(o["provider"], o["intra_op_threads"], o["inter_op_threads"], o["spin"]),

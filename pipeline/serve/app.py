@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline import __version__
 from pipeline.artifact.manifest import Detection
-from pipeline.serve import triton
+from pipeline.serve import logs, triton
 from pipeline.serve.access_log import AccessLog
 from pipeline.serve.auth import ApiKey
 from pipeline.serve.body import BODY_METHODS, BodyLimit, read_body
@@ -39,7 +39,8 @@ from pipeline.serve.protocols.tfclassify import TFClassify
 from pipeline.serve.protocols.tfserving import TFServing
 from pipeline.serve.protocols.v2 import V2
 from pipeline.serve.repository import LoadedVersion, Repository, version_number
-from pipeline.serve.responses import Response, error_response, json_response, send_response
+from pipeline.serve.request_id import RequestId
+from pipeline.serve.responses import Response, error_body, error_response, json_response, send_response
 from pipeline.serve.routes import PUBLIC_PATHS, ROUTES, Request, Router
 from pipeline.serve.timing import current_request
 
@@ -111,7 +112,7 @@ class ServeApp:
             return error_response(exc)
         except Exception:
             log.exception("internal error on %s %s", method, scope["path"])
-            return json_response({"error": "internal server error; the server log has the traceback"}, 500)
+            return error_body("internal server error; the server log has the traceback (find it by request_id)", 500)
 
     # -- handlers of the fixed routes -------------------------------------------------------------
 
@@ -307,13 +308,15 @@ def create_app() -> Any:
 
     The app wrapped, from the inside out: the body limit, the API key when one is set (refusing
     before any body is read), the response counter (it counts every layer's answers), the drain's
-    `Connection: close` and the access log when asked for."""
+    `Connection: close`, the access log when asked for, and the request id (outermost: every layer's
+    answer and log line carries it)."""
     config = ServeConfig.from_env()
-    logging.basicConfig(level=config.http.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(config.http.log_level, config.http.log_format)
     http = config.http
     app = ServeApp(config)
     served: Any = BodyLimit(app, http.max_body_bytes, http.read_timeout_s)
     if http.api_key_env:
         served = ApiKey.from_env(served, http.api_key_env, PUBLIC_PATHS)
     served = CloseWhileDraining(CountResponses(served, app.metrics), app.drain)
-    return AccessLog(served, http.access_log) if http.access_log else served
+    served = AccessLog(served, http.access_log) if http.access_log else served
+    return RequestId(served)

@@ -21,6 +21,7 @@ import tempfile
 from typing import Any
 
 from pipeline.core.errors import InputError, first_line
+from pipeline.serve import logs
 from pipeline.serve.access_log import STDOUT
 from pipeline.serve.config import CONFIG_ENV, ServeConfig
 from pipeline.serve.metrics import MULTIPROCESS_ENV
@@ -140,7 +141,7 @@ def run(config: ServeConfig) -> None:
     import uvicorn
 
     _check(config)
-    logging.basicConfig(level=config.http.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(config.http.log_level, config.http.log_format)
     if not _is_loopback(config.http.host):
         log.warning(
             "listening on %s, beyond this machine%s",
@@ -167,8 +168,10 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _run_uvicorn(uvicorn: Any, config: ServeConfig) -> None:
+    log_config = logs.uvicorn_config(config.http.log_format)
     uvicorn.run(
         "pipeline.serve.app:create_app",
+        **({"log_config": log_config} if log_config else {}),  # None: uvicorn's own text lines
         factory=True,
         host=config.http.host,
         port=config.http.port,

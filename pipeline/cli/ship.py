@@ -35,6 +35,9 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
     type=Whole(None, 1_000_000),
     help="Serve only the newest N loadable versions of each model (default: all).",
 )
+@click.option("--versions", "policy", type=click.Choice(["all", "checked", "promoted"]), default="all",
+              show_default=True, help="Which versions may be served: all that load, only those whose `pipe check` "
+              "passed, or only those a label names (`pipe promote`).")  # fmt: skip
 @click.option("--variant", "variants", multiple=True, help="fp32 (model.onnx), a manifest variant (opt, int8...) or "
               "best (the fastest that passed), for every model or as MODEL=VARIANT; repeatable.")  # fmt: skip
 @click.option(
@@ -131,7 +134,7 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
     run(
         ServeConfig(
             repository=RepositorySettings(
-                tuple(Path(p) for p in paths), o["latest"], _variants(o["variants"]), o["poll"]
+                tuple(Path(p) for p in paths), o["latest"], _variants(o["variants"]), o["poll"], o["policy"]
             ),
             http=HTTPSettings(
                 host=o["host"],
@@ -152,6 +155,40 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
             ),
         )
     )
+
+
+@main.command()
+@click.argument("artifact", metavar="ARTIFACT_VERSION", type=click.Path())
+@click.option("--label", default="stable", show_default=True, help="The label to point at this version (stable, "
+              "canary ...); `stable` also takes the requests that name no version.")  # fmt: skip
+@click.option("--force", is_flag=True, help="Promote a version whose `pipe check` failed.")
+def promote(artifact: str, label: str, force: bool) -> None:
+    """Point a version label (artifacts/NAME/labels.json) at ARTIFACT_VERSION (artifacts/NAME/N).
+
+    A running `pipe serve` picks the label up on its next scan: `/v1/models/NAME/labels/LABEL` and
+    `/v2/models/NAME/labels/LABEL/...` reach the version, and with `--versions promoted` only labelled
+    versions are served.
+    """
+    from pipeline.artifact.directory import Artifact
+    from pipeline.artifact.labels import check_label, write_label
+    from pipeline.artifact.manifest import MANIFEST_NAME
+    from pipeline.core.errors import InputError
+
+    check_label(label)
+    path = Path(artifact)
+    if not (path / MANIFEST_NAME).is_file():
+        raise InputError(f"{artifact}: no {MANIFEST_NAME} in it; give one version directory, artifacts/NAME/N")
+    loaded = Artifact.load(path, verify=True)
+    manifest, check = loaded.manifest, loaded.manifest.stages.check
+    if check is not None and not check.passed and not force:
+        raise InputError(
+            f"{artifact}: its `pipe check` failed ({'; '.join(check.failures[:3]) or 'see its check report'}); "
+            "fix the model, or pass --force to promote it anyway"
+        )
+    previous = write_label(loaded.root.parent, label, manifest.version)
+    was = "" if previous is None else " (unchanged)" if previous == manifest.version else f" (was v{previous})"
+    status = "no check record" if check is None else "check passed" if check.passed else "check FAILED"
+    click.echo(f"{manifest.name}: {label} -> v{manifest.version}{was}; {status}")
 
 
 @main.command()

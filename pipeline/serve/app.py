@@ -155,9 +155,10 @@ class ServeApp:
     # -- KServe V2 ---------------------------------------------------------------------------------
 
     async def model_metadata(self, request: Request) -> Response:
-        repo, name, version = self._repo(), request.model_name, request.version
-        model = repo.get(name, version)
-        versions = [str(v) for v in repo.models[name]] if version is None else [str(model.version)]
+        repo, name = self._repo(), request.model_name
+        model = repo.get(name, request.version, request.label)
+        unversioned = request.version is None and request.label is None
+        versions = [str(v) for v in repo.models[name]] if unversioned else [str(model.version)]
         parameters = {
             "version": str(model.version),
             "variant": model.variant,
@@ -165,6 +166,8 @@ class ServeApp:
             "providers": model.session.providers,
             "max_batch_size": self.config.batching.max_batch_size if model.session.batchable else 0,
         }
+        if labels := {label: v for label, v in repo.labels.get(model.name, {}).items() if v == model.version}:
+            parameters["labels"] = sorted(labels)  # the labels naming this version (pipe promote)
         if model.reload_error is not None:  # still serving what it had; its changed manifest was refused
             parameters["reload_error"] = model.reload_error
         if model.images.recorded:  # input name -> its recorded preprocessing (image inputs: how pictures feed them)
@@ -172,14 +175,14 @@ class ServeApp:
         return json_response(v2.metadata(model.io, versions, parameters))
 
     async def model_ready(self, request: Request) -> Response:
-        self._repo().get(request.model_name, request.version)
+        self._repo().get(request.model_name, request.version, request.label)
         self._check_serving()
         return json_response({"name": request.model_name, "ready": True})
 
     # -- Triton's repository extension (read-only): config, statistics, index ---------------------
 
     async def model_config(self, request: Request) -> Response:
-        model = self._repo().get(request.model_name, request.version)
+        model = self._repo().get(request.model_name, request.version, request.label)
         kind = "KIND_GPU" if "CUDAExecutionProvider" in model.session.providers else "KIND_CPU"
         config = triton.model_config(
             model.name, model.session.inputs, model.session.outputs, model.session.batchable, self.config.batching,
@@ -190,7 +193,10 @@ class ServeApp:
     async def model_stats(self, request: Request) -> Response:
         repo, name = self._repo(), request.model_name
         assert name is not None
-        versions = [repo.get(name, request.version).version] if request.version else sorted(repo.get_all(name))
+        if request.version is None and request.label is None:
+            versions = sorted(repo.get_all(name))
+        else:
+            versions = [repo.get(name, request.version, request.label).version]
         return self._stats({name: versions})
 
     async def every_model_stats(self, request: Request) -> Response:
@@ -226,7 +232,7 @@ class ServeApp:
 
         Counted in the model's metrics: a success with its time, or a failure (refused with a
         4xx/503, or a server fault); inline, a generator context manager cost ~1 us a request."""
-        model = self._repo().get(request.model_name, request.version)
+        model = self._repo().get(request.model_name, request.version, request.label)
         stats = self.metrics.model(model.name, model.version)
         if (record := current_request.get()) is not None:  # the access log's record of this request
             record.model, record.version = model.name, model.version
@@ -274,12 +280,14 @@ class ServeApp:
         return self._infer(_TF_CLASSIFY, request)
 
     async def tf_metadata(self, request: Request) -> Response:
-        model = self._repo().get(request.model_name, request.version)
+        model = self._repo().get(request.model_name, request.version, request.label)
         return json_response(tfserving.metadata(model.io, model.images.recorded))
 
     async def tf_status(self, request: Request) -> Response:
         name, version = request.model_name, request.version
         states = self._repo().states(name)
+        if request.label is not None:
+            version = str(self._repo().get(name, None, request.label).version)
         if version is not None:
             number = version_number(version)
             if number not in states:

@@ -48,6 +48,8 @@ def document(models: list[str]) -> dict[str, Any]:
                        "schema": {"type": "string", "enum": models or [""]}},
         "version": {"name": "version", "in": "path", "required": True,
                     "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+        "label": {"name": "label", "in": "path", "required": True,
+                  "schema": {"type": "string", "pattern": "^[a-z][a-z0-9_-]{0,63}$"}},
     }  # fmt: skip
     paths: dict[str, Any] = {}
     for route in ROUTES:

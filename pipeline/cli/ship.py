@@ -1,4 +1,4 @@
-"""Commands that use an artifact: serve it over HTTP, predict with one variant, show what it holds."""
+"""Commands that use an artifact: serve it over HTTP, promote a version (labels), predict with one variant, show it."""
 
 from __future__ import annotations
 

@@ -77,6 +77,7 @@ class ServeApp:
                     log.exception("startup failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
+                self.drain.install()  # uvicorn's signal handlers are in place by now: wrap them
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.ready = False
@@ -97,7 +98,6 @@ class ServeApp:
         await self.repository.start()
         served = {name: sorted(vs) for name, vs in self.repository.models.items()}
         log.info("serving %s on http://%s:%d", served or "no models yet", c.http.host, c.http.port)
-        self.drain.install()
         self.ready = True
 
     async def _handle(self, scope: dict[str, Any], receive: Any) -> Response:

@@ -36,7 +36,7 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
     help="Serve only the newest N loadable versions of each model (default: all).",
 )
 @click.option("--versions", "policy", type=click.Choice(["all", "checked", "promoted"]), default="all",
-              show_default=True, help="Which versions may be served: all that load, only those whose `pipe check` "
+              show_default=True, help="Which versions may be served: all that load, only those whose recorded check "
               "passed, or only those a label names (`pipe promote`).")  # fmt: skip
 @click.option("--variant", "variants", multiple=True, help="fp32 (model.onnx), a manifest variant (opt, int8...) or "
               "best (the fastest that passed), for every model or as MODEL=VARIANT; repeatable.")  # fmt: skip
@@ -161,7 +161,7 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
 @click.argument("artifact", metavar="ARTIFACT_VERSION", type=click.Path())
 @click.option("--label", default="stable", show_default=True, help="The label to point at this version (stable, "
               "canary ...); `stable` also takes the requests that name no version.")  # fmt: skip
-@click.option("--force", is_flag=True, help="Promote a version whose `pipe check` failed.")
+@click.option("--force", is_flag=True, help="Promote a version whose recorded check failed.")
 def promote(artifact: str, label: str, force: bool) -> None:
     """Point a version label (artifacts/NAME/labels.json) at ARTIFACT_VERSION (artifacts/NAME/N).
 
@@ -182,7 +182,7 @@ def promote(artifact: str, label: str, force: bool) -> None:
     manifest, check = loaded.manifest, loaded.manifest.stages.check
     if check is not None and not check.passed and not force:
         raise InputError(
-            f"{artifact}: its `pipe check` failed ({'; '.join(check.failures[:3]) or 'see its check report'}); "
+            f"{artifact}: its recorded check failed ({'; '.join(check.failures[:3]) or 'see its check report'}); "
             "fix the model, or pass --force to promote it anyway"
         )
     previous = write_label(loaded.root.parent, label, manifest.version)

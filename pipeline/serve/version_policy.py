@@ -2,8 +2,9 @@
 
 `--versions` (Triton's version policy, TF Serving's labels):
 - `all` (the default): every version that loads;
-- `checked`: only versions whose `pipe check` passed (the manifest's `stages.check.passed`); a
-  version is held back until its check passes, and loads on the next scan after it does;
+- `checked`: only versions whose check passed (the manifest's `stages.check.passed`, recorded by
+  `pipe run` against the baseline committed beside the recipe); a version is held back until its
+  check passes, and loads on the next scan after it does;
 - `promoted`: only versions a label names (`pipe promote`, pipeline/artifact/labels.py).
 `--latest N` then keeps the newest N of those.
 
@@ -22,7 +23,7 @@ POLICIES = ("all", "checked", "promoted")
 
 
 class HeldBack(ArtifactError):
-    """A sound version the policy does not serve (yet): a step to take (`pipe check`, `pipe promote`), not a fault."""
+    """A sound version the policy does not serve (yet): a step to take (`pipe run`, `pipe promote`), not a fault."""
 
 
 def admit(policy: str, artifact: Artifact) -> None:
@@ -32,12 +33,12 @@ def admit(policy: str, artifact: Artifact) -> None:
     record = artifact.manifest.stages.check
     if record is None:
         raise HeldBack(
-            f"--versions checked: {artifact.root} has no `pipe check` record; run `pipe check` on it (or `pipe run`) "
-            "and it is served once its check passes"
+            f"--versions checked: {artifact.root} has no check record; `pipe run` its recipe with the baseline "
+            "committed beside it (models/NAME.baseline.json) and it is served once that check passes"
         )
     if not record.passed:
         failed = "; ".join(record.failures[:3]) or "see its check report"
-        raise HeldBack(f"--versions checked: the `pipe check` of {artifact.root} failed ({failed}); it is not served")
+        raise HeldBack(f"--versions checked: the check of {artifact.root} failed ({failed}); it is not served")
 
 
 def held_by_labels(policy: str, version: int, labels: dict[str, int]) -> str | None:

@@ -88,7 +88,7 @@ def test_versions_checked_serves_a_version_once_its_check_passed(tmp_path: Path)
         assert httpx.get(f"{server.url}/v2/models/m/versions/2/ready").status_code == 404
         index = {e["version"]: e for e in httpx.post(f"{server.url}/v2/repository/index").json()}
         assert index["1"]["state"] == "READY" and index["2"]["state"] == "UNAVAILABLE"
-        assert "no `pipe check` record" in index["2"]["reason"] and "failed" in index["3"]["reason"]
+        assert "no check record" in index["2"]["reason"] and "failed" in index["3"]["reason"]
         assert "accuracy dropped" in index["3"]["reason"]
         checked(repo, 2, passed=True)
         wait_for(lambda: answered_by(server.url) == "2")
@@ -134,7 +134,7 @@ def test_promote_refuses_a_failed_check_unless_forced_and_a_model_directory(tmp_
     write_artifact(repo, "m", 1, mlp([4, 8, 3], seed=1))
     checked(repo, 1, passed=False)
     proc = pipe("promote", str(repo / "m" / "1"))
-    assert proc.returncode == 2 and "its `pipe check` failed (metric.accuracy dropped" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "its recorded check failed (metric.accuracy dropped" in proc.stderr, proc.stderr
     assert not (repo / "m" / LABELS_NAME).exists()
     forced = pipe("promote", str(repo / "m" / "1"), "--force")
     assert forced.returncode == 0 and "check FAILED" in forced.stdout, forced.stderr

@@ -1,4 +1,4 @@
-"""Commands that use an artifact: serve it over HTTP, predict with one variant, show what it holds."""
+"""Commands that use an artifact: serve it over HTTP, promote a version (labels), predict with one variant, show it."""
 
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
     type=Whole(None, 1_000_000),
     help="Serve only the newest N loadable versions of each model (default: all).",
 )
+@click.option("--versions", "policy", type=click.Choice(["all", "checked", "promoted"]), default="all",
+              show_default=True, help="Which versions may be served: all that load, only those whose recorded check "
+              "passed, or only those a label names (`pipe promote`).")  # fmt: skip
 @click.option("--variant", "variants", multiple=True, help="fp32 (model.onnx), a manifest variant (opt, int8...) or "
               "best (the fastest that passed), for every model or as MODEL=VARIANT; repeatable.")  # fmt: skip
 @click.option(
@@ -105,10 +108,16 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
     default=30.0,
     show_default=True,
     type=Number(0, 3600),
-    help="Seconds accepted requests get on SIGTERM.",
+    help="Seconds requests in flight get to finish once the drain ends.",
 )
+@click.option("--drain-seconds", default=5.0, show_default=True, type=Number(0, 3600),
+              help="On SIGTERM / Ctrl-C: seconds readiness is false while requests are still answered, each "
+              "response closing its connection, before the server stops (0: stop at once).")  # fmt: skip
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 @click.option("--access-log", metavar="PATH|-", help="Append one JSON line per request to PATH (- for stdout).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
+              help="The server's own log lines: text, or one JSON object per line. [default: json with "
+              "--access-log, else text]")  # fmt: skip
 @click.option("--read-timeout", default=30.0, show_default=True, type=Number(None, 3600),
               help="Seconds a request's headers, then its body, may take to arrive (408 beyond).")  # fmt: skip
 def serve(paths: tuple[str, ...], **options: Any) -> None:
@@ -125,7 +134,7 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
     run(
         ServeConfig(
             repository=RepositorySettings(
-                tuple(Path(p) for p in paths), o["latest"], _variants(o["variants"]), o["poll"]
+                tuple(Path(p) for p in paths), o["latest"], _variants(o["variants"]), o["poll"], o["policy"]
             ),
             http=HTTPSettings(
                 host=o["host"],
@@ -134,8 +143,10 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
                 max_body_bytes=int(o["max_body_mb"] * 1024 * 1024),
                 api_key_env=o["api_key_env"],
                 graceful_s=o["graceful_timeout"],
+                drain_s=o["drain_seconds"],
                 log_level=o["log_level"],
                 access_log=o["access_log"],
+                log_format=o["log_format"] or ("json" if o["access_log"] else "text"),
                 read_timeout_s=o["read_timeout"],
             ),
             session=SessionOptions(o["provider"], o["intra_op_threads"], o["inter_op_threads"], o["spin"]),
@@ -144,6 +155,40 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
             ),
         )
     )
+
+
+@main.command()
+@click.argument("artifact", metavar="ARTIFACT_VERSION", type=click.Path())
+@click.option("--label", default="stable", show_default=True, help="The label to point at this version (stable, "
+              "canary ...); `stable` also takes the requests that name no version.")  # fmt: skip
+@click.option("--force", is_flag=True, help="Promote a version whose recorded check failed.")
+def promote(artifact: str, label: str, force: bool) -> None:
+    """Point a version label (artifacts/NAME/labels.json) at ARTIFACT_VERSION (artifacts/NAME/N).
+
+    A running `pipe serve` picks the label up on its next scan: `/v1/models/NAME/labels/LABEL` and
+    `/v2/models/NAME/labels/LABEL/...` reach the version, and with `--versions promoted` only labelled
+    versions are served.
+    """
+    from pipeline.artifact.directory import Artifact
+    from pipeline.artifact.labels import check_label, write_label
+    from pipeline.artifact.manifest import MANIFEST_NAME
+    from pipeline.core.errors import InputError
+
+    check_label(label)
+    path = Path(artifact)
+    if not (path / MANIFEST_NAME).is_file():
+        raise InputError(f"{artifact}: no {MANIFEST_NAME} in it; give one version directory, artifacts/NAME/N")
+    loaded = Artifact.load(path, verify=True)
+    manifest, check = loaded.manifest, loaded.manifest.stages.check
+    if check is not None and not check.passed and not force:
+        raise InputError(
+            f"{artifact}: its recorded check failed ({'; '.join(check.failures[:3]) or 'see its check report'}); "
+            "fix the model, or pass --force to promote it anyway"
+        )
+    previous = write_label(loaded.root.parent, label, manifest.version)
+    was = "" if previous is None else " (unchanged)" if previous == manifest.version else f" (was v{previous})"
+    status = "no check record" if check is None else "check passed" if check.passed else "check FAILED"
+    click.echo(f"{manifest.name}: {label} -> v{manifest.version}{was}; {status}")
 
 
 @main.command()

@@ -2,9 +2,10 @@
 
 Each line: `time` (UTC, ISO 8601), `method`, `route` (the path), `model`, `version`, `status`,
 `rows`, `queue_ms`, `compute_ms` (its batch's run), `total_ms` (first byte of the app to the last
-byte sent) and `pid` (the worker). Fields a request never reached are null (a 404 has no model).
-Every worker appends to the same file; each line is one `write` on a file opened with O_APPEND,
-so lines from several processes never interleave.
+byte sent), `pid` (the worker) and `request_id` (request_id.py: the X-Request-ID echoed). Fields
+a request never reached are null (a 404 has no model). Every worker appends to the same file;
+each line is one `write` on a file opened with O_APPEND, so lines from several processes never
+interleave.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.serve.request_id import current_id
 from pipeline.serve.timing import RequestRecord, current_request
 
 STDOUT = "-"
@@ -63,5 +65,6 @@ class AccessLog:
                 "compute_ms": _ms(record.compute_s),
                 "total_ms": _ms(time.perf_counter() - started),
                 "pid": os.getpid(),
+                "request_id": current_id.get(),
             }
             os.write(self._fd, orjson.dumps(line) + b"\n")

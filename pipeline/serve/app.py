@@ -22,12 +22,14 @@ import numpy as np
 
 from pipeline import __version__
 from pipeline.artifact.manifest import Detection
+from pipeline.serve import logs, triton
 from pipeline.serve.access_log import AccessLog
 from pipeline.serve.auth import ApiKey
 from pipeline.serve.body import BODY_METHODS, BodyLimit, read_body
 from pipeline.serve.config import ServeConfig
 from pipeline.serve.detections import OUTPUTS as DETECTIONS
 from pipeline.serve.detections import not_a_detector, placements_of
+from pipeline.serve.drain import CloseWhileDraining, Drain
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
 from pipeline.serve.openapi import document
@@ -37,7 +39,8 @@ from pipeline.serve.protocols.tfclassify import TFClassify
 from pipeline.serve.protocols.tfserving import TFServing
 from pipeline.serve.protocols.v2 import V2
 from pipeline.serve.repository import LoadedVersion, Repository, version_number
-from pipeline.serve.responses import Response, error_response, json_response, send_response
+from pipeline.serve.request_id import RequestId
+from pipeline.serve.responses import Response, error_body, error_response, json_response, send_response
 from pipeline.serve.routes import PUBLIC_PATHS, ROUTES, Request, Router
 from pipeline.serve.timing import current_request
 
@@ -55,6 +58,7 @@ class ServeApp:
         self.metrics = Metrics()
         self.repository: Repository | None = None
         self.ready = False
+        self.drain = Drain(config.http.drain_s)
         self._router = Router(ROUTES, self)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -73,6 +77,7 @@ class ServeApp:
                     log.exception("startup failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
+                self.drain.install()  # uvicorn's signal handlers are in place by now: wrap them
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.ready = False
@@ -107,7 +112,7 @@ class ServeApp:
             return error_response(exc)
         except Exception:
             log.exception("internal error on %s %s", method, scope["path"])
-            return json_response({"error": "internal server error; the server log has the traceback"}, 500)
+            return error_body("internal server error; the server log has the traceback (find it by request_id)", 500)
 
     # -- handlers of the fixed routes -------------------------------------------------------------
 
@@ -121,14 +126,20 @@ class ServeApp:
         # KServe V2: 200 is ready, a 4xx is not (Triton answers 400). Ready means serving at least one
         # model version: a server whose every version was refused, or whose repository is still empty,
         # must not receive traffic.
-        if not self.ready:
-            raise RequestError("not ready: starting up or shutting down", 400, {"retry-after": "1"})
+        self._check_serving()
         if not self._repo().models:
             failed = sorted(f"{n} v{v}" for n, v in self._repo().failed)
             why = f"every version was refused ({', '.join(failed)}; see GET /v2/models/NAME/ready)" if failed else (
                 "the repository holds no model version yet")  # fmt: skip
             raise RequestError(f"not ready: no model is loaded: {why}", 400, {"retry-after": "1"})
         return json_response({"ready": True})
+
+    def _check_serving(self) -> None:
+        """Not ready (400, as Triton) while starting up, draining or stopping."""
+        if self.drain.draining:
+            raise RequestError("not ready: draining before shutdown; send new requests elsewhere", 400)
+        if not self.ready:
+            raise RequestError("not ready: starting up or shutting down", 400, {"retry-after": "1"})
 
     async def prometheus_metrics(self, request: Request) -> Response:
         return 200, self.metrics.render(self._repo().ready_map()), {"content-type": CONTENT_TYPE}
@@ -144,9 +155,10 @@ class ServeApp:
     # -- KServe V2 ---------------------------------------------------------------------------------
 
     async def model_metadata(self, request: Request) -> Response:
-        repo, name, version = self._repo(), request.model_name, request.version
-        model = repo.get(name, version)
-        versions = [str(v) for v in repo.models[name]] if version is None else [str(model.version)]
+        repo, name = self._repo(), request.model_name
+        model = repo.get(name, request.version, request.label)
+        unversioned = request.version is None and request.label is None
+        versions = [str(v) for v in repo.models[name]] if unversioned else [str(model.version)]
         parameters = {
             "version": str(model.version),
             "variant": model.variant,
@@ -154,6 +166,8 @@ class ServeApp:
             "providers": model.session.providers,
             "max_batch_size": self.config.batching.max_batch_size if model.session.batchable else 0,
         }
+        if labels := {label: v for label, v in repo.labels.get(model.name, {}).items() if v == model.version}:
+            parameters["labels"] = sorted(labels)  # the labels naming this version (pipe promote)
         if model.reload_error is not None:  # still serving what it had; its changed manifest was refused
             parameters["reload_error"] = model.reload_error
         if model.images.recorded:  # input name -> its recorded preprocessing (image inputs: how pictures feed them)
@@ -161,8 +175,52 @@ class ServeApp:
         return json_response(v2.metadata(model.io, versions, parameters))
 
     async def model_ready(self, request: Request) -> Response:
-        self._repo().get(request.model_name, request.version)
+        self._repo().get(request.model_name, request.version, request.label)
+        self._check_serving()
         return json_response({"name": request.model_name, "ready": True})
+
+    # -- Triton's repository extension (read-only): config, statistics, index ---------------------
+
+    async def model_config(self, request: Request) -> Response:
+        model = self._repo().get(request.model_name, request.version, request.label)
+        kind = "KIND_GPU" if "CUDAExecutionProvider" in model.session.providers else "KIND_CPU"
+        config = triton.model_config(
+            model.name, model.session.inputs, model.session.outputs, model.session.batchable, self.config.batching,
+            model.file, self.config.repository.latest, kind,
+        )  # fmt: skip
+        return json_response(config)
+
+    async def model_stats(self, request: Request) -> Response:
+        repo, name = self._repo(), request.model_name
+        assert name is not None
+        if request.version is None and request.label is None:
+            versions = sorted(repo.get_all(name))
+        else:
+            versions = [repo.get(name, request.version, request.label).version]
+        return self._stats({name: versions})
+
+    async def every_model_stats(self, request: Request) -> Response:
+        return self._stats({name: sorted(versions) for name, versions in sorted(self._repo().models.items())})
+
+    def _stats(self, versions: dict[str, list[int]]) -> Response:
+        totals = self.metrics.totals()
+        entries = [triton.model_stats(name, v, totals.get((name, v), {})) for name, vs in versions.items() for v in vs]
+        return json_response({"model_stats": entries})
+
+    async def repository_index(self, request: Request) -> Response:
+        asked = v2.parse_json(request.body, "the repository index request") if request.body.strip() else {}
+        if not isinstance(asked, dict) or not isinstance(asked.get("ready", False), bool):
+            raise RequestError(
+                f'the repository index request must be {{}} or {{"ready": true|false}}, got {asked!r:.80}'
+            )
+        repo = self._repo()
+        entries = [
+            triton.index_entry(name, version, served, reason)
+            for name in sorted(repo.names())
+            for version, (served, reason) in sorted(repo.states(name).items())
+            if served or not asked.get("ready", False)
+        ]
+        return json_response(entries)
 
     def model_infer(self, request: Request) -> Awaitable[Response]:
         return self._infer(_V2, request)
@@ -174,7 +232,7 @@ class ServeApp:
 
         Counted in the model's metrics: a success with its time, or a failure (refused with a
         4xx/503, or a server fault); inline, a generator context manager cost ~1 us a request."""
-        model = self._repo().get(request.model_name, request.version)
+        model = self._repo().get(request.model_name, request.version, request.label)
         stats = self.metrics.model(model.name, model.version)
         if (record := current_request.get()) is not None:  # the access log's record of this request
             record.model, record.version = model.name, model.version
@@ -222,12 +280,14 @@ class ServeApp:
         return self._infer(_TF_CLASSIFY, request)
 
     async def tf_metadata(self, request: Request) -> Response:
-        model = self._repo().get(request.model_name, request.version)
+        model = self._repo().get(request.model_name, request.version, request.label)
         return json_response(tfserving.metadata(model.io, model.images.recorded))
 
     async def tf_status(self, request: Request) -> Response:
         name, version = request.model_name, request.version
         states = self._repo().states(name)
+        if request.label is not None:
+            version = str(self._repo().get(name, None, request.label).version)
         if version is not None:
             number = version_number(version)
             if number not in states:
@@ -255,14 +315,16 @@ def create_app() -> Any:
     """uvicorn factory for worker processes: the config arrives in PIPE_SERVE_CONFIG.
 
     The app wrapped, from the inside out: the body limit, the API key when one is set (refusing
-    before any body is read), the response counter (it counts every layer's answers) and the access
-    log when asked for."""
+    before any body is read), the response counter (it counts every layer's answers), the drain's
+    `Connection: close`, the access log when asked for, and the request id (outermost: every layer's
+    answer and log line carries it)."""
     config = ServeConfig.from_env()
-    logging.basicConfig(level=config.http.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(config.http.log_level, config.http.log_format)
     http = config.http
     app = ServeApp(config)
     served: Any = BodyLimit(app, http.max_body_bytes, http.read_timeout_s)
     if http.api_key_env:
         served = ApiKey.from_env(served, http.api_key_env, PUBLIC_PATHS)
-    served = CountResponses(served, app.metrics)
-    return AccessLog(served, http.access_log) if http.access_log else served
+    served = CloseWhileDraining(CountResponses(served, app.metrics), app.drain)
+    served = AccessLog(served, http.access_log) if http.access_log else served
+    return RequestId(served)

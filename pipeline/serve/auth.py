@@ -17,8 +17,8 @@ from pipeline.core.errors import InputError
 from pipeline.serve.errors import RequestError
 from pipeline.serve.responses import error_response, send_response
 
-_REFUSED = error_response(
-    RequestError("missing or wrong API key; send 'Authorization: Bearer <token>'", 401, {"www-authenticate": "Bearer"})
+_REFUSED = RequestError(
+    "missing or wrong API key; send 'Authorization: Bearer <token>'", 401, {"www-authenticate": "Bearer"}
 )
 
 
@@ -47,6 +47,6 @@ class ApiKey:
                 if key == b"authorization":
                     given = value
             if not hmac.compare_digest(given, self._expected):
-                await send_response(send, _REFUSED)
+                await send_response(send, error_response(_REFUSED))
                 return
         await self.app(scope, receive, send)

@@ -137,6 +137,7 @@ class Batcher:
         pending = _Pending(feeds, rows, _batch_key(feeds), asyncio.get_running_loop().create_future())
         self._items.append(pending)
         self._wake.set()
+        self._stats.queued(1)
         # One timer per request (cheaper than wait_for's extra task); on expiry the future fails,
         # a batch not yet formed skips it, and a running batch drops its result.
         timer = asyncio.get_running_loop().call_later(left, self._expire, pending.future)
@@ -144,6 +145,7 @@ class Batcher:
             return await pending.future
         finally:
             timer.cancel()
+            self._stats.queued(-1)
             if (record := current_request.get()) is not None:  # the access log's record of this request
                 record.rows, record.queue_s, record.compute_s = rows, pending.queue_s, pending.compute_s
 

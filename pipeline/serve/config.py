@@ -29,8 +29,10 @@ class HTTPSettings:
     workers: int = 1  # server processes; each loads every model and batches on its own
     max_body_bytes: int = 64 * 1024 * 1024  # larger bodies get 413 before they are read
     api_key_env: str | None = None  # name of an env var holding a bearer token every request must carry
-    graceful_s: float = 30.0  # on SIGTERM, how long accepted requests may take to finish
+    graceful_s: float = 30.0  # after the drain, how long requests in flight may take to finish
+    drain_s: float = 5.0  # on SIGTERM / Ctrl-C: seconds not ready but still answering, before stopping
     log_level: str = "info"
+    log_format: str = "text"  # the server's own log lines: "text", or "json" (one object per line)
     access_log: str | None = None  # a file to append one JSON line per request to, or "-" for stdout
     read_timeout_s: float = 30.0  # a request's headers, and then its body, must arrive within this
 

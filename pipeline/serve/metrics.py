@@ -3,7 +3,9 @@
 Per model version: request successes and failures, inferences (rows) and executions (onnxruntime
 calls; inferences / executions is the average batch size), cumulative queue, compute and request
 time (the counters kept from before), and histograms of each request's queue, compute and total
-time and of each execution's batch size. Counters only grow; a model unloaded by hot reload keeps
+time and of each execution's batch size; gauges of the requests in each version's batcher
+(`pipe_queue_depth`) and being answered (`pipe_requests_in_flight`), summed over live workers; and
+the repository's loads by outcome (`pipe_model_loads_total`). Counters only grow; a model unloaded by hot reload keeps
 its last values so rates stay sane.
 
 Several workers: `pipe serve` points PROMETHEUS_MULTIPROC_DIR at a temporary directory it owns
@@ -65,17 +67,33 @@ class _Tally:
 
 
 _HISTOGRAMS = ("queue", "compute", "request", "batch")
+_PER_VERSION = ("success", "failure", "inferences", "executions", "queue_total", "compute_total", "request_total",
+                *_HISTOGRAMS)  # fmt: skip
+# Sample name -> the key of `Metrics.totals` (Triton's statistics are made from these).
+_TOTALS = {
+    "pipe_request_success_total": "success",
+    "pipe_request_failure_total": "failure",
+    "pipe_inference_count_total": "inferences",
+    "pipe_execution_count_total": "executions",
+    "pipe_queue_duration_seconds_total": "queue_total",
+    "pipe_request_duration_seconds_total": "request_total",
+    "pipe_request_queue_seconds_count": "queue_count",
+    "pipe_request_compute_seconds_count": "compute_count",
+    "pipe_request_compute_seconds_sum": "compute_seconds",
+}
 
 
 class ModelStats:
     """The metrics of one model version; updated from the event loop thread, written by `Metrics.flush`."""
 
     def __init__(self, families: dict[str, Any], name: str, version: int, touch: Callable[[], None]) -> None:
-        children = {key: family.labels(name, str(version)) for key, family in families.items() if key != "http"}
+        children = {key: family.labels(name, str(version)) for key, family in families.items() if key in _PER_VERSION}
         self._counters = {key: child for key, child in children.items() if key not in _HISTOGRAMS}
         self._tallies = {key: _Tally(children[key]) for key in _HISTOGRAMS}
         self._added = dict.fromkeys(self._counters, 0.0)  # counter increments not yet written
         self._touch = touch
+        self._depth = families["depth"].labels(name, str(version))
+        self.waiting = 0  # requests of this version in its batcher now (queued or computing), this process
         # This process's own totals (the exported ones sum every worker): rows and runs, for tests and logs.
         self.inferences = 0
         self.executions = 0
@@ -113,8 +131,14 @@ class ModelStats:
             self._tallies["compute"].observe(compute_s)
         self._touch()
 
+    def queued(self, change: int) -> None:
+        """A request entered (+1) or left (-1) this version's batcher."""
+        self.waiting += change
+        self._touch()
+
     def flush(self) -> None:
         """Write the tallied updates to prometheus_client (shared files with several workers)."""
+        self._depth.set(self.waiting)
         for key, amount in self._added.items():
             if amount:
                 self._counters[key].inc(amount)
@@ -143,6 +167,9 @@ class Metrics:
         def histogram(name: str, text: str, buckets: tuple[float, ...]) -> Any:
             return prom.Histogram(name, text, _LABELS, registry=into, buckets=buckets)
 
+        def gauge(name: str, text: str, labels: tuple[str, ...] = _LABELS) -> Any:  # summed over live workers
+            return prom.Gauge(name, text, labels, registry=into, multiprocess_mode="livesum")
+
         self._families = {
             "success": counter("pipe_request_success", "Inference requests answered with outputs."),
             "failure": counter("pipe_request_failure", "Inference requests that failed or were refused."),
@@ -159,9 +186,14 @@ class Metrics:
                                  LATENCY_BUCKETS),
             "batch": histogram("pipe_batch_size", "Per onnxruntime run: rows in the batch.", BATCH_BUCKETS),
             "http": counter("pipe_http_responses", "HTTP responses by status code.", ("code",)),
+            "depth": gauge("pipe_queue_depth", "Requests in a model version's batcher now (queued or computing)."),
+            "in_flight": gauge("pipe_requests_in_flight", "HTTP requests being answered now.", ()),
+            "loads": counter("pipe_model_loads", "Model version loads by outcome (loaded, reloaded, refused, "
+                             "unloaded); every worker loads each version.", ("model", "outcome")),
         }  # fmt: skip
         self._models: dict[tuple[str, int], ModelStats] = {}
         self._responses: dict[int, int] = {}  # HTTP status -> responses not yet written
+        self.in_flight = 0  # HTTP requests this process is answering now
         self._dirty = False  # a flush is scheduled
 
     def model(self, name: str, version: int) -> ModelStats:
@@ -169,6 +201,15 @@ class Metrics:
         if key not in self._models:
             self._models[key] = ModelStats(self._families, name, version, self._touch)
         return self._models[key]
+
+    def loaded(self, name: str, outcome: str) -> None:
+        """The repository loaded, reloaded, refused or unloaded a version of `name` (rare: written now)."""
+        self._families["loads"].labels(name, outcome).inc()
+
+    def started(self, change: int) -> None:
+        """An HTTP request began (+1) or was answered (-1)."""
+        self.in_flight += change
+        self._touch()
 
     def count_response(self, status: int) -> None:
         self._responses[status] = self._responses.get(status, 0) + 1
@@ -187,11 +228,24 @@ class Metrics:
     def flush(self) -> None:
         """Write every tallied update to prometheus_client."""
         self._dirty = False
+        self._families["in_flight"].set(self.in_flight)
         for stats in self._models.values():
             stats.flush()
         for status, count in self._responses.items():
             self._families["http"].labels(str(status)).inc(count)
         self._responses.clear()
+
+    def totals(self) -> dict[tuple[str, int], dict[str, float]]:
+        """(model, version) -> its counters and histogram sums, every worker's summed (see `_TOTALS`)."""
+        self.flush()
+        totals: dict[tuple[str, int], dict[str, float]] = {}
+        for family in self._registry.collect():
+            for sample in family.samples:
+                key = _TOTALS.get(sample.name)
+                if key is not None and "version" in sample.labels:
+                    labels = sample.labels
+                    totals.setdefault((labels["model"], int(labels["version"])), {})[key] = sample.value
+        return totals
 
     def render(self, ready: dict[tuple[str, int], bool]) -> bytes:
         """The Prometheus text format (version 0.0.4): every worker's counts, and this worker's readiness."""
@@ -218,7 +272,8 @@ class _Fixed:
 
 
 class CountResponses:
-    """An ASGI wrapper counting every HTTP answer by status (`pipe_http_responses_total`), whichever layer gave it."""
+    """An ASGI wrapper counting every HTTP answer by status (`pipe_http_responses_total`), whichever layer gave it,
+    and the requests being answered (`pipe_requests_in_flight`)."""
 
     def __init__(self, app: Any, metrics: Metrics) -> None:
         self.app = app
@@ -235,4 +290,8 @@ class CountResponses:
                 count(message["status"])
             return send(message)
 
-        await self.app(scope, receive, counted)
+        self.metrics.started(1)
+        try:
+            await self.app(scope, receive, counted)
+        finally:
+            self.metrics.started(-1)

@@ -25,9 +25,10 @@ _ANSWERS = {JSON: {"type": "object"}, TEXT: {"type": "string"}, BINARY: {"type":
 
 def _operation(route: Route) -> dict[str, Any]:
     error = {JSON: {"schema": ERROR}}
-    responses = {
-        "200": {"description": route.ok, "content": {kind: {"schema": _ANSWERS[kind]} for kind in route.answers}}
-    }
+    answers = {kind: {"schema": _ANSWERS[kind]} for kind in route.answers}
+    if route.returns is not None:
+        answers[JSON] = {"schema": route.returns}
+    responses = {"200": {"description": route.ok, "content": answers}}
     # Every route may answer 405 (another method) and 415 (a compressed body); a protected one 401.
     codes = sorted({*route.errors, 405, 415, *(() if route.public else (401,))})
     responses.update({str(code): {"description": _ERRORS[code], "content": error} for code in codes})
@@ -35,7 +36,7 @@ def _operation(route: Route) -> dict[str, Any]:
         responses["503"]["headers"] = _RETRY_AFTER
     operation: dict[str, Any] = {"summary": route.summary}
     if route.body is not None:
-        operation["requestBody"] = {"required": True, "content": {JSON: {"schema": route.body}}}
+        operation["requestBody"] = {"required": route.body_required, "content": {JSON: {"schema": route.body}}}
     operation["responses"] = responses
     return operation
 
@@ -47,6 +48,8 @@ def document(models: list[str]) -> dict[str, Any]:
                        "schema": {"type": "string", "enum": models or [""]}},
         "version": {"name": "version", "in": "path", "required": True,
                     "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+        "label": {"name": "label", "in": "path", "required": True,
+                  "schema": {"type": "string", "pattern": "^[a-z][a-z0-9_-]{0,63}$"}},
     }  # fmt: skip
     paths: dict[str, Any] = {}
     for route in ROUTES:

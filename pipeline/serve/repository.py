@@ -24,6 +24,7 @@ from functools import cached_property
 from pathlib import Path
 
 from pipeline.artifact.directory import Artifact, locked
+from pipeline.artifact.labels import read_labels
 from pipeline.artifact.manifest import MANIFEST_NAME, Manifest
 from pipeline.core.errors import ArtifactError, InputError, PipelineError
 from pipeline.serve import scan
@@ -35,6 +36,7 @@ from pipeline.serve.metrics import Metrics
 from pipeline.serve.protocols.base import ModelIO
 from pipeline.serve.session import ModelSession, SessionOptions
 from pipeline.serve.variant_choice import Choice, NotExported, VariantRefused, choose
+from pipeline.serve.version_policy import HeldBack, admit, default_version, held_by_labels
 
 log = logging.getLogger("pipe.serve")
 
@@ -51,6 +53,7 @@ class RepositorySettings:
     latest: int | None = None  # serve the newest N loadable versions of each model; None: all
     variants: dict[str, str] = field(default_factory=dict)  # model -> variant; key "*" for every model
     poll_s: float = 2.0  # seconds between scans for new, removed or changed versions; 0 turns hot reload off
+    policy: str = "all"  # which versions may be served: all, checked or promoted (version_policy.py)
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,9 @@ class Repository:
         self.models: dict[str, dict[int, LoadedVersion]] = {}
         self.failed: dict[tuple[str, int], tuple[Stamp, str]] = {}  # -> (manifest stamp, one-line error)
         self.strays: dict[Path, str] = {}  # directories holding a manifest that are not versions -> why
+        self.labels: dict[str, dict[str, int]] = {}  # model -> its labels (labels.json) -> version
+        self.held: dict[tuple[str, int], str] = {}  # versions found that the policy does not serve -> why
+        self._label_errors: dict[str, str] = {}  # model -> why its labels file was refused (logged once)
         self._watcher: asyncio.Task | None = None
         self._lock = asyncio.Lock()
 
@@ -161,12 +167,19 @@ class Repository:
             found = await asyncio.to_thread(scan.find_versions, self.settings.paths)
             self._report_strays(found.strays)
             served: dict[str, dict[int, LoadedVersion]] = {}
+            held: dict[tuple[str, int], str] = {}
             for name, versions in sorted(found.versions.items()):
                 current = self.models.get(name, {})
+                labels = self._read_labels(name, next(iter(versions.values())).parent)
                 keep: dict[int, LoadedVersion] = {}
                 for version in sorted(versions, reverse=True):
                     if self.settings.latest is not None and len(keep) >= self.settings.latest:
                         break
+                    if (why := held_by_labels(self.settings.policy, version, labels)) is not None:
+                        if (name, version) not in self.held:
+                            log.info("not serving %s v%d: %s", name, version, why)
+                        held[(name, version)] = why
+                        continue
                     if version in current:
                         loaded = await self._recheck(current[version])
                     else:
@@ -178,11 +191,29 @@ class Repository:
             kept = {id(v) for vs in served.values() for v in vs.values()}
             dropped = [v for vs in self.models.values() for v in vs.values() if id(v) not in kept]
             self.models = served
+            self.held = held
+            self.labels = {name: self.labels[name] for name in found.versions if name in self.labels}
             self.failed = {k: f for k, f in self.failed.items() if k[1] in found.versions.get(k[0], {})}
             for old in dropped:  # unloaded, or replaced by a reload: answer what it accepted, then stop
                 if old.version not in served.get(old.name, {}):
                     log.info("unloaded %s v%d", old.name, old.version)
+                    self._metrics.loaded(old.name, "unloaded")
                 await old.batcher.close()
+
+    def _read_labels(self, name: str, model_root: Path) -> dict[str, int]:
+        """The model's labels; a malformed labels file keeps the labels read before (logged once)."""
+        try:
+            labels = read_labels(model_root)
+        except ArtifactError as exc:
+            if self._label_errors.get(name) != str(exc):
+                log.error("kept the labels of %s as they were: %s", name, exc)
+            self._label_errors[name] = str(exc)
+            return self.labels.get(name, {})
+        self._label_errors.pop(name, None)
+        if labels != self.labels.get(name, {}):
+            log.info("labels of %s: %s", name, labels or "none")
+        self.labels[name] = labels
+        return labels
 
     def _report_strays(self, strays: dict[Path, str]) -> None:
         for path, reason in strays.items():
@@ -206,6 +237,7 @@ class Repository:
         self.failed.pop((name, version), None)
         loaded = self._serve(name, version, root, choice, session, stamp)
         loaded.read(answers)
+        self._metrics.loaded(name, "loaded")
         log.info(
             "loaded %s v%d from %s (variant %s, %s) on %s; inputs %s; batching %s",
             name, version, root, choice.variant, choice.file, session.providers,
@@ -216,9 +248,10 @@ class Repository:
 
     def _refuse(self, name: str, version: int, root: Path, stamp: Stamp, exc: BaseException) -> None:
         self.failed[(name, version)] = (stamp, scan.one_line(exc))
-        if isinstance(exc, NotExported):  # work in progress (train ran, export not yet): no fault to report
+        if isinstance(exc, (NotExported, HeldBack)):  # work in progress (not exported, not checked): no fault
             log.warning("not serving %s v%d yet: %s", name, version, scan.one_line(exc))
             return
+        self._metrics.loaded(name, "refused")
         log.error("refused %s v%d from %s: %s", name, version, root, scan.one_line(exc))
 
     async def _recheck(self, loaded: LoadedVersion) -> LoadedVersion | None:
@@ -243,7 +276,7 @@ class Repository:
                     log.info("%s v%d: its manifest is valid again", loaded.name, loaded.version)
                 loaded.reload_error = None
                 return loaded
-        except VariantRefused as exc:
+        except (VariantRefused, HeldBack) as exc:  # e.g. a check run again that failed: no longer served
             self._refuse(loaded.name, loaded.version, loaded.root, stamp, exc)
             return None
         except LOAD_ERRORS as exc:
@@ -260,6 +293,7 @@ class Repository:
         )  # fmt: skip
         reloaded = self._serve(loaded.name, loaded.version, loaded.root, choice, session, stamp)
         reloaded.read(answers)
+        self._metrics.loaded(loaded.name, "reloaded")
         return reloaded
 
     def _open(self, root: Path, current: Choice | None) -> tuple[Choice, ModelSession | None, Answers]:
@@ -271,6 +305,7 @@ class Repository:
         """
         with locked(root, shared=True):
             artifact = Artifact.load(root, verify=True)
+            admit(self.settings.policy, artifact)
             choice = choose(artifact, self.settings.variants)
             answers = Answers.of(artifact.manifest)
             if choice == current:
@@ -284,14 +319,26 @@ class Repository:
         batcher = Batcher(session.run, session.batchable, self._batch_settings, self._executor, stats)
         return LoadedVersion(name, version, root, choice, session, batcher, stamp)
 
-    def get(self, name: str, version: str | None) -> LoadedVersion:
-        """The version asked for, or the newest served one; 404 naming what exists."""
+    def get(self, name: str, version: str | None, label: str | None = None) -> LoadedVersion:
+        """The version asked for (by number or label), or the default one (the `stable` label's, else the
+        newest); 404 naming what exists."""
         versions = self.models.get(name)
         if not versions:
             reason = self._failure_note(name)
             raise NotFound(f"unknown model {name!r}{reason}; served models: {sorted(self.models)}")
+        labels = self.labels.get(name, {})
+        if label is not None:
+            if label not in labels:
+                raise NotFound(f"model {name!r} has no label {label[:70]!r}; its labels: {labels or 'none'}")
+            version = str(labels[label])
         if version is None:
-            return versions[max(versions)]
+            default, why = default_version(list(versions), labels)
+            if default is None:
+                raise NotFound(
+                    f"model {name!r}: {why}{self._failure_note(name, labels.get('stable'))}; name a version "
+                    f"(served: {sorted(versions)}) or `pipe promote` a served one"
+                )
+            return versions[default]
         number = version_number(version)
         if number is None:
             raise RequestError(
@@ -304,6 +351,15 @@ class Repository:
             raise NotFound(f"model {name!r} has no version {number} being served{reason}; served: {sorted(versions)}")
         return loaded
 
+    def get_all(self, name: str) -> dict[int, LoadedVersion]:
+        """Every served version of a model; 404 naming what exists."""
+        self.get(name, None)
+        return self.models[name]
+
+    def names(self) -> set[str]:
+        """Every model found: served, or with refused versions only."""
+        return set(self.models) | {name for name, _ in [*self.failed, *self.held]}
+
     def _failure_note(self, name: str, version: int | None = None) -> str:
         errors = [e for (n, v), (_, e) in self.failed.items() if n == name and version in (None, v)]
         return f" (it failed to load: {errors[-1]})" if errors else ""
@@ -312,12 +368,13 @@ class Repository:
         """Every known version of a model -> (served?, message): a refused version's load error, or why a
         served version's changed manifest was refused ('' when there is nothing to say)."""
         states = {v: (False, e) for (n, v), (_, e) in self.failed.items() if n == name}
+        states.update({v: (False, why) for (n, v), why in self.held.items() if n == name})
         states.update({v: (True, loaded.reload_error or "") for v, loaded in self.models.get(name, {}).items()})
         if not states:
             raise NotFound(f"unknown model {name!r}; served models: {sorted(self.models)}")
         return states
 
     def ready_map(self) -> dict[tuple[str, int], bool]:
-        ready = {key: False for key in self.failed}
+        ready = {key: False for key in [*self.failed, *self.held]}
         ready.update({(n, v): True for n, vs in self.models.items() for v in vs})
         return ready

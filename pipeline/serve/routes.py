@@ -2,8 +2,8 @@
 
 A `Route` is a method, a path template, the name of the `ServeApp` method answering it, and what
 the document says of it. Templates are OpenAPI's `{parameter}` (one path segment) plus `[...]` for
-an optional part: `/v2/models/{model_name}[/versions/{version}]/infer` is one pattern and two
-documented paths.
+an optional part, whose alternatives `|` separates: `/v2/models/{model_name}[/versions/{version}|
+/labels/{label}]/infer` is one pattern and three documented paths.
 
 `Router` finds a request's handler. Trailing slashes are ignored. Templates that differ only in
 their literal tail (`/ready`, `/infer`) share one compiled pattern that captures the tail, so a
@@ -26,7 +26,7 @@ from typing import Any
 
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.responses import Response
-from pipeline.serve.schemas import CLASSIFY_REQUEST, INFER_REQUEST, PREDICT_REQUEST
+from pipeline.serve.schemas import CLASSIFY_REQUEST, INDEX, INDEX_REQUEST, INFER_REQUEST, PREDICT_REQUEST
 
 JSON = "application/json"
 BINARY = "application/octet-stream"
@@ -44,12 +44,14 @@ class Route:
     ok: str  # what a 200 answer holds
     errors: tuple[int, ...] = ()  # the refusals the document declares, by status
     body: dict[str, Any] | None = None  # the request body's JSON Schema; None: no body
+    body_required: bool = True  # False where clients may send none (Triton's repository index)
     answers: tuple[str, ...] = (JSON,)  # media types of a 200 answer
     public: bool = False  # answered without the API key (the health probes)
+    returns: dict[str, Any] | None = None  # the 200 JSON body's schema when it is not an object
 
 
-_V2_MODEL = "/v2/models/{model_name}[/versions/{version}]"
-_TF_MODEL = "/v1/models/{model_name}[/versions/{version}]"
+_V2_MODEL = "/v2/models/{model_name}[/versions/{version}|/labels/{label}]"
+_TF_MODEL = "/v1/models/{model_name}[/versions/{version}|/labels/{label}]"
 _BODY_ERRORS = (400, 404, 408, 413, 503)  # a body is read under --read-timeout and --max-body-mb; queues fill
 
 # The document lists the paths in this order, and a 404 under a model the actions valid there.
@@ -60,8 +62,17 @@ ROUTES = (
           "ready", (400,), public=True),
     Route("GET", "/metrics", "prometheus_metrics", "Prometheus metrics", "text exposition format", answers=(TEXT,)),
     Route("GET", "/openapi.json", "openapi_document", "This document", "OpenAPI document"),
+    Route("GET", "/v2/models/stats", "every_model_stats", "Triton statistics of every served model version",
+          "statistics"),
+    Route("POST", "/v2/repository/index", "repository_index",
+          "Triton repository index: every version found, READY or UNAVAILABLE with the reason", "index",
+          _BODY_ERRORS, INDEX_REQUEST, body_required=False, returns=INDEX),
     Route("GET", _V2_MODEL, "model_metadata", "V2 model metadata", "model metadata", (400, 404)),
     Route("GET", f"{_V2_MODEL}/ready", "model_ready", "V2 model readiness", "ready", (400, 404)),
+    Route("GET", f"{_V2_MODEL}/config", "model_config", "Triton model configuration (JSON)", "model config",
+          (400, 404)),
+    Route("GET", f"{_V2_MODEL}/stats", "model_stats", "Triton statistics of the model's versions", "statistics",
+          (400, 404)),
     Route("POST", f"{_V2_MODEL}/infer", "model_infer",
           "V2 inference (JSON, or binary tensors with Inference-Header-Content-Length)", "outputs", _BODY_ERRORS,
           INFER_REQUEST, answers=(JSON, BINARY)),
@@ -79,7 +90,7 @@ _KNOWN_PATHS = 10_000  # paths remembered with their route; past it, new ones ar
 # What each parameter may be: one path segment, as short as the match allows. A model name may be
 # empty, so "/v2/models//infer" is answered "unknown model ''" with the served models listed; a
 # version may not ("missing version number").
-_SEGMENT = {"model_name": "[^/]*?", "version": "[^/]+?"}
+_SEGMENT = {"model_name": "[^/]*?", "version": "[^/]+?", "label": "[^/]+?"}
 
 
 @dataclass(slots=True)
@@ -89,19 +100,20 @@ class Request:
     headers: dict[str, str]  # names lower-cased
     body: bytes
     model_name: str | None = None  # {model_name}; None on routes without one
-    version: str | None = None  # {version} as sent; None: not in the path (the newest served version)
+    version: str | None = None  # {version} as sent; None: not in the path (the default version)
+    label: str | None = None  # {label} as sent (/labels/{label}): the version a label names
 
 
 Handler = Callable[[Request], Awaitable[Response]]
 
 
 def expand(template: str) -> list[str]:
-    """The paths a template stands for: without its optional part, then with it."""
+    """The paths a template stands for: without its optional part, then with each of its alternatives."""
     if "[" not in template:
         return [template]
     head, rest = template.split("[", 1)
     optional, tail = rest.split("]", 1)
-    return [head + tail, head + optional + tail]
+    return [head + tail, *(head + alternative + tail for alternative in optional.split("|"))]
 
 
 def _split(template: str) -> tuple[str, str]:
@@ -113,11 +125,13 @@ def _split(template: str) -> tuple[str, str]:
 def _pattern(head: str, tails: Sequence[str]) -> re.Pattern[str]:
     """One pattern for the templates `head + tail`; the tail matched is the group `_tail`."""
     parts = []
-    for token in re.split(r"(\{\w+\}|\[|\])", head):
+    for token in re.split(r"(\{\w+\}|\[|\]|\|)", head):
         if token == "[":
-            parts.append("(?:")
+            parts.append("(?:(?:")
+        elif token == "|":
+            parts.append(")|(?:")
         elif token == "]":
-            parts.append(")?")
+            parts.append("))?")
         elif token.startswith("{"):
             parts.append(f"(?P<{token[1:-1]}>{_SEGMENT[token[1:-1]]})")
         else:
@@ -198,9 +212,10 @@ class Router:
                 continue
             relative = normalized.removeprefix(prefix)
             name, *rest = relative.split("/")
-            if rest[:1] == ["versions"]:
+            if rest[:1] in (["versions"], ["labels"]):
                 if len(rest) < 2 or not rest[1]:
-                    return NotFound(f"missing version number after /models/{name}/versions/")
+                    what = "version number" if rest[0] == "versions" else "label"
+                    return NotFound(f"missing {what} after /models/{name}/{rest[0]}/")
                 rest = rest[2:]
             if len(rest) == 1:
                 choices = " or ".join([", ".join(actions[:-1]), actions[-1]] if len(actions) > 1 else actions)

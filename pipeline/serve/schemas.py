@@ -9,7 +9,26 @@ from __future__ import annotations
 from pipeline.artifact.datatypes import V2_TO_NUMPY
 from pipeline.serve.detections import MAX_DETECTIONS
 
-ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
+ERROR = {
+    "type": "object",
+    "properties": {"error": {"type": "string"}, "request_id": {"type": "string"}},
+    "required": ["error"],
+}
+# Triton's repository index: the request may ask for the ready versions only; the answer lists versions.
+INDEX_REQUEST = {"type": "object", "properties": {"ready": {"type": "boolean"}}}
+INDEX = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["name", "version", "state"],
+        "properties": {
+            "name": {"type": "string"},
+            "version": {"type": "string"},
+            "state": {"type": "string", "enum": ["READY", "UNAVAILABLE"]},
+            "reason": {"type": "string"},
+        },
+    },
+}
 _TENSOR_IN = {
     "type": "object",
     "required": ["name", "shape", "datatype"],

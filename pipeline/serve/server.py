@@ -2,9 +2,10 @@
 
 Everything that would make the server useless is refused before any model loads, so the CLI exits 2
 with the fix: bad settings, a port already in use, `--provider cuda` where CUDA cannot run, an
-access log that cannot be written. On SIGTERM or Ctrl-C uvicorn stops accepting connections, lets
-accepted requests finish (up to `graceful_s`), then runs the app's shutdown, which drains every
-batcher. Worker processes (`--workers N`) rebuild the config from PIPE_SERVE_CONFIG through the
+access log that cannot be written. On SIGTERM or Ctrl-C the app's drain (`drain.py`) first keeps
+answering for `drain_s` while not ready; then uvicorn stops accepting connections, lets accepted
+requests finish (up to `graceful_s`) and runs the app's shutdown, which drains every batcher.
+Worker processes (`--workers N`) rebuild the config from PIPE_SERVE_CONFIG through the
 `create_app` factory, and share one metrics directory the server makes and removes (metrics.py).
 """
 
@@ -21,14 +22,17 @@ import tempfile
 from typing import Any
 
 from pipeline.core.errors import InputError, first_line
+from pipeline.serve import logs
 from pipeline.serve.access_log import STDOUT
 from pipeline.serve.config import CONFIG_ENV, ServeConfig
 from pipeline.serve.metrics import MULTIPROCESS_ENV
 from pipeline.serve.scan import check_paths
 from pipeline.serve.variant_choice import check_choices
+from pipeline.serve.version_policy import POLICIES
 
 log = logging.getLogger("pipe.serve")
 HTTP_PROTOCOL = "pipeline.serve.http_protocol:HeaderDeadlineProtocol"  # httptools with a header deadline
+MAX_DRAIN_S = 3600.0
 
 
 def _check(config: ServeConfig) -> None:
@@ -52,6 +56,10 @@ def _check(config: ServeConfig) -> None:
         raise InputError(f"--latest {config.repository.latest} must be at least 1 (omit it to serve all versions)")
     if http.api_key_env and not os.environ.get(http.api_key_env):
         raise InputError(f"--api-key-env {http.api_key_env}: that environment variable is empty or unset")
+    if config.repository.policy not in POLICIES:
+        raise InputError(f"--versions {config.repository.policy!r}: choose one of {', '.join(POLICIES)}")
+    if not 0 <= http.drain_s <= MAX_DRAIN_S:
+        raise InputError(f"--drain-seconds {http.drain_s:g} must be 0-{MAX_DRAIN_S:g} (seconds; 0: stop at once)")
     if not http.read_timeout_s > 0:
         raise InputError(f"--read-timeout {http.read_timeout_s:g} must be > 0 (seconds a request may take to arrive)")
     if http.access_log and http.access_log != STDOUT:
@@ -140,7 +148,7 @@ def run(config: ServeConfig) -> None:
     import uvicorn
 
     _check(config)
-    logging.basicConfig(level=config.http.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(config.http.log_level, config.http.log_format)
     if not _is_loopback(config.http.host):
         log.warning(
             "listening on %s, beyond this machine%s",
@@ -167,8 +175,10 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _run_uvicorn(uvicorn: Any, config: ServeConfig) -> None:
+    log_config = logs.uvicorn_config(config.http.log_format)
     uvicorn.run(
         "pipeline.serve.app:create_app",
+        **({"log_config": log_config} if log_config else {}),  # None: uvicorn's own text lines
         factory=True,
         host=config.http.host,
         port=config.http.port,

@@ -18,6 +18,7 @@ import httpx
 
 READY_TIMEOUT_S = 60
 BIND_ATTEMPTS = 3
+QUICK_STOP = ("--drain-seconds", "0")  # tests stop their servers at once unless they test the drain
 
 
 def wait_for(check, timeout: float = 20) -> None:
@@ -66,33 +67,55 @@ class Server:
 
 
 def start_server(
-    paths: list[Path], log: Path, *args: str, env: dict[str, str] | None = None, probe: str = "ready"
+    paths: list[Path],
+    log: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    probe: str = "ready",
+    quick_stop: bool = True,
+    own_group: bool = False,
 ) -> Server:
     """Start `python -m pipeline serve` and wait (bounded) until /v2/health/{probe} answers 200.
 
     `probe="live"` for a server that serves no model yet (it is live but, rightly, not ready).
+    `quick_stop=False` keeps the server's own --drain-seconds; `own_group=True` starts it in a process
+    group of its own (a session), so a test can send Ctrl-C's SIGINT to that group as a terminal would.
 
     The free port is only free when asked for: another process may take it before the server binds,
     so a server that could not bind is started again on a new port (a few times at most).
     """
     for _ in range(BIND_ATTEMPTS - 1):
         try:
-            return _start_once(paths, log, args, env, probe)
+            return _start_once(paths, log, args, env, probe, quick_stop, own_group)
         except PortTaken:
             continue
-    return _start_once(paths, log, args, env, probe)
+    return _start_once(paths, log, args, env, probe, quick_stop, own_group)
 
 
 class PortTaken(RuntimeError):
     pass
 
 
-def _start_once(paths: list[Path], log: Path, args: tuple[str, ...], env: dict[str, str] | None, probe: str) -> Server:
+def _start_once(
+    paths: list[Path],
+    log: Path,
+    args: tuple[str, ...],
+    env: dict[str, str] | None,
+    probe: str,
+    quick_stop: bool,
+    own_group: bool,
+) -> Server:
     port = free_port()
     command = [sys.executable, "-m", "pipeline", "serve", *map(str, paths), "--port", str(port)]
-    command += ["--intra-op-threads", "1", "--inter-op-threads", "1", *args]
+    command += ["--intra-op-threads", "1", "--inter-op-threads", "1", *(QUICK_STOP if quick_stop else ()), *args]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=own_group,
+        )
     server = Server(proc, port, log)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -26,7 +26,7 @@ def test_every_documented_operation_answers(server) -> None:
         "strings",
     ]
     for template, item in document["paths"].items():
-        path = template.replace("{model_name}", "mlp").replace("{version}", "1")
+        path = template.replace("{model_name}", "mlp").replace("{version}", "1").replace("{label}", "canary")
         for method in ("get", "post"):
             if method not in item:
                 continue

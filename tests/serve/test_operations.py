@@ -216,3 +216,30 @@ def test_sigterm_removes_the_metrics_directory(repository: Path, tmp_path: Path)
     running.stop()
     assert "stopped: every accepted request was answered" in running.logs()
     assert not directory.exists(), f"{directory} left behind"
+
+
+def test_request_ids_reach_answers_errors_and_logs_and_logs_are_json(repository: Path, tmp_path: Path) -> None:
+    """One id per request: an incoming X-Request-ID kept (an unusable one replaced), else made; echoed in the
+    header, in error bodies and the access log; the server's own lines are JSON beside a JSON access log."""
+    access = tmp_path / "access.jsonl"
+    server = start_server([repository], tmp_path / "serve.log", "--poll", "0", "--access-log", str(access))
+    try:
+        given = httpx.post(f"{server.url}/v2/models/mlp/infer", json=BODY, headers={"x-request-id": "trace-7f3a"})
+        assert given.status_code == 200 and given.headers["x-request-id"] == "trace-7f3a"
+        assert given.json()["id"] == "trace-7f3a"  # V2's id when the body names none
+        refused = httpx.post(f"{server.url}/v2/models/nope/infer", json=BODY)
+        made = refused.headers["x-request-id"]
+        assert refused.status_code == 404 and refused.json()["request_id"] == made and len(made) > 8
+        odd = httpx.get(f"{server.url}/v2/models/nope", headers={"x-request-id": "x" * 500})
+        assert odd.headers["x-request-id"] != "x" * 500 and odd.json()["request_id"] == odd.headers["x-request-id"]
+        metrics = httpx.get(f"{server.url}/metrics").text
+    finally:
+        server.stop()
+    ids = {line["route"]: line["request_id"] for line in map(json.loads, access.read_text().splitlines())}
+    assert ids["/v2/models/mlp/infer"] == "trace-7f3a" and ids["/v2/models/nope/infer"] == made
+    own = [json.loads(line) for line in server.logs().splitlines() if line.strip()]  # every line is JSON
+    assert any(x["logger"] == "pipe.serve" and x["message"].startswith("loaded mlp v2") for x in own)
+    assert any(x["logger"].startswith("uvicorn") for x in own) and all(x["level"] for x in own)
+    assert 'pipe_model_loads_total{model="mlp",outcome="loaded"} 2.0' in metrics
+    assert "pipe_requests_in_flight 1.0" in metrics  # the scrape itself
+    assert 'pipe_queue_depth{model="mlp",version="2"} 0.0' in metrics

@@ -83,7 +83,7 @@ def test_an_action_this_server_lacks_is_404_naming_the_valid_ones_not_405_use_ge
     ("path", "message"),
     [
         ("/v3", "no route '/v3'; see GET /openapi.json for the API"),
-        ("/v2/models/m/explain", "no route for 'explain' under /v2/models/m; use ready or infer"),
+        ("/v2/models/m/explain", "no route for 'explain' under /v2/models/m; use ready, config, stats or infer"),
         ("/v1/models/m/x", "no route for 'x' under /v1/models/m; use :predict, :classify or metadata"),
         ("/v2/models/m/versions/", "missing version number after /models/m/versions/"),
         (
@@ -193,9 +193,13 @@ def test_count_responses_counts_every_layer_answer() -> None:
     class Counts:
         def __init__(self) -> None:
             self.seen: list[int] = []
+            self.in_flight: list[int] = []
 
         def count_response(self, status: int) -> None:
             self.seen.append(status)
+
+        def started(self, change: int) -> None:
+            self.in_flight.append(change)
 
     counts = Counts()
     app = CountResponses(ApiKey(BodyLimit(inner, 10, 1.0), "k", PUBLIC_PATHS), counts)
@@ -203,3 +207,4 @@ def test_count_responses_counts_every_layer_answer() -> None:
     call(app, "POST", "/x", {"authorization": "Bearer k"}, [b"0" * 20])
     call(app, "POST", "/x", {"authorization": "Bearer k"}, [b"ok"])
     assert counts.seen == [401, 413, 200]
+    assert counts.in_flight == [1, -1] * 3  # each request in flight while it was answered

@@ -133,3 +133,42 @@ def test_bytes_tensors(client: triton.InferenceServerClient, binary: bool) -> No
     not_utf8.set_data_from_numpy(np.array([b"\xff"], dtype=object), binary_data=True)
     with pytest.raises(InferenceServerException, match="not UTF-8"):
         client.infer("strings", [not_utf8])
+
+
+def test_model_config_as_triton_writes_it(client: triton.InferenceServerClient) -> None:
+    """What perf_analyzer and model navigators read first: batch size, inputs without the batch dim."""
+    config = client.get_model_config("mlp")
+    print(config)  # the report quotes it
+    assert config["name"] == "mlp" and config["platform"] == "onnxruntime_onnx" and config["max_batch_size"] == 64
+    assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}]
+    assert config["output"] == [{"name": "logits", "data_type": "TYPE_FP32", "dims": [3]}]
+    assert config["version_policy"] == {"all": {}} and config["default_model_filename"] == "model.onnx"
+    assert config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 256
+    assert client.get_model_config("mlp", "1")["default_model_filename"] == "model.onnx"
+    with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+        client.get_model_config("nope")
+
+
+def test_inference_statistics_count_what_was_answered(client: triton.InferenceServerClient) -> None:
+    before = client.get_inference_statistics("pair", "1")["model_stats"][0]
+    feeds = sample_inputs(two_in_two_out(), rows=3)
+    inputs = []
+    for name, array in feeds.items():
+        inputs.append(triton.InferInput(name, list(array.shape), "FP32"))
+        inputs[-1].set_data_from_numpy(array)
+    for _ in range(2):
+        client.infer("pair", inputs)
+    after = client.get_inference_statistics("pair", "1")["model_stats"][0]
+    assert (after["name"], after["version"]) == ("pair", "1")
+    assert after["inference_stats"]["success"]["count"] == before["inference_stats"]["success"]["count"] + 2
+    assert after["inference_count"] == before["inference_count"] + 6  # rows
+    assert after["inference_stats"]["success"]["ns"] > before["inference_stats"]["success"]["ns"]
+    every = client.get_inference_statistics()["model_stats"]
+    assert {(s["name"], s["version"]) for s in every} >= {("mlp", "1"), ("mlp", "2"), ("pair", "1")}
+    assert [s["version"] for s in client.get_inference_statistics("mlp")["model_stats"]] == ["1", "2"]
+
+
+def test_repository_index_lists_every_version(client: triton.InferenceServerClient) -> None:
+    index = client.get_model_repository_index()
+    assert {"name": "mlp", "version": "2", "state": "READY"} in index
+    assert {(entry["name"], entry["version"]) for entry in index} >= {("mlp", "1"), ("pair", "1"), ("embed", "1")}

@@ -11,9 +11,7 @@ whether they fit the model is the session's check, the same for every protocol.
 
 from __future__ import annotations
 
-import itertools
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,38 +25,17 @@ from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
 from pipeline.serve.protocols.classify import check_scores, softmax, top_classes
 from pipeline.serve.protocols.datatypes import IOSpec, json_text, numpy_dtype, v2_datatype
 from pipeline.serve.protocols.jsonvalues import json_array
+from pipeline.serve.request_id import current_id, new_id
 
 MAX_RANK = 16
 MAX_ELEMENTS = 2**48  # far past any body --max-body-mb allows, far below numpy's 2**63 bytes
-
-
-class _ResponseIds:
-    """Ids for responses to requests that carry none: a random per-process prefix and a counter.
-
-    Unique across workers and restarts like `uuid4().hex`, without its getrandom syscall per
-    request (about a tenth of the CPU of a small binary request). A forked child draws a new prefix.
-    """
-
-    def __init__(self) -> None:
-        self._reset()
-        os.register_at_fork(after_in_child=self._reset)
-
-    def _reset(self) -> None:
-        self._prefix = os.urandom(8).hex() + "-"
-        self._counter = itertools.count(1)
-
-    def next(self) -> str:
-        return f"{self._prefix}{next(self._counter)}"
-
-
-_response_ids = _ResponseIds()
 
 
 @dataclass(frozen=True)
 class V2Options:
     """What a V2 response needs to remember from its request."""
 
-    id: str  # echoed, or made when the request has none
+    id: str  # echoed, else the HTTP request's id (X-Request-ID, request_id.py)
     binary_outputs: dict[str, bool] | None  # output name -> answer in binary? ; None: every output
     binary_default: bool  # request-level parameters.binary_data_output
     classes: dict[str, int] = field(default_factory=dict)  # output -> top-k asked for (classification extension)
@@ -94,7 +71,8 @@ class V2(Protocol):
         specs = {s.name: s for s in model.outputs}  # an unknown output name is refused by the app
         for name in (classes.keys() | softmaxed) & specs.keys():
             check_scores(specs[name], name in classes, name in softmaxed)
-        options = V2Options(request_id or _response_ids.next(), outputs, binary_default, classes, frozenset(softmaxed))
+        request_id = request_id or current_id.get() or new_id()
+        options = V2Options(request_id, outputs, binary_default, classes, frozenset(softmaxed))
         return Decoded(inputs, None if outputs is None else list(outputs), options, detections=detections)
 
     def encode(self, model: ModelIO, decoded: Decoded, results: dict[str, np.ndarray]) -> Encoded:

@@ -1,9 +1,12 @@
 """`pipe export ARTIFACT --target edge`: TFLite models of model.onnx, each proven on a real LiteRT interpreter.
 
 Steps: read the recipe's `edge:` section as it is now (command-line values on top; an imported
-artifact uses the defaults); convert a copy of model.onnx with onnx2tf in a scratch directory
-(pipeline/edge/convert.py: fp32, fp16, and full-integer int8 calibrated on real training
-samples); judge each .tflite with the verifier on the LiteRT interpreter against model.onnx:
+artifact uses the defaults); fix every free dim but the batch at a size the artifact knows
+(pipeline/edge/shapes.py); convert a copy of model.onnx with onnx2tf in a scratch directory,
+trying known-good onnx2tf settings in turn until one's fp32 passes the gate (pipeline/edge/attempts.py;
+pipeline/edge/convert.py: fp32, fp16, and int8 calibrated on real training samples, int8 I/O
+for pictures and float I/O otherwise); judge each .tflite with the verifier on the LiteRT
+interpreter against model.onnx:
 fp32 and fp16 element by element (`atol_fp32`, `atol_fp16`), int8 by the task's budget (the
 metric's drop on the test split, or agreement / cosine / relative error without labels), NaN/Inf
 always, the batch at 1, 2 and 16; an fp16 model also by fp16's range (pipeline/edge/fp16range.py).

@@ -169,6 +169,29 @@ class OptimizeRecord(StageRecord):
 
 
 @dataclass(kw_only=True)
+class FixedDim:
+    """A free dim of model.onnx that the edge models take at one size (devices run fixed spatial shapes)."""
+
+    input: str  # the model.onnx input
+    axis: int
+    dim: str  # the dim's name in model.onnx (every input and output axis of that name took the size)
+    size: int
+    source: str  # where the size came from: "--input-shape", "the recorded image preprocessing (48x192)", ...
+
+
+@dataclass(kw_only=True)
+class ConvertAttempt:
+    """One onnx2tf setting the edge stage tried, in order, and what became of it."""
+
+    name: str  # e.g. "onnxslim", "onnxslim + ultralytics"
+    options: dict[str, Any] = field(default_factory=dict)  # onnx2tf.convert keyword arguments on top of pipe's own
+    slim: bool = True  # the graph went through onnxslim first (and onnx2tf's own onnxsim was off)
+    used: bool = False  # its models are the ones recorded
+    reason: str = ""  # why it was left: onnx2tf's reason, or the gate's first failure on LiteRT
+    seconds: float = 0.0
+
+
+@dataclass(kw_only=True)
 class EdgeRecord(StageRecord):
     """`pipe export --target edge`: settings are the recipe's edge section and the command-line overrides."""
 
@@ -179,6 +202,8 @@ class EdgeRecord(StageRecord):
     seconds: dict[str, float] = field(default_factory=dict)  # conversion wall time per variant
     # the machine the conversion times and checks were taken on (this host, not a device): cpu, cpus, system
     host: dict[str, Any] = field(default_factory=dict)
+    fixed_dims: list[FixedDim] = field(default_factory=list)  # free non-batch dims converted at a fixed size
+    attempts: list[ConvertAttempt] = field(default_factory=list)  # every conversion tried, in order
 
 
 @dataclass(kw_only=True)

@@ -105,10 +105,10 @@ def import_cmd(
     max_detections: int | None,
 ) -> None:
     """Make an artifact from an ONNX MODEL produced elsewhere (JAX, TensorFlow, Paddle, Ultralytics, ...)."""
+    from pipeline.artifact.dims import parse_input_shapes
     from pipeline.artifact.golden import load_golden
     from pipeline.cli.info import reading_text
     from pipeline.export.importer import import_onnx, read_labels
-    from pipeline.export.shapes import parse_input_shapes
     from pipeline.samples.evaluation import GENERATED_NOTE
 
     shapes = parse_input_shapes(input_shapes)
@@ -149,6 +149,9 @@ def import_cmd(
               help="Edge: TFLite models to make (repeatable) [default: recipe edge.precisions].")  # fmt: skip
 @click.option("--layout", type=click.Choice(["nhwc", "nchw"], case_sensitive=False), default=None,
               help="Edge: image input layout, NHWC for devices or the server's NCHW [default: recipe].")  # fmt: skip
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
+              help="Edge: dims of input NAME on the device (repeatable), as pipe import takes them, e.g. "
+              "x:?,3,48,192 [default: free dims but the batch fixed from what the artifact knows].")  # fmt: skip
 @click.option("--opset", type=Whole(7, 100), default=None, help="ONNX opset [default: recipe export.opset]")
 @click.option(
     "--exporter",
@@ -170,6 +173,7 @@ def export(
     target: str,
     precisions: tuple[str, ...],
     layout: str | None,
+    input_shapes: tuple[str, ...],
     opset: int | None,
     exporter: str | None,
     atol: float | None,
@@ -184,10 +188,20 @@ def export(
     Settings come from the recipe's export section as it is now; --opset, --exporter, --atol and
     --rtol override it for this run.
     """
+    if input_shapes and target != "edge":
+        from pipeline.core.errors import InputError
+
+        raise InputError(f"--input-shape is an edge option (the device's dims); it is not read with --target {target}")
     if target == "edge":
+        from pipeline.artifact.dims import parse_input_shapes
         from pipeline.edge.stage import edge_artifact
 
-        overrides = {"precisions": list(precisions) or None, "layout": layout and layout.lower()}
+        shapes = parse_input_shapes(input_shapes) or None
+        overrides = {
+            "precisions": list(precisions) or None,
+            "layout": layout and layout.lower(),
+            "input_shapes": shapes,
+        }
         outcome = edge_artifact(artifact, overrides, Path(recipe) if recipe else None, progress=click.echo)
         for note in outcome.notes:
             click.secho(f"note: {note}", err=True, fg="yellow")

@@ -1,4 +1,4 @@
-"""ONNX -> TFLite with onnx2tf: fp32, fp16 and full-integer int8 files from one ONNX model.
+"""ONNX -> TFLite with onnx2tf: fp32, fp16 and int8 files from one ONNX model.
 
 `convert` is a pure function: a model file in, .tflite files in a scratch directory out, each
 described the way a device program must feed it. It never touches the file it is given: onnx2tf
@@ -6,6 +6,10 @@ overwrites its input, so it converts a copy, with the names it would reject rewr
 `sanitize`). onnx2tf runs in a child process (`python -c`, in the scratch directory, `.venv/bin`
 first on PATH for the `onnxsim` command it calls, with a timeout and its output in a log): so
 tensorflow never loads in pipe's own process, and onnx2tf's global state and prints stay out.
+The child first passes the copy through onnxslim (`EdgeSettings.slim`, with onnx2tf's own onnxsim
+then off): a YOLOv8 head converts only that way. `EdgeSettings.input_dims` fixes free dims of the
+copy's inputs first (pipeline/edge/shapes.py), and `EdgeSettings.onnx2tf` adds onnx2tf options
+(pipeline/edge/attempts.py tries a few in turn).
 
 What this module does about onnx2tf's habits (shared/DESIGN.md section 5):
 - it downloads sample images whenever every input is a fixed-size 3-channel 4-D image, unless
@@ -17,12 +21,15 @@ What this module does about onnx2tf's habits (shared/DESIGN.md section 5):
   since our models hold their own normalization) in the layout the converted graph takes;
 - full-integer int8 cannot calibrate integer inputs (token ids), so int8 is skipped for them.
 
-The int8 file is onnx2tf's `*_full_integer_quant.tflite`: int8 inputs and outputs, every op in
-int8. It is the one integer-only accelerators (Edge TPU, Ethos-U, Hexagon) and microcontrollers
-run whole; a device program quantizes its input with the input's `scale` and `zero_point` and
-dequantizes the output the same way (both are in `Converted.inputs`/`outputs`, and
-pipeline/runtime/tflite_runner.py does it). The float-I/O `*_integer_quant.tflite` would be fed like fp32
-but keeps a float quantize/dequantize pair on the CPU at each end.
+The int8 file is, with `int8_io="integer"` (pictures), onnx2tf's `*_full_integer_quant.tflite`:
+int8 inputs and outputs, every op in int8. It is the one integer-only accelerators (Edge TPU,
+Ethos-U, Hexagon) and microcontrollers run whole; a device program quantizes its input with the
+input's `scale` and `zero_point` and dequantizes the output the same way (both are in
+`Converted.inputs`/`outputs`, and pipeline/runtime/tflite_runner.py does it). With
+`int8_io="float"` (tabular and other non-picture inputs, whose columns span very different ranges
+that one input scale would crush) it is the float-I/O `*_integer_quant.tflite`: weights and
+activations int8 inside, a quantize op after each float input and a dequantize op before each float
+output, fed like fp32.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from pipeline.core.errors import CheckFailed, InputError
 
 PRECISIONS = ("fp32", "fp16", "int8")
 SUFFIX = {"fp32": "float32", "fp16": "float16", "int8": "full_integer_quant"}  # onnx2tf's <name>_<suffix>.tflite
+INT8_SUFFIX = {"integer": "full_integer_quant", "float": "integer_quant"}  # by int8_io: int8 or float inputs/outputs
 SAMPLE_FILE = "calibration_image_sample_data_20x128x128x3_float32.npy"  # onnx2tf reads it instead of downloading
 SAMPLE_SHAPE = (20, 128, 128, 3)
 COPY = "model.onnx"  # the copy onnx2tf converts (and overwrites), in the scratch directory
@@ -64,8 +72,15 @@ NO_NETWORK = "http://127.0.0.1:9"  # a closed port: a download attempt fails at 
 Progress = Callable[[str], None]
 Inputs = list[tuple[str, int, list[int | str]]]  # model.onnx's inputs: name, ONNX element type, dims
 
-# The child: one call of onnx2tf.convert with the keyword arguments in the JSON file argv[1].
-DRIVER = "import json, sys, onnx2tf; onnx2tf.convert(**json.load(open(sys.argv[1])))"
+# The child: onnxslim on the copy when asked ("slim" in the JSON file argv[1]), then one call of
+# onnx2tf.convert with the other keyword arguments there.
+DRIVER = (
+    "import json, sys; kw = json.load(open(sys.argv[1]))\n"
+    "if kw.pop('slim'):\n"
+    "    import onnx, onnxslim; onnx.save(onnxslim.slim(kw['input_onnx_file_path']), kw['input_onnx_file_path'])\n"
+    "    print('onnxslim: done', flush=True)\n"
+    "import onnx2tf; onnx2tf.convert(**kw)"
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +90,10 @@ class EdgeSettings:
     precisions: tuple[str, ...] = PRECISIONS  # of fp32, fp16, int8
     layout: Literal["nhwc", "nchw"] = "nhwc"  # 4-D image inputs: NHWC for devices, or keep the server's NCHW
     timeout_s: float = 1800.0  # onnx2tf is stopped after this long and the conversion fails
+    slim: bool = True  # onnxslim the copy first, and turn onnx2tf's own onnxsim off
+    onnx2tf: dict[str, Any] = field(default_factory=dict)  # more onnx2tf.convert keyword arguments
+    input_dims: dict[str, list[int | str]] = field(default_factory=dict)  # input -> dims written into the copy
+    int8_io: Literal["integer", "float"] = "integer"  # int8's inputs and outputs: int8 (pictures) or float
 
 
 @dataclass
@@ -90,6 +109,7 @@ class Converted:
     converter: str = ""  # e.g. "onnx2tf 1.28.8"
     seconds: float = 0.0  # wall time: fp32 includes the graph conversion; fp16 and int8 the time each added after it
     warnings: list[str] = field(default_factory=list)  # e.g. a precision asked for and not made, and why
+    int8_io: str = ""  # int8 only: "integer" (int8 inputs and outputs) or "float" (float I/O, int8 inside)
 
 
 def convert(
@@ -120,6 +140,7 @@ def convert(
     scratch.mkdir(parents=True, exist_ok=True)
 
     model = onnx.load(str(onnx_path))  # external data, if any, is read here and saved inline in the copy
+    _write_input_dims(model.graph, settings.input_dims)
     inputs = [(v.name, v.type.tensor_type.elem_type, _dims(v)) for v in model.graph.input if v.name not in
               {t.name for t in model.graph.initializer}]  # fmt: skip
     outputs = [(v.name, _dims(v)) for v in model.graph.output]
@@ -148,6 +169,9 @@ def convert(
         "output_folder_path": "out",
         "non_verbose": True,
         "keep_ncw_or_nchw_or_ncdhw_input_names": kept or None,
+        "slim": settings.slim,
+        "not_use_onnxsim": settings.slim,
+        **settings.onnx2tf,
     }
     if "int8" in precisions and calibration is not None:
         kwargs["output_integer_quantized_tflite"] = True
@@ -161,7 +185,8 @@ def convert(
     made: list[Converted] = []
     previous = started
     for precision in precisions:
-        produced = scratch / "out" / f"{Path(COPY).stem}_{SUFFIX[precision]}.tflite"
+        suffix = INT8_SUFFIX[settings.int8_io] if precision == "int8" else SUFFIX[precision]
+        produced = scratch / "out" / f"{Path(COPY).stem}_{suffix}.tflite"
         if not produced.is_file():
             if precision != "int8":
                 raise CheckFailed(f"onnx2tf finished but wrote no {precision} model: {_reason(scratch / LOG, {})}")
@@ -173,10 +198,31 @@ def convert(
         made.append(_describe(precision, target, inputs, outputs, renamed, settings.layout,
                               round(max(finished - previous, 0.0), 2)))  # fmt: skip
         previous = max(previous, finished)
+        if precision == "int8":
+            made[-1].int8_io = settings.int8_io
     for converted in made:
         converted.warnings = list(warnings) + converted.warnings
     say(f"onnx2tf: {', '.join(f'{c.precision} {c.seconds:.1f} s' for c in made)} (total {time.time() - started:.1f} s)")
     return made
+
+
+def _write_input_dims(graph: Any, dims: dict[str, list[int | str]]) -> None:
+    """Fix the copy's input dims given as ints (the device shapes); names and `?` leave a dim as it is.
+
+    The inferred shapes inside the graph are dropped where they name a dim fixed here, so onnxslim
+    (or onnx2tf's onnxsim) infers them again from the fixed inputs.
+    """
+    names = set()
+    for value in graph.input:
+        for dim, wanted in zip(value.type.tensor_type.shape.dim, dims.get(value.name, []), strict=False):
+            if isinstance(wanted, int):
+                names.add(dim.dim_param)
+                dim.dim_value = wanted
+    names.discard("")
+    if names:
+        kept = [v for v in graph.value_info if not {d.dim_param for d in v.type.tensor_type.shape.dim} & names]
+        del graph.value_info[:]
+        graph.value_info.extend(kept)
 
 
 def sanitize(graph: Any) -> dict[str, str]:

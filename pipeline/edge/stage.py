@@ -1,9 +1,12 @@
 """`pipe export ARTIFACT --target edge`: TFLite models of model.onnx, each proven on a real LiteRT interpreter.
 
 Steps: read the recipe's `edge:` section as it is now (command-line values on top; an imported
-artifact uses the defaults); convert a copy of model.onnx with onnx2tf in a scratch directory
-(pipeline/edge/convert.py: fp32, fp16, and full-integer int8 calibrated on real training
-samples); judge each .tflite with the verifier on the LiteRT interpreter against model.onnx:
+artifact uses the defaults); fix every free dim but the batch at a size the artifact knows
+(pipeline/edge/shapes.py); convert a copy of model.onnx with onnx2tf in a scratch directory,
+trying known-good onnx2tf settings in turn until one's fp32 passes the gate (pipeline/edge/attempts.py;
+pipeline/edge/convert.py: fp32, fp16, and int8 calibrated on real training samples, int8 I/O
+for pictures and float I/O otherwise); judge each .tflite with the verifier on the LiteRT
+interpreter against model.onnx:
 fp32 and fp16 element by element (`atol_fp32`, `atol_fp16`), int8 by the task's budget (the
 metric's drop on the test split, or agreement / cosine / relative error without labels), NaN/Inf
 always, the batch at 1, 2 and 16; an fp16 model also by fp16's range (pipeline/edge/fp16range.py).
@@ -19,18 +22,28 @@ exits 1; the other variants stay as they were.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import GOLDEN_NAME
-from pipeline.artifact.manifest import Detection
-from pipeline.artifact.records import EdgeRecord
+from pipeline.artifact.manifest import Detection, ModelSpec
+from pipeline.artifact.records import EdgeRecord, FixedDim
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import EDGE_PREFIX, MODEL_FILE, EdgeIO, EdgeTensor, Variant, variant_file
 from pipeline.core.errors import CheckFailed, InputError
 from pipeline.core.host import describe_host
-from pipeline.edge.convert import Converted, EdgeSettings, convert
+from pipeline.edge.attempts import (
+    NotConverted,
+    attempts_for,
+    attempts_json,
+    attempts_markdown,
+    attempts_text,
+    convert_in_turn,
+)
+from pipeline.edge.convert import Converted, EdgeSettings
 from pipeline.edge.device import (
     DEVICE_PYTHON_ENV,
     DeviceCheck,
@@ -41,6 +54,7 @@ from pipeline.edge.device import (
 )
 from pipeline.edge.feeding import feeding_entry, stamp_metadata, write_feeding
 from pipeline.edge.fp16range import fp16_range_rows
+from pipeline.edge.shapes import device_specs, fitted_evaluation, is_picture
 from pipeline.recipe.schema import EdgeSpec
 from pipeline.runtime.runners import ort_runner, tflite_candidate
 from pipeline.samples.calibration import calibration_set, has_real_samples
@@ -116,26 +130,52 @@ def edge_artifact(
                     "int8 edge models calibrate on real samples, and this artifact was imported without --eval-data; "
                     "re-import it with --eval-data FILE, or ask for --precision fp32 / fp16"
                 )
+    # Devices run fixed shapes: every free dim but the batch is fixed at a size the artifact knows (shapes.py)
+    inputs, outputs, fixed = device_specs(artifact.manifest, evaluation.samples, settings.input_shapes)
+    spec = ModelSpec(inputs, outputs, artifact.manifest.task)
+    evaluation, resampled = fitted_evaluation(evaluation, inputs)
+    for f in fixed:
+        progress(f"[edge] {f.input} axis {f.axis} ({f.dim}) fixed at {f.size}: from {f.source}")
+    int8_io = "integer" if all(is_picture(s) for s in inputs) else "float"  # q = pixel - 128 style only for pictures
+    if "int8" in precisions and int8_io == "float" and all(np.dtype(s.dtype).kind == "f" for s in inputs):
+        notes.append("int8 has float inputs and outputs (weights and activations int8 inside): the inputs are not "
+                     "pictures, and one int8 scale per input would crush columns of different ranges")  # fmt: skip
+        progress(f"[edge] note: {notes[-1]}")
+    edge_settings = EdgeSettings(tuple(precisions), settings.layout, input_dims={s.name: s.shape for s in inputs},
+                                 int8_io=int8_io)  # fmt: skip
     progress(f"[edge] {artifact.root}: converting with onnx2tf ({', '.join(precisions)}; layout {settings.layout})")
 
     with StageWrite(artifact.root, "edge") as write:
+        judged: dict[int, tuple[list[EdgeMade], dict]] = {}
+
+        def judge(converted: list[Converted]) -> str | None:
+            """The gate on LiteRT; an attempt is left when its fp32 model fails it (a precision's own loss is not a
+            conversion's fault, so an attempt without fp32 is kept as it is)."""
+            entries = {c.precision: feeding_entry(f"{EDGE_PREFIX}{c.precision}", c, artifact.manifest)
+                       for c in converted}  # fmt: skip
+            for c in converted:  # before judging: the file shipped is the file verified
+                if not stamp_metadata(c.path, entries[c.precision], artifact.manifest):
+                    notes.append(f"{c.path.name} keeps its weights outside the flatbuffer: no TFLite metadata written")
+            made = [_judge(c, artifact, evaluation, settings, write.scratch, progress, spec) for c in converted]
+            judged[id(converted)] = made, entries
+            fp32 = next((m for m in made if m.converted.precision == "fp32"), None)
+            return None if fp32 is None or fp32.report.passed else f"{fp32.name}: {_first_failure(fp32.report)}"
+
+        fixed_rows = [asdict(f) for f in fixed]
         try:
-            converted = convert(source, write.scratch / "convert",
-                                EdgeSettings(tuple(precisions), settings.layout), calibration, progress)  # fmt: skip
-        except CheckFailed as exc:
-            kept = _record_failure(write, parent, settings, precisions, str(exc))
-            message = str(exc)
-            if kept:  # point at the copy kept in the artifact, not at the scratch directory about to go
-                message = message.replace(str(write.scratch / "convert" / "onnx2tf" / "onnx2tf.log"), kept)
+            converted, tried = convert_in_turn(source, write.scratch / "convert", edge_settings, calibration, judge,
+                                               attempts_for(artifact.manifest.task), progress)  # fmt: skip
+        except NotConverted as exc:
+            kept = _record_failure(write, parent, settings, precisions, str(exc), exc, fixed_rows)
+            message = f"no onnx2tf setting tried converts the model; the last said: {exc}"
+            if kept:  # the copy kept in the artifact: the scratch directory it was written in goes away
+                message += f"\nonnx2tf's last log: {kept}; the attempts: {CONVERT_REPORTS[1]}"
             raise CheckFailed(message) from None
+        _write_convert_report(write.scratch, tried, fixed_rows)
         for warning in dict.fromkeys(w for c in converted for w in c.warnings):  # e.g. int8 not made, and why
             notes.append(warning)
             progress(f"[edge] note: {warning}")
-        entries = {c.precision: feeding_entry(f"{EDGE_PREFIX}{c.precision}", c, artifact.manifest) for c in converted}
-        for c in converted:  # before judging: the file shipped is the file verified
-            if not stamp_metadata(c.path, entries[c.precision], artifact.manifest):
-                notes.append(f"{c.path.name} keeps its weights outside the flatbuffer: no TFLite metadata written")
-        made = [_judge(c, artifact, evaluation, settings, write.scratch, progress) for c in converted]
+        made, entries = judged[id(converted)]
         for m in made:
             target = write.scratch / variant_file(m.name)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -144,6 +184,7 @@ def edge_artifact(
         models = {Path(variant_file(m.name)).name: entries[m.converted.precision] for m in made}
         feeding = write_feeding(write.scratch / "edge", artifact.manifest, models) if made else []
         device = device_python()
+        golden = _device_golden(write.scratch, evaluation, artifact) if resampled else artifact.path(GOLDEN_NAME)
         if device is None:
             notes.append(
                 "no device-like runtime to check on (make edge-runtime builds one: numpy<2 + tflite-runtime 2.14; "
@@ -152,7 +193,7 @@ def edge_artifact(
         runtime = device_runtime(device) if device is not None and made else ""
         for m in made:
             if device is not None:
-                _device(m, device, artifact.path(GOLDEN_NAME), settings, runtime, progress)
+                _device(m, device, golden, settings, runtime, progress)
         host = describe_host()
 
         def record(fresh: Artifact) -> None:
@@ -173,24 +214,28 @@ def edge_artifact(
                 failed=[m.name for m in made if not m.passed],
                 seconds={m.name: m.converted.seconds for m in made},
                 host=host,
+                fixed_dims=list(fixed),
+                attempts=tried,
             )
 
-        artifact = write.commit([*(variant_file(m.name) for m in made), *feeding], record)
+        artifact = write.commit([*(variant_file(m.name) for m in made), *feeding, *CONVERT_REPORTS], record)
     failed = [m.name for m in made if not m.passed]
     if failed:
         lines = "\n".join(f"{m.name}:\n{m.report.table(only_failures=True)}" for m in made if not m.passed)
+        if not any(a.used for a in tried):  # every onnx2tf setting was left: these are the first conversion's models
+            lines += f"\nno onnx2tf setting gave models that pass; {attempts_text(tried)}"
         raise CheckFailed(f"edge model(s) failed verification (recorded as failed, not shipped): {', '.join(failed)}\n"
                           f"{lines}")  # fmt: skip
     return EdgeOutcome(artifact, made, failed, notes)
 
 
 def _judge(c: Converted, artifact: Artifact, evaluation: EvaluationSet, settings: EdgeSpec, scratch: Path,
-           progress: Progress) -> EdgeMade:  # fmt: skip
+           progress: Progress, spec: ModelSpec) -> EdgeMade:  # fmt: skip
     m = artifact.manifest
     name = f"{EDGE_PREFIX}{c.precision}"
     policy = policy_for(c.precision, settings, m.task, evaluation.target is not None, m.detection)
     candidate = tflite_candidate(c.path, names=c.names, layout=c.input_layout)
-    report = verify(candidate, ort_runner(artifact.path(MODEL_FILE)), evaluation, m.spec, policy, scratch=scratch)
+    report = verify(candidate, ort_runner(artifact.path(MODEL_FILE)), evaluation, spec, policy, scratch=scratch)
     if c.precision == "fp16":  # the cause before its symptom: a value fp16 cannot hold, then "exceeds atol"
         samples = None if evaluation.generated else evaluation.samples  # activations only on real samples
         report.rows[:0] = fp16_range_rows(artifact.path(MODEL_FILE), samples, scratch)
@@ -221,7 +266,7 @@ def _variant(m: EdgeMade, parent: str) -> Variant:
         format="tflite",
         stage="edge",
         parent=parent,
-        settings={"layout": c.input_layout, "converter": c.converter},
+        settings={"layout": c.input_layout, "converter": c.converter, **({"int8_io": c.int8_io} if c.int8_io else {})},
         status="passed" if m.passed else "failed",
         reason="" if m.passed else _reason(m),
         metrics={name: float(value)} if name and isinstance(value, int | float) else {},
@@ -237,18 +282,36 @@ def _variant(m: EdgeMade, parent: str) -> Variant:
 
 
 CONVERT_LOG = "reports/edge-convert.log"  # onnx2tf's own log of a conversion that failed
+CONVERT_REPORTS = ("reports/edge-convert.json", "reports/edge-convert.md")  # device shapes and onnx2tf attempts
+
+
+def _write_convert_report(scratch: Path, tried: list, fixed_rows: list[dict]) -> None:
+    (scratch / "reports").mkdir(exist_ok=True)
+    (scratch / CONVERT_REPORTS[0]).write_text(attempts_json(tried, fixed_rows))
+    (scratch / CONVERT_REPORTS[1]).write_text(attempts_markdown(tried, fixed_rows))
+
+
+def _device_golden(scratch: Path, evaluation: EvaluationSet, artifact: Artifact) -> Path:
+    """golden inputs resampled to the device shapes, with model.onnx's outputs on them, for the device check."""
+    outputs = ort_runner(artifact.path(MODEL_FILE))(evaluation.samples)
+    path = scratch / "device-golden.npz"
+    arrays = {**{f"in.{k}": v for k, v in evaluation.samples.items()}, **{f"out.{k}": v for k, v in outputs.items()}}
+    np.savez(path, **arrays)
+    return path
 
 
 def _record_failure(
-    write: StageWrite, parent: str, settings: EdgeSpec, precisions: list[str], reason: str
-) -> str | None:
-    """A conversion onnx2tf refused: recorded in the edge stage record, with onnx2tf's log kept in reports/
-    (the scratch directory it was written in goes away); no model file changes. Returns the log's path.
+    write: StageWrite, parent: str, settings: EdgeSpec, precisions: list[str], reason: str, refused: NotConverted,
+    fixed_rows: list[dict],
+) -> str | None:  # fmt: skip
+    """A conversion onnx2tf refused: recorded in the edge stage record, with onnx2tf's last log and the attempts
+    kept in reports/ (the scratch directory it was written in goes away); no model file changes. Returns the
+    log's path.
     """
-    log = write.scratch / "convert" / "onnx2tf" / "onnx2tf.log"
+    log = refused.log
     kept = None
-    if log.is_file():
-        (write.scratch / "reports").mkdir(exist_ok=True)
+    _write_convert_report(write.scratch, refused.attempts, fixed_rows)
+    if log is not None and log.is_file():
         shutil.copyfile(log, write.scratch / CONVERT_LOG)
         kept = CONVERT_LOG
 
@@ -260,9 +323,11 @@ def _record_failure(
             converter="onnx2tf",
             variants=[],
             failed=[f"{EDGE_PREFIX}{p}" for p in precisions],
+            fixed_dims=[FixedDim(**row) for row in fixed_rows],
+            attempts=refused.attempts,
         )
 
-    write.commit([kept] if kept else [], record)
+    write.commit([*([kept] if kept else []), *CONVERT_REPORTS], record)
     return kept
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from pipeline.artifact.dims import Shapes, apply_input_shapes
 from pipeline.artifact.directory import Artifact, allocate_version
 from pipeline.artifact.golden import Golden, save_golden
 from pipeline.artifact.manifest import (
@@ -46,15 +47,7 @@ from pipeline.export.graph import check_specs, external_files, graph_specs, load
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
 from pipeline.export.readings import Readings, decide
-from pipeline.export.shapes import (
-    GENERATED_BATCH,
-    Probe,
-    Shapes,
-    apply_input_shapes,
-    choose_sizes,
-    generated_inputs,
-    write_dims,
-)
+from pipeline.export.shapes import GENERATED_BATCH, Probe, choose_sizes, generated_inputs, write_dims
 from pipeline.runtime.runners import Runner, ort_runner, run_chunked
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
@@ -87,7 +80,7 @@ def import_onnx(
     `eval_data`: an NPZ or a folder of pictures (pipeline/export/evaldata.py), at most `eval_limit`
     pictures of it. `image_preprocessing`: the JSON of `--image-preprocessing`, how pictures feed the
     image input (pipeline/runtime/images.py, `record_image_option`). `input_shapes`: `--input-shape` as
-    parsed by `pipeline.export.shapes.parse_input_shapes`, the dims the user fixes or names; recorded
+    parsed by `pipeline.artifact.dims.parse_input_shapes`, the dims the user fixes or names; recorded
     as `stages.import.settings.input_shapes`. `task`: None takes the metadata's, else classification
     when the outputs fit a classifier, else tensor (pipeline/export/tasks.py). `labels`: None (or empty)
     takes the metadata's. `detection`: `confidence`, `iou` and `max_detections` given for a detector

@@ -211,6 +211,8 @@ class EdgeSpec(_Strict):
     rtol: float = Field(1e-3, ge=0)
     max_accuracy_drop: float = Field(0.015, ge=0)  # int8: the task metric may drop this much (1.5 points)
     calibration_samples: int = Field(256, gt=0)  # real training samples full-integer int8 calibrates on
+    # free non-batch dims fixed for devices, as `--input-shape NAME:d0,d1,...` gives them ({} = from the artifact)
+    input_shapes: dict[str, list[int | str]] = {}
 
 
 class MetricBudget(_Strict):

@@ -1,0 +1,182 @@
+"""Conversion that tries what works: a short ordered list of onnx2tf settings, each result judged.
+
+onnx2tf converts many graphs only with the right options, and which ones is known for the models
+people bring (shared/DESIGN.md section 5): a YOLOv8 head needs onnxslim first, onnx2tf's own onnxsim
+off, `disable_group_convolution` and `enable_batchmatmul_unfold` (Ultralytics' own TFLite export
+uses them); an attention block that onnx2tf stops on may pass with its parameter-replacement file,
+or without onnxslim, where a GELU's Erf must become builtin ops (`replace_to_pseudo_operators`): as
+TensorFlow's Select op `FlexErf` no device interpreter loads it.
+`convert_in_turn` tries `ATTEMPTS` in order (a detector starts with the Ultralytics settings) and
+hands each conversion to the caller's `judge`, the gate on LiteRT; the first it accepts is used.
+An attempt is left when onnx2tf fails, LiteRT cannot load what it wrote, or its fp32 model (the
+conversion's own correctness, which other settings may fix) fails the gate; a precision's own
+loss (fp16, int8) is not a reason to convert again. Every attempt is recorded (`ConvertAttempt`) with why it was left.
+
+When every attempt converted but none passed, the first conversion's models are returned (and
+recorded as failed by the stage); when none converted, `NotConverted` is raised with the last
+reason and every attempt. Each attempt runs at most `ATTEMPT_TIMEOUT_S`, and all of them together
+within the settings' `timeout_s`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.artifact.records import ConvertAttempt
+from pipeline.core.errors import ArtifactError, CheckFailed, first_line
+from pipeline.edge.convert import COPY, LOG, Converted, EdgeSettings, Progress, convert
+
+ATTEMPT_TIMEOUT_S = 600.0  # one onnx2tf run; a YOLOv8n that fails takes about 3.5 min to say so
+FLEX = re.compile(rb"Flex[A-Z][A-Za-z0-9]*")  # a Select op's custom name in a .tflite file, e.g. FlexErf
+AUTO_JSON = "_auto.json"  # onnx2tf writes <model>_auto.json, a parameter-replacement guess, when it stops on a node
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One way of running onnx2tf."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)  # onnx2tf.convert keyword arguments
+    slim: bool = True  # onnxslim first, onnx2tf's onnxsim off
+    replacement: bool = False  # pass the parameter-replacement file the previous failed attempt left
+
+
+ULTRALYTICS = {"disable_group_convolution": True, "enable_batchmatmul_unfold": True}
+ATTEMPTS = (
+    Attempt("onnxslim"),
+    Attempt("onnxslim + ultralytics", ULTRALYTICS),
+    Attempt("onnxslim + parameter replacement", {}, replacement=True),
+    Attempt("onnx2tf alone (its own onnxsim)", slim=False),
+    Attempt("onnx2tf alone + builtin Erf", {"replace_to_pseudo_operators": ["erf"]}, slim=False),
+)
+
+
+def attempts_for(task: str) -> tuple[Attempt, ...]:
+    """`ATTEMPTS`, with the Ultralytics settings first for a detector (a failed default costs minutes)."""
+    if task != "detection":
+        return ATTEMPTS
+    first = [a for a in ATTEMPTS if a.options == ULTRALYTICS]
+    return (*first, *[a for a in ATTEMPTS if a not in first])
+
+
+class NotConverted(CheckFailed):
+    """No attempt converted the model: the last reason, with every attempt."""
+
+    def __init__(self, message: str, attempts: list[ConvertAttempt], log: Path | None) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+        self.log = log
+
+
+def convert_in_turn(
+    onnx_path: Path,
+    workdir: Path,
+    settings: EdgeSettings,
+    calibration: dict[str, np.ndarray] | None,
+    judge: Callable[[list[Converted]], str | None],
+    attempts: tuple[Attempt, ...] = ATTEMPTS,
+    progress: Progress | None = None,
+) -> tuple[list[Converted], list[ConvertAttempt]]:
+    """The models of the first attempt `judge` accepts (it returns None, else why not); see the module doc."""
+    say = progress or (lambda _message: None)
+    tried: list[ConvertAttempt] = []
+    first: list[Converted] | None = None
+    replacement: Path | None = None
+    log: Path | None = None
+    started = time.monotonic()
+    for n, attempt in enumerate(attempts, 1):
+        left = settings.timeout_s - (time.monotonic() - started)
+        record = ConvertAttempt(name=attempt.name, options=dict(attempt.options), slim=attempt.slim)
+        tried.append(record)
+        if attempt.replacement and replacement is None:
+            record.reason = "skipped: no earlier attempt left a parameter-replacement file"
+            continue
+        if left < 1:
+            record.reason = f"skipped: the edge timeout_s ({settings.timeout_s:.0f} s) was spent"
+            continue
+        options = dict(attempt.options)
+        if attempt.replacement and replacement is not None:
+            options["param_replacement_file"] = str(replacement.resolve())
+            record.options = {"param_replacement_file": json.loads(replacement.read_text())}
+        say(f"onnx2tf attempt {n}/{len(attempts)}: {attempt.name}")
+        workspace = Path(workdir) / f"attempt{n}"
+        begun = time.monotonic()
+        tuned = replace(settings, slim=attempt.slim, onnx2tf=options, timeout_s=min(ATTEMPT_TIMEOUT_S, left))
+        try:
+            made = convert(onnx_path, workspace, tuned, calibration, progress)
+        except CheckFailed as exc:
+            record.seconds = round(time.monotonic() - begun, 1)
+            record.reason = re.sub(r" \(log: [^)]*\)$", "", str(exc).splitlines()[0])  # the scratch log goes away
+            log = workspace / "onnx2tf" / LOG
+            if (guess := workspace / "onnx2tf" / "out" / f"{Path(COPY).stem}{AUTO_JSON}").is_file():
+                replacement = guess
+            say(f"onnx2tf attempt {n} left: {record.reason[:300]}")
+            continue
+        record.seconds = round(time.monotonic() - begun, 1)
+        try:
+            why = judge(made)
+        except ArtifactError as exc:  # a file LiteRT cannot load: TensorFlow's Select ops (Flex), which devices lack
+            flex = sorted({op.decode() for c in made for op in re.findall(FLEX, c.path.read_bytes())})
+            record.reason = first_line(exc)
+            if flex:
+                record.reason = (f"LiteRT cannot load what onnx2tf wrote: it needs TensorFlow's Select ops "
+                                 f"({', '.join(flex)}), which device interpreters do not have")  # fmt: skip
+            say(f"onnx2tf attempt {n} converted but was left: {record.reason[:300]}")
+            continue
+        if why is None:
+            record.used = True
+            return made, tried
+        record.reason = why
+        first = first if first is not None else made
+        say(f"onnx2tf attempt {n} converted but was left: {why[:300]}")
+    if first is not None:
+        for record in tried:
+            record.used = False
+        return first, tried
+    last = next((r.reason for r in reversed(tried) if not r.reason.startswith("skipped")), "no attempt ran")
+    raise NotConverted(f"{last}\n{attempts_text(tried)}", tried, log)
+
+
+def attempts_text(tried: list[ConvertAttempt]) -> str:
+    """The attempts, one line each, for an error message and the CLI."""
+    lines = [f"onnx2tf attempts ({len(tried)}):"]
+    for n, a in enumerate(tried, 1):
+        state = "used" if a.used else f"left: {a.reason}"
+        lines.append(f"  {n}. {a.name} ({a.seconds:.1f} s): {state}"[:400])
+    return "\n".join(lines)
+
+
+def attempts_markdown(tried: list[ConvertAttempt], fixed: list[dict[str, Any]]) -> str:
+    """reports/edge-convert.md: the dims fixed for devices and every conversion tried."""
+    lines = ["# Edge conversion", "", "## Device shapes", ""]
+    if fixed:
+        lines += ["| input | axis | dim | size | from |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {_cell(f['input'])} | {f['axis']} | {_cell(f['dim'])} | {f['size']} | {_cell(f['source'])} |"
+                  for f in fixed]  # fmt: skip
+    else:
+        lines.append("No free dim but the batch: the edge models take model.onnx's shapes.")
+    lines += ["", "## onnx2tf attempts, in order", "", "| # | settings | onnxslim | seconds | outcome |",
+              "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for n, a in enumerate(tried, 1):
+        options = ", ".join(sorted(a.options)) or "defaults"
+        outcome = "used" if a.used else f"left: {a.reason}"
+        lines.append(f"| {n} | {_cell(a.name)} ({_cell(options)}) | {'yes' if a.slim else 'no'} | {a.seconds} | "
+                     f"{_cell(outcome)} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def attempts_json(tried: list[ConvertAttempt], fixed: list[dict[str, Any]]) -> str:
+    """reports/edge-convert.json: the same as the Markdown, for machines."""
+    return json.dumps({"fixed_dims": fixed, "attempts": [asdict(a) for a in tried]}, indent=2) + "\n"
+
+
+def _cell(text: object) -> str:
+    return " ".join(str(text).replace("\\", "\\\\").replace("|", "\\|").split()) or "-"

@@ -1,0 +1,279 @@
+"""The ONNX Runtime training worker: one stand-alone script, run in the isolated runtime (`.venv-ort`).
+
+onnxruntime-training 1.19.2 is the same `onnxruntime` module as the main environment's newer
+onnxruntime, so it cannot be imported by pipe itself. `pipe train --backend ort`
+(pipeline/train/ort_train.py) runs this file as a script with PYTHONPATH pointing at that runtime,
+and the two talk through files:
+
+    python ort_worker.py JOB.json
+
+- in: `JOB.json` (paths and the recipe's train settings), the starting inference model
+  (`start`, IR version <= 10) and the splits (`data`, an NPZ: train_x, train_y, val_x, val_y, test_x);
+- out: the training artifacts (`artifacts/`: training, eval and optimizer models, first
+  checkpoint), checkpoints (`checkpoints/ort-step-NNNNNN/`: the ORT checkpoint with the optimizer
+  state, the kept epoch's weights, the progress as JSON), the trained inference model (`model_out`),
+  the test split's outputs (`test_out`) and the run's figures (`result_out`);
+- on stdout: one JSON object a line, `{"log": record}`, `{"progress": {...}}` or `{"message": text}`,
+  which pipe turns into metrics.jsonl, TensorBoard and the progress display.
+
+It imports numpy, onnx and onnxruntime (training) and nothing of pipe; an import-linter contract
+(`ort-worker-alone`) keeps it so. The loop mirrors pipeline/train/loop.py: a permutation seeded by
+(seed, epoch) cut into batches, the learning rate set every step (linear warmup, then cosine decay),
+evaluation at each epoch end, the kept epoch by `monitor` with ties to the lower loss, early
+stopping, and a checkpoint every `checkpoint_every` steps and at each epoch end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAX_IR_VERSION = 10  # onnxruntime-training 1.19 loads IR version 10 at most; onnx >= 1.18 writes 11 and up
+CHECKPOINT_PREFIX = "ort-step-"
+EVAL_BATCH = 512
+HIGHER_IS_BETTER = {"val_loss": False, "val_accuracy": True}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python ort_worker.py JOB.json", file=sys.stderr)
+        return 2
+    job = json.loads(Path(argv[0]).read_text())
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)  # errors only: the training graph builder logs every transformer
+    artifacts = Path(job["artifacts"])
+    if not (artifacts / "training_model.onnx").is_file():
+        generate(job, artifacts)
+    train(job, artifacts)
+    return 0
+
+
+def emit(**event: Any) -> None:
+    """One event for pipe, a JSON line on stdout."""
+    print(json.dumps(event), flush=True)
+
+
+def generate(job: dict[str, Any], artifacts: Path) -> None:
+    """The training, eval and optimizer models and the first checkpoint, from the starting model.
+
+    Parameters not chosen as trainable are frozen (kept as parameters, never updated), so they
+    cannot be folded into other constants and leave the run bit-identical.
+    """
+    import onnx
+    from onnxruntime.training import artifacts as ort_artifacts
+    from onnxruntime.training import onnxblock
+
+    model = onnx.load(job["start"])
+    model.ir_version = min(model.ir_version, MAX_IR_VERSION)
+    trainable = job["trainable"]
+    frozen = [i.name for i in model.graph.initializer if i.name not in set(trainable)]
+    cfg = job["train"]
+    clip = onnxblock.optim.ClipGradNorm(cfg["grad_clip"]) if cfg["grad_clip"] else None
+    if cfg["optimizer"] == "sgd":
+        optimizer = onnxblock.optim.SGD(clip_grad=clip)
+    else:  # torch's AdamW defaults, as the torch backend uses them
+        optimizer = onnxblock.optim.AdamW(
+            betas=(0.9, 0.999), eps=1e-8, weight_decay=cfg["weight_decay"], clip_grad=clip
+        )
+    partial = artifacts.with_name(artifacts.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    ort_artifacts.generate_artifacts(
+        model,
+        requires_grad=trainable,
+        frozen_params=frozen,
+        loss=ort_artifacts.LossType.CrossEntropyLoss,
+        optimizer=optimizer,
+        artifact_directory=partial,
+        additional_output_names=[job["output"]],  # the eval model answers loss and logits
+    )
+    for path in partial.glob("*.onnx"):  # the optimizer graph is written by this onnx, at its newest IR version
+        graph = onnx.load(path)
+        if graph.ir_version > MAX_IR_VERSION:
+            graph.ir_version = MAX_IR_VERSION
+            onnx.save(graph, path)
+    shutil.rmtree(artifacts, ignore_errors=True)
+    os.replace(partial, artifacts)
+
+
+def lr_at(step: int, cfg: dict[str, Any], total_steps: int) -> float:
+    """Linear warmup over warmup_steps, then cosine decay to min_lr_ratio * lr (pipeline/train/loop.py's lr_at)."""
+    lr, warmup = cfg["lr"], cfg["warmup_steps"]
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    decay = (step - warmup) / max(1, total_steps - warmup)
+    floor = lr * cfg["min_lr_ratio"]
+    return floor + 0.5 * (1.0 + math.cos(math.pi * min(decay, 1.0))) * (lr - floor)
+
+
+def improves(monitor: str, record: dict[str, float], progress: dict[str, Any]) -> bool:
+    """Better on the monitored figure, or equal on it with a lower loss (pipeline/train/objective.py's rule)."""
+    value, loss = record[monitor.removeprefix("val_")], record["loss"]
+    if not math.isfinite(value):
+        return False
+    if progress["best_epoch"] < 0:
+        return True
+    if value != progress["best_metric"]:
+        return value > progress["best_metric"] if HIGHER_IS_BETTER[monitor] else value < progress["best_metric"]
+    return loss < progress["best_loss"]
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    found = sorted(directory.glob(f"{CHECKPOINT_PREFIX}[0-9]*"), key=lambda p: int(p.name.removeprefix(CHECKPOINT_PREFIX)))
+    return found[-1] if found else None
+
+
+def evaluate(module: Any, x: np.ndarray, y: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
+    """Mean loss and accuracy over a whole split, and the outputs [N, classes], in eval mode."""
+    module.eval()
+    total, outputs = 0.0, []
+    for start in range(0, len(y), EVAL_BATCH):
+        loss, logits = module(x[start : start + EVAL_BATCH], y[start : start + EVAL_BATCH])
+        total += float(loss) * len(logits)  # the loss is the batch mean
+        outputs.append(np.asarray(logits, dtype=np.float32))
+    module.train()
+    out = np.concatenate(outputs)
+    return {"loss": total / len(y), "accuracy": int((out.argmax(axis=1) == y).sum()) / len(y)}, out
+
+
+def train(job: dict[str, Any], artifacts: Path) -> None:
+    from onnxruntime import SessionOptions
+    from onnxruntime.training.api import CheckpointState, Module, Optimizer
+
+    cfg = job["train"]
+    data = np.load(job["data"])
+    x_train, y_train = data["train_x"], data["train_y"].astype(np.int64)  # [N, ...], [N] class indices
+    x_val, y_val = data["val_x"], data["val_y"].astype(np.int64)
+    checkpoints = Path(job["checkpoints"])
+    checkpoints.mkdir(parents=True, exist_ok=True)
+
+    resume_from = latest_checkpoint(checkpoints) if job["resume"] else None
+    state = CheckpointState.load_checkpoint(resume_from / "state" if resume_from else artifacts / "checkpoint")
+    options = SessionOptions()
+    options.intra_op_num_threads = cfg["threads"]
+    options.inter_op_num_threads = 1
+    options.use_deterministic_compute = True  # the same arithmetic every run: a resumed run replays it
+    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", "cpu", options)
+    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
+    trainable = job["trainable"]
+
+    batches_per_epoch = math.ceil(len(y_train) / cfg["batch_size"])
+    total_steps = cfg["epochs"] * batches_per_epoch
+    progress: dict[str, Any] = {
+        "step": 0, "epoch": 0, "batch": 0, "best_metric": math.nan, "best_loss": math.inf, "best_epoch": -1,
+        "stale_epochs": 0, "stopped_early": False, "history": [],
+    }  # fmt: skip
+    best: dict[str, np.ndarray] = {}
+    if resume_from is not None:
+        saved = json.loads((resume_from / "progress.json").read_text())
+        progress = saved["progress"]
+        if progress["best_epoch"] >= 0:
+            with np.load(resume_from / "best.npz") as kept:
+                best = {name: kept[name] for name in trainable}
+        emit(message=f"resumed from {resume_from} at step {progress['step']}")
+
+    def checkpoint() -> None:
+        """ORT state (weights and optimizer moments), the kept weights and the progress, renamed into place whole."""
+        final = checkpoints / f"{CHECKPOINT_PREFIX}{progress['step']:06d}"
+        partial = checkpoints / f".{final.name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        CheckpointState.save_checkpoint(state, partial / "state", include_optimizer_state=True)
+        np.savez(partial / "best.npz", **(best or {n: state.parameters[n].data for n in trainable}))
+        saved = {"recipe_digest": job["recipe_digest"], "epochs": cfg["epochs"], "progress": progress}
+        (partial / "progress.json").write_text(json.dumps(saved))
+        for path in partial.rglob("*"):
+            if path.is_file():
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+        emit(checkpoint=progress["step"])  # pipe flushes metrics.jsonl up to here
+        for older in checkpoints.glob(f"{CHECKPOINT_PREFIX}[0-9]*"):
+            if older != final:
+                shutil.rmtree(older, ignore_errors=True)
+
+    fault_step = int(job.get("fault_step") or 0)
+    samples, first_step, t0, cpu0 = 0, progress["step"], time.perf_counter(), time.process_time()
+    module.train()
+    while progress["epoch"] < cfg["epochs"] and not progress["stopped_early"]:
+        # The epoch's order: a permutation seeded by (seed, epoch), so a resumed run sees the same batches.
+        order = np.random.default_rng([cfg["seed"], progress["epoch"]]).permutation(len(y_train))
+        for b in range(progress["batch"], batches_per_epoch):
+            idx = order[b * cfg["batch_size"] : (b + 1) * cfg["batch_size"]]
+            lr = lr_at(progress["step"], cfg, total_steps)
+            optimizer.set_learning_rate(lr)
+            loss, _ = module(x_train[idx], y_train[idx])  # forward and backward: gradients accumulate in the module
+            value = float(loss)
+            if not math.isfinite(value):
+                emit(diverged={"loss": value, "epoch": progress["epoch"] + 1, "step": progress["step"] + 1, "lr": lr})
+                sys.exit(4)
+            optimizer.step()
+            module.lazy_reset_grad()
+            progress["step"] += 1
+            progress["batch"] = b + 1
+            samples += len(idx)
+            rate = samples / max(time.perf_counter() - t0, 1e-9)
+            emit(log={"kind": "train", "epoch": progress["epoch"] + 1, "step": progress["step"], "loss": value,
+                      "lr": lr, "samples_per_s": rate})  # fmt: skip
+            eta = (total_steps - progress["step"]) * (time.perf_counter() - t0) / (progress["step"] - first_step)
+            emit(progress={"epoch": progress["epoch"], "epochs": cfg["epochs"], "step": progress["step"],
+                           "total_steps": total_steps, "loss": value, "rate": rate, "eta": eta})  # fmt: skip
+            if progress["step"] % cfg["checkpoint_every"] == 0:
+                checkpoint()
+            if progress["step"] == fault_step:
+                # The documented fault-injection hook (docs/training.md): kill `pipe train` itself, as an
+                # external `kill -9` would, right after a step; this process follows it (PR_SET_PDEATHSIG).
+                os.kill(os.getppid(), signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        figures, _ = evaluate(module, x_val, y_val)
+        record = {"epoch": progress["epoch"] + 1, **figures}
+        progress["history"].append(record)
+        emit(log={"kind": "val", "step": progress["step"], **record})
+        shown = " ".join(f"{k} {v:.4f}" for k, v in figures.items())
+        emit(message=f"epoch {progress['epoch'] + 1}/{cfg['epochs']}: val {shown}")
+        monitor = cfg["monitor"]
+        if improves(monitor, record, progress):
+            progress["best_metric"], progress["best_loss"] = record[monitor.removeprefix("val_")], record["loss"]
+            progress["best_epoch"], progress["stale_epochs"] = progress["epoch"] + 1, 0
+            best = {n: np.array(state.parameters[n].data, copy=True) for n in trainable}
+        else:
+            progress["stale_epochs"] += 1
+        progress["epoch"], progress["batch"] = progress["epoch"] + 1, 0
+        if cfg["early_stopping"] is not None and progress["stale_epochs"] >= cfg["early_stopping"]:
+            progress["stopped_early"] = True
+            emit(message=f"early stop: {cfg['early_stopping']} epochs without a better {monitor}")
+        checkpoint()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+
+    # The kept epoch's weights, its outputs on the test split, and the inference model that holds them.
+    for name, value in best.items():
+        state.parameters[name].data = value
+    test_x, test_y = data["test_x"], data["test_y"].astype(np.int64)
+    test, outputs = evaluate(module, test_x, test_y)
+    np.savez(job["test_out"], outputs=outputs)
+    module.export_model_for_inferencing(job["model_out"], [job["output"]])
+    result = {"progress": progress, "test": test, "wall_s": wall, "cpu_s": cpu,
+              "samples_per_s": samples / max(wall, 1e-9), "runtime": f"onnxruntime-training {_version()}"}  # fmt: skip
+    Path(job["result_out"]).write_text(json.dumps(result))
+
+
+def _version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -189,3 +189,46 @@ def choose_ort_version(model_root: Path, recipe: Recipe) -> Path:
             f"{recipe.train.epochs}); resume with the same recipe and --epochs, or start a new run without --resume"
         )
     return root
+
+
+def recipe_from_artifact(parent: str, recipe_path: str | None, data_file: str | None, trainable: list[str]) -> Recipe:
+    """`pipe train --from ARTIFACT`: a recipe continuing that artifact's model.onnx with the ORT backend.
+
+    With RECIPE, its data and train sections (and name); otherwise the parent's name and `--data`,
+    an NPZ of X and y, with the train section's defaults. The model section is `arch: onnx` naming
+    the parent, and `train.trainable` the `--trainable` patterns. The recipe's digest is that of its
+    sections, so `--resume` with the same flags continues the same run.
+    """
+    import hashlib
+
+    from pipeline.artifact.directory import Artifact, resolve_artifact
+    from pipeline.recipe.file import load_recipe
+    from pipeline.recipe.schema import parse_recipe
+
+    root = resolve_artifact(parent).resolve()
+    manifest = Artifact.load(root, verify=False).manifest  # train_ort loads it again with verification
+    if recipe_path is not None:
+        if data_file is not None:
+            raise InputError("--data and RECIPE both give the data; pass one (a recipe's data section, or --data)")
+        base = load_recipe(recipe_path)
+        raw = base.model_dump(mode="json")
+        raw["model"] = {"arch": "onnx", "artifact": str(root)}
+        raw["train"] = {**raw["train"], "backend": "ort", "trainable": trainable or raw["train"]["trainable"]}
+        digest_of, base_dir = base.digest, base.base_dir
+    else:
+        if data_file is None:
+            raise InputError(
+                f"--from {parent} needs data to train on: --data FILE.npz (arrays X and y), or a RECIPE whose data "
+                "section names it"
+            )
+        raw = {
+            "name": manifest.name,
+            "task": manifest.task,
+            "model": {"arch": "onnx", "artifact": str(root)},
+            "data": {"source": "npz", "path": str(Path(data_file).resolve()), "normalize": False},
+            "train": {"backend": "ort", "trainable": trainable},
+        }
+        digest_of, base_dir = "", Path(".")
+    recipe = parse_recipe(raw, f"pipe train --from {parent}", base_dir)
+    digest = hashlib.sha256((digest_of + json.dumps(raw, sort_keys=True)).encode()).hexdigest()
+    return recipe.model_copy(update={"digest": digest})

@@ -247,6 +247,8 @@ def trainable_table(path: str, *, verify: bool = True) -> str:
     ]
     width = max([len("parameter"), *(len(r[0]) for r in rows)])
     lines = [f"{'parameter':<{width}}  shape      dtype", *(f"{n:<{width}}  {s:<9}  {d}" for n, s, d in rows)]
-    lines.append(f"{len(rows)} parameter(s) in {artifact.root / MODEL_FILE}; train some with: pipe train --from "
-                 f"{artifact.root} --trainable 'PATTERN' --data FILE.npz")
+    lines.append(
+        f"{len(rows)} parameter(s) in {artifact.root / MODEL_FILE}; train some with: pipe train --from "
+        f"{artifact.root} --trainable 'PATTERN' --data FILE.npz"
+    )
     return "\n".join(lines)

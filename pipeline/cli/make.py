@@ -45,7 +45,9 @@ from pipeline.cli.params import FRACTION, TOLERANCE, Whole
     help="With --from: glob pattern of the parameters to train (repeatable); `pipe info ARTIFACT --trainable` "
     "lists them. Default: all.",
 )
-@click.option("--data", "data_file", type=click.Path(), default=None, help="With --from: an NPZ of X and y to train on.")
+@click.option(
+    "--data", "data_file", type=click.Path(), default=None, help="With --from: an NPZ of X and y to train on."
+)
 @click.option("--out", "out_root", default="artifacts", show_default=True, type=click.Path(), help="Model repository.")
 @click.option("--quiet", is_flag=True, help="No progress display (metrics still go to reports/).")
 def train(

@@ -61,7 +61,9 @@ def export_artifact(
     ready = trained_onnx(backend, artifact)  # ort: the trained model is already ONNX, so it is gated as it is
     evaluation = evaluation_set(artifact, recipe)
     weights = train.checkpoint.weights
-    how = f"the {backend.name} backend's trained ONNX model" if ready else f"{exporter} exporter, opset {settings.opset}"
+    how = (
+        f"the {backend.name} backend's trained ONNX model" if ready else f"{exporter} exporter, opset {settings.opset}"
+    )
     progress(f"[export] {artifact.root}: {how}; gate on {evaluation.source}")
 
     with StageWrite(artifact.root, "export") as write:

@@ -1,7 +1,8 @@
 """Training backends behind one seam: later stages get the trained model through the artifact's backend.
 
 `lineage.backend` names the framework that trained the model: torch, or ort (ONNX Runtime
-training, whose trained model is already ONNX: its backend's `onnx_model` gives export that file). `pipe export` asks `backend_for(artifact)` for the trained model, real inputs to trace it
+training, whose trained model is already ONNX: `trained_onnx` gives export that file to gate as it
+is). `pipe export` asks `backend_for(artifact)` for the trained model, real inputs to trace it
 with, and a reference runner (named numpy arrays in and out) to verify the export against, and so
 never imports a trainer's internals. A backend is a module path in `BACKENDS`, imported only when
 an artifact needs it: `pipe serve` and `pipe info` never load a training framework.

@@ -50,7 +50,10 @@ def finish_ort(
     weights: str,
     state: Path | None,
 ) -> None:
-    """Write golden.npz, reports/train.json and the manifest; `weights` is the trained model, `state` the last checkpoint."""
+    """Write golden.npz, reports/train.json and the manifest.
+
+    `weights` is the trained model (relative to `root`), `state` the last checkpoint directory.
+    """
     info, p = splits.info, result["progress"]
     parent = start.parent
     manifest = Manifest(

@@ -16,13 +16,14 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pipeline.artifact.directory import Artifact, resolve_artifact
 from pipeline.artifact.manifest import TensorSpec
 from pipeline.artifact.variants import MODEL_FILE
-from pipeline.core.errors import ArtifactError, InputError
+from pipeline.core.errors import InputError
 from pipeline.data import Splits
 from pipeline.recipe.schema import Recipe
 
@@ -83,12 +84,8 @@ def _from_zoo(recipe: Recipe, splits: Splits, path: Path) -> Start:
     model = build_model(recipe.model, info).eval()
     inputs, outputs = [input_spec(info, recipe.model)], [output_spec(recipe.task, info)]
     example = torch.from_numpy(splits.train.inputs[info.input_name][:2])
-    axes = {s.name: {i: d for i, d in enumerate(s.shape) if isinstance(d, str)} for s in [*inputs, *outputs]}
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(
-        model, (example,), str(path), dynamo=True, input_names=[inputs[0].name], output_names=[outputs[0].name],
-        dynamic_axes=axes, opset_version=recipe.export.opset, external_data=False, verbose=False,
-    )  # fmt: skip
+    _export(model, example, inputs, outputs, path, recipe.export.opset)
     graph = onnx.load(path)
     graph.ir_version = min(graph.ir_version, MAX_IR_VERSION)
     onnx.save(graph, path)
@@ -102,6 +99,32 @@ def _from_zoo(recipe: Recipe, splits: Splits, path: Path) -> Start:
         )
     trainable = choose(found, recipe.train.trainable, f"model arch {recipe.model.arch!r}")
     return Start(path, trainable, inputs, outputs, info.labels)
+
+
+def _export(
+    model: Any, example: Any, inputs: list[TensorSpec], outputs: list[TensorSpec], path: Path, opset: int
+) -> None:
+    """torch's dynamo exporter with `pipe export`'s settings (pipeline/export/onnx_export.py): dynamic dims by
+    name, the requested opset, weights inside the file; its notes about its own internals are not shown."""
+    import logging
+    import warnings
+
+    import torch
+
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # 'torchvision is not installed' and the like
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                model, (example,), input_names=[inputs[0].name], output_names=[outputs[0].name], opset_version=opset,
+                dynamo=True, dynamic_shapes=({i: d for i, d in enumerate(inputs[0].shape) if isinstance(d, str)},),
+                external_data=False, optimize=True, verbose=False,
+            )  # fmt: skip
+            program.save(str(path), external_data=False)
+    finally:
+        logger.setLevel(level)
 
 
 def _from_artifact(recipe: Recipe, splits: Splits, path: Path) -> Start:

@@ -49,7 +49,9 @@ def refusals(recipe: Recipe, *, nproc: int, device: str) -> list[str]:
     """Each recipe key or flag the ORT backend cannot honour, with the fix; empty when it can train the recipe."""
     cfg, found = recipe.train, []
     if recipe.task != "classification":
-        found.append(f"task {recipe.task!r}: the ORT backend trains classifiers (cross-entropy); use train.backend: torch")
+        found.append(
+            f"task {recipe.task!r}: the ORT backend trains classifiers (cross-entropy); use train.backend: torch"
+        )
     if nproc != 1:
         found.append(f"--nproc {nproc}: the ORT backend trains in one process; leave --nproc out")
     if device == "cuda":
@@ -116,11 +118,20 @@ def train_ort(plan: Any, recipe: Recipe, splits: Splits, model_root: Path, *, re
         "test_out": str(job_dir / "test.npz"),
         "result_out": str(job_dir / "result.json"),
         "train": {
-            "epochs": cfg.epochs, "batch_size": cfg.batch_size, "optimizer": cfg.optimizer, "lr": cfg.lr,
-            "weight_decay": cfg.weight_decay, "warmup_steps": cfg.warmup_steps, "min_lr_ratio": cfg.min_lr_ratio,
-            "grad_clip": cfg.grad_clip, "monitor": cfg.monitor, "early_stopping": cfg.early_stopping,
-            "checkpoint_every": cfg.checkpoint_every, "seed": cfg.seed, "threads": cfg.threads or os.cpu_count() or 1,
-        },  # fmt: skip
+            "epochs": cfg.epochs,
+            "batch_size": cfg.batch_size,
+            "optimizer": cfg.optimizer,
+            "lr": cfg.lr,
+            "weight_decay": cfg.weight_decay,
+            "warmup_steps": cfg.warmup_steps,
+            "min_lr_ratio": cfg.min_lr_ratio,
+            "grad_clip": cfg.grad_clip,
+            "monitor": cfg.monitor,
+            "early_stopping": cfg.early_stopping,
+            "checkpoint_every": cfg.checkpoint_every,
+            "seed": cfg.seed,
+            "threads": cfg.threads or os.cpu_count() or 1,
+        },
     }
     (job_dir / "job.json").write_text(json.dumps(job, indent=1))
     resumed_step = _checkpoint_step(root) if resume else 0

@@ -129,7 +129,9 @@ def improves(monitor: str, record: dict[str, float], progress: dict[str, Any]) -
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
-    found = sorted(directory.glob(f"{CHECKPOINT_PREFIX}[0-9]*"), key=lambda p: int(p.name.removeprefix(CHECKPOINT_PREFIX)))
+    found = sorted(
+        directory.glob(f"{CHECKPOINT_PREFIX}[0-9]*"), key=lambda p: int(p.name.removeprefix(CHECKPOINT_PREFIX))
+    )
     return found[-1] if found else None
 
 

@@ -41,6 +41,7 @@ def one_run(backend: str, out: Path) -> dict[str, Any]:
     wall = time.perf_counter() - start
     manifest = json.loads(next(out.glob("digits-mlp-ort/*/manifest.json")).read_text())
     train = manifest["stages"]["train"]
+    report = json.loads(next(out.glob("digits-mlp-ort/*/reports/train.json")).read_text())
     return {
         "wall_s": wall,
         "loop_wall_s": train["wall_s"],
@@ -50,6 +51,7 @@ def one_run(backend: str, out: Path) -> dict[str, Any]:
         "steps": train["steps"],
         "test_accuracy": manifest["metrics"]["accuracy"],
         "framework": train["framework"],
+        "ort_timings": report.get("timings"),  # ort: starting model, worker, graph generation, sessions
     }
 
 

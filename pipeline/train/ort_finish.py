@@ -87,6 +87,7 @@ def finish_ort(
         "best_val_loss": p["best_loss"], "kept": kept, "epochs_run": p["epoch"], "steps": p["step"],
         "stopped_early": p["stopped_early"], "wall_s": result["wall_s"], "cpu_s": result["cpu_s"],
         "samples_per_s": result["samples_per_s"], "backend": "ort", "trainable": start.trainable,
+        "timings": result["timings"],
         "history": p["history"],
     }  # fmt: skip
     artifact.write_file("reports/train.json", (json.dumps(summary, indent=2) + "\n").encode())

@@ -100,6 +100,16 @@ def test_an_ort_run_writes_the_artifact_contract_and_passes_the_export_gate(trai
     np.testing.assert_allclose(logits, golden["out.logits"], atol=1e-5)
 
 
+def test_the_main_environment_keeps_its_own_onnxruntime(trained: Path) -> None:
+    """The worker trained with onnxruntime-training 1.19.2; this process still has the lock's onnxruntime."""
+    import onnxruntime
+
+    pins = dict(line.split("==", 1) for line in (ROOT / "requirements.lock").read_text().split() if "==" in line)
+    assert onnxruntime.__version__ == pins["onnxruntime"] != "1.19.2"
+    assert ".venv-ort" not in onnxruntime.__file__
+    assert Artifact.load(trained).manifest.stages.train.framework == "onnxruntime-training 1.19.2"
+
+
 def test_kill_9_then_resume_ends_bit_identical_to_the_uninterrupted_run(trained: Path, tmp_path: Path) -> None:
     recipe = write_recipe(tmp_path)  # the same recipe text: the same digest
     out = tmp_path / "b"

@@ -48,6 +48,9 @@ class WorkerFailed(PipelineError):
 def run_worker(job: Path, on_event: Callable[[dict[str, Any]], None], log: Path) -> None:
     """Run the worker on `job` (a JSON file), handing each event it prints to `on_event`.
 
+    A `checkpoint` event is answered on the worker's stdin after `on_event` returns (which flushes
+    metrics.jsonl): the worker renames a checkpoint into place only then.
+
     Its stderr goes to `log`; a failure raises WorkerFailed with the log's last line. The worker
     dies with this process (PR_SET_PDEATHSIG), so a `kill -9` of `pipe train` stops training too.
     """
@@ -56,15 +59,27 @@ def run_worker(job: Path, on_event: Callable[[dict[str, Any]], None], log: Path)
     cmd = [sys.executable, str(script), str(job)]
     with open(log, "w") as err:
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, preexec_fn=_die_with_parent()
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=env,
+            preexec_fn=_die_with_parent(),
         )
-        assert proc.stdout is not None
+        assert proc.stdin is not None and proc.stdout is not None
         for line in proc.stdout:
             try:
                 event = json.loads(line)
             except ValueError:
                 continue  # something the runtime printed itself
             on_event(event)
+            if "checkpoint" in event:  # on_event has flushed the metrics it covers: the worker may keep it
+                try:
+                    proc.stdin.write("ok\n")
+                    proc.stdin.flush()
+                except BrokenPipeError:
+                    break
         code = proc.wait()
     if code != 0:
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]

@@ -166,7 +166,7 @@ def _route(event: dict[str, Any], monitor: Any) -> None:
     elif "message" in event:
         monitor.message(event["message"])
     elif "checkpoint" in event:
-        monitor.flush()  # every step the checkpoint covers is in metrics.jsonl
+        monitor.flush()  # every step the checkpoint covers is in metrics.jsonl before the worker keeps it
     elif "diverged" in event:
         d = event["diverged"]
         monitor.message(

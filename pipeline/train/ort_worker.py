@@ -14,7 +14,9 @@ and the two talk through files:
   state, the kept epoch's weights, the progress as JSON), the trained inference model (`model_out`),
   the test split's outputs (`test_out`) and the run's figures (`result_out`);
 - on stdout: one JSON object a line, `{"log": record}`, `{"progress": {...}}` or `{"message": text}`,
-  which pipe turns into metrics.jsonl, TensorBoard and the progress display.
+  which pipe turns into metrics.jsonl, TensorBoard and the progress display; and `{"checkpoint":
+  step}` before a checkpoint is renamed into place, which pipe answers with `ok` on stdin once the
+  metrics up to that step are on disk.
 
 It imports numpy, onnx and onnxruntime (training) and nothing of pipe; an import-linter contract
 (`ort-worker-alone`) keeps it so. The loop mirrors pipeline/train/loop.py: a permutation seeded by
@@ -201,9 +203,13 @@ def train(job: dict[str, Any], artifacts: Path, generate_s: float) -> None:
             if path.is_file():
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
+        # pipe writes metrics.jsonl up to this step and answers; only then does the checkpoint count, so a
+        # kill at any moment never leaves a checkpoint covering steps whose metrics are not on disk.
+        emit(checkpoint=progress["step"])
+        if sys.stdin.readline().strip() != "ok":
+            sys.exit(5)  # pipe is gone
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)
-        emit(checkpoint=progress["step"])  # pipe flushes metrics.jsonl up to here
         for older in checkpoints.glob(f"{CHECKPOINT_PREFIX}[0-9]*"):
             if older != final:
                 shutil.rmtree(older, ignore_errors=True)

@@ -167,12 +167,6 @@ def _route(event: dict[str, Any], monitor: Any) -> None:
         monitor.message(event["message"])
     elif "checkpoint" in event:
         monitor.flush()  # every step the checkpoint covers is in metrics.jsonl before the worker keeps it
-    elif "diverged" in event:
-        d = event["diverged"]
-        monitor.message(
-            f"loss became {d['loss']} at epoch {d['epoch']}, step {d['step']} (lr {d['lr']:.3g}); lower train.lr or "
-            "set train.grad_clip, then train again"
-        )
 
 
 def _checkpoint_step(root: Path) -> int:

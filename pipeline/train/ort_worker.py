@@ -226,8 +226,12 @@ def train(job: dict[str, Any], artifacts: Path, generate_s: float) -> None:
             optimizer.set_learning_rate(lr)
             loss, _ = module(x_train[idx], y_train[idx])  # forward and backward: gradients accumulate in the module
             value = float(loss)
-            if not math.isfinite(value):
-                emit(diverged={"loss": value, "epoch": progress["epoch"] + 1, "step": progress["step"] + 1, "lr": lr})
+            if not math.isfinite(value):  # the last line of the log: pipe's error quotes it
+                print(
+                    f"loss became {value} at epoch {progress['epoch'] + 1}, step {progress['step'] + 1} (lr {lr:.3g}); "
+                    "the last good checkpoint is kept. Lower train.lr or set train.grad_clip, then train again",
+                    file=sys.stderr,
+                )
                 sys.exit(4)
             optimizer.step()
             module.lazy_reset_grad()

@@ -221,6 +221,14 @@ def test_keys_the_ort_backend_cannot_honour_are_refused_by_name(tmp_path: Path) 
     assert proc.returncode == 2 and "train.grad_accum 2" in proc.stderr and not (tmp_path / "a").exists()
 
 
+def test_a_diverging_loss_stops_with_the_step_and_the_fix(tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path, lr=1e12, grad_clip=None)
+    proc = pipe("train", str(recipe), "--out", str(tmp_path / "a"), "--quiet")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "loss became nan" in proc.stderr and "Lower train.lr" in proc.stderr and "--resume" in proc.stderr
+    assert not (tmp_path / "a" / "ortmlp" / "1" / "manifest.json").exists()
+
+
 def test_recipe_keys_of_the_ort_backend_need_it(tmp_path: Path) -> None:
     base = {"name": "r", "data": {"source": "digits"}}
     with pytest.raises(InputError, match="only train.backend 'ort' can do"):

@@ -22,6 +22,7 @@ Version directory while training (all of it but `.ort-job/` is listed in the man
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -95,8 +96,10 @@ def train_ort(plan: Any, recipe: Recipe, splits: Splits, model_root: Path, *, re
 
         start = start_model(recipe, splits, root / START_MODEL)
     except BaseException:
-        if not resume:
-            shutil.rmtree(root, ignore_errors=True)  # nothing trained yet: leave no empty version behind
+        if not resume:  # nothing trained yet: leave no empty version (nor an empty model directory) behind
+            shutil.rmtree(root, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                model_root.rmdir()
         raise
     name = splits.info.input_name
     np.savez(

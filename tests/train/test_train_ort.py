@@ -237,6 +237,15 @@ def test_recipe_keys_of_the_ort_backend_need_it(tmp_path: Path) -> None:
         parse_recipe({**base, "model": MLP, "train": {"trainable": ["fc*"]}})
 
 
+def test_a_recipe_continuing_a_missing_artifact_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "tune.yaml"  # model.arch onnx: the artifact path is relative to the recipe
+    path.write_text(yaml.safe_dump({"name": "tune", "model": {"arch": "onnx", "artifact": "gone/clf"},
+                                    "data": {"source": "digits"}, "train": {"backend": "ort"}}))  # fmt: skip
+    proc = pipe("train", str(path), "--out", str(tmp_path / "a"))
+    assert proc.returncode == 2 and str(tmp_path / "gone" / "clf") in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "a" / "tune").exists()
+
+
 def test_a_missing_runtime_is_one_line_naming_the_make_target(tmp_path: Path) -> None:
     proc = pipe("train", str(write_recipe(tmp_path)), "--out", str(tmp_path / "a"),
                 env={"PIPE_ORT_RUNTIME": str(tmp_path / "nowhere")})  # fmt: skip

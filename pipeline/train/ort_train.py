@@ -50,10 +50,8 @@ FAULT_ENV = "PIPE_TRAIN_FAULT_STEP"  # test-only fault injection, as in the torc
 def refusals(recipe: Recipe, *, nproc: int, device: str) -> list[str]:
     """Each recipe key or flag the ORT backend cannot honour, with the fix; empty when it can train the recipe."""
     cfg, found = recipe.train, []
-    if recipe.task != "classification":
-        found.append(
-            f"task {recipe.task!r}: the ORT backend trains classifiers (cross-entropy); use train.backend: torch"
-        )
+    if recipe.task == "regression" and cfg.loss == "huber":
+        found.append("train.loss 'huber': the ORT backend trains regression with mse; use loss mse (or auto)")
     if nproc != 1:
         found.append(f"--nproc {nproc}: the ORT backend trains in one process; leave --nproc out")
     if device == "cuda":
@@ -114,6 +112,8 @@ def train_ort(plan: Any, recipe: Recipe, splits: Splits, model_root: Path, *, re
         "artifacts": str(root / ARTIFACTS_DIR),
         "trainable": start.trainable,
         "output": start.outputs[0].name,
+        "loss": "mse" if recipe.task == "regression" else "cross_entropy",
+        "target_std": splits.info.target_std or 1.0,
         "data": str(job_dir / "data.npz"),
         "checkpoints": str(root / "checkpoint"),
         "resume": resume,

@@ -42,7 +42,7 @@ import numpy as np
 MAX_IR_VERSION = 10  # onnxruntime-training 1.19 loads IR version 10 at most; onnx >= 1.18 writes 11 and up
 CHECKPOINT_PREFIX = "ort-step-"
 EVAL_BATCH = 512
-HIGHER_IS_BETTER = {"val_loss": False, "val_accuracy": True}
+HIGHER_IS_BETTER = {"val_loss": False, "val_accuracy": True, "val_mae": False, "val_rmse": False, "val_r2": True}
 
 
 def main(argv: list[str]) -> int:
@@ -91,11 +91,15 @@ def generate(job: dict[str, Any], artifacts: Path) -> None:
     partial = artifacts.with_name(artifacts.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
+    if job["loss"] == "mse":  # regression: MSE on standardized values, as the torch backend's objective
+        loss: Any = _standardized_mse(onnxblock, job["target_std"])
+    else:
+        loss = ort_artifacts.LossType.CrossEntropyLoss
     ort_artifacts.generate_artifacts(
         model,
         requires_grad=trainable,
         frozen_params=frozen,
-        loss=ort_artifacts.LossType.CrossEntropyLoss,
+        loss=loss,
         optimizer=optimizer,
         artifact_directory=partial,
         additional_output_names=[job["output"]],  # the eval model answers loss and logits
@@ -107,6 +111,28 @@ def generate(job: dict[str, Any], artifacts: Path) -> None:
             onnx.save(graph, path)
     shutil.rmtree(artifacts, ignore_errors=True)
     os.replace(partial, artifacts)
+
+
+def _standardized_mse(onnxblock: Any, std: float) -> Any:
+    """MSE of (prediction - target) / std: the model predicts [B, 1] in target units, the target comes as [B, 1].
+
+    The mean cancels in the difference, so only the train split's target std scales the loss (as
+    pipeline/train/objective.py's regression loss).
+    """
+
+    class StandardizedMSE(onnxblock.Block):
+        def __init__(self) -> None:
+            super().__init__()
+            self._mse = onnxblock.loss.MSELoss()
+            self._scale = onnxblock.blocks.Constant(std)
+            self._output, self._target = onnxblock.blocks.Div(), onnxblock.blocks.Div()
+
+        def build(self, output: str, target: str = "target") -> str:
+            target = onnxblock.blocks.InputLike(output)(target)  # a graph input shaped like the output
+            scale = self._scale()
+            return self._mse(self._output(output, scale), self._target(target, scale))
+
+    return StandardizedMSE()
 
 
 def lr_at(step: int, cfg: dict[str, Any], total_steps: int) -> float:
@@ -138,17 +164,33 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def evaluate(module: Any, x: np.ndarray, y: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
-    """Mean loss and accuracy over a whole split, and the outputs [N, classes], in eval mode."""
+def evaluate(module: Any, x: np.ndarray, y: np.ndarray, regression: bool) -> tuple[dict[str, float], np.ndarray]:
+    """Mean loss and the task's figures over a whole split, and the outputs, in eval mode.
+
+    Classifiers: accuracy. Regression ([N, 1] predictions in target units): MAE, RMSE and R^2 as
+    pipeline/verify/metrics.py's regression_metrics computes them.
+    """
     module.eval()
     total, outputs = 0.0, []
     for start in range(0, len(y), EVAL_BATCH):
-        loss, logits = module(x[start : start + EVAL_BATCH], y[start : start + EVAL_BATCH])
-        total += float(loss) * len(logits)  # the loss is the batch mean
-        outputs.append(np.asarray(logits, dtype=np.float32))
+        loss, out = module(x[start : start + EVAL_BATCH], y[start : start + EVAL_BATCH])
+        total += float(loss) * len(out)  # the loss is the batch mean
+        outputs.append(np.asarray(out, dtype=np.float32))
     module.train()
     out = np.concatenate(outputs)
-    return {"loss": total / len(y), "accuracy": int((out.argmax(axis=1) == y).sum()) / len(y)}, out
+    figures = {"loss": total / len(y)}
+    if not regression:
+        return figures | {"accuracy": int((out.argmax(axis=1) == y).sum()) / len(y)}, out
+    error = out.astype(np.float64).reshape(len(y), -1) - y.astype(np.float64).reshape(len(y), -1)
+    want = y.astype(np.float64)
+    ss_res, ss_tot = float((error**2).sum()), float(((want - want.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
+    return figures | {"mae": float(np.abs(error).mean()), "rmse": float(np.sqrt((error**2).mean())), "r2": r2}, out
+
+
+def _targets(y: np.ndarray, regression: bool) -> np.ndarray:
+    """Class indices as int64 [N], or regression targets as float32 [N, 1] (the loss's target input)."""
+    return y.astype(np.float32).reshape(-1, 1) if regression else y.astype(np.int64)
 
 
 def train(job: dict[str, Any], artifacts: Path, generate_s: float) -> None:
@@ -158,8 +200,9 @@ def train(job: dict[str, Any], artifacts: Path, generate_s: float) -> None:
 
     cfg = job["train"]
     data = np.load(job["data"])
-    x_train, y_train = data["train_x"], data["train_y"].astype(np.int64)  # [N, ...], [N] class indices
-    x_val, y_val = data["val_x"], data["val_y"].astype(np.int64)
+    regression = job["loss"] == "mse"
+    x_train, y_train = data["train_x"], _targets(data["train_y"], regression)  # [N, ...]; [N] classes or [N, 1]
+    x_val, y_val = data["val_x"], _targets(data["val_y"], regression)
     checkpoints = Path(job["checkpoints"])
     checkpoints.mkdir(parents=True, exist_ok=True)
 
@@ -252,7 +295,7 @@ def train(job: dict[str, Any], artifacts: Path, generate_s: float) -> None:
                 os.kill(os.getppid(), signal.SIGKILL)
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        figures, _ = evaluate(module, x_val, y_val)
+        figures, _ = evaluate(module, x_val, y_val, regression)
         record = {"epoch": progress["epoch"] + 1, **figures}
         progress["history"].append(record)
         emit(log={"kind": "val", "step": progress["step"], **record})
@@ -275,8 +318,8 @@ def train(job: dict[str, Any], artifacts: Path, generate_s: float) -> None:
     # The kept epoch's weights, its outputs on the test split, and the inference model that holds them.
     for name, value in best.items():
         state.parameters[name].data = value
-    test_x, test_y = data["test_x"], data["test_y"].astype(np.int64)
-    test, outputs = evaluate(module, test_x, test_y)
+    test_x, test_y = data["test_x"], _targets(data["test_y"], regression)
+    test, outputs = evaluate(module, test_x, test_y, regression)
     np.savez(job["test_out"], outputs=outputs)
     module.export_model_for_inferencing(job["model_out"], [job["output"]])
     result = {"progress": progress, "test": test, "wall_s": wall, "cpu_s": cpu,

@@ -204,12 +204,36 @@ def test_fine_tuning_an_imported_classifier_trains_only_its_last_layer(tmp_path:
     assert child.manifest.metrics["accuracy"] > parent_accuracy + 0.05, (parent_accuracy, child.manifest.metrics)
 
 
+def test_a_regression_model_trains_on_standardized_targets_and_passes_the_gate(tmp_path: Path) -> None:
+    from pipeline.export.stage import export_artifact
+
+    path = tmp_path / "reg.yaml"
+    path.write_text(yaml.safe_dump({"name": "reg", "task": "regression", "model": {**MLP, "hidden": [16]},
+                                    "data": {"source": "diabetes"},
+                                    "train": {**TRAIN, "epochs": 25, "lr": 0.01, "batch_size": 32,
+                                              "monitor": "val_mae"}}))  # fmt: skip
+    proc = pipe("train", str(path), "--out", str(tmp_path / "a"), "--quiet")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    root = tmp_path / "a" / "reg" / "1"
+    m = Artifact.load(root).manifest
+    assert m.outputs[0].name == "predictions" and m.outputs[0].shape == ["batch", 1]
+    assert set(m.metrics) == {"loss", "mae", "rmse", "r2"} and m.metrics["r2"] > 0.2, m.metrics
+    assert "lowest val_mae" in m.stages.train.kept
+    outcome = export_artifact(root, progress=lambda _: None)
+    assert outcome.report.passed and outcome.report.metric["name"] == "mae"
+
+
 def test_keys_the_ort_backend_cannot_honour_are_refused_by_name(tmp_path: Path) -> None:
     recipe = parse_recipe({
         "name": "r", "model": {"arch": "mlp", "dropout": 0.2}, "data": {"source": "digits"},
         "train": {"backend": "ort", "precision": "bf16", "grad_checkpointing": True, "grad_accum": 2,
                   "optimizer": "sgd", "momentum": 0.9},
     })  # fmt: skip
+    huber = parse_recipe({"name": "h", "task": "regression", "model": MLP, "data": {"source": "diabetes"},
+                          "train": {"backend": "ort", "loss": "huber"}})  # fmt: skip
+    assert refusals(huber, nproc=1, device="cpu") == [
+        "train.loss 'huber': the ORT backend trains regression with mse; use loss mse (or auto)"
+    ]
     found = " | ".join(refusals(recipe, nproc=2, device="cuda"))
     for key in ("--nproc 2", "train.device 'cuda'", "train.precision 'bf16'", "train.grad_checkpointing",
                 "train.grad_accum 2", "train.momentum 0.9", "model.dropout 0.2"):  # fmt: skip

@@ -10,7 +10,7 @@ GPU    ?= 0
 LOCKHASH := $(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)-gpu$(GPU)
 STAMP  := $(VENV)/.installed-$(LOCKHASH)
 
-.PHONY: venv run test lint bench lock clean check-serve-profile edge-runtime edge-check
+.PHONY: venv run test lint bench lock clean check-serve-profile edge-runtime edge-check ort-runtime
 
 venv: $(STAMP)
 
@@ -31,11 +31,12 @@ endif
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-# Both build the device-like runtime too (.venv-edge, seconds): the edge stage runs every TFLite model there.
-run: venv edge-runtime
+# Both build the device-like runtime too (.venv-edge, seconds): the edge stage runs every TFLite model there;
+# and the ONNX Runtime training runtime (.venv-ort): `pipe train --backend ort` runs its worker there.
+run: venv edge-runtime ort-runtime
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pipe run models/digits-cnn.yaml
 
-test: venv edge-runtime
+test: venv edge-runtime ort-runtime
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv
@@ -68,6 +69,27 @@ $(EDGE_STAMP):
 	@rm -f $(EDGE_VENV)/.installed-*
 	@touch $@
 
+# The ONNX Runtime training runtime (docs/DESIGN.md section 5, docs/install.md): onnxruntime-training
+# 1.19.2, the last release, is the same `onnxruntime` module as .venv's 1.32 and older, so it cannot
+# share .venv. It is installed alone into a directory (`--target`, no dependencies: onnx, protobuf,
+# sympy and the rest come from .venv) with the numpy it was built for; `pipe train --backend ort` runs
+# its worker with .venv's Python and PYTHONPATH=$(ORT_DIR), so only that process sees it. The stamp
+# names the pins, so a second call installs nothing; .venv's onnxruntime is never touched.
+ORT_DIR   := .venv-ort
+ORT_PINS  := onnxruntime-training==1.19.2 numpy==1.26.4
+ORT_STAMP := $(ORT_DIR)/.installed-$(shell echo '$(ORT_PINS)' | sha256sum | cut -c1-16)
+
+ort-runtime: $(ORT_STAMP)
+
+$(ORT_STAMP): | venv
+	@echo "installing $(ORT_PINS) into $(ORT_DIR) (first time: about a minute, 800 MB)"
+	@rm -rf $(ORT_DIR).partial
+	$(BIN)/pip install -q --disable-pip-version-check --only-binary=:all: --no-deps --target $(ORT_DIR).partial $(ORT_PINS) 2>&1 | { grep -v "^WARNING: Location" || true; }
+	@rm -rf $(ORT_DIR)/* && mkdir -p $(ORT_DIR) && cp -a $(ORT_DIR).partial/. $(ORT_DIR)/ && rm -rf $(ORT_DIR).partial
+	@PYTHONPATH=$(abspath $(ORT_DIR)) $(BIN)/python -c "from onnxruntime.training import api, artifacts" || (echo "$(ORT_DIR) is incomplete: see the pip output above" && exit 1)
+	@rm -f $(ORT_DIR)/.installed-*
+	@touch $@
+
 # pipeline/edge/runner.py run by $(EDGE_VENV)'s Python on a tiny .tflite and its golden.npz: it must run
 # there with tflite_runtime and match, with neither tensorflow nor torch importable.
 edge-check: venv edge-runtime
@@ -84,4 +106,4 @@ lock:
 	mv requirements.lock.new requirements.lock
 
 clean:
-	rm -rf $(VENV) artifacts runs
+	rm -rf $(VENV) $(ORT_DIR) artifacts runs

@@ -120,6 +120,13 @@ def layered(module: str, line: str, importer: str, imported: str) -> tuple[str, 
             "the stand-alone TFLite runner imports nothing of pipe and no framework",
             "pipeline.runtime.tflite_runner -> pipeline.core.errors",
         ),
+        # the ORT training worker runs in its own runtime: nothing of pipe
+        (
+            "train/ort_worker.py",
+            "def _later():\n    import pipeline.data",
+            "the ONNX Runtime training worker imports nothing of pipe and no other framework",
+            "pipeline.train.ort_worker -> pipeline.data",
+        ),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(

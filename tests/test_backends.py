@@ -17,7 +17,7 @@ from pipeline.runtime.backends import backend_for
     [
         (None, "records no training backend (lineage.backend is null)"),
         ("import", "was imported, not trained"),
-        ("ort", "names training backend 'ort'; this pipe has ['torch']"),
+        ("jax", "names training backend 'jax'; this pipe has ['ort', 'torch']"),
     ],
 )
 def test_an_artifact_without_a_usable_backend_is_refused_by_name(
@@ -28,7 +28,8 @@ def test_an_artifact_without_a_usable_backend_is_refused_by_name(
         backend_for(toy_artifact)
 
 
-def test_the_torch_backend_is_found_by_name(toy_artifact: Artifact) -> None:
-    toy_artifact.manifest.lineage = dataclasses.replace(toy_artifact.manifest.lineage, backend="torch")
+@pytest.mark.parametrize("name", ["torch", "ort"])
+def test_each_backend_is_found_by_name(toy_artifact: Artifact, name: str) -> None:
+    toy_artifact.manifest.lineage = dataclasses.replace(toy_artifact.manifest.lineage, backend=name)
     backend = backend_for(toy_artifact)
-    assert backend.name == "torch" and callable(backend.load_model) and callable(backend.reference)
+    assert backend.name == name and callable(backend.load_model) and callable(backend.reference)

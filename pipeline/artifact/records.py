@@ -100,7 +100,7 @@ class TrainRecord(StageRecord):
 class ExportRecord(StageRecord):
     """`pipe export`: settings are the recipe's export section and the command-line overrides."""
 
-    exporter: str  # dynamo | torchscript
+    exporter: str  # dynamo | torchscript; ort: the ORT backend's trained ONNX model, gated as it is
     opset: int  # the opset the file declares
     requested_opset: int
     external_data: bool

@@ -225,3 +225,30 @@ def _version_names(model_root: Path) -> list[int]:
         return sorted(int(p.name) for p in model_root.iterdir() if is_version_name(p.name) and p.is_dir())
     except OSError:
         return []
+
+
+def trainable_table(path: str, *, verify: bool = True) -> str:
+    """model.onnx's float initializers, one a line with shape and dtype: what `--trainable PATTERN` matches."""
+    import onnx
+
+    from pipeline.artifact.directory import Artifact, resolve_artifact
+    from pipeline.artifact.variants import MODEL_FILE
+    from pipeline.core.errors import ArtifactError
+    from pipeline.train.ort_start import FLOAT_TYPES
+
+    artifact = Artifact.load(resolve_artifact(path), verify=verify)
+    if MODEL_FILE not in artifact.manifest.files:
+        raise ArtifactError(f"{artifact.root} holds no model.onnx; export it first (pipe export {artifact.root})")
+    graph = onnx.load(artifact.path(MODEL_FILE), load_external_data=False).graph
+    rows = [
+        (i.name, "x".join(map(str, i.dims)), onnx.helper.tensor_dtype_to_np_dtype(i.data_type).name)
+        for i in graph.initializer
+        if i.data_type in FLOAT_TYPES and len(i.dims) > 0
+    ]
+    width = max([len("parameter"), *(len(r[0]) for r in rows)])
+    lines = [f"{'parameter':<{width}}  shape      dtype", *(f"{n:<{width}}  {s:<9}  {d}" for n, s, d in rows)]
+    lines.append(
+        f"{len(rows)} parameter(s) in {artifact.root / MODEL_FILE}; train some with: pipe train --from "
+        f"{artifact.root} --trainable 'PATTERN' --data FILE.npz"
+    )
+    return "\n".join(lines)

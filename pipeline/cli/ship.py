@@ -232,12 +232,20 @@ def predict(
 @click.argument("artifact", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON instead of a table.")
 @click.option("--no-verify", is_flag=True, help="Skip checking file hashes (inspect a damaged artifact).")
-def info(artifact: str, as_json: bool, no_verify: bool) -> None:
+@click.option(
+    "--trainable", is_flag=True, help="List model.onnx's parameters, the names `pipe train --from --trainable` takes."
+)
+def info(artifact: str, as_json: bool, no_verify: bool, trainable: bool) -> None:
     """Show a version's manifest (artifacts/NAME/VERSION), or every version of a model (artifacts/NAME).
 
     A model directory lists each version with its stages and status; --json prints its newest
     version's manifest.
     """
+    if trainable:
+        from pipeline.cli.info import trainable_table
+
+        click.echo(trainable_table(artifact, verify=not no_verify))
+        return
     from pipeline.artifact.directory import Artifact, is_version_name, resolve_artifact
     from pipeline.artifact.manifest import MANIFEST_NAME
     from pipeline.cli.info import describe_path, manifest_table

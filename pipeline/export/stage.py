@@ -22,7 +22,7 @@ from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
 from pipeline.export.metadata import stamp
 from pipeline.export.onnx_export import ExportResult, export_module
 from pipeline.recipe.current import current_recipe, section_settings, train_record
-from pipeline.runtime.backends import backend_for
+from pipeline.runtime.backends import backend_for, trained_onnx
 from pipeline.samples.evaluation import evaluation_set
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
 from pipeline.verify.gate import verify
@@ -58,21 +58,28 @@ def export_artifact(
     tol = Exact(settings.atol, settings.rtol, settings.metric_tolerance)
     backend = backend_for(artifact)
     model = backend.load_model(artifact)
+    ready = trained_onnx(backend, artifact)  # ort: the trained model is already ONNX, so it is gated as it is
     evaluation = evaluation_set(artifact, recipe)
     weights = train.checkpoint.weights
-    progress(f"[export] {artifact.root}: {exporter} exporter, opset {settings.opset}; gate on {evaluation.source}")
+    how = (
+        f"the {backend.name} backend's trained ONNX model" if ready else f"{exporter} exporter, opset {settings.opset}"
+    )
+    progress(f"[export] {artifact.root}: {how}; gate on {evaluation.source}")
 
     with StageWrite(artifact.root, "export") as write:
         candidate = write.scratch / MODEL_FILE
-        result = export_module(
-            model,
-            backend.example_inputs(artifact, 2),
-            manifest.inputs,
-            manifest.outputs,
-            candidate,
-            settings.opset,
-            exporter,
-        )
+        if ready is not None:
+            result = copy_trained(ready, candidate, backend.name)
+        else:
+            result = export_module(
+                model,
+                backend.example_inputs(artifact, 2),
+                manifest.inputs,
+                manifest.outputs,
+                candidate,
+                settings.opset,
+                exporter,
+            )
         reference = backend.reference(artifact, model)
         report = verify(candidate, reference, evaluation, manifest.spec, tol, scratch=write.scratch)
         report.raise_on_failure(f"the ONNX export of {manifest.name} v{manifest.version}")
@@ -109,6 +116,18 @@ def export_artifact(
 
         artifact = write.commit(files, record)
     return ExportOutcome(artifact, result, report, notes)
+
+
+def copy_trained(trained: Path, candidate: Path, backend: str) -> ExportResult:
+    """A backend's trained ONNX model copied as the candidate; its own opset is kept (recorded as it is)."""
+    import shutil
+
+    import onnx
+
+    shutil.copyfile(trained, candidate)
+    model = onnx.load(str(candidate), load_external_data=False)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    return ExportResult(exporter=backend, opset=opset, external_data=False)
 
 
 def _fresh(ctx: Context) -> str | None:

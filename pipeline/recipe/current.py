@@ -56,6 +56,11 @@ def current_recipe(artifact: Artifact, recipe_path: Path | None = None) -> tuple
         f"the recipe this model was trained from ({record.recipe_path}, relative to {artifact.root}) is not there; "
         "using the trained sections and default settings for the later stages (pass --recipe to read another)"
     )
+    if record.recipe_path is None:  # `pipe train --from ARTIFACT --data FILE`: no recipe file was given
+        note = (
+            "this model was trained without a recipe file; using the trained sections and default settings for the "
+            "later stages (pass --recipe to read one)"
+        )
     return parse_recipe(record.settings, where, artifact.root), [note]
 
 

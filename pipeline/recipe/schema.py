@@ -74,7 +74,16 @@ class CustomSpec(_Strict):
     kwargs: dict[str, Any] = {}  # passed to the factory
 
 
-ModelSpec = Annotated[MLPSpec | CNNSpec | TransformerSpec | MoESpec | CustomSpec, Field(discriminator="arch")]
+class OnnxSpec(_Strict):
+    """A model that is already ONNX: an artifact's model.onnx, trained further with `train.backend: ort`."""
+
+    arch: Literal["onnx"]
+    artifact: str  # the parent artifact: a version directory, or a model directory (its newest version)
+
+
+ModelSpec = Annotated[
+    MLPSpec | CNNSpec | TransformerSpec | MoESpec | CustomSpec | OnnxSpec, Field(discriminator="arch")
+]
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -166,6 +175,10 @@ class TrainSpec(_Strict):
     strategy: Literal["ddp", "fsdp"] = "ddp"  # with --nproc > 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int = Field(1, ge=0)  # CPU threads per process; 0: the cores shared out among processes
+    # torch, or ort: ONNX Runtime training on the exported graph, in its own runtime (docs/training.md)
+    backend: Literal["torch", "ort"] = "torch"
+    # ort: glob patterns of the parameters (ONNX initializers) to train; empty: every trainable parameter
+    trainable: list[Annotated[str, Field(min_length=1)]] = []
 
 
 # --- later stages --------------------------------------------------------------------------------
@@ -301,6 +314,16 @@ class Recipe(_Strict):
             raise ValueError(
                 f"train.loss {self.train.loss!r} does not train a {self.task} model; valid choices: "
                 f"{', '.join(TASK_LOSSES[self.task])}"
+            )
+        if self.model.arch == "onnx" and self.train.backend != "ort":
+            raise ValueError(
+                "model.arch 'onnx' continues training an ONNX model, which only train.backend 'ort' can do; "
+                "set train.backend: ort"
+            )
+        if self.train.trainable and self.train.backend != "ort":
+            raise ValueError(
+                "train.trainable chooses ONNX parameters for train.backend 'ort'; set train.backend: ort, or leave "
+                "train.trainable out"
             )
         if self.train.monitor not in TASK_MONITORS[self.task]:
             raise ValueError(

@@ -1,7 +1,8 @@
 """Training backends behind one seam: later stages get the trained model through the artifact's backend.
 
-`lineage.backend` names the framework that trained the model (torch today; ONNX Runtime training
-next). `pipe export` asks `backend_for(artifact)` for the trained model, real inputs to trace it
+`lineage.backend` names the framework that trained the model: torch, or ort (ONNX Runtime
+training, whose trained model is already ONNX: `trained_onnx` gives export that file to gate as it
+is). `pipe export` asks `backend_for(artifact)` for the trained model, real inputs to trace it
 with, and a reference runner (named numpy arrays in and out) to verify the export against, and so
 never imports a trainer's internals. A backend is a module path in `BACKENDS`, imported only when
 an artifact needs it: `pipe serve` and `pipe info` never load a training framework.
@@ -10,13 +11,14 @@ an artifact needs it: `pipe serve` and `pipe info` never load a training framewo
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.artifact.directory import Artifact
 from pipeline.core.errors import ArtifactError
 
 # lineage.backend -> the module whose BACKEND object serves it
-BACKENDS = {"torch": "pipeline.train.restore"}
+BACKENDS = {"torch": "pipeline.train.restore", "ort": "pipeline.train.ort_restore"}
 
 
 class Backend(Protocol):
@@ -32,6 +34,12 @@ class Backend(Protocol):
 
     def reference(self, artifact: Artifact, model: Any) -> Any:
         """`model` as a runner: named numpy arrays in, named numpy arrays out."""
+
+
+def trained_onnx(backend: Backend, artifact: Artifact) -> Path | None:
+    """The trained model when the backend already holds it as ONNX (ort), else None (torch: export it)."""
+    onnx_model = getattr(backend, "onnx_model", None)
+    return None if onnx_model is None else onnx_model(artifact)
 
 
 def backend_for(artifact: Artifact) -> Backend:

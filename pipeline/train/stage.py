@@ -43,7 +43,7 @@ class Plan:
 
 
 def train_recipe(
-    recipe_path: str | Path,
+    recipe_path: str | Path | Recipe,
     *,
     resume: bool = False,
     epochs: int | None = None,
@@ -51,15 +51,29 @@ def train_recipe(
     nproc: int = 1,
     out_root: Path = Path("artifacts"),
     quiet: bool = False,
+    backend: str | None = None,
 ) -> Path:
     """Train the recipe's model and return the new version directory `out_root/<name>/<version>`.
 
     With `nproc > 1`, launches torchrun on this machine; under a torchrun the caller started, joins
     its process group. `resume` continues the newest unfinished version instead of starting one.
+    `backend` (torch | ort) overrides `train.backend`; `recipe_path` may be a recipe built in code
+    (`pipe train --from`), which has no file.
     """
-    recipe = effective_recipe(load_recipe(recipe_path), epochs)
+    loaded = recipe_path if isinstance(recipe_path, Recipe) else load_recipe(recipe_path)
+    recipe = effective_recipe(loaded, epochs, backend)
+    where = "" if isinstance(recipe_path, Recipe) else str(recipe_path)
+    if recipe.train.backend == "ort":
+        from pipeline.train.ort_train import train_ort
+
+        resolved = "cpu" if (device or recipe.train.device) == "auto" else (device or recipe.train.device)
+        plan = Plan(where, epochs, resolved, "fp32", quiet)
+        splits = load_splits(recipe)
+        return train_ort(plan, recipe, splits, Path(out_root) / recipe.name, resume=resume, nproc=nproc)
+    if recipe.model.arch == "onnx":
+        raise InputError("model.arch 'onnx' trains only with --backend ort (train.backend: ort)")
     resolved = resolve_device(device or recipe.train.device)
-    plan = Plan(str(recipe_path), epochs, resolved, resolve_precision(recipe.train.precision, resolved), quiet)
+    plan = Plan(where, epochs, resolved, resolve_precision(recipe.train.precision, resolved), quiet)
     from pipeline.train.distributed import under_torchrun
 
     if nproc < 1:
@@ -232,15 +246,22 @@ def resolve_precision(requested: str, device: str) -> str:
     return requested
 
 
-def effective_recipe(recipe: Recipe, epochs: int | None) -> Recipe:
-    """The recipe as this run trains it (`--epochs` applied), refusing tasks the trainer lacks."""
+def effective_recipe(recipe: Recipe, epochs: int | None, backend: str | None = None) -> Recipe:
+    """The recipe as this run trains it (`--epochs`, `--backend` applied), refusing tasks the trainer lacks."""
     if recipe.task not in ("classification", "regression"):  # the recipe schema refuses it first
         raise InputError(f"pipe train trains classification and regression models; task {recipe.task!r} is not")
-    if epochs is None:
+    update: dict[str, Any] = {}
+    if epochs is not None:
+        if epochs < 1:
+            raise InputError(f"--epochs must be 1 or more (got {epochs})")
+        update["epochs"] = epochs
+    if backend is not None:
+        if backend not in ("torch", "ort"):
+            raise InputError(f"unknown --backend {backend!r}; valid choices: torch, ort")
+        update["backend"] = backend
+    if not update:
         return recipe
-    if epochs < 1:
-        raise InputError(f"--epochs must be 1 or more (got {epochs})")
-    return recipe.model_copy(update={"train": recipe.train.model_copy(update={"epochs": epochs})})
+    return recipe.model_copy(update={"train": recipe.train.model_copy(update=update)})
 
 
 def threads_per_process(recipe: Recipe, processes: int) -> int:
@@ -293,7 +314,7 @@ def _fresh(ctx: Context) -> str | None:
     return None if ctx.root is None else f"{ctx.root} was trained from these sections and data"
 
 
-def _run(ctx: Context) -> str:
+def _run(ctx: Context) -> str:  # train.backend in the recipe chooses the backend
     ctx.root = train_recipe(ctx.recipe_path, out_root=ctx.out_root)
     return str(ctx.root)
 

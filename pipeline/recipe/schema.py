@@ -92,6 +92,7 @@ class DataSpec(_Strict):
     path: str | None = None  # file or folder, relative to the recipe; file sources only
     label_column: str | None = None  # csv: the column holding the target
     feature_columns: list[str] | None = None  # csv: None means every other column
+    exclude_columns: list[str] | None = None  # csv: columns left out of "every other column" (IDs, free text)
     delimiter: Literal[",", ";", "\t", "|"] | None = None  # csv: None finds it from the file's first lines
     categorical_columns: list[str] | None = None  # csv: columns read as categories even when they hold numbers
     image_size: HeightWidth | None = None  # images: resize every image to this
@@ -115,7 +116,13 @@ class DataSpec(_Strict):
             )
         if self.as_image and self.source != "digits":
             raise ValueError(f"data.as_image applies to the digits dataset only (source is {self.source!r}); remove it")
-        for key, applies_to in (("label_column", "csv"), ("feature_columns", "csv"), ("image_size", "images")):
+        if self.exclude_columns is not None and self.feature_columns is not None:
+            raise ValueError(
+                "data.exclude_columns leaves columns out of every other column, data.feature_columns lists the "
+                "columns to use: give one of them"
+            )
+        keys = ("label_column", "feature_columns", "exclude_columns")
+        for key, applies_to in (*((k, "csv") for k in keys), ("image_size", "images")):
             if getattr(self, key) is not None and self.source != applies_to:  # nothing would read it
                 raise ValueError(
                     f"data.{key} applies to source {applies_to!r} only (source is {self.source!r}); remove it"

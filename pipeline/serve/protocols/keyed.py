@@ -54,6 +54,11 @@ def feature_rows(
     return rows
 
 
+def feature_list(features: tuple[Feature, ...]) -> list[dict[str, Any]]:
+    """A table input's columns as metadata shows them: `{"name"}`, or `{"name", "categories"}`."""
+    return [{"name": f.name, **({"categories": list(f.categories)} if f.categories else {})} for f in features]
+
+
 def _coded(value: Any, feature: Feature, row: int) -> Any:
     """A categorical column's value: a category name, or its index 0..k-1."""
     categories = feature.categories or []

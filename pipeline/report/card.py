@@ -138,6 +138,12 @@ def data_section(artifact: Artifact) -> list[str]:
     rows = [[kind, code(s.name), s.dtype, shape(s.shape), s.layout, _preprocessing(s.preprocessing)]
             for kind, specs in (("input", m.inputs), ("output", m.outputs)) for s in specs]  # fmt: skip
     lines += ["", *table(["tensor", "name", "dtype", "shape", "layout", "preprocessing"], rows)]
+    for spec in m.inputs:
+        if spec.features:  # a table: the columns a client keys a row by, and what a categorical one takes
+            lines += ["", f"Columns of `{spec.name}`, in input order ({len(spec.features)}):", ""]
+            lines += table(["#", "column", "kind"], [
+                [i, code(f.name), f"categorical: {', '.join(code(c) for c in f.categories)}" if f.categories
+                 else "number"] for i, f in enumerate(spec.features)])  # fmt: skip
     if m.labels:
         shown = ", ".join(code(label) for label in m.labels[:LABELS_SHOWN])
         more = f" and {len(m.labels) - LABELS_SHOWN} more" if len(m.labels) > LABELS_SHOWN else ""

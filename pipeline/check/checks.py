@@ -44,15 +44,17 @@ def judge_metric(name: str, before: float, after: float, budgets: BudgetSpec) ->
     drop = metric_drop(name, before, after)
     relative = drop / abs(before) if before else (math.inf if drop > 0 else 0.0)
     parts, broken = [], []
+    own = name in budgets.metrics
     if budget.max_drop is not None:
-        key = "max_drop" if name in budgets.metrics else "max_accuracy_drop"
+        key = "max_drop" if own else "max_accuracy_drop"
         held = drop <= budget.max_drop + SLACK
         parts.append(f"drop {drop:+.4g} {'within' if held else 'breaks'} {key} {budget.max_drop:g}")
         broken += [] if held else [key]
     if budget.max_relative_drop is not None:
         held = relative <= budget.max_relative_drop + SLACK
         shown = f"{relative:+.2%}" if math.isfinite(relative) else "unbounded (the baseline is 0)"
-        parts.append(f"relative drop {shown} {'within' if held else 'breaks'} max_relative_drop "
+        key = "max_relative_drop" if own else f"the default relative budget for {name} (target units)"
+        parts.append(f"relative drop {shown} {'within' if held else 'breaks'} {key} "
                      f"{budget.max_relative_drop:.4g} ({budget.max_relative_drop:.2%})")  # fmt: skip
         broken += [] if held else ["max_relative_drop"]
     figures = {

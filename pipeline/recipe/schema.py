@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeline.artifact.directions import HIGHER_IS_BETTER
+from pipeline.artifact.directions import HIGHER_IS_BETTER, IN_TARGET_UNITS
 from pipeline.artifact.manifest import NAME as MODEL_NAME
 from pipeline.core.errors import RecipeError
 
@@ -216,8 +216,21 @@ class EdgeSpec(_Strict):
     atol_fp32: float = Field(1e-4, gt=0)  # fp32 TFLite against model.onnx, per element (plus rtol * |ref|)
     atol_fp16: float = Field(1e-2, gt=0)  # fp16 weights round at about 1e-3 relative
     rtol: float = Field(1e-3, ge=0)
-    max_accuracy_drop: float = Field(0.015, ge=0)  # int8: the task metric may drop this much (1.5 points)
+    # int8: the task metric may drop this much, in its units; None: 0.015 accuracy (1.5 points) for a
+    # classifier, and for regression optimize's default, 1% relative error (never a fixed amount of USD)
+    max_accuracy_drop: float | None = Field(None, ge=0)
     calibration_samples: int = Field(256, gt=0)  # real training samples full-integer int8 calibrates on
+
+
+EDGE_CLASSIFIER_DROP = 0.015  # edge int8 of a classifier: 1.5 accuracy points by default
+DEFAULT_CHECK_DROP = 0.005  # pipe check: unitless metrics (accuracy, r2) may drop this much by default
+DEFAULT_CHECK_RELATIVE = 0.01  # pipe check: metrics in target units (mae, rmse) may rise 1% of the baseline
+
+
+def edge_metric_drop(settings: dict[str, Any], task: str) -> float | None:
+    """Edge's task-metric budget from its recorded settings: the recipe's, else the task's default."""
+    drop = settings.get("max_accuracy_drop")
+    return EDGE_CLASSIFIER_DROP if drop is None and task == "classification" else drop
 
 
 class MetricBudget(_Strict):
@@ -248,7 +261,9 @@ class BudgetSpec(_Strict):
 
     model_config = ConfigDict(allow_inf_nan=True)  # .inf: unbounded (`--max-accuracy-drop inf`); NaN fails ge=0
 
-    max_accuracy_drop: float = Field(0.005, ge=0)  # absolute drop of every metric not listed in `metrics`
+    # absolute drop of every metric not listed in `metrics`; None: 0.005 for unitless metrics (accuracy, r2)
+    # and 1% of the baseline's value for metrics in the target's units (mae, rmse: never a fixed amount of USD)
+    max_accuracy_drop: float | None = Field(None, ge=0)
     metrics: dict[str, MetricBudget] = {}  # per metric (accuracy, mae): its own budgets, in place of the above
     max_latency_increase: float = Field(0.10, ge=0)  # fraction: 0.10 = more than 10% slower fails (docs/check.md)
     max_size_increase: float = Field(0.10, ge=0)
@@ -264,8 +279,15 @@ class BudgetSpec(_Strict):
         return self
 
     def for_metric(self, name: str) -> MetricBudget:
-        """The budgets `name` is held to: its `metrics` entry, else max_accuracy_drop as an absolute drop."""
-        return self.metrics.get(name) or MetricBudget(max_drop=self.max_accuracy_drop)
+        """The budgets `name` is held to: its `metrics` entry, else max_accuracy_drop as an absolute drop,
+        else the default: DEFAULT_CHECK_DROP, or DEFAULT_CHECK_RELATIVE of the baseline for a metric in units."""
+        if name in self.metrics:
+            return self.metrics[name]
+        if self.max_accuracy_drop is not None:
+            return MetricBudget(max_drop=self.max_accuracy_drop)
+        if name in IN_TARGET_UNITS:
+            return MetricBudget(max_relative_drop=DEFAULT_CHECK_RELATIVE)
+        return MetricBudget(max_drop=DEFAULT_CHECK_DROP)
 
 
 class Recipe(_Strict):

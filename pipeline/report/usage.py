@@ -18,7 +18,7 @@ from pipeline.artifact.directions import HIGHER_IS_BETTER
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import GOLDEN_NAME, Golden, load_golden
 from pipeline.artifact.variants import FEEDING_FILE, FP32, LABELS_FILE
-from pipeline.recipe.schema import BudgetSpec
+from pipeline.recipe.schema import DEFAULT_CHECK_DROP, DEFAULT_CHECK_RELATIVE, BudgetSpec
 from pipeline.report.markdown import code, shape, table
 from pipeline.report.variants import usable
 
@@ -259,11 +259,15 @@ def check_section(artifact: Artifact, budgets: BudgetSpec, where: str) -> list[s
         b = budgets.for_metric(name)
         bounds = [
             f"drops by more than {b.max_drop:g}" if b.max_drop is not None else "",
-            f"drops by more than {b.max_relative_drop:g} of its value" if b.max_relative_drop is not None else "",
+            f"drops by more than {b.max_relative_drop:.2%} of the baseline's value"
+            if b.max_relative_drop is not None
+            else "",
         ]
         rows.append([f"metric {code(name)}", " or ".join(filter(None, bounds)), "this version's and each variant's"])
     rows += [
-        ["other metrics", f"drops by more than {budgets.max_accuracy_drop:g}", "`max_accuracy_drop`"],
+        ["other metrics", f"drops by more than {budgets.max_accuracy_drop:g}" if budgets.max_accuracy_drop is not None
+         else f"unitless: drops by more than {DEFAULT_CHECK_DROP:g}; in the target's units (mae, rmse): by more "
+              f"than {DEFAULT_CHECK_RELATIVE:.0%} of the baseline's value", "`max_accuracy_drop`"],
         ["latency", f"more than x{1 + budgets.max_latency_increase:g} the baseline's", "p50 at batch 1, side by side"],
         ["size", f"more than x{1 + budgets.max_size_increase:g} the baseline's", "model.onnx with its external data"],
     ]  # fmt: skip

@@ -225,6 +225,9 @@ class EdgeSpec(_Strict):
 EDGE_CLASSIFIER_DROP = 0.015  # edge int8 of a classifier: 1.5 accuracy points by default
 DEFAULT_CHECK_DROP = 0.005  # pipe check: unitless metrics (accuracy, r2) may drop this much by default
 DEFAULT_CHECK_RELATIVE = 0.01  # pipe check: metrics in target units (mae, rmse) may rise 1% of the baseline
+# pipe check: the test loss may rise 5% of the baseline's: its scale is the objective's (nats, standardized
+# squared error) and it moves more than accuracy between two sound runs
+DEFAULT_LOSS_RELATIVE = 0.05
 
 
 def edge_metric_drop(settings: dict[str, Any], task: str) -> float | None:
@@ -280,13 +283,15 @@ class BudgetSpec(_Strict):
 
     def for_metric(self, name: str) -> MetricBudget:
         """The budgets `name` is held to: its `metrics` entry, else max_accuracy_drop as an absolute drop,
-        else the default: DEFAULT_CHECK_DROP, or DEFAULT_CHECK_RELATIVE of the baseline for a metric in units."""
+        else the default: DEFAULT_CHECK_DROP, or a relative drop for a metric in units and for the loss."""
         if name in self.metrics:
             return self.metrics[name]
         if self.max_accuracy_drop is not None:
             return MetricBudget(max_drop=self.max_accuracy_drop)
         if name in IN_TARGET_UNITS:
             return MetricBudget(max_relative_drop=DEFAULT_CHECK_RELATIVE)
+        if name == "loss":
+            return MetricBudget(max_relative_drop=DEFAULT_LOSS_RELATIVE)
         return MetricBudget(max_drop=DEFAULT_CHECK_DROP)
 
 

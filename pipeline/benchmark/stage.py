@@ -152,12 +152,24 @@ def _record(artifact: Artifact, outcome: BenchmarkOutcome, inputs: dict[str, str
 def _machine() -> dict[str, Any]:
     """Where the numbers were taken: they hold for this machine only."""
     return {
+        "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         **versions(),
     }
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else the architecture: the card says what the timings ran on."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")) and ":" in line:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _fresh(ctx: Context) -> str | None:

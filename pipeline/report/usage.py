@@ -8,7 +8,9 @@ commands name the edge model's layout, renamed tensors and the runtimes it was s
 from __future__ import annotations
 
 import json
+import posixpath
 import shlex
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,8 +33,12 @@ def sh(*args: str) -> str:
 
 
 def _place(artifact: Artifact) -> str:
-    """The artifact as `pipe` commands name it: artifacts/NAME/VERSION under its model repository."""
-    return f"artifacts/{artifact.name}/{artifact.version}"
+    """The artifact where it really is: relative to the working directory when under it, else absolute."""
+    root = artifact.root.resolve()
+    try:
+        return root.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return root.as_posix()
 
 
 def _batch(artifact: Artifact) -> int:
@@ -279,7 +285,7 @@ def check_section(artifact: Artifact, budgets: BudgetSpec, where: str) -> list[s
         *table(["check", "fails when it", "of"], rows),
         "",
         "```sh",
-        sh("pipe", "check", f"artifacts/{artifact.name}/NEW_VERSION", "--baseline", place),
+        sh("pipe", "check", posixpath.join(posixpath.dirname(place), "NEW_VERSION"), "--baseline", place),
         sh("pipe", "check", place, "--write-baseline", f"models/{artifact.name}.baseline.json")
         + "    # a summary to commit",
         "```",

@@ -42,7 +42,7 @@ def test_the_card_of_a_trained_artifact_names_what_the_artifact_holds(trained: P
     request = json.loads(card.split("-d '", 1)[1].split("'", 1)[0])
     assert [(i["name"], i["shape"], i["datatype"]) for i in request["inputs"]] == [("input", [1, 64], "FP32")]
     assert len(request["inputs"][0]["data"]) == 64
-    assert "pipe serve artifacts/rep-tiny/1" in card and "/v1/models/rep-tiny/versions/1:predict" in card
+    assert f"pipe serve {trained.resolve()}" in card and "/v1/models/rep-tiny/versions/1:predict" in card
     # the check budgets are the recipe's, as the file says now
     assert (
         "| metric `accuracy` | drops by more than 0.02 |" in card and "| size | more than x1.3 the baseline's |" in card

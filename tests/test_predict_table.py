@@ -102,3 +102,34 @@ def test_wrong_rows_are_refused_naming_the_column(table, tmp_path: Path, name: s
     with pytest.raises(InputError, match=None) as caught:
         predict_file(version, tmp_path / name)
     assert message in str(caught.value)
+
+
+def test_unseen_categories_unknown_sends_a_new_value_as_the_all_zero_index(tmp_path: Path) -> None:
+    """data.unseen_categories: unknown: a category the model never saw is answered with that column adding
+    nothing (the index past the last category, which the one-hot leaves all zeros), by predict and serve alike;
+    the default refuses it (test_wrong_rows_are_refused_naming_the_column)."""
+    from pipeline.artifact.directory import Artifact
+    from pipeline.serve.protocols.keyed import feature_list, feature_rows
+    from pipeline.serve.session import _CategoryColumns
+
+    rng = np.random.default_rng(0)
+    lines = ["size,color,label"] + [f"{rng.normal():.3f},{['red', 'blue'][i % 2]},{i % 2}" for i in range(80)]
+    (tmp_path / "d.csv").write_text("\n".join(lines) + "\n")
+    data = {"source": "csv", "path": "d.csv", "label_column": "label", "unseen_categories": "unknown"}
+    recipe = {"name": "colors", "model": {"arch": "mlp", "hidden": [8]}, "train": {"epochs": 1}, "data": data}
+    (tmp_path / "r.yaml").write_text(json.dumps(recipe))
+    for args in (["train", str(tmp_path / "r.yaml"), "--repository", str(tmp_path / "a"), "--quiet"],
+                 ["export", str(tmp_path / "a" / "colors" / "1")]):  # fmt: skip
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+    version = tmp_path / "a" / "colors" / "1"
+    (color,) = [f for f in Artifact.load(version).manifest.inputs[0].features if f.categories]
+    assert color.categories == ["blue", "red"] and color.unknown_index == 2
+    (tmp_path / "numeric.json").write_text(json.dumps([[0.5, 2.0]]))  # the index past the last category
+    (tmp_path / "keyed.json").write_text(json.dumps({"size": 0.5, "color": "purple"}))
+    expected = predict_file(version, tmp_path / "numeric.json").outputs["logits"]
+    np.testing.assert_array_equal(predict_file(version, tmp_path / "keyed.json").outputs["logits"], expected)
+    features = tuple(Artifact.load(version).manifest.inputs[0].features)
+    assert feature_rows([{"size": 0.5, "color": "purple"}], "input", features) == [[0.5, 2]]  # the server's too
+    _CategoryColumns.of(features).check("input", np.array([[0.5, 2.0]], np.float32))  # accepted, not a 400
+    assert feature_list(features)[1] == {"name": "color", "categories": ["blue", "red"], "unknown_index": 2}

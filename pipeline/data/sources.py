@@ -129,6 +129,9 @@ def _csv(path: Path, recipe: Recipe) -> RawData:
         spec.exclude_columns,
     )  # fmt: skip
     y, labels = _targets(table.labels, recipe.task, f"{path} column {spec.label_column!r}")
+    if spec.unseen_categories == "unknown":  # the index past the last category: one-hot all zeros
+        table.features = [{**f, "unknown_index": len(f["categories"])} if f.get("categories") else f
+                          for f in table.features]  # fmt: skip
     return RawData(table.x, y, labels, "features", features=table.features, delimiter=table.delimiter,
                    excluded=table.excluded)  # fmt: skip
 

@@ -91,6 +91,8 @@ def _value(value: Any, feature: Feature, where: str) -> float:
             return _category(value, feature, where)
         if _number(value) and float(value).is_integer() and 0 <= value < len(feature.categories):
             return float(value)
+        if feature.unknown_index is not None:
+            return float(feature.unknown_index)
         raise InputError(f"{where}: column {feature.name!r} holds {value!r:.60}, not one of its categories "
                          f"{_shown(feature.categories)} (or their index 0..{len(feature.categories) - 1})")  # fmt: skip
     if not _number(value):
@@ -116,6 +118,8 @@ def _category(value: str, feature: Feature, where: str) -> float:
     for candidate in (value, value.strip()):
         if candidate in categories:
             return float(categories.index(candidate))
+    if feature.unknown_index is not None:  # data.unseen_categories: unknown, the column adds nothing
+        return float(feature.unknown_index)
     raise InputError(f"{where}: column {feature.name!r} holds {value!r:.60}, a category the model was not trained "
                      f"on; its categories are {_shown(categories)}")  # fmt: skip
 

@@ -95,6 +95,9 @@ class DataSpec(_Strict):
     exclude_columns: list[str] | None = None  # csv: columns left out of "every other column" (IDs, free text)
     delimiter: Literal[",", ";", "\t", "|"] | None = None  # csv: None finds it from the file's first lines
     categorical_columns: list[str] | None = None  # csv: columns read as categories even when they hold numbers
+    # csv: a category the model was not trained on, at serving and predict: refused (error), or sent as an
+    # "unknown" index the model one-hot encodes as all zeros, so the column adds nothing (unknown)
+    unseen_categories: Literal["error", "unknown"] = "error"
     image_size: HeightWidth | None = None  # images: resize every image to this
     as_image: bool = False  # digits: serve the 8x8 images as 1x8x8 (for CNNs) instead of 64 features
     val_fraction: float = Field(0.15, gt=0, lt=0.5)
@@ -109,6 +112,8 @@ class DataSpec(_Strict):
             raise ValueError(f"source {self.source!r} is a bundled dataset and takes no path; remove data.path")
         if self.source == "csv" and not self.label_column:
             raise ValueError("source 'csv' needs data.label_column (the column holding the target)")
+        if self.source != "csv" and self.unseen_categories != "error":
+            raise ValueError(f"data.unseen_categories applies to source 'csv' only (source is {self.source!r})")
         if self.source != "csv" and (self.delimiter is not None or self.categorical_columns is not None):
             raise ValueError(
                 f"data.delimiter and data.categorical_columns apply to source 'csv' only (source is "

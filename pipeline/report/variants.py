@@ -184,19 +184,19 @@ def _machine(machine: dict[str, Any], settings: Any) -> str:
 
 
 def slower_than_fp32(rows: list[dict[str, Any]]) -> list[str]:
-    """A plain line for each int8 row slower than fp32 (model.onnx) on this machine: quantization saved size,
-    not time, here (CPUs without fast int8 kernels, or a model too small for them to pay)."""
-    fp32 = next((r for r in rows if r.get("name") == "fp32" and isinstance(r.get("p50_ms"), int | float)), None)
-    if fp32 is None:
-        return []
+    """A plain line for each servable int8 row slower than the fp32 row of its own runtime on this machine
+    (onnxruntime's model.onnx, LiteRT's tflite-fp32): quantization saved size, not time, here (CPUs without
+    fast int8 kernels, or a model too small for them to pay). Failed rows are not offered, so not compared."""
+    timed = [r for r in rows if isinstance(r.get("p50_ms"), int | float) and r.get("status") in ("passed", None)]
+    fp32s = {r.get("runtime"): r for r in timed if r.get("precision") == "fp32" and r.get("runtime") != "torch"}
     lines = []
-    for row in rows:
-        p50 = row.get("p50_ms")
-        if row.get("precision") == "int8" and isinstance(p50, int | float) and p50 > fp32["p50_ms"]:
+    for row in timed:
+        p50, fp32 = row.get("p50_ms"), fp32s.get(row.get("runtime"))
+        if row.get("precision") == "int8" and fp32 is not None and p50 > fp32["p50_ms"]:
             lines.append(
-                f"On this machine {row['name']} (int8) is slower than fp32: p50 {number(p50)} ms against "
-                f"{number(fp32['p50_ms'])} ms at batch {row.get('latency_batch', 1)}. It saves size here, not time; "
-                "serve fp32 unless the size matters."
+                f"On this machine {row['name']} (int8) is slower than {fp32['name']} (fp32): p50 {number(p50)} ms "
+                f"against {number(fp32['p50_ms'])} ms at batch {row.get('latency_batch', 1)}. It saves size here, "
+                "not time; serve fp32 unless the size matters."
             )
     return lines
 

@@ -130,8 +130,11 @@ def test_npz_names_and_dtypes_must_match_the_manifest(linear: Path, tmp_path: Pa
     assert result.exit_code == 2
     assert "input 'x' is float64, the model takes float32" in result.output
 
+    result = invoke("predict", linear, "--input", tmp_path / "in.txt")
+    assert result.exit_code == 2 and "unsupported input file 'in.txt'; give one of .npz, .json, .csv" in result.output
+    (tmp_path / "in.csv").write_text("a,b,c,d\n1,2,3,4\n")  # a CSV feeds a model trained on a table only
     result = invoke("predict", linear, "--input", tmp_path / "in.csv")
-    assert result.exit_code == 2 and "unsupported input file 'in.csv'; give one of .npz, .json" in result.output
+    assert result.exit_code == 2 and "in.csv: a CSV feeds a model trained on a table" in result.output
 
 
 def record_variant(root: Path, name: str, file: str, **fields: object) -> None:

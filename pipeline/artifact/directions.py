@@ -4,7 +4,12 @@ from __future__ import annotations
 
 # Per metric name, whether a higher value is better; a metric not listed here is shown, never judged.
 # box_agreement: a detection variant's boxes matched to its parent's (pipeline/verify/policies.py BoxAgreement).
-HIGHER_IS_BETTER = {"accuracy": True, "mae": False, "rmse": False, "r2": True, "box_agreement": True}
+# loss: the training objective on the test split (cross-entropy, or MSE on standardized targets).
+HIGHER_IS_BETTER = {"accuracy": True, "mae": False, "rmse": False, "r2": True, "box_agreement": True, "loss": False}
+# Metrics in the target's own units (USD for a house-price model, not a fraction): a fixed absolute
+# budget means nothing for them across models, so their default budgets and tolerances scale with the
+# metric's reference value; accuracy, r2 and box agreement are unitless.
+IN_TARGET_UNITS = frozenset({"mae", "rmse"})
 
 
 def metric_drop(name: str, reference: float, candidate: float) -> float:

@@ -147,6 +147,9 @@ class Feature:
     name: str  # the column's name in the training data (a CSV header, a bundled set's feature name)
     # a categorical column: the input holds the category's index here (categories[i] is sent as i)
     categories: list[str] | None = field(default=None, metadata={"omit_none": True, "check": _check_categories})
+    # set by `data.unseen_categories: unknown`: a value outside `categories` is sent as this index
+    # (len(categories)), which the model one-hot encodes as all zeros: the column then adds nothing
+    unknown_index: int | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass

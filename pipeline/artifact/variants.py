@@ -73,7 +73,7 @@ class EdgeTensor:
 class EdgeIO:
     """How to feed an edge model, and which runtimes were seen to run it."""
 
-    layout: str  # the image inputs' layout: NHWC or NCHW (non-image inputs keep theirs)
+    layout: str  # the image inputs' layout: NHWC or NCHW; NC (features) or NT (tokens) for a model without one
     inputs: list[EdgeTensor]
     outputs: list[EdgeTensor]
     names: dict[str, str] = field(default_factory=dict)  # model.onnx's name -> the edge model's, where renamed

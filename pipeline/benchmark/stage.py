@@ -27,6 +27,7 @@ from pipeline.benchmark.outcome import BATCH, MAX_RUNS, THROUGHPUT_BATCH, Benchm
 from pipeline.benchmark.rows import drop, metric_name, plan_rows, timed_files
 from pipeline.benchmark.sessions import open_rows, versions
 from pipeline.core.errors import InputError
+from pipeline.core.host import describe_host
 from pipeline.recipe.current import current_recipe, section_settings
 from pipeline.runtime.latency import measure_sessions
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
@@ -152,6 +153,7 @@ def _record(artifact: Artifact, outcome: BenchmarkOutcome, inputs: dict[str, str
 def _machine() -> dict[str, Any]:
     """Where the numbers were taken: they hold for this machine only."""
     return {
+        "cpu": describe_host()["cpu"],  # the CPU's model name: the card says what the timings ran on
         "cpu_count": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
         "platform": platform.platform(),

@@ -24,8 +24,13 @@ def to_json(run: CheckRun) -> str:
     failed = len(run.failures)
     return json.dumps(
         {
-            "candidate": {"name": run.candidate.name, "version": run.candidate.version},
-            "baseline": {"name": run.baseline.name, "version": run.baseline.version},
+            "candidate": {
+                "name": run.candidate.name,
+                "version": run.candidate.version,
+                "path": run.sides.get("candidate"),
+            },
+            "baseline": {"name": run.baseline.name, "version": run.baseline.version, "path": run.sides.get("baseline")},
+            "recipe_changes": run.recipe_changes,
             "budgets": _finite(run.budgets.model_dump()),
             "passed": failed == 0,
             "failures": failed,
@@ -61,19 +66,26 @@ def to_markdown(run: CheckRun) -> str:
     c, b, failed = run.candidate, run.baseline, len(run.failures)
     verdict = f"**{failed} regression(s)**" if failed else "**all checks hold**"
     lines = [
-        f"### pipe check: {c.name} v{c.version} against {b.name} v{b.version}: {verdict}",
+        f"### pipe check: {_cell(c.name)} v{c.version} against {_cell(b.name)} v{b.version}: {verdict}",
         "",
-        "| check | status | figures |",
-        "| --- | --- | --- |",
+        f"- candidate: {_cell(run.side('candidate'))}",
+        f"- baseline: {_cell(run.side('baseline'))}",
     ]
+    if run.recipe_changes:
+        lines.append(f"- recipe changes (baseline -> candidate): {_cell('; '.join(run.recipe_changes))}")
+    lines += ["", "| check | status | figures |", "| --- | --- | --- |"]
     lines += [f"| {_code(_pipes(r.name))} | {MARK[r.status]} | {_cell(r.detail)} |" for r in run.results]
     lines += [f"\n> note: {_cell(n)}" for n in run.notes]
     return "\n".join(lines) + "\n"
 
 
 def to_table(run: CheckRun) -> str:
+    """The sides by path and version, the recipe keys that differ, then one line per check."""
+    lines = [f"candidate  {run.side('candidate')}", f"baseline   {run.side('baseline')}"]
+    if run.recipe_changes:
+        lines.append("recipe     " + "; ".join(run.recipe_changes) + "  (baseline -> candidate)")
     width = max(len(r.name) for r in run.results)
-    return "\n".join(f"  {r.name:<{width}}  {r.status:<7}  {r.detail}" for r in run.results)
+    return "\n".join([*lines, *(f"  {r.name:<{width}}  {r.status:<7}  {r.detail}" for r in run.results)])
 
 
 def write_reports(run: CheckRun, junit: Path | None, markdown: Path | None, json_file: Path | None) -> list[Path]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,16 @@ class CheckRun:
     budgets: BudgetSpec
     results: list[CheckResult]
     notes: list[str]
+    # which side is which, as the user named them: {"candidate": path, "baseline": path} and what each is
+    sides: dict[str, str] = field(default_factory=dict)
+    recipe_changes: list[str] = field(default_factory=list)  # both artifacts: "train.lr 0.003 -> 0.01", ...
+
+    def side(self, which: str) -> str:
+        """`art/house/2 (house v2, an artifact)`: one side by the path it was given, its name and version."""
+        summary = self.candidate if which == "candidate" else self.baseline
+        path = self.sides.get(which, "")
+        kind = "a baseline file" if path.endswith(".json") else "an artifact"
+        return f"{path} ({summary.name} v{summary.version}, {kind})" if path else f"{summary.name} v{summary.version}"
 
     @property
     def failures(self) -> list[CheckResult]:
@@ -66,7 +76,41 @@ def check_candidate(
         check_size(candidate, baseline, budgets),
         check_latency(artifact, baseline_artifact, budgets, latency_seconds),
     ]
-    return CheckRun(candidate, baseline, budgets, results, notes)
+    sides = {"candidate": str(candidate_path), "baseline": str(baseline_path)}
+    changes = recipe_changes(artifact, baseline_artifact)
+    return CheckRun(candidate, baseline, budgets, results, notes, sides, changes)
+
+
+RECIPE_CHANGES_SHOWN = 20  # differing recipe keys listed before "and N more"
+
+
+def recipe_changes(candidate: Artifact, baseline: Artifact | None) -> list[str]:
+    """The recipe keys the two were trained with that differ, as `train.lr 0.003 -> 0.01`: what a reviewer
+    asks first when a metric moved. Empty when either side was not trained here or is a baseline file."""
+    trained = [a.manifest.stages.train for a in (baseline, candidate) if a is not None]
+    if len(trained) != 2 or any(t is None for t in trained):
+        return []
+    before, after = (_flat(t.settings) for t in trained)  # type: ignore[union-attr]
+    missing = "(unset)"
+    changed = [
+        f"{key} {before.get(key, missing)!s} -> {after.get(key, missing)!s}"
+        for key in sorted(set(before) | set(after))
+        if before.get(key, missing) != after.get(key, missing)
+    ]
+    if len(changed) > RECIPE_CHANGES_SHOWN:
+        changed = [*changed[:RECIPE_CHANGES_SHOWN], f"and {len(changed) - RECIPE_CHANGES_SHOWN} more"]
+    return changed
+
+
+def _flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train": {"lr": 0.01}} -> {"train.lr": 0.01}"""
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def budgets_for(artifact: Artifact, overrides: dict[str, Any]) -> tuple[BudgetSpec, list[str]]:

@@ -12,13 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifact.directory import Artifact, is_version_name, version_dirs
-from pipeline.artifact.manifest import MANIFEST_NAME, Manifest
+from pipeline.artifact.manifest import MANIFEST_NAME, Feature, Manifest
 from pipeline.artifact.preprocessing import ImageRecord, image_record, parse_image_record
 from pipeline.artifact.records import ImportRecord
 from pipeline.artifact.variants import EDGE_PREFIX
 from pipeline.core.errors import ArtifactError, InputError, PipelineError
 from pipeline.report.markdown import shape, size
 from pipeline.samples.evaluation import GENERATED_NOTE, judged_on_generated
+
+COLUMNS_SHOWN = 12  # a table input's column names (and a column's categories) listed before "..."
 
 
 def _or_dash(value: object) -> str:
@@ -43,6 +45,8 @@ def manifest_table(artifact: Artifact) -> str:
             lines.append(f"  {kind:<9} {spec.name}: {spec.dtype} {shape(spec.shape)} {spec.layout}")
             if record := image_record(spec):  # checked when the manifest loaded
                 lines.append(f"            pictures: {_pictures(record)}")
+            if spec.features:
+                lines += [f"            {line}" for line in _columns(spec.features)]
     if judged_on_generated(m):
         lines.append(f"  golden    {GENERATED_NOTE} (imported without --eval-data)")
     if m.metrics:
@@ -76,6 +80,19 @@ def _pictures(record: ImageRecord) -> str:
     if record.crop is not None:
         geometry += f", crop {_size(record.crop)}"
     return f"{record.mode}, {geometry}, {record.resize}, scale {record.scale:.4g}"
+
+
+def _columns(features: list[Feature]) -> list[str]:
+    """A table input's columns, in input order, and each categorical column's categories."""
+    names = [f.name for f in features]
+    more = f" ... ({len(names) - COLUMNS_SHOWN} more)" if len(names) > COLUMNS_SHOWN else ""
+    shown = ", ".join(names[:COLUMNS_SHOWN]) + more
+    lines = [f"columns: {len(names)}: {shown}"]
+    for f in features:
+        if f.categories:
+            cats = ", ".join(f.categories[:COLUMNS_SHOWN]) + (" ..." if len(f.categories) > COLUMNS_SHOWN else "")
+            lines.append(f"  {f.name}: {len(f.categories)} categories: {cats}")
+    return lines
 
 
 def _size(size: tuple[int, int] | None) -> str:

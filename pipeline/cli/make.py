@@ -48,7 +48,15 @@ from pipeline.cli.params import FRACTION, TOLERANCE, Whole
 @click.option(
     "--data", "data_file", type=click.Path(), default=None, help="With --from: an NPZ of X and y to train on."
 )
-@click.option("--out", "out_root", default="artifacts", show_default=True, type=click.Path(), help="Model repository.")
+@click.option(
+    "--repository",
+    "--out",
+    "out_root",
+    default="artifacts",
+    show_default=True,
+    type=click.Path(),
+    help="The model repository the new version goes into (--out: the same, kept for old scripts).",
+)
 @click.option("--quiet", is_flag=True, help="No progress display (metrics still go to reports/).")
 def train(
     recipe: str | None,
@@ -128,7 +136,15 @@ def train(
     help="What the outputs are. Default: the task the exporter recorded (Ultralytics), else classification "
     "when the outputs fit a classifier, else tensor. See docs/export.md.",
 )
-@click.option("--repository", type=click.Path(), default="artifacts", show_default=True, help="Where artifacts live.")
+@click.option(
+    "--repository",
+    "--out",
+    "repository",
+    type=click.Path(),
+    default="artifacts",
+    show_default=True,
+    help="The model repository the new version goes into (--out: the same, as train takes it).",
+)
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
               help="Dims of input NAME (repeatable): an int fixes one, a name names one, ? or -1 leaves it free, "
               "e.g. x:1,3,48,192 for a model declaring [-1, 3, ?, ?]. See docs/export.md.")  # fmt: skip
@@ -340,7 +356,15 @@ def optimize(artifact: str, quantize: tuple[str, ...], recipe: str | None, **opt
 
 @main.command("run")
 @click.argument("recipe", type=click.Path())
-@click.option("--out", "out_root", default="artifacts", show_default=True, type=click.Path(), help="Model repository.")
+@click.option(
+    "--repository",
+    "--out",
+    "out_root",
+    default="artifacts",
+    show_default=True,
+    type=click.Path(),
+    help="The model repository the new version goes into (--out: the same, kept for old scripts).",
+)
 @click.option("--force", is_flag=True, help="Run every stage even when its output is up to date.")
 def run_cmd(recipe: str, out_root: str, force: bool) -> None:
     """Run RECIPE's stages (train, export, optimize, edge, check, benchmark, report), skipping those up to date."""

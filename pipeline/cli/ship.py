@@ -195,7 +195,8 @@ def promote(artifact: str, label: str, force: bool) -> None:
 @click.argument("artifact", type=click.Path())
 @click.option("--input", "input_file", required=True, type=click.Path(),
               help="FILE.npz (one array per input name), FILE.json (an object keyed by input name, or a list for "
-              "one input) or a PNG/JPEG for a model with one image input.")  # fmt: skip
+              "one input), a PNG/JPEG for a model with one image input, or for a model trained on a table "
+                   "FILE.json of rows keyed by column name or FILE.csv with a header row.")  # fmt: skip
 @click.option("--variant", default="fp32", show_default=True, help="The variant to run: fp32 (model.onnx), opt, "
               "int8, tflite-fp16 ... (pipe info lists them).")  # fmt: skip
 @click.option("--top-k", default=5, show_default=True, type=Whole(1, 100_000), help="Classes shown per sample.")

@@ -13,6 +13,10 @@ column and the fix:
   its index, which the model one-hot encodes itself (`pipeline/train/zoo.py`, `OneHot`). A column
   that mixes numbers and text is refused at its first text cell, and so is a number written with
   thousands separators (`1,234.5`), which would otherwise become a category;
+- a text column taken by default (no `data.feature_columns`) whose values are distinct on more than
+  half the rows is an identifier (`patient_id`) or free text, not a category: one-hot encoded, it
+  teaches the model nothing that carries to a new row, and every new row would be refused. It is
+  refused with the fix, `data.exclude_columns` (or naming it in `data.categorical_columns` keeps it);
 - each used column has a name of its own in the header.
 """
 
@@ -21,7 +25,7 @@ from __future__ import annotations
 import csv
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,7 @@ DELIMITERS = (",", ";", "\t", "|")
 SAMPLE_BYTES = 64 * 1024  # what the sniffer reads
 MISSING = frozenset({"", "na", "n/a", "nan", "null", "none", "?"})  # lower-cased cells that mean "no value"
 MAX_CATEGORIES = 1000  # more distinct strings than this is an identifier or free text, not a category
+ID_MIN_ROWS = 20  # below this many rows, distinct values on most rows say nothing about a column
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # the features are float32: a larger number would be inf
 # a number with thousands grouped by ',', '.', a space or an apostrophe (1,234.5  1.234,5  1 234  12'345):
 # text to float(), so without this check such a column would silently become categories
@@ -46,6 +51,8 @@ class Table:
     x: np.ndarray  # [n, F] float32; a categorical column holds category indices 0..k-1
     labels: np.ndarray  # [n] label values as read (float64 when every one is a number, else str)
     features: list[dict[str, Any]]  # per column, in x's order: {"name"} or {"name", "categories": [...]}
+    delimiter: str = ","  # what the fields were split on (found or given)
+    excluded: list[str] = field(default_factory=list)  # header columns left out by data.exclude_columns
 
 
 def read_csv(
@@ -54,6 +61,7 @@ def read_csv(
     feature_columns: list[str] | None = None,
     delimiter: str | None = None,
     categorical: list[str] | None = None,
+    exclude: list[str] | None = None,
 ) -> Table:
     """Read `path` (UTF-8, a header row) into features and labels; every problem is an InputError."""
     try:
@@ -75,12 +83,15 @@ def read_csv(
             f"label column {label_column!r} is not in {path}; its columns are {header}. Set data.label_column "
             f"to one of them (columns split on {shown}: set data.delimiter if the file uses another)"
         )
-    features = feature_columns or [h for h in header if h != label_column]
-    unknown = [c for c in [*features, *(categorical or [])] if c not in header]
+    exclude = exclude or []
+    features = feature_columns or [h for h in header if h != label_column and h not in exclude]
+    unknown = [c for c in [*features, *(categorical or []), *exclude] if c not in header]
     if unknown:
         raise InputError(f"column(s) {unknown} named in data are not in {path}; its columns are {header}")
     if label_column in features:
         raise InputError(f"data.feature_columns includes the label column {label_column!r}; remove it")
+    if label_column in exclude:
+        raise InputError(f"data.exclude_columns includes the label column {label_column!r}; remove it")
     for name in [*features, label_column]:
         if header.count(name) > 1:  # the column read would be the first of them, the others silently lost
             raise InputError(
@@ -115,6 +126,8 @@ def read_csv(
     described = []
     for j, name in enumerate(features):
         values, categories = _column(path, name, cells[name], decimal_comma, name in (categorical or []))
+        if categories is not None and feature_columns is None and name not in (categorical or []):
+            _refuse_identifier(path, name, cells[name], len(categories))
         x[:, j] = values
         described.append({"name": name, "categories": categories} if categories is not None else {"name": name})
     labels = np.array([cell for _, cell in cells[label_column]])
@@ -122,7 +135,7 @@ def read_csv(
         labels = labels.astype(np.float64)  # numeric labels sort numerically
     except ValueError:
         pass
-    return Table(x, labels, described)
+    return Table(x, labels, described, delimiter, [c for c in header if c in exclude])
 
 
 def sniff_delimiter(sample: str) -> str:
@@ -176,9 +189,25 @@ def _column(
     if len(categories) > MAX_CATEGORIES:
         raise InputError(
             f"{path}: column {name!r} holds {len(categories)} distinct strings, more than the {MAX_CATEGORIES} "
-            "categories a one-hot input takes (an identifier or free text?); leave it out with data.feature_columns"
+            "categories a one-hot input takes (an identifier or free text?); leave it out with "
+            f"data.exclude_columns: [{name}]"
         )
     return index.astype(np.float32), [str(c) for c in categories]
+
+
+def _refuse_identifier(path: Path, name: str, cells: list[tuple[int, str]], distinct: int) -> None:
+    """Refuse a text column taken by default whose values are distinct on most rows: an ID, not a category."""
+    rows = len(cells)
+    if rows < ID_MIN_ROWS or distinct * 2 <= rows:
+        return
+    every = "a different value on every row" if distinct == rows else f"{distinct} distinct values in {rows} rows"
+    example = ", ".join(repr(cell) for _, cell in cells[:2])
+    raise InputError(
+        f"{path}: column {name!r} holds {every} ({example}, ...): an identifier or free text, not a feature. "
+        f"One-hot encoded it would teach the model nothing that carries to a new row, and a new value is refused "
+        f"at serving. Leave it out with data.exclude_columns: [{name}] (or list the columns to use in "
+        f"data.feature_columns; listing it in data.categorical_columns keeps it as categories)"
+    )
 
 
 def _number(cell: str, decimal_comma: bool) -> float | None:

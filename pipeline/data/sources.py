@@ -38,6 +38,8 @@ class RawData:
     image: dict[str, Any] | None = None
     # csv: each feature column's name, in x's order, and a categorical column's categories (x holds the index)
     features: list[dict[str, Any]] | None = None
+    delimiter: str | None = None  # csv: what the fields were split on
+    excluded: list[str] | None = None  # csv: the columns data.exclude_columns left out
 
 
 def read_source(recipe: Recipe) -> RawData:
@@ -122,9 +124,16 @@ def _label_name(value: object) -> str:
 def _csv(path: Path, recipe: Recipe) -> RawData:
     """A CSV with a header row: feature columns (numbers or categories) and one label column."""
     spec = recipe.data
-    table = read_csv(path, spec.label_column or "", spec.feature_columns, spec.delimiter, spec.categorical_columns)
+    table = read_csv(
+        path, spec.label_column or "", spec.feature_columns, spec.delimiter, spec.categorical_columns,
+        spec.exclude_columns,
+    )  # fmt: skip
     y, labels = _targets(table.labels, recipe.task, f"{path} column {spec.label_column!r}")
-    return RawData(table.x, y, labels, "features", features=table.features)
+    if spec.unseen_categories == "unknown":  # the index past the last category: one-hot all zeros
+        table.features = [{**f, "unknown_index": len(f["categories"])} if f.get("categories") else f
+                          for f in table.features]  # fmt: skip
+    return RawData(table.x, y, labels, "features", features=table.features, delimiter=table.delimiter,
+                   excluded=table.excluded)  # fmt: skip
 
 
 def load_npz(path: Path, required: tuple[str, ...] = ()) -> dict[str, np.ndarray]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from pipeline.core.errors import InputError
 from pipeline.data.sources import RawData, read_source
+from pipeline.data.summary import summarize
 from pipeline.recipe.schema import Recipe
 
 
@@ -82,6 +83,7 @@ class Splits:
     test: Split
     info: DataInfo
     fingerprint: str  # sha256 of the whole dataset's content (features and labels), before splitting
+    summary: list[str] = field(default_factory=list)  # what was read, for the user (pipeline/data/summary.py)
 
 
 def load_splits(recipe: Recipe) -> Splits:
@@ -116,7 +118,9 @@ def load_splits(recipe: Recipe) -> Splits:
     def take(idx: np.ndarray) -> Split:
         return Split({info.input_name: np.ascontiguousarray(raw.x[idx])}, raw.y[idx])
 
-    return Splits(take(train_idx), take(val_idx), take(test_idx), info, fingerprint(raw))
+    source = str(recipe.data.path or recipe.data.source)
+    summary = summarize(raw, source, recipe.task)
+    return Splits(take(train_idx), take(val_idx), take(test_idx), info, fingerprint(raw), summary)
 
 
 def split_indices(n: int, val_fraction: float, test_fraction: float, seed: int) -> tuple[np.ndarray, ...]:

@@ -102,7 +102,7 @@ class Converted:
 
     precision: str  # fp32 | fp16 | int8
     path: Path  # <workdir>/model.<precision>.tflite
-    input_layout: str  # NHWC or NCHW: the 4-D image inputs' layout (NCHW when the model has none)
+    input_layout: str  # NHWC or NCHW: the 4-D image inputs' layout; NC (features) or NT (tokens) without one
     inputs: list[dict[str, Any]]  # model.onnx's order and names: name, dtype, shape (-1: resizable), scale, zero_point
     outputs: list[dict[str, Any]]  # the same; scale and zero_point are None for a float tensor
     names: dict[str, str] = field(default_factory=dict)  # model.onnx's I/O name -> the edge model's, where they differ
@@ -424,10 +424,12 @@ def _describe(
         if len(dims) != len(d["shape"]) or any(a != b for a, b in static):
             warnings.append(f"output {name!r} is {d['shape']} in the edge model but {dims} in model.onnx")
     has_images = any(len(dims) == 4 for _, _, dims in inputs)
+    # no image input: nothing is transposed, and the record says the inputs' own layout (a table's NC)
+    flat = "NC" if any(kind in FLOAT_TYPES for _, kind, _ in inputs) else "NT"
     return Converted(
         precision=precision,
         path=path,
-        input_layout=layout.upper() if has_images else "NCHW",
+        input_layout=layout.upper() if has_images else flat,
         inputs=described_in,
         outputs=described_out,
         names=names,

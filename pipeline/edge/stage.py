@@ -55,7 +55,7 @@ from pipeline.edge.device import (
 from pipeline.edge.feeding import feeding_entry, stamp_metadata, write_feeding
 from pipeline.edge.fp16range import fp16_range_rows
 from pipeline.edge.shapes import device_specs, fitted_evaluation, is_picture
-from pipeline.recipe.schema import EdgeSpec
+from pipeline.recipe.schema import EdgeSpec, edge_metric_drop
 from pipeline.runtime.runners import ort_runner, tflite_candidate
 from pipeline.samples.calibration import calibration_set, has_real_samples
 from pipeline.samples.evaluation import EvaluationSet
@@ -98,12 +98,13 @@ def policy_for(
     decoded with its recorded `detection` settings)."""
     if precision == "fp32":
         return Exact(atol=settings.atol_fp32, rtol=settings.rtol)
-    if precision == "fp16":
-        return Exact(atol=settings.atol_fp16, rtol=settings.rtol, metric=settings.max_accuracy_drop)
+    drop = edge_metric_drop(settings.model_dump(), task)
+    if precision == "fp16":  # None: regression's metric in target units is judged at rtol of its size
+        return Exact(atol=settings.atol_fp16, rtol=settings.rtol, metric=drop or 0.0)
     if task == "embedding":
         return MinCosine()
     metered = has_target and task in METRIC_TASKS
-    return budget_for(task, has_target, settings.max_accuracy_drop if metered else None, detection)
+    return budget_for(task, has_target, drop if metered else None, detection)
 
 
 def edge_artifact(

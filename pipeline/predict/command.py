@@ -39,7 +39,8 @@ def predict_file(
     artifact = Artifact.load(resolve_artifact(artifact_path))
     settings = _detection_settings(artifact.manifest, detection or {})
     chosen = choose_variant(artifact, variant, allow_failed)
-    inputs, placement = read_inputs(Path(input_path), artifact.manifest)
+    notes = [chosen.note] if chosen.note else []
+    inputs, placement = read_inputs(Path(input_path), artifact.manifest, notes)
     runner = load_runner(artifact, chosen)
     try:
         outputs = runner(inputs)
@@ -58,7 +59,7 @@ def predict_file(
         format=chosen.format,
         manifest=artifact.manifest,
         outputs=outputs,
-        notes=[chosen.note] if chosen.note else [],
+        notes=notes,
         detections=_detections(artifact.manifest, outputs, placement, settings) if settings else None,
     )
 

@@ -1,8 +1,9 @@
 """An input file -> named arrays the model takes, checked against the manifest's input specs.
 
 `.npz` (one array per input name; a single-input model also takes one unnamed array, `arr_0`),
-`.json` (an object keyed by input name, or a bare list for a single-input model) and images (see
-`image.py`). Values are fed as they are: no silent casts (an npz array of another dtype and a JSON
+`.json` (an object keyed by input name, or a bare list for a single-input model), images (see
+`image.py`) and, for a model trained on a table, rows keyed by column name in `.json` and `.csv` (see
+`table.py`). Values are fed as they are: no silent casts (an npz array of another dtype and a JSON
 string, null or true where the model takes numbers are refused), and a file holding one sample
 gets its batch dimension added. Every problem is one InputError naming the value and the fix.
 """
@@ -18,23 +19,26 @@ import numpy as np
 from pipeline.artifact.manifest import Manifest, TensorSpec
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError, first_line
+from pipeline.predict.table import csv_rows, is_keyed, keyed_rows, table_input
 
 if TYPE_CHECKING:
     from pipeline.runtime.images import Placement
 
 UNNAMED = "arr_0"  # the key numpy.savez gives one array passed without a name
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-SUFFIXES = (".npz", ".json", *IMAGE_SUFFIXES)
+SUFFIXES = (".npz", ".json", ".csv", *IMAGE_SUFFIXES)
 
 
-def read_inputs(path: Path, manifest: Manifest) -> tuple[Arrays, Placement | None]:
+def read_inputs(path: Path, manifest: Manifest, notes: list[str] | None = None) -> tuple[Arrays, Placement | None]:
     """The model's inputs from `path`, by its suffix, each with a leading batch axis and checked; and for a
-    picture, where it lies in the model's input (None for arrays given in the model's own units)."""
+    picture, where it lies in the model's input (None for arrays given in the model's own units). What
+    the reader left out (a CSV's columns the model does not take) is said in `notes`."""
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         raise InputError(
             f"unsupported input file {path.name!r}; give one of {', '.join(SUFFIXES)} "
-            "(.npz: one array per input name; .json: an object keyed by input name; an image for an image model)"
+            "(.npz: one array per input name; .json: an object keyed by input name, or rows keyed by column "
+            "name; .csv: a table's rows under a header; an image for an image model)"
         )
     if not path.is_file():
         raise InputError(f"input file {path} not found; pass an existing {suffix} file")
@@ -43,6 +47,14 @@ def read_inputs(path: Path, manifest: Manifest) -> tuple[Arrays, Placement | Non
         arrays = _npz(path, specs)
     elif suffix == ".json":
         arrays = _json(path, specs)
+    elif suffix == ".csv":
+        if (table := table_input(specs)) is None:
+            raise InputError(f"{path.name}: a CSV feeds a model trained on a table (its input records its columns); "
+                             f"this model takes {_describe(specs)}: give an .npz or .json")  # fmt: skip
+        x, left_out = csv_rows(path, table)
+        arrays = {table.name: x}
+        if left_out and notes is not None:
+            notes.append(f"{path.name}: column(s) the model does not take were left out: {', '.join(left_out)}")
     else:
         from pipeline.predict.image import image_input
 
@@ -74,6 +86,8 @@ def _json(path: Path, specs: list[TensorSpec]) -> Arrays:
     except ValueError as exc:  # an integer past Python's 4,300-digit conversion limit
         raise InputError(f"{path.name}: a number in it cannot be read ({first_line(exc, 120)}); give numbers the "
                          "model's dtype can hold") from None  # fmt: skip
+    if (table := table_input(specs)) is not None and is_keyed(data, table):  # rows keyed by column name
+        return {table.name: keyed_rows(data, table, path.name)}
     if isinstance(data, list):
         if len(specs) != 1:
             raise InputError(

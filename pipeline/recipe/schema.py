@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeline.artifact.directions import HIGHER_IS_BETTER
+from pipeline.artifact.directions import HIGHER_IS_BETTER, IN_TARGET_UNITS
 from pipeline.artifact.manifest import NAME as MODEL_NAME
 from pipeline.core.errors import RecipeError
 
@@ -101,8 +101,12 @@ class DataSpec(_Strict):
     path: str | None = None  # file or folder, relative to the recipe; file sources only
     label_column: str | None = None  # csv: the column holding the target
     feature_columns: list[str] | None = None  # csv: None means every other column
+    exclude_columns: list[str] | None = None  # csv: columns left out of "every other column" (IDs, free text)
     delimiter: Literal[",", ";", "\t", "|"] | None = None  # csv: None finds it from the file's first lines
     categorical_columns: list[str] | None = None  # csv: columns read as categories even when they hold numbers
+    # csv: a category the model was not trained on, at serving and predict: refused (error), or sent as an
+    # "unknown" index the model one-hot encodes as all zeros, so the column adds nothing (unknown)
+    unseen_categories: Literal["error", "unknown"] = "error"
     image_size: HeightWidth | None = None  # images: resize every image to this
     as_image: bool = False  # digits: serve the 8x8 images as 1x8x8 (for CNNs) instead of 64 features
     val_fraction: float = Field(0.15, gt=0, lt=0.5)
@@ -117,6 +121,8 @@ class DataSpec(_Strict):
             raise ValueError(f"source {self.source!r} is a bundled dataset and takes no path; remove data.path")
         if self.source == "csv" and not self.label_column:
             raise ValueError("source 'csv' needs data.label_column (the column holding the target)")
+        if self.source != "csv" and self.unseen_categories != "error":
+            raise ValueError(f"data.unseen_categories applies to source 'csv' only (source is {self.source!r})")
         if self.source != "csv" and (self.delimiter is not None or self.categorical_columns is not None):
             raise ValueError(
                 f"data.delimiter and data.categorical_columns apply to source 'csv' only (source is "
@@ -124,7 +130,13 @@ class DataSpec(_Strict):
             )
         if self.as_image and self.source != "digits":
             raise ValueError(f"data.as_image applies to the digits dataset only (source is {self.source!r}); remove it")
-        for key, applies_to in (("label_column", "csv"), ("feature_columns", "csv"), ("image_size", "images")):
+        if self.exclude_columns is not None and self.feature_columns is not None:
+            raise ValueError(
+                "data.exclude_columns leaves columns out of every other column, data.feature_columns lists the "
+                "columns to use: give one of them"
+            )
+        keys = ("label_column", "feature_columns", "exclude_columns")
+        for key, applies_to in (*((k, "csv") for k in keys), ("image_size", "images")):
             if getattr(self, key) is not None and self.source != applies_to:  # nothing would read it
                 raise ValueError(
                     f"data.{key} applies to source {applies_to!r} only (source is {self.source!r}); remove it"
@@ -222,10 +234,26 @@ class EdgeSpec(_Strict):
     atol_fp32: float = Field(1e-4, gt=0)  # fp32 TFLite against model.onnx, per element (plus rtol * |ref|)
     atol_fp16: float = Field(1e-2, gt=0)  # fp16 weights round at about 1e-3 relative
     rtol: float = Field(1e-3, ge=0)
-    max_accuracy_drop: float = Field(0.015, ge=0)  # int8: the task metric may drop this much (1.5 points)
+    # int8: the task metric may drop this much, in its units; None: 0.015 accuracy (1.5 points) for a
+    # classifier, and for regression optimize's default, 1% relative error (never a fixed amount of USD)
+    max_accuracy_drop: float | None = Field(None, ge=0)
     calibration_samples: int = Field(256, gt=0)  # real training samples full-integer int8 calibrates on
     # free non-batch dims fixed for devices, as `--input-shape NAME:d0,d1,...` gives them ({} = from the artifact)
     input_shapes: dict[str, list[int | str]] = {}
+
+
+EDGE_CLASSIFIER_DROP = 0.015  # edge int8 of a classifier: 1.5 accuracy points by default
+DEFAULT_CHECK_DROP = 0.005  # pipe check: unitless metrics (accuracy, r2) may drop this much by default
+DEFAULT_CHECK_RELATIVE = 0.01  # pipe check: metrics in target units (mae, rmse) may rise 1% of the baseline
+# pipe check: the test loss may rise 5% of the baseline's: its scale is the objective's (nats, standardized
+# squared error) and it moves more than accuracy between two sound runs
+DEFAULT_LOSS_RELATIVE = 0.05
+
+
+def edge_metric_drop(settings: dict[str, Any], task: str) -> float | None:
+    """Edge's task-metric budget from its recorded settings: the recipe's, else the task's default."""
+    drop = settings.get("max_accuracy_drop")
+    return EDGE_CLASSIFIER_DROP if drop is None and task == "classification" else drop
 
 
 class MetricBudget(_Strict):
@@ -256,7 +284,9 @@ class BudgetSpec(_Strict):
 
     model_config = ConfigDict(allow_inf_nan=True)  # .inf: unbounded (`--max-accuracy-drop inf`); NaN fails ge=0
 
-    max_accuracy_drop: float = Field(0.005, ge=0)  # absolute drop of every metric not listed in `metrics`
+    # absolute drop of every metric not listed in `metrics`; None: 0.005 for unitless metrics (accuracy, r2)
+    # and 1% of the baseline's value for metrics in the target's units (mae, rmse: never a fixed amount of USD)
+    max_accuracy_drop: float | None = Field(None, ge=0)
     metrics: dict[str, MetricBudget] = {}  # per metric (accuracy, mae): its own budgets, in place of the above
     max_latency_increase: float = Field(0.10, ge=0)  # fraction: 0.10 = more than 10% slower fails (docs/check.md)
     max_size_increase: float = Field(0.10, ge=0)
@@ -272,8 +302,17 @@ class BudgetSpec(_Strict):
         return self
 
     def for_metric(self, name: str) -> MetricBudget:
-        """The budgets `name` is held to: its `metrics` entry, else max_accuracy_drop as an absolute drop."""
-        return self.metrics.get(name) or MetricBudget(max_drop=self.max_accuracy_drop)
+        """The budgets `name` is held to: its `metrics` entry, else max_accuracy_drop as an absolute drop,
+        else the default: DEFAULT_CHECK_DROP, or a relative drop for a metric in units and for the loss."""
+        if name in self.metrics:
+            return self.metrics[name]
+        if self.max_accuracy_drop is not None:
+            return MetricBudget(max_drop=self.max_accuracy_drop)
+        if name in IN_TARGET_UNITS:
+            return MetricBudget(max_relative_drop=DEFAULT_CHECK_RELATIVE)
+        if name == "loss":
+            return MetricBudget(max_relative_drop=DEFAULT_LOSS_RELATIVE)
+        return MetricBudget(max_drop=DEFAULT_CHECK_DROP)
 
 
 class Recipe(_Strict):

@@ -9,9 +9,13 @@ where something is missing the card says so instead of guessing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from pipeline.artifact.directions import IN_TARGET_UNITS
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import GOLDEN_NAME, load_golden
 from pipeline.recipe.schema import BudgetSpec
@@ -22,6 +26,7 @@ from pipeline.report.variants import benchmark_section, edge_section, variants_s
 from pipeline.samples.evaluation import GENERATED_NOTE, judged_on_generated
 
 CARD_MD = "reports/model-card.md"
+CONFUSION_CLASSES = 12  # a confusion matrix up to this many classes; more are shown per class only
 LABELS_SHOWN = 30  # a card lists this many class names; more are counted
 
 
@@ -44,6 +49,7 @@ def model_card(artifact: Artifact, facts: CardFacts) -> str:
         identity_section(artifact, facts),
         lineage_section(artifact, facts),
         data_section(artifact),
+        use_section(artifact, facts),
         metrics_section(artifact, facts),
         variants_section(artifact),
         edge_section(artifact),
@@ -138,10 +144,97 @@ def data_section(artifact: Artifact) -> list[str]:
     rows = [[kind, code(s.name), s.dtype, shape(s.shape), s.layout, _preprocessing(s.preprocessing)]
             for kind, specs in (("input", m.inputs), ("output", m.outputs)) for s in specs]  # fmt: skip
     lines += ["", *table(["tensor", "name", "dtype", "shape", "layout", "preprocessing"], rows)]
+    for spec in m.inputs:
+        if spec.features:  # a table: the columns a client keys a row by, and what a categorical one takes
+            lines += ["", f"Columns of `{spec.name}`, in input order ({len(spec.features)}):", ""]
+            lines += table(["#", "column", "kind"], [
+                [i, code(f.name), f"categorical: {', '.join(code(c) for c in f.categories)}" if f.categories
+                 else "number"] for i, f in enumerate(spec.features)])  # fmt: skip
     if m.labels:
         shown = ", ".join(code(label) for label in m.labels[:LABELS_SHOWN])
         more = f" and {len(m.labels) - LABELS_SHOWN} more" if len(m.labels) > LABELS_SHOWN else ""
         lines += ["", f"Labels ({len(m.labels)}, index = output position): {shown}{more}."]
+    return lines
+
+
+def use_section(artifact: Artifact, facts: CardFacts) -> list[str]:
+    """Intended use and limits: what the model was made for (the recipe's description) and what its data bounds."""
+    m, train = artifact.manifest, artifact.manifest.stages.train
+    lines = ["## Intended use and limits", ""]
+    if facts.description:
+        lines.append(f"Intended use: {cell(facts.description)}.")
+    else:
+        lines.append("Intended use: not stated (the recipe has no `description`); say what it is for before sharing.")
+    limits = []
+    if train is not None:
+        data = train.settings.get("data", {})
+        source = data.get("path") or data.get("source", "?")
+        limits.append(f"It knows only what its {sum(train.splits.values())} samples from "
+                      f"{code(source)} show; inputs unlike them (other ranges, other populations) are "
+                      "answered without warning.")  # fmt: skip
+    for spec in m.inputs:
+        for f in spec.features or []:
+            if f.categories:
+                limits.append(f"Column {code(f.name)} takes only the categories it was trained on "
+                              f"({len(f.categories)}); any other value is refused, not guessed.")  # fmt: skip
+    if m.task == "regression":
+        limits.append("It predicts a number with the error shown under Metrics; it gives no interval per prediction.")
+    elif m.task == "classification":
+        limits.append("Its scores are not calibrated probabilities unless checked; a class it never saw is never "
+                      "answered.")  # fmt: skip
+    limits.append("Figures below hold for the test split and, for timings, this machine only.")
+    return [*lines, "", "Limits:", "", *(f"- {line}" for line in limits)]
+
+
+def _units(artifact: Artifact) -> dict[str, str]:
+    """Each metric's units: a regression's MAE and RMSE are in the target's (a price's USD), the rest none."""
+    m, train = artifact.manifest, artifact.manifest.stages.train
+    if m.task != "regression":
+        return {k: "fraction" if k == "accuracy" else "" for k in m.metrics}
+    label = (train.settings.get("data", {}).get("label_column") if train is not None else None) or "the target"
+    target = f"the units of {code(label)}" if label != "the target" else "the target's units"
+    return {k: target if k in IN_TARGET_UNITS else "none" if k == "r2" else "" for k in m.metrics}
+
+
+def _uncertainty(artifact: Artifact, budgets: BudgetSpec) -> list[str]:
+    """How much one test sample moves accuracy, and its standard error: a small split cannot show small drops."""
+    m, train = artifact.manifest, artifact.manifest.stages.train
+    count = train.splits.get("test") if train is not None else None
+    if not count or "accuracy" not in m.metrics:
+        return []
+    p, one = m.metrics["accuracy"], 1 / count
+    se = math.sqrt(max(p * (1 - p), 0.0) / count)
+    gate = budgets.for_metric("accuracy")
+    line = (f"The test split holds {count} samples: one sample moves accuracy by 1/{count} = {one:.4f}, and its "
+            f"standard error is ±{se:.4f} (binomial).")  # fmt: skip
+    if gate.max_drop is not None and gate.max_drop < 2 * one:
+        line += (f" `pipe check`'s budget of {gate.max_drop:g} is {gate.max_drop / one:.2g} samples: single samples "
+                 "decide it; a larger test split (data.test_fraction) measures finer.")  # fmt: skip
+    return ["", line]
+
+
+def per_class_section(artifact: Artifact) -> list[str]:
+    """A classifier's precision, recall and support per class, and its confusion matrix, on golden.npz."""
+    m = artifact.manifest
+    if m.task != "classification" or not m.labels or GOLDEN_NAME not in m.files:
+        return []
+    golden = load_golden(artifact)
+    scores = golden.outputs.get(m.outputs[0].name) if m.outputs else None
+    if golden.target is None or scores is None or scores.ndim != 2 or scores.shape[1] != len(m.labels):
+        return []
+    k, predicted, truth = len(m.labels), scores.argmax(axis=1), golden.target.astype(int)
+    confusion = np.zeros((k, k), dtype=int)
+    np.add.at(confusion, (truth, predicted), 1)
+    rows = []
+    for i, label in enumerate(m.labels):
+        tp, said, real = confusion[i, i], confusion[:, i].sum(), confusion[i].sum()
+        rows.append([code(label), number(tp / said) if said else "-", number(tp / real) if real else "-", int(real)])
+    lines = ["", f"Per class on `{GOLDEN_NAME}` ({len(truth)} samples):", ""]
+    lines += table(["class", "precision", "recall", "support"], rows)
+    if k <= CONFUSION_CLASSES:
+        lines += ["", "Confusion matrix (rows: true class, columns: predicted):", ""]
+        lines += table(["true / predicted", *(code(x) for x in m.labels)],
+                       [[code(x), *confusion[i].tolist()] for i, x in enumerate(m.labels)])  # fmt: skip
     return lines
 
 
@@ -160,7 +253,11 @@ def metrics_section(artifact: Artifact, facts: CardFacts) -> list[str]:
     lines = ["## Metrics", ""]
     split = "test split" if m.stages.train is not None else "evaluation data"
     if m.metrics:
-        lines += table(["metric", f"on the {split}"], [[k, number(v)] for k, v in m.metrics.items()])
+        units = _units(artifact)
+        rows = [[k, number(v), units.get(k, "")] for k, v in m.metrics.items()]
+        lines += table(["metric", f"on the {split}", "units"], rows)
+        lines += _uncertainty(artifact, facts.budgets)
+        lines += per_class_section(artifact)
     elif m.task in ("detection", "tensor", "embedding"):
         judged = {"detection": "box agreement", "tensor": "cosine or relative error, by output",
                   "embedding": "cosine similarity"}[m.task]  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeline.artifact.manifest import Manifest
 from pipeline.artifact.variants import Variant
-from pipeline.recipe.schema import EdgeSpec, ExportSpec
+from pipeline.recipe.schema import EdgeSpec, ExportSpec, edge_metric_drop
 from pipeline.verify.metrics import METRIC_TASKS
 from pipeline.verify.policies import Exact, Policy, budget_for
 
@@ -62,8 +62,9 @@ def _edge_policy(variant: Variant, manifest: Manifest) -> Policy:
     s = {**EdgeSpec().model_dump(), **(manifest.stages.edge.settings if manifest.stages.edge else {})}
     if variant.precision == "fp32":
         return Exact(atol=s["atol_fp32"], rtol=s["rtol"])
+    drop = edge_metric_drop(s, manifest.task)
     if variant.precision == "fp16":
-        return Exact(atol=s["atol_fp16"], rtol=s["rtol"], metric=s["max_accuracy_drop"])
+        return Exact(atol=s["atol_fp16"], rtol=s["rtol"], metric=drop or 0.0)
     has_target = bool(variant.metrics)  # a metric is recorded only where the evaluation set has targets
     metered = has_target and manifest.task in METRIC_TASKS
-    return budget_for(manifest.task, has_target, s["max_accuracy_drop"] if metered else None, manifest.detection)
+    return budget_for(manifest.task, has_target, drop if metered else None, manifest.detection)

@@ -8,7 +8,9 @@ commands name the edge model's layout, renamed tensors and the runtimes it was s
 from __future__ import annotations
 
 import json
+import posixpath
 import shlex
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,7 @@ from pipeline.artifact.directions import HIGHER_IS_BETTER
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import GOLDEN_NAME, Golden, load_golden
 from pipeline.artifact.variants import FEEDING_FILE, FP32, LABELS_FILE
-from pipeline.recipe.schema import BudgetSpec
+from pipeline.recipe.schema import DEFAULT_CHECK_DROP, DEFAULT_CHECK_RELATIVE, BudgetSpec
 from pipeline.report.markdown import code, shape, table
 from pipeline.report.variants import usable
 
@@ -31,8 +33,12 @@ def sh(*args: str) -> str:
 
 
 def _place(artifact: Artifact) -> str:
-    """The artifact as `pipe` commands name it: artifacts/NAME/VERSION under its model repository."""
-    return f"artifacts/{artifact.name}/{artifact.version}"
+    """The artifact where it really is: relative to the working directory when under it, else absolute."""
+    root = artifact.root.resolve()
+    try:
+        return root.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return root.as_posix()
 
 
 def _batch(artifact: Artifact) -> int:
@@ -259,11 +265,15 @@ def check_section(artifact: Artifact, budgets: BudgetSpec, where: str) -> list[s
         b = budgets.for_metric(name)
         bounds = [
             f"drops by more than {b.max_drop:g}" if b.max_drop is not None else "",
-            f"drops by more than {b.max_relative_drop:g} of its value" if b.max_relative_drop is not None else "",
+            f"drops by more than {b.max_relative_drop:.2%} of the baseline's value"
+            if b.max_relative_drop is not None
+            else "",
         ]
         rows.append([f"metric {code(name)}", " or ".join(filter(None, bounds)), "this version's and each variant's"])
     rows += [
-        ["other metrics", f"drops by more than {budgets.max_accuracy_drop:g}", "`max_accuracy_drop`"],
+        ["other metrics", f"drops by more than {budgets.max_accuracy_drop:g}" if budgets.max_accuracy_drop is not None
+         else f"unitless: drops by more than {DEFAULT_CHECK_DROP:g}; in the target's units (mae, rmse): by more "
+              f"than {DEFAULT_CHECK_RELATIVE:.0%} of the baseline's value", "`max_accuracy_drop`"],
         ["latency", f"more than x{1 + budgets.max_latency_increase:g} the baseline's", "p50 at batch 1, side by side"],
         ["size", f"more than x{1 + budgets.max_size_increase:g} the baseline's", "model.onnx with its external data"],
     ]  # fmt: skip
@@ -275,7 +285,7 @@ def check_section(artifact: Artifact, budgets: BudgetSpec, where: str) -> list[s
         *table(["check", "fails when it", "of"], rows),
         "",
         "```sh",
-        sh("pipe", "check", f"artifacts/{artifact.name}/NEW_VERSION", "--baseline", place),
+        sh("pipe", "check", posixpath.join(posixpath.dirname(place), "NEW_VERSION"), "--baseline", place),
         sh("pipe", "check", place, "--write-baseline", f"models/{artifact.name}.baseline.json")
         + "    # a summary to commit",
         "```",

@@ -23,7 +23,8 @@ from pipeline.report.policy import held_to
 BENCHMARK_JSON = "reports/benchmark.json"
 # The benchmark's columns a card shows, when its rows have them; otherwise the first BENCHMARK_COLUMNS it has.
 BENCHMARK_KEYS = {  # key -> column heading
-    "name": "model", "runtime": "runtime", "precision": "precision", "size_bytes": "size", "metric": "metric",
+    "name": "model", "runtime": "runtime", "precision": "precision", "status": "status", "size_bytes": "size",
+    "metric": "metric",
     "drop": "drop vs fp32", "p50_ms": "p50 (ms)", "p95_ms": "p95 (ms)", "throughput": "throughput (samples/s)",
     "not_timed": "not timed because",
 }  # fmt: skip
@@ -160,9 +161,43 @@ def benchmark_section(artifact: Artifact) -> list[str]:
             about.append(f"{what} {cell(batches.pop())}")
     cells = [[_figure(k, row.get(k)) for k in columns] for row in rows]
     headings = [BENCHMARK_KEYS.get(k, k) for k in columns]
-    lines = [*head, f"From {code(report)}: {'; '.join(about)}.", "", *table(headings, cells)]
+    lines = [*head, f"From {code(report)}: {'; '.join(about)}."]
+    if isinstance(data, dict) and isinstance(machine := data.get("machine"), dict):
+        lines += ["", f"Timed on this machine only: {cell(_machine(machine, data.get('settings')))}."]
+    lines += ["", *table(headings, cells)]
+    lines += [f"\n{cell(line)}" for line in slower_than_fp32(rows)]
     if record.plot and record.plot in artifact.manifest.files:
         lines += ["", f"![benchmark]({posixpath.relpath(record.plot, 'reports')})"]
+    return lines
+
+
+def _machine(machine: dict[str, Any], settings: Any) -> str:
+    """`Intel(R) Xeon(R) ..., 2 CPUs, Linux-6.1-x86_64, onnxruntime 1.32.0, 1 thread`"""
+    parts = [str(machine.get("cpu") or machine.get("processor") or "an unnamed CPU")]
+    if isinstance(machine.get("cpu_count"), int):
+        parts.append(f"{machine['cpu_count']} CPUs")
+    parts += [str(machine[k]) for k in ("platform",) if machine.get(k)]
+    parts += [f"{k} {machine[k]}" for k in ("onnxruntime", "ai_edge_litert", "torch") if machine.get(k)]
+    if isinstance(settings, dict) and isinstance(threads := settings.get("threads"), int):
+        parts.append(f"{threads} thread{'s' if threads != 1 else ''}")
+    return ", ".join(parts)
+
+
+def slower_than_fp32(rows: list[dict[str, Any]]) -> list[str]:
+    """A plain line for each servable int8 row slower than the fp32 row of its own runtime on this machine
+    (onnxruntime's model.onnx, LiteRT's tflite-fp32): quantization saved size, not time, here (CPUs without
+    fast int8 kernels, or a model too small for them to pay). Failed rows are not offered, so not compared."""
+    timed = [r for r in rows if isinstance(r.get("p50_ms"), int | float) and r.get("status") in ("passed", None)]
+    fp32s = {r.get("runtime"): r for r in timed if r.get("precision") == "fp32" and r.get("runtime") != "torch"}
+    lines = []
+    for row in timed:
+        p50, fp32 = row.get("p50_ms"), fp32s.get(row.get("runtime"))
+        if row.get("precision") == "int8" and fp32 is not None and p50 > fp32["p50_ms"]:
+            lines.append(
+                f"On this machine {row['name']} (int8) is slower than {fp32['name']} (fp32): p50 {number(p50)} ms "
+                f"against {number(fp32['p50_ms'])} ms at batch {row.get('latency_batch', 1)}. It saves size here, "
+                "not time; serve fp32 unless the size matters."
+            )
     return lines
 
 

@@ -38,7 +38,9 @@ import numpy as np
 
 RUNTIMES = ("ai_edge_litert", "tflite_runtime")  # in order of preference
 FEEDING_FILE = "feeding.json"  # beside the models: how to feed each one (written by `pipe export --target edge`)
-LAYOUTS = ("NCHW", "NHWC")  # the caller's layout is always channels-first; NHWC names a model that wants channels-last
+# the caller's layout is always channels-first; NHWC names a model that wants channels-last; NC (features)
+# and NT (tokens) name a model without image inputs, where nothing is transposed
+LAYOUTS = ("NCHW", "NHWC", "NC", "NT")
 QUANTIZED = (np.int8, np.uint8, np.int16)  # integer tensors that carry a (scale, zero point)
 
 Arrays = dict[str, np.ndarray]

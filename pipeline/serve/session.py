@@ -155,7 +155,8 @@ class _CategoryColumns:
         if not found:
             return None
         positions = np.array([i for i, _ in found], dtype=np.intp)
-        sizes = np.array([len(f.categories or ()) for _, f in found])
+        # an unseen category's index, where the model takes one (data.unseen_categories: unknown), is valid too
+        sizes = np.array([len(f.categories or ()) + (f.unknown_index is not None) for _, f in found])
         return cls(positions, sizes, tuple(f for _, f in found))
 
     def check(self, name: str, array: np.ndarray) -> None:

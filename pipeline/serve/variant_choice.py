@@ -22,6 +22,9 @@ log = logging.getLogger("pipe.serve")
 
 EVERY_MODEL = "*"  # the key of a server-wide choice in the model -> variant map
 BEST = "best"  # not a variant: the fastest servable one, by the latency `pipe optimize` recorded
+# --variant best leaves fp32 only for a variant faster by more than this share of fp32's p50: closer
+# figures are timing noise (two runs of one model side by side differ by a few percent on a shared CPU)
+NOISE = 0.05
 
 
 class VariantRefused(ArtifactError):
@@ -120,7 +123,8 @@ def choose_quietly(artifact: Artifact, chosen: dict[str, str]) -> tuple[Choice, 
 
 
 def fastest(artifact: Artifact, servable: list[str]) -> str:
-    """The servable variant with the lowest recorded p50 at batch 1 (then 32), or at its fixed batch; else fp32.
+    """The servable variant with the lowest recorded p50 at batch 1 (then 32), or at its fixed batch, when it
+    beats fp32's by more than NOISE; else fp32, the model every figure of the artifact was checked on.
 
     `pipe optimize` times model.onnx and every variant side by side in one run and records it, so
     these figures compare; a variant without a timing (made elsewhere) is not a candidate.
@@ -133,7 +137,15 @@ def fastest(artifact: Artifact, servable: list[str]) -> str:
         first = f"p50_ms_b{int(fixed)}" if fixed else "p50_ms_b1"
         if first in latency:
             timed.append((latency[first], latency.get("p50_ms_b32", 0.0), name))
-    return min(timed)[2] if timed else FP32
+    if not timed:
+        return FP32
+    best = min(timed)
+    fp32 = next((t for t in timed if t[2] == FP32), None)
+    if fp32 is not None and best[2] != FP32 and best[0] >= fp32[0] * (1 - NOISE):
+        log.info("--variant best: %s is not faster than fp32 beyond timing noise (p50 %.4g against %.4g ms, "
+                 "margin %.0f%%); serving fp32", best[2], best[0], fp32[0], NOISE * 100)  # fmt: skip
+        return FP32
+    return best[2]
 
 
 def _refusal(artifact: Artifact, name: str, why: str, record: Variant, servable: list[str]) -> str:

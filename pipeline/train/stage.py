@@ -86,6 +86,9 @@ def train_recipe(
         )
     splits = load_splits(recipe)
     check_model_fits(recipe, splits)  # everything above raises before anything is written
+    if not quiet and os.environ.get("RANK", "0") == "0":  # what was read, before minutes of training
+        for line in splits.summary:
+            print(line, flush=True)
 
     model_root = Path(out_root) / recipe.name
     if nproc > 1:

@@ -85,7 +85,7 @@ def test_variant_metrics_are_held_to_the_same_per_metric_budgets() -> None:
     assert loose.status == "passed"
     (tight,) = check_variants(after, before, budgets(metrics={"accuracy": {"max_relative_drop": 0.01}}))
     assert tight.failed and tight.detail == (
-        "passed in both; accuracy 0.9 -> 0.88: relative drop +2.22% breaks max_relative_drop 0.01 (1.00%)"
+        "gate passed in both; accuracy 0.9 -> 0.88: relative drop +2.22% breaks max_relative_drop 0.01 (1.00%)"
     )
     assert tight.figures["metrics"]["accuracy"]["broken"] == ["max_relative_drop"]
 

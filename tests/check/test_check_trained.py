@@ -43,7 +43,9 @@ def test_a_candidate_trained_for_one_epoch_fails_on_accuracy_against_the_recipe_
     result = invoke("check", str(candidate), "--baseline", str(baseline), *reports(tmp_path), *FAST)
     assert result.exit_code == 1, result.output
     failed = regressions(result.output, tmp_path)
-    assert "metric.accuracy" in failed and set(failed) <= {"metric.accuracy", "variant.fp32"}, failed
+    assert "metric.accuracy" in failed and set(failed) <= {"metric.accuracy", "metric.loss"}, failed  # once each
+    assert f"candidate  {candidate} (check-tiny v2, an artifact)" in result.output
+    assert "recipe     train.epochs 4 -> 1  (baseline -> candidate)" in result.output
     accuracy = next(
         c for c in json.loads((tmp_path / "c.json").read_text())["checks"] if c["name"] == "metric.accuracy"
     )

@@ -120,7 +120,7 @@ def test_a_column_mixing_numbers_and_text_is_refused_at_its_first_text_cell(tmp_
     with pytest.raises(InputError, match=r"d.csv line 4: column 'x' holds 'abc', not a number.*categorical_columns"):
         load_splits(recipe(tmp_path, {"source": "csv", "path": "d.csv", "label_column": "label"}))
     (tmp_path / "ids.csv").write_text("id,label\n" + "".join(f"u{i},{i % 2}\n" for i in range(1200)))
-    with pytest.raises(InputError, match=r"column 'id' holds 1200 distinct strings.*data.feature_columns"):
+    with pytest.raises(InputError, match=r"column 'id' holds 1200 distinct strings.*data.exclude_columns: \[id\]"):
         load_splits(recipe(tmp_path, {"source": "csv", "path": "ids.csv", "label_column": "label"}))
 
 

@@ -202,3 +202,18 @@ def test_sanitize_renames_consistently_and_keeps_empty_names() -> None:
     assert [n.input[:] for n in model.graph.node] == [["in_x_0"], ["a_b", ""]]
     assert model.graph.input[0].name == "in_x_0" and model.graph.output[0].name == "out_0"
     onnx.checker.check_model(model, full_check=True)
+
+
+def test_a_table_input_is_recorded_as_nc_not_nchw(tmp_path: Path) -> None:
+    """A model without image inputs is transposed nowhere; its record says its own layout, not NCHW."""
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])
+    w = numpy_helper.from_array(np.arange(8, dtype=np.float32).reshape(4, 2) / 8, "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["input", "w"], ["logits"])], "table", [x], [y], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    (fp32,) = convert(tmp_path / "model.onnx", tmp_path / "work", EdgeSettings(precisions=("fp32",)), None)
+    assert fp32.input_layout == "NC" and fp32.inputs[0]["shape"] == [-1, 4]
+    features = np.ones((3, 4), np.float32)
+    (got,) = run_tflite(fp32.path, {"input": features}, fp32.outputs, fp32.names)
+    np.testing.assert_allclose(got, features @ (np.arange(8, dtype=np.float32).reshape(4, 2) / 8), atol=1e-5)

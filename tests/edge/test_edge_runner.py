@@ -208,7 +208,7 @@ def test_nchw_images_are_transposed_for_an_nhwc_model(models: Path) -> None:
     with pytest.raises(ValueError, match=r"^input 'pixels' \[32, 2, 3, 4\] .* takes NHWC; give --layout NHWC") as e:
         as_given(inputs)
     assert "\n" not in str(e.value)  # one line, naming the flag
-    with pytest.raises(ValueError, match=r"unknown layout 'NWHC'; choose one of \['NCHW', 'NHWC'\]"):
+    with pytest.raises(ValueError, match=r"unknown layout 'NWHC'; choose one of \['NCHW', 'NHWC', 'NC', 'NT'\]"):
         TFLiteRunner(models / "image.fp32.tflite", layout="NWHC")
 
 

@@ -170,7 +170,9 @@ def test_house_prices_pass_the_device_at_fp32_and_fp16_is_refused_naming_the_con
     feeding = json.loads((root / "edge" / "feeding.json").read_text())  # beside the models, hashed like them
     assert "edge/feeding.json" in manifest.files and "edge/labels.txt" not in manifest.files  # no labels
     entry = feeding["models"]["model.fp32.tflite"]
-    assert entry["names"] == fp32.edge.names and entry["inputs"][0]["name"] == "x" and entry["layout"] == "NCHW"
+    assert (
+        entry["names"] == fp32.edge.names and entry["inputs"][0]["name"] == "x" and entry["layout"] == "NC"
+    )  # no image input: not NCHW
     assert read_metadata(root / "edge" / "model.fp32.tflite")["feeding"] == entry  # the same, inside the .tflite
     assert manifest.stages.edge.host["cpus"]
     section = "\n".join(edge_section(Artifact.load(root)))

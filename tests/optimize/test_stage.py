@@ -18,7 +18,7 @@ from pipeline.artifact.directory import Artifact
 from pipeline.artifact.variants import variant_file
 from pipeline.cli import main
 from pipeline.report.variants import variants_section
-from pipeline.serve.variant_choice import choose_quietly
+from pipeline.serve.variant_choice import NOISE, choose_quietly
 
 TINY_CNN = {
     "name": "opt-cnn",
@@ -136,7 +136,13 @@ def test_auto_leaves_the_sensitive_node_in_fp32_meets_the_budget_and_serve_best_
     # --variant best: the fastest servable variant by the latency recorded side by side.
     choice, _ = choose_quietly(Artifact.load(root), {"*": "best"})
     timed = {k: v.latency["p50_ms_b1"] for k, v in manifest.variants.items() if v.passed and v.latency}
-    assert choice.variant == min(timed, key=timed.get)
+    assert choice.variant == beyond_noise(timed)
+
+
+def beyond_noise(timed: dict[str, float]) -> str:
+    """What --variant best serves: the fastest, when it beats fp32 by more than the noise margin; else fp32."""
+    fastest = min(timed, key=timed.get)
+    return fastest if timed[fastest] < timed["fp32"] * (1 - NOISE) else "fp32"
 
 
 def imported(tmp_path: Path, name: str, task: str = "classification", batch: int | str = "batch",
@@ -211,7 +217,7 @@ def test_a_fixed_batch_model_is_timed_reported_and_served_best_at_its_own_batch(
     manifest = Artifact.load(root).manifest
     timed = {k: v.latency["p50_ms_b4"] for k, v in manifest.variants.items() if v.passed}
     choice, _ = choose_quietly(Artifact.load(root), {"*": "best"})
-    assert choice.variant == min(timed, key=timed.get), timed
+    assert choice.variant == beyond_noise(timed), timed
 
 
 def test_calibration_progress_counts_samples_as_samples(tmp_path: Path) -> None:

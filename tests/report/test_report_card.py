@@ -142,3 +142,34 @@ def test_the_edge_section_names_the_host_its_times_were_measured_on(tmp_path: Pa
     section = "\n".join(edge_section(Artifact.load(artifact.root)))
     assert "measured on this host, not on a device: AMD EPYC \\| 9454 (2 CPUs), Linux 6.8 x86_64." in section
     assert_tables_render(section)
+
+
+def test_the_benchmark_says_where_it_ran_marks_each_row_and_says_when_int8_is_slower(tmp_path: Path) -> None:
+    root = tmp_path / "artifacts" / "toy" / "1"
+    build_artifact(root)
+    rows = [
+        {"name": "fp32", "runtime": "onnxruntime", "precision": "fp32", "status": "passed", "p50_ms": 0.032,
+         "latency_batch": 1},
+        {"name": "int8", "runtime": "onnxruntime", "precision": "int8", "status": "passed", "p50_ms": 0.079,
+         "latency_batch": 1},
+        {"name": "tflite-fp16", "runtime": "litert", "precision": "fp16", "status": "failed", "p50_ms": 0.02,
+         "latency_batch": 1},
+    ]  # fmt: skip
+    machine = {"cpu": "Intel(R) Xeon(R) Platinum 8375C", "cpu_count": 2, "platform": "Linux-6.1-x86_64",
+               "onnxruntime": "1.32.0"}  # fmt: skip
+    report = {"metric": "accuracy", "rows": rows, "machine": machine, "settings": {"threads": 1}}
+    with StageWrite(root, "benchmark") as write:
+        (write.scratch / "reports").mkdir()
+        (write.scratch / "reports" / "benchmark.json").write_text(json.dumps(report))
+        artifact = write.commit(
+            ["reports/benchmark.json"],
+            lambda fresh: setattr(fresh.manifest.stages, "benchmark", BenchmarkRecord(formats=["fp32", "int8"])),
+        )
+    section = "\n".join(benchmark_section(artifact))
+    assert_tables_render(section)
+    assert ("Timed on this machine only: Intel(R) Xeon(R) Platinum 8375C, 2 CPUs, Linux-6.1-x86_64, "
+            "onnxruntime 1.32.0, 1 thread.") in section  # fmt: skip
+    assert "| model | runtime | precision | status | p50 (ms) |" in section
+    assert "| tflite-fp16 | litert | fp16 | failed | 0.02 |" in section
+    assert ("On this machine int8 (int8) is slower than fp32 (fp32): p50 0.079 ms against 0.032 ms at batch 1. "
+            "It saves size here, not time; serve fp32 unless the size matters.") in section  # fmt: skip

@@ -42,7 +42,7 @@ def test_the_card_of_a_trained_artifact_names_what_the_artifact_holds(trained: P
     request = json.loads(card.split("-d '", 1)[1].split("'", 1)[0])
     assert [(i["name"], i["shape"], i["datatype"]) for i in request["inputs"]] == [("input", [1, 64], "FP32")]
     assert len(request["inputs"][0]["data"]) == 64
-    assert "pipe serve artifacts/rep-tiny/1" in card and "/v1/models/rep-tiny/versions/1:predict" in card
+    assert f"pipe serve {trained.resolve()}" in card and "/v1/models/rep-tiny/versions/1:predict" in card
     # the check budgets are the recipe's, as the file says now
     assert (
         "| metric `accuracy` | drops by more than 0.02 |" in card and "| size | more than x1.3 the baseline's |" in card
@@ -149,3 +149,24 @@ def test_bad_input_is_exit_2_with_the_reason_and_no_traceback(tmp_path: Path, im
         assert message in result.output and "Traceback" not in result.output, result.output
         assert result.output.startswith("error: ")
     assert not (tampered / CARD_MD).exists()  # nothing written into an artifact that does not verify
+
+
+@pytest.mark.slow
+def test_the_card_of_a_classifier_shows_use_and_limits_per_class_figures_and_the_test_splits_step(
+    trained: Path,
+) -> None:
+    result = invoke("report", trained)
+    assert result.exit_code == 0, result.output
+    card = (trained / CARD_MD).read_text()
+    m = Artifact.load(trained).manifest
+    test = m.stages.train.splits["test"]
+    assert "## Intended use and limits" in card and "Intended use: a tiny MLP \\| for the report tests." in card
+    assert f"| accuracy | {number(m.metrics['accuracy'])} | fraction |" in card
+    assert f"one sample moves accuracy by 1/{test} = {1 / test:.4f}" in card
+    p = m.metrics["accuracy"]
+    assert f"its standard error is ±{(p * (1 - p) / test) ** 0.5:.4f} (binomial)" in card
+    assert "single samples decide it" not in card  # the recipe's budget, 0.02, is five samples and more
+    assert f"Per class on `golden.npz` ({test} samples):" in card and "| class | precision | recall | support |" in card
+    assert "Confusion matrix (rows: true class, columns: predicted):" in card
+    matrix = card.split("| true / predicted |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    assert len(matrix) == 10 and sum(int(c) for row in matrix for c in row.split("|")[2:-1]) == test

@@ -131,3 +131,13 @@ def test_a_category_index_out_of_range_is_a_400_on_every_protocol(wine, http: ht
         r = http.post(path, json=body)
         assert r.status_code == 400, (path, r.text)
         assert wanted in r.json()["error"], (path, r.text)
+
+
+def test_metadata_names_the_columns_and_their_categories(wine, http: httpx.Client) -> None:
+    """A client learns the columns to key a row by, and the categories a string column takes, from metadata."""
+    _, header, _ = wine
+    expected = [{"name": n, **({"categories": REGIONS} if n == "region" else {})} for n in header[:-1]]
+    v2 = http.get("/v2/models/wine-csv").json()
+    assert v2["inputs"][0]["parameters"]["features"] == expected
+    tf = http.get("/v1/models/wine-csv/metadata").json()
+    assert tf["metadata"]["features"] == {"input": expected}

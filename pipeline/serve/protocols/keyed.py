@@ -54,6 +54,15 @@ def feature_rows(
     return rows
 
 
+def feature_list(features: tuple[Feature, ...]) -> list[dict[str, Any]]:
+    """A table input's columns as metadata shows them: `{"name"}`, or `{"name", "categories"}`."""
+    return [
+        {"name": f.name, **({"categories": list(f.categories)} if f.categories else {}),
+         **({"unknown_index": f.unknown_index} if f.unknown_index is not None else {})}
+        for f in features
+    ]  # fmt: skip
+
+
 def _coded(value: Any, feature: Feature, row: int) -> Any:
     """A categorical column's value: a category name, or its index 0..k-1."""
     categories = feature.categories or []
@@ -65,6 +74,8 @@ def _coded(value: Any, feature: Feature, row: int) -> Any:
     elif isinstance(value, int | float) and not isinstance(value, bool):
         if float(value).is_integer() and 0 <= value < len(categories):
             return value
+    if feature.unknown_index is not None:  # data.unseen_categories: unknown
+        return feature.unknown_index
     shown = categories[:SHOWN] + (["..."] if len(categories) > SHOWN else [])
     raise RequestError(
         f"instances[{row}]: column {feature.name!r} holds {value!r:.60}, not one of its categories {shown} "

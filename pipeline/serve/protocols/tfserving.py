@@ -19,7 +19,7 @@ from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
 from pipeline.serve.protocols.datatypes import IOSpec, json_text
 from pipeline.serve.protocols.jsonvalues import decode_base64, json_array
-from pipeline.serve.protocols.keyed import feature_rows
+from pipeline.serve.protocols.keyed import feature_list, feature_rows
 from pipeline.serve.protocols.v2 import parse_json
 
 SIGNATURE = "serving_default"
@@ -231,6 +231,8 @@ def metadata(model: ModelIO, preprocessing: dict[str, Any] | None = None) -> dic
         described["labels"] = labels  # a classifier output's class names, index = class (also in :classify)
     if tokens := {s.name: s.token_limits() for s in model.inputs if s.tokens is not None}:
         described["tokens"] = tokens
+    if features := {s.name: feature_list(s.features) for s in model.inputs if s.features}:
+        described["features"] = features  # a table input's columns, and the categories a column takes by name
     return {
         "model_spec": {"name": model.name, "signature_name": "", "version": str(model.version)},
         "metadata": described,

@@ -25,6 +25,7 @@ from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
 from pipeline.serve.protocols.classify import check_scores, softmax, top_classes
 from pipeline.serve.protocols.datatypes import IOSpec, json_text, numpy_dtype, v2_datatype
 from pipeline.serve.protocols.jsonvalues import json_array
+from pipeline.serve.protocols.keyed import feature_list
 from pipeline.serve.request_id import current_id, new_id
 
 MAX_RANK = 16
@@ -119,10 +120,13 @@ def metadata(model: ModelIO, versions: list[str], parameters: dict[str, Any]) ->
 
 def _declared(spec: IOSpec) -> dict[str, Any]:
     """What the manifest adds to a tensor's metadata, as its `parameters`: an output's class names
-    (`labels`, index = class), a token input's `vocab_size`, `max_sequence_length` and `padding_id`."""
+    (`labels`, index = class), a token input's `vocab_size`, `max_sequence_length` and `padding_id`, a
+    table input's columns (`features`: name, and a categorical column's categories, in input order)."""
     parameters: dict[str, Any] = {}
     if spec.labels:
         parameters["labels"] = list(spec.labels)
+    if spec.features:
+        parameters["features"] = feature_list(spec.features)
     if spec.tokens is not None:
         parameters.update(spec.token_limits())
     return {"parameters": parameters} if parameters else {}

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from pipeline.cli.group import main
-from pipeline.cli.params import FRACTION, TOLERANCE, Whole
+from pipeline.cli.params import FRACTION, REPOSITORY, TOLERANCE, Whole
 
 
 @main.command()
@@ -48,15 +48,7 @@ from pipeline.cli.params import FRACTION, TOLERANCE, Whole
 @click.option(
     "--data", "data_file", type=click.Path(), default=None, help="With --from: an NPZ of X and y to train on."
 )
-@click.option(
-    "--repository",
-    "--out",
-    "out_root",
-    default="artifacts",
-    show_default=True,
-    type=click.Path(),
-    help="The model repository the new version goes into (--out: the same, kept for old scripts).",
-)
+@REPOSITORY
 @click.option("--quiet", is_flag=True, help="No progress display (metrics still go to reports/).")
 def train(
     recipe: str | None,
@@ -136,15 +128,7 @@ def train(
     help="What the outputs are. Default: the task the exporter recorded (Ultralytics), else classification "
     "when the outputs fit a classifier, else tensor. See docs/export.md.",
 )
-@click.option(
-    "--repository",
-    "--out",
-    "repository",
-    type=click.Path(),
-    default="artifacts",
-    show_default=True,
-    help="The model repository the new version goes into (--out: the same, as train takes it).",
-)
+@REPOSITORY
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
               help="Dims of input NAME (repeatable): an int fixes one, a name names one, ? or -1 leaves it free, "
               "e.g. x:1,3,48,192 for a model declaring [-1, 3, ?, ?]. See docs/export.md.")  # fmt: skip
@@ -167,7 +151,7 @@ def import_cmd(
     labels: str | None,
     labels_file: str | None,
     task: str | None,
-    repository: str,
+    out_root: str,
     input_shapes: tuple[str, ...],
     image_preprocessing: str | None,
     confidence: float | None,
@@ -185,7 +169,7 @@ def import_cmd(
     names = read_labels(labels, Path(labels_file) if labels_file else None)
     evaluation = Path(eval_data) if eval_data else None
     detection = {"confidence": confidence, "iou": iou, "max_detections": max_detections}
-    artifact = import_onnx(Path(model), name, Path(repository), evaluation, names, task, image_preprocessing,
+    artifact = import_onnx(Path(model), name, Path(out_root), evaluation, names, task, image_preprocessing,
                            shapes, eval_limit, detection=detection)  # fmt: skip
     imported = artifact.manifest.stages.import_
     golden = imported.golden if imported else "?"
@@ -356,15 +340,7 @@ def optimize(artifact: str, quantize: tuple[str, ...], recipe: str | None, **opt
 
 @main.command("run")
 @click.argument("recipe", type=click.Path())
-@click.option(
-    "--repository",
-    "--out",
-    "out_root",
-    default="artifacts",
-    show_default=True,
-    type=click.Path(),
-    help="The model repository the new version goes into (--out: the same, kept for old scripts).",
-)
+@REPOSITORY
 @click.option("--force", is_flag=True, help="Run every stage even when its output is up to date.")
 def run_cmd(recipe: str, out_root: str, force: bool) -> None:
     """Run RECIPE's stages (train, export, optimize, edge, check, benchmark, report), skipping those up to date."""

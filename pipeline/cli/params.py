@@ -80,3 +80,15 @@ MAX_THREADS = 256  # more threads than any machine pipe runs on has cores; 100,0
 THREADS = Whole(1, MAX_THREADS)  # threads a runtime gets
 TOLERANCE = Number(0)  # a parity tolerance
 FRACTION = Number(0, 1)  # a score or an overlap: detection's confidence and NMS IoU
+
+
+# Where train, run and import put a new version; `--out` was train's name for it, kept as an alias.
+REPOSITORY = click.option(
+    "--repository",
+    "--out",
+    "out_root",
+    default="artifacts",
+    show_default=True,
+    type=click.Path(),
+    help="The model repository the new version goes into (--out: the same, kept for old scripts).",
+)

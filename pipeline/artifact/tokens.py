@@ -119,6 +119,17 @@ class TokenLimits:
         )
 
 
+def limits_reading(limits: TokenLimits) -> dict[str, Any]:
+    """The limits as `stages.import.read.tokens` records them (and `pipe info` shows them)."""
+    return {
+        "vocab_size": limits.vocab_size,
+        "padding_id": limits.padding_id,
+        "max_length": limits.max_length,
+        "type_count": limits.type_count,
+        "inputs": dict(limits.names),
+    }
+
+
 def guess_roles(names: list[str]) -> dict[str, str]:
     """Role -> input name, from the names exporters give (`input_ids`, `attention_mask`, `token_type_ids`);
     a lone input no word matches is the ids. Empty when no input is recognisably the ids."""

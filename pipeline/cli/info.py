@@ -138,6 +138,9 @@ def reading_text(what: str, value: Any) -> str:
         text = (f"confidence > {value.get('confidence')}, NMS IoU {value.get('iou')}, "
                 f"max {value.get('max_detections')} boxes per picture")  # fmt: skip
         return text + (f", stride {value['stride']}" if value.get("stride") else "")
+    if what == "tokens" and isinstance(value, dict):
+        shown = ("vocab_size", "padding_id", "max_length", "type_count", "inputs")
+        return ", ".join(f"{key} {value.get(key)}" for key in shown)
     return str(value)
 
 

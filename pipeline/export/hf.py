@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import shutil
 import time
@@ -161,7 +162,12 @@ def _load(source: Path, settings: HFSettings) -> tuple[torch.nn.Module, list[str
     """The transformers model in torch, wrapped to return the task's output, and its input names in order."""
     import inspect
 
-    import transformers
+    try:
+        import transformers
+    except ImportError:
+        raise InputError(
+            f"{source} is a transformers model; importing it needs transformers: pip install 'pipe-ml[hf]'"
+        ) from None
 
     transformers.utils.logging.disable_progress_bar()  # pipe reports its own progress
     auto = (
@@ -238,8 +244,6 @@ def _build(
     save_golden(artifact, Golden(samples, reference(samples)))
     digest = _source_digest(source)
     graph = onnx.load(str(path), load_external_data=False)
-    import transformers
-
     read = {
         "task": Reading(value=settings.task, source="--task"),
         "tokens": Reading(value=limits_reading(limits), source="config.json and the tokenizer"),
@@ -255,7 +259,7 @@ def _build(
         inputs={"source": digest},
         source=str(source),
         source_sha256=digest,
-        producer=f"transformers {transformers.__version__} ({config.get('model_type')})",
+        producer=f"transformers {importlib.metadata.version('transformers')} ({config.get('model_type')})",
         ir_version=graph.ir_version,
         opset=default_opset(graph),
         golden="generated",

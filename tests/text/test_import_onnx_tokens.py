@@ -78,6 +78,8 @@ def test_a_bert_imports_on_generated_inputs_its_embeddings_take(bert_onnx: Path,
     assert (golden["token_type_ids"] == 0).all() and (golden["attention_mask"] == 1).all()
     assert artifact.manifest.tokenizer is None  # ids only: no --tokenizer
     assert "vocab_size 128" in result.output
+    refused = CliRunner().invoke(main, ["predict", str(artifact.root), "--text", "a cat"])
+    assert refused.exit_code == 2 and "this model carries no tokenizer" in refused.output
 
 
 def test_a_tokenizer_given_for_an_onnx_model_is_carried(bert_onnx: Path, bert_dir: Path, tmp_path: Path) -> None:

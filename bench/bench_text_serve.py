@@ -1,7 +1,8 @@
 """Text models end to end: `pipe import DIR` of a transformers directory, then `pipe serve` answering text.
 
     .venv/bin/python bench/bench_text_serve.py [--models tiny,minilm] [--seconds 10] [--concurrency 8]
-                                               [--texts-per-request 1] [--out bench/results/text_serve.json]
+                                               [--texts-per-request 1] [--rounds 3]
+                                               [--out bench/results/text_serve.json]
 
 For each model a transformers directory is built here from a config (random weights: speed does not
 depend on them; nothing downloaded) with a WordPiece tokenizer trained on a few lines:
@@ -13,7 +14,9 @@ transformers' import included) and, from the import record, the model's load and
 then `pipe serve` (one worker, default batching) answering TF Serving `{"instances": [text]}` from C
 concurrent keep-alive clients for `--seconds`: texts per second and p50/p99 latency (`text`), and the
 same requests sent as token ids, tokenized here (`ids`), in the same run: what tokenizing in the
-server costs. Before the timing,
+server costs, and onnxruntime alone in this process on the same texts at the same rows per run (`raw`,
+1 text a run by default: the ceiling without HTTP or batching); `--rounds` interleaves the three, and the
+median round of each is reported with every round's figure. Before the timing,
 one text request through tritonclient (V2 BYTES, binary) and one through TF Serving strings are
 compared with transformers in torch (its tokenizer, its model, mean pooling, L2 norm): the cosine of
 each (>= 0.9999 expected).
@@ -123,6 +126,27 @@ def parity(address: str, url: str, name: str, expected: np.ndarray) -> dict[str,
     }
 
 
+def raw(artifact: Path, seconds: float, per_request: int) -> dict[str, float]:
+    """onnxruntime alone in this process on the same texts, tokenized beforehand, `per_request` rows a run: the
+    ceiling the server is measured against (default session options, as pipe serve's)."""
+    import onnxruntime as ort
+
+    rows = id_rows(artifact)
+    session = ort.InferenceSession(str(artifact / "model.onnx"), providers=["CPUExecutionProvider"])
+    from pipeline.runtime.text import pad_rows
+
+    batches = [
+        pad_rows([{k: np.asarray(v) for k, v in rows[(i + j) % len(rows)].items()} for j in range(per_request)],
+                 dict.fromkeys(rows[0], 0))
+        for i in range(len(rows))
+    ]  # fmt: skip
+    runs, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        session.run(None, batches[runs % len(batches)])
+        runs += 1
+    return {"texts_per_s": round(runs * per_request / (time.perf_counter() - started), 1)}
+
+
 def id_rows(artifact: Path) -> list[dict[str, list[int]]]:
     """TEXTS tokenized as the server tokenizes them, one TF Serving instance each: the same requests as token ids."""
     from pipeline.artifact.directory import Artifact
@@ -169,12 +193,19 @@ async def load(
     }
 
 
+def median(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """The round with the median texts/s, and every round's texts/s."""
+    ordered = sorted(rounds, key=lambda r: r["texts_per_s"])
+    return {**ordered[len(ordered) // 2], "rounds": [r["texts_per_s"] for r in rounds]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="tiny,minilm")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--texts-per-request", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     results = {"lines_trained_on": len(LINES), "concurrency": args.concurrency, "models": {}}

@@ -167,6 +167,12 @@ def choose_sizes(
         if why is None:
             return sizes
         reasons.append(why)
+    if "must be within" in reasons[0] and "idx=" in reasons[0]:  # an index past a table: not a size problem
+        raise InputError(
+            f"onnxruntime cannot run {source} on generated inputs: {reasons[0]}; an integer input indexes a table "
+            "the generated ids run past: name the vocabulary with --vocab-size (token ids), or pass --eval-data "
+            "with real inputs"
+        )
     tried = ", ".join(f"{dim} {base}..{base << (LADDER_STEPS - 1)}" for dim, base in bases.items())
     spec = next(s for s in inputs if any(d in bases for d in s.shape))
     example = ",".join(str(d) if isinstance(d, int) else "<size>" if d in bases else FREE for d in spec.shape)

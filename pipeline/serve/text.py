@@ -1,7 +1,7 @@
 """Texts in inference requests -> the token inputs of a model that carries its tokenizer.
 
 A version whose manifest records a tokenizer (pipeline/artifact/tokens.py) takes text as well as
-token ids: the protocols see one more input, `text` (V2 BYTES, shape [n]: one text per row; TF
+token ids: the protocols see one more input, `text` (V2 BYTES, shape [n] or [n, 1]: one text per row; TF
 Serving `instances` of strings), listed first in the model's metadata. A request sends either the
 texts (under `text`, or as strings under the ids input itself) or the token inputs, not both. The
 texts are tokenized here with the `tokenizers` library (pipeline/runtime/text.py: no torch, no
@@ -62,6 +62,8 @@ class ServedText:
                 f"here), or the token inputs alone"
             )
         texts = feeds[sent]
+        if texts.ndim == 2 and texts.shape[1] == 1:  # [n, 1], as Triton's text models often declare it
+            texts = texts[:, 0]
         if texts.ndim > 1 or (texts.ndim == 1 and not len(texts)):
             raise RequestError(f"input {sent!r}: texts come as a list of shape [n], one per row, got shape "
                                f"{list(texts.shape)}")  # fmt: skip

@@ -110,3 +110,32 @@ def test_generated_ids_stay_small_for_integer_inputs_of_no_known_table() -> None
     arrays = generated_inputs(specs, {"sequence": 4}, 3, ranges={"ids": (0, 1000)})
     assert arrays["ids"].shape == (3, 4) and arrays["ids"].max() < 1000
     assert np.asarray(generated_inputs(specs, {"sequence": 4}, 3)["ids"]).max() < 8
+
+
+# A table pipe cannot read from the graph (it passes through Identity before the Gather): 4 rows.
+HIDDEN_TABLE = """
+<ir_version: 8, opset_import: ["" : 18]>
+lookup (int64[batch, sequence] input_ids) => (float[batch, sequence, 2] hidden)
+<float[4, 2] W = {0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0}>
+{
+    table = Identity(W)
+    hidden = Gather(table, input_ids)
+}
+"""
+
+
+def test_ids_past_an_unread_table_ask_for_the_vocabulary_not_a_shape(tmp_path: Path) -> None:
+    import onnx.parser
+
+    path = tmp_path / "lookup.onnx"
+    onnx.save(onnx.parser.parse_model(HIDDEN_TABLE), str(path))
+    runner = CliRunner()
+    refused = runner.invoke(main, ["import", str(path), "--name", "lookup", "--repository", str(tmp_path / "a")])
+    assert refused.exit_code == 2
+    assert "name the vocabulary with --vocab-size" in refused.output and "--input-shape" not in refused.output
+    given = runner.invoke(
+        main, ["import", str(path), "--name", "lookup", "--repository", str(tmp_path / "a"), "--vocab-size", "4"]
+    )
+    assert given.exit_code == 0, given.output
+    limits = TokenLimits.read(Artifact.load(tmp_path / "a" / "lookup" / "1").manifest.inputs)
+    assert limits is not None and limits.vocab_size == 4

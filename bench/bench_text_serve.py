@@ -219,13 +219,16 @@ def main() -> None:
             try:
                 row |= parity(server.address, server.url, name, expected)
                 asyncio.run(load(server.url, name, 1.0, args.concurrency, args.texts_per_request))  # warm up
-                row["text"] = asyncio.run(
-                    load(server.url, name, args.seconds, args.concurrency, args.texts_per_request)
-                )
                 ids = id_rows(repo / name / "1")  # the same requests as token ids: what tokenizing in the server costs
-                row["ids"] = asyncio.run(
-                    load(server.url, name, args.seconds, args.concurrency, args.texts_per_request, ids)
-                )
+                rounds: dict[str, list[dict[str, float]]] = {"text": [], "ids": [], "raw": []}
+                per = args.texts_per_request
+                for _ in range(args.rounds):  # interleaved, so each round's three share the machine's noise
+                    rounds["text"].append(asyncio.run(load(server.url, name, args.seconds, args.concurrency, per)))
+                    rounds["ids"].append(asyncio.run(load(server.url, name, args.seconds, args.concurrency, per, ids)))
+                    rounds["raw"].append(raw(repo / name / "1", args.seconds, per))
+                row |= {key: median(values) for key, values in rounds.items()}
+                row["text_over_ids"] = round(row["text"]["texts_per_s"] / row["ids"]["texts_per_s"], 2)
+                row["text_over_raw"] = round(row["text"]["texts_per_s"] / row["raw"]["texts_per_s"], 2)
             finally:
                 server.stop()
             results["models"][name] = row

@@ -59,23 +59,39 @@ class TextEncoder:
 
     def rows(self, texts: list[str]) -> list[Row]:
         """Each text tokenized alone, unpadded: what a batch across requests is padded from."""
-        names = self.limits.names
-        encodings = self.tokenizer.encode_batch(texts)
         made = []
-        for enc in encodings:
-            row = {names["ids"]: np.asarray(enc.ids, dtype=np.int64)}
-            if "mask" in names:
-                row[names["mask"]] = np.asarray(enc.attention_mask, dtype=np.int64)
-            if "type_ids" in names:
-                row[names["type_ids"]] = np.asarray(enc.type_ids, dtype=np.int64)
-            made.append(row)
+        for enc in self._encodings(texts):
+            made.append({name: np.asarray(getattr(enc, field), dtype=np.int64) for name, field in self._fields()})
         return made
 
     def encode(self, texts: list[str]) -> dict[str, np.ndarray]:
-        """Texts -> the model's token inputs, [len(texts), longest row]."""
+        """Texts -> the model's token inputs, [len(texts), longest row], padded on the recorded side."""
         if not texts:
             raise InputError("no texts to encode: give at least one")
-        return pad_rows(self.rows(texts), self.padding_values(), self.padding_side)
+        encodings = self._encodings(texts)
+        longest = max(len(enc.ids) for enc in encodings)
+        padding = self.padding_values()
+        batch = {}
+        for name, field in self._fields():  # lists padded in Python, then one array: a few us a text
+            rows = [getattr(enc, field) for enc in encodings]
+            if any(len(row) != longest for row in rows):
+                fill = [padding[name]]
+                if self.padding_side == "left":
+                    rows = [fill * (longest - len(row)) + row for row in rows]
+                else:
+                    rows = [row + fill * (longest - len(row)) for row in rows]
+            batch[name] = np.array(rows, dtype=np.int64)
+        return batch
+
+    def _encodings(self, texts: list[str]) -> list[Any]:
+        # one text: encode (no batch machinery, about half the time of encode_batch for a short text)
+        return [self.tokenizer.encode(texts[0])] if len(texts) == 1 else self.tokenizer.encode_batch(texts)
+
+    def _fields(self) -> list[tuple[str, str]]:
+        """(input name, the Encoding attribute that fills it), by role."""
+        names = self.limits.names
+        fields = {"ids": "ids", "mask": "attention_mask", "type_ids": "type_ids"}
+        return [(names[role], field) for role, field in fields.items() if role in names]
 
     def padding_values(self) -> dict[str, int]:
         """Input name -> the value a short row is filled with."""

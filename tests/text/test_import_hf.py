@@ -90,3 +90,23 @@ def test_a_directory_that_is_no_transformers_model_is_one_line(tmp_path: Path) -
 
     result = runner.invoke(main, ["import", str(config.parent), "--name", "x"])
     assert result.exit_code == 2 and "--task classification or embedding" in result.output
+
+
+def test_cls_pooling_takes_the_first_token(bert_dir: Path) -> None:
+    import torch
+    from transformers import AutoModel
+
+    from pipeline.export.hf_module import TaskHead
+
+    model = AutoModel.from_pretrained(bert_dir).eval()
+    ids = torch.tensor([[2, 40, 41, 3, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    types = torch.zeros_like(ids)
+    with torch.no_grad():
+        hidden = model(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        names = ["input_ids", "attention_mask", "token_type_ids"]
+        cls = TaskHead(model, names, "embedding", "cls", False)(ids, mask, types)
+        mean = TaskHead(model, names, "embedding", "mean", True)(ids, mask, types)
+    torch.testing.assert_close(cls, hidden[:, 0])
+    want = torch.nn.functional.normalize(hidden[:, :4].mean(dim=1), dim=1)  # the padded position left out
+    torch.testing.assert_close(mean, want)

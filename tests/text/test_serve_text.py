@@ -134,3 +134,24 @@ def test_rows_of_different_lengths_batch_together_padded(embed_artifact: Artifac
     for got, want in zip(results, alone, strict=True):
         np.testing.assert_allclose(got["embedding"], want, atol=1e-5)
     assert stats.executions <= 2, f"{stats.executions} runs for {len(requests)} requests of 3 lengths"
+
+
+def test_texts_as_n_by_1_and_non_utf8_text(server: Server) -> None:
+    with httpx.Client(base_url=server.url) as http:
+        column = http.post(
+            "/v2/models/embed/infer",
+            json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2, 1], "data": TEXTS[:2]}]},
+        )
+        flat = http.post("/v1/models/embed:predict", json={"instances": TEXTS[:2]})
+        with triton.InferenceServerClient(server.address) as client:
+            text = triton.InferInput("text", [1], "BYTES")
+            text.set_data_from_numpy(np.array([b"\xff\xfe cat"], dtype=object))
+            try:
+                client.infer("embed", [text])
+                refused = ""
+            except triton.InferenceServerException as exc:
+                refused = str(exc)
+    assert column.status_code == 200, column.text
+    np.testing.assert_allclose(np.array(column.json()["outputs"][0]["data"]).reshape(2, 32), flat.json()["predictions"],
+                               atol=1e-6)  # fmt: skip
+    assert "row 0: the text is not UTF-8" in refused

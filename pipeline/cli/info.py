@@ -47,6 +47,11 @@ def manifest_table(artifact: Artifact) -> str:
                 lines.append(f"            pictures: {_pictures(record)}")
             if spec.features:
                 lines += [f"            {line}" for line in _columns(spec.features)]
+            if (tokens := spec.tokens) is not None:
+                limits = f"values 0..{tokens.vocab_size - 1}, padding {tokens.padding_id}"
+                lines.append(f"            tokens: {tokens.role}, {limits}, max length {tokens.max_length}")
+    if m.tokenizer is not None:
+        lines.append(f"  tokenizer {m.tokenizer.file}: takes text (serve: the 'text' input; predict --text)")
     if judged_on_generated(m):
         lines.append(f"  golden    {GENERATED_NOTE} (imported without --eval-data)")
     if m.metrics:

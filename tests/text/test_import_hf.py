@@ -65,6 +65,9 @@ def test_an_embedding_model_imports_with_its_tokenizer_and_limits(embed_artifact
 
 
 def test_a_classifier_takes_its_labels_from_id2label(text_repository: Path) -> None:
+    info = CliRunner().invoke(main, ["info", str(text_repository / "sentiment" / "1")])
+    assert "tokens: ids, values 0..127, padding 0, max length 32" in info.output
+    assert "tokenizer tokenizer/tokenizer.json: takes text" in info.output
     manifest = Artifact.load(text_repository / "sentiment" / "1").manifest
     assert manifest.task == "classification" and manifest.labels == ["neg", "pos"]
     assert manifest.outputs[0].name == "logits" and manifest.outputs[0].shape == ["batch", 2]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-HEAVY = ("torch", "tensorflow", "onnx2tf", "keras")
+HEAVY = ("torch", "tensorflow", "onnx2tf", "keras", "transformers")
 CHECK = "import json, sys, importlib; importlib.import_module(sys.argv[1]); print(json.dumps(sorted(sys.modules)))"
 
 

@@ -47,6 +47,11 @@ def manifest_table(artifact: Artifact) -> str:
                 lines.append(f"            pictures: {_pictures(record)}")
             if spec.features:
                 lines += [f"            {line}" for line in _columns(spec.features)]
+            if (tokens := spec.tokens) is not None:
+                limits = f"values 0..{tokens.vocab_size - 1}, padding {tokens.padding_id}"
+                lines.append(f"            tokens: {tokens.role}, {limits}, max length {tokens.max_length}")
+    if m.tokenizer is not None:
+        lines.append(f"  tokenizer {m.tokenizer.file}: takes text (serve: the 'text' input; predict --text)")
     if judged_on_generated(m):
         lines.append(f"  golden    {GENERATED_NOTE} (imported without --eval-data)")
     if m.metrics:
@@ -138,6 +143,9 @@ def reading_text(what: str, value: Any) -> str:
         text = (f"confidence > {value.get('confidence')}, NMS IoU {value.get('iou')}, "
                 f"max {value.get('max_detections')} boxes per picture")  # fmt: skip
         return text + (f", stride {value['stride']}" if value.get("stride") else "")
+    if what == "tokens" and isinstance(value, dict):
+        shown = ("vocab_size", "padding_id", "max_length", "type_count", "inputs")
+        return ", ".join(f"{key} {value.get(key)}" for key in shown)
     return str(value)
 
 

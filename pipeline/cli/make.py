@@ -143,6 +143,17 @@ def train(
 @click.option("--confidence", type=FRACTION, default=None, help="Detection: keep boxes scoring above this. [0.25]")
 @click.option("--iou", type=FRACTION, default=None, help="Detection: NMS IoU above which a box is dropped. [0.7]")
 @click.option("--max-detections", type=Whole(1, 100_000), default=None, help="Detection: boxes kept per picture. [300]")
+@click.option("--pooling", type=click.Choice(["mean", "cls"]), default="mean", show_default=True,
+              help="A transformers directory imported as --task embedding: mean over the attention mask, or the "
+              "first (CLS) token.")  # fmt: skip
+@click.option("--normalize", is_flag=True, help="A transformers directory, --task embedding: L2-normalize vectors.")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(), default=None,
+              help="A directory with the model's fast tokenizer (tokenizer.json): carried in the artifact, so "
+              "the model is served text; its limits are recorded. A transformers directory: its own.")  # fmt: skip
+@click.option("--vocab-size", type=Whole(1, 1 << 31), default=None,
+              help="A token model: the vocabulary size (ids below it). Default: read from the graph.")  # fmt: skip
+@click.option("--padding-id", type=Whole(0, 1 << 31), default=None, help="A token model: the id padding a row.")
+@click.option("--max-length", type=Whole(1, 1 << 24), default=None, help="A token model: its longest sequence.")
 def import_cmd(
     model: str,
     name: str,
@@ -157,20 +168,36 @@ def import_cmd(
     confidence: float | None,
     iou: float | None,
     max_detections: int | None,
+    pooling: str,
+    normalize: bool,
+    tokenizer_dir: str | None,
+    vocab_size: int | None,
+    padding_id: int | None,
+    max_length: int | None,
 ) -> None:
-    """Make an artifact from an ONNX MODEL produced elsewhere (JAX, TensorFlow, Paddle, Ultralytics, ...)."""
+    """Make an artifact from an ONNX MODEL produced elsewhere (JAX, TensorFlow, Paddle, Ultralytics, ...) or
+    from a local transformers model directory (save_pretrained output; --task classification or embedding)."""
     from pipeline.artifact.dims import parse_input_shapes
     from pipeline.artifact.golden import load_golden
     from pipeline.cli.info import reading_text
+    from pipeline.export.hf import is_transformers_dir, not_a_model
     from pipeline.export.importer import import_onnx, read_labels
+    from pipeline.export.token_graph import TokenOptions
     from pipeline.samples.evaluation import GENERATED_NOTE
 
+    path = Path(model)
+    if is_transformers_dir(path):
+        _import_transformers(path, name, out_root, task, pooling, normalize, tokenizer_dir)
+        return
+    if path.is_dir() or path.suffix.lower() == ".json":
+        raise not_a_model(path)
     shapes = parse_input_shapes(input_shapes)
     names = read_labels(labels, Path(labels_file) if labels_file else None)
     evaluation = Path(eval_data) if eval_data else None
     detection = {"confidence": confidence, "iou": iou, "max_detections": max_detections}
+    tokens = TokenOptions(vocab_size, padding_id, max_length, Path(tokenizer_dir) if tokenizer_dir else None)
     artifact = import_onnx(Path(model), name, Path(out_root), evaluation, names, task, image_preprocessing,
-                           shapes, eval_limit, detection=detection)  # fmt: skip
+                           shapes, eval_limit, detection=detection, tokens=tokens)  # fmt: skip
     imported = artifact.manifest.stages.import_
     golden = imported.golden if imported else "?"
     click.echo(f"imported {model} -> {artifact.root} (golden outputs from {golden} inputs)")
@@ -187,6 +214,28 @@ def import_cmd(
     for spec in artifact.manifest.inputs:  # which sizes the free dims were run at
         shape = ", ".join(str(d) for d in spec.shape)
         click.echo(f"  golden {spec.name}: {list(arrays[spec.name].shape)} for [{shape}]")
+
+
+def _import_transformers(
+    path: Path, name: str, repository: str, task: str | None, pooling: str, normalize: bool, tokenizer: str | None
+) -> None:
+    """`pipe import DIR` of a transformers model directory."""
+    import time
+
+    from pipeline.core.errors import InputError
+    from pipeline.export.hf import HFSettings, import_hf
+
+    if task is None:
+        raise InputError(f"{path} is a transformers model: say what it is for with --task classification or embedding")
+    started = time.perf_counter()
+    settings = HFSettings(task=task, pooling=pooling, normalize=normalize)
+    artifact = import_hf(path, name, Path(repository), settings, Path(tokenizer) if tokenizer else None)
+    imported = artifact.manifest.stages.import_
+    click.echo(f"imported {path} -> {artifact.root} in {time.perf_counter() - started:.1f} s (transformers, {task})")
+    for what, reading in imported.read.items() if imported else ():
+        click.echo(f"  {what}: {reading.value} ({reading.source})")
+    for note in imported.notes if imported else ():
+        click.echo(f"  note: {note}")
 
 
 @main.command()

@@ -36,6 +36,7 @@ from pipeline.artifact.manifest import (
     label_problem,
 )
 from pipeline.artifact.records import ImportRecord, Reading
+from pipeline.artifact.tokens import limits_reading, write_tokenizer
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import ArtifactError, CheckFailed, InputError, first_line
@@ -48,6 +49,7 @@ from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
 from pipeline.export.readings import Readings, decide
 from pipeline.export.shapes import GENERATED_BATCH, Probe, choose_sizes, generated_inputs, write_dims
+from pipeline.export.token_graph import TokenModel, TokenOptions, token_model
 from pipeline.runtime.runners import Runner, ort_runner, run_chunked
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
@@ -74,6 +76,7 @@ def import_onnx(
     input_shapes: Shapes | None = None,
     eval_limit: int = DEFAULT_LIMIT,
     detection: dict[str, Any] | None = None,
+    tokens: TokenOptions | None = None,
 ) -> Artifact:
     """Create `repository/<name>/<next version>/` from the ONNX file `source` and return it.
 
@@ -84,7 +87,8 @@ def import_onnx(
     as `stages.import.settings.input_shapes`. `task`: None takes the metadata's, else classification
     when the outputs fit a classifier, else tensor (pipeline/export/tasks.py). `labels`: None (or empty)
     takes the metadata's. `detection`: `confidence`, `iou` and `max_detections` given for a detector
-    (None values: the defaults).
+    (None values: the defaults). `tokens`: `--vocab-size`, `--padding-id`, `--max-length`, `--tokenizer`
+    for a token model (pipeline/export/token_graph.py); its limits are recorded on the token inputs.
     """
     source = Path(source)
     if problem := check_name(name):
@@ -103,6 +107,10 @@ def import_onnx(
     check_specs(source, inputs, outputs)
     if input_shapes:
         apply_input_shapes(input_shapes, inputs, outputs)
+    tokens = tokens or TokenOptions()
+    text = token_model(model, inputs, tokens)
+    if text.limits is not None:
+        inputs = text.limits.apply(inputs)
     found = read_conventions(model)
     readings = decide(found, inputs, outputs, task, labels, image_preprocessing, detection)
     evaluation = None
@@ -111,12 +119,20 @@ def import_onnx(
         if evaluation.labels != readings.labels:  # a model without labels takes its class folders' names
             readings.labels = evaluation.labels
             readings.read["labels"] = Reading(value=len(evaluation.labels), source=f"--eval-data {eval_data} folders")
-    settings = {"input_shapes": input_shapes} if input_shapes else {}
+    settings: dict[str, object] = {"input_shapes": input_shapes} if input_shapes else {}
+    if tokens.given:
+        settings["tokens"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(tokens).items() if v is not None}
+    if (limits := text.limits) is not None:
+        flags = [f"--{k.replace('_', '-')}" for k, v in vars(tokens).items() if v is not None]
+        readings.read["tokens"] = Reading(
+            value=limits_reading(limits),
+            source=", ".join(["the graph's embedding tables", *flags]),
+        )  # fmt: skip
     model_root = Path(repository) / name
     made = [d for d in (model_root, model_root.parent) if not d.exists()]  # removed again if the import fails
     root = allocate_version(model_root)
     try:
-        imported = _Imported(source, model, extra, evaluation, eval_data, settings)
+        imported = _Imported(source, model, extra, evaluation, eval_data, settings, text)
         return _build(root, imported, inputs, outputs, readings, found)
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)  # nothing half-written
@@ -136,6 +152,7 @@ class _Imported:
     evaluation: EvalData | None
     eval_data: Path | None
     settings: dict[str, object]
+    text: TokenModel  # the token inputs: generated values' ranges, limits, the tokenizer to carry
 
 
 def _build(
@@ -162,8 +179,9 @@ def _build(
     if evaluation is not None:
         samples, target = evaluation.inputs, evaluation.target
     else:
-        sizes = choose_sizes(inputs, _probe(run.session), str(source), readings.hints)
-        samples, target = generated_inputs(inputs, sizes, GENERATED_BATCH), None
+        ranges = imported.text.ranges
+        sizes = choose_sizes(inputs, _probe(run.session), str(source), readings.hints, ranges)
+        samples, target = generated_inputs(inputs, sizes, GENERATED_BATCH, ranges=ranges), None
     batched = all(spec.shape and isinstance(spec.shape[0], str) for spec in [*inputs, *outputs])
     try:  # a few hundred pictures: run in chunks, so a large model's activations stay bounded
         golden_out = run_chunked(run, samples, chunk=GOLDEN_CHUNK) if batched else run(samples)
@@ -189,6 +207,8 @@ def _build(
         lineage=Lineage(backend="import", dataset_fingerprint=evaluation.digest if evaluation else None),
     )
     artifact = Artifact(root, manifest)
+    if imported.text.tokenizer is not None:  # before the stamp: the tokenizer is part of the identity
+        manifest.tokenizer = write_tokenizer(artifact, imported.text.tokenizer)
     stamp(path, manifest)  # the session above read the same graph and weights; stamping adds metadata only
     reference = _one_at_a_time(run, inputs)
     given = EvaluationSet.of(samples, source="the import's samples")

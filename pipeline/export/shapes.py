@@ -100,9 +100,16 @@ def _base(spec: TensorSpec, axis: int) -> int:
 
 
 def generated_inputs(
-    specs: list[TensorSpec], sizes: dict[str, int], batch: int, seed: int = 0
+    specs: list[TensorSpec],
+    sizes: dict[str, int],
+    batch: int,
+    seed: int = 0,
+    ranges: dict[str, tuple[int, int]] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Inputs of the right dtype: `batch` on every batch axis, `sizes` for other symbolic dims."""
+    """Inputs of the right dtype: `batch` on every batch axis, `sizes` for other symbolic dims.
+
+    `ranges`: [low, high) of an integer input's values (token ids below their embedding's rows, masks 1,
+    token types 0: pipeline/export/token_graph.py); other integer inputs get small ids, 0..7."""
     rng = np.random.default_rng(seed)
     batch_dims = _batch_dims(specs)
     arrays = {}
@@ -121,19 +128,25 @@ def generated_inputs(
         if dtype == np.bool_:
             arrays[spec.name] = rng.integers(0, 2, shape).astype(bool)
         elif np.issubdtype(dtype, np.integer):
-            arrays[spec.name] = rng.integers(0, 8, shape).astype(dtype)  # small ids: valid for any vocabulary
+            low, high = (ranges or {}).get(spec.name, (0, 8))  # small ids: valid for any vocabulary
+            arrays[spec.name] = rng.integers(low, high, shape).astype(dtype)
         else:
             arrays[spec.name] = rng.standard_normal(shape).astype(dtype)
     return arrays
 
 
 def choose_sizes(
-    inputs: list[TensorSpec], probe: Probe, source: str, hints: dict[str, int] | None = None
+    inputs: list[TensorSpec],
+    probe: Probe,
+    source: str,
+    hints: dict[str, int] | None = None,
+    ranges: dict[str, tuple[int, int]] | None = None,
 ) -> dict[str, int]:
     """A size for each symbolic dim that is not a batch: the first on the ladder that the model runs at,
     together with half of it. Exit 2 when none is found, naming the sizes tried and the fix.
 
-    `hints`: a first size for some dims by name (the image size the exporter recorded).
+    `hints`: a first size for some dims by name (the image size the exporter recorded). `ranges`: the
+    values of integer inputs, as `generated_inputs` takes them.
     """
     batch_dims = _batch_dims(inputs)
     bases: dict[str, int] = {}
@@ -147,13 +160,19 @@ def choose_sizes(
     reasons = []
     for step in range(LADDER_STEPS):
         sizes = {dim: base << step for dim, base in bases.items()}
-        why = probe(generated_inputs(inputs, sizes, 1))
+        why = probe(generated_inputs(inputs, sizes, 1, ranges=ranges))
         if why is None:
-            why = probe(generated_inputs(inputs, {d: max(1, s // 2) for d, s in sizes.items()}, 1))
+            why = probe(generated_inputs(inputs, {d: max(1, s // 2) for d, s in sizes.items()}, 1, ranges=ranges))
             why = None if why is None else f"runs at {sizes} but not at half: {why}"
         if why is None:
             return sizes
         reasons.append(why)
+    if "must be within" in reasons[0] and "idx=" in reasons[0]:  # an index past a table: not a size problem
+        raise InputError(
+            f"onnxruntime cannot run {source} on generated inputs: {reasons[0]}; an integer input indexes a table "
+            "the generated ids run past: name the vocabulary with --vocab-size (token ids), or pass --eval-data "
+            "with real inputs"
+        )
     tried = ", ".join(f"{dim} {base}..{base << (LADDER_STEPS - 1)}" for dim, base in bases.items())
     spec = next(s for s in inputs if any(d in bases for d in s.shape))
     example = ",".join(str(d) if isinstance(d, int) else "<size>" if d in bases else FREE for d in spec.shape)

@@ -10,7 +10,7 @@ from pipeline.artifact.manifest import Detection, Manifest
 from pipeline.artifact.variants import FP32
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import ArtifactError, InputError
-from pipeline.predict.inputs import read_inputs
+from pipeline.predict.inputs import read_inputs, read_texts
 from pipeline.predict.model import choose_variant, load_runner
 from pipeline.predict.result import Detections, Prediction
 from pipeline.runtime.detection import detect
@@ -21,12 +21,14 @@ DETECTION_FLAGS = {"confidence": "--confidence", "iou": "--iou", "max_detections
 
 def predict_file(
     artifact_path: str | Path,
-    input_path: str | Path,
+    input_path: str | Path | None,
     variant: str = FP32,
     allow_failed: bool = False,
     detection: dict[str, Any] | None = None,
+    texts: list[str] | None = None,
 ) -> Prediction:
-    """Run `variant` of the artifact at `artifact_path` (a version, or a model: its latest) on `input_path`.
+    """Run `variant` of the artifact at `artifact_path` (a version, or a model: its latest) on `input_path`,
+    or on `texts` (one row each, tokenized with the tokenizer the artifact carries).
 
     The artifact is verified on load; the input is checked against the manifest's input specs
     before anything runs. Bad input, an unknown variant, or a failed or stale one without
@@ -40,7 +42,14 @@ def predict_file(
     settings = _detection_settings(artifact.manifest, detection or {})
     chosen = choose_variant(artifact, variant, allow_failed)
     notes = [chosen.note] if chosen.note else []
-    inputs, placement = read_inputs(Path(input_path), artifact.manifest, notes)
+    if (input_path is None) == (not texts):
+        raise InputError("give the input as --input FILE or as --text TEXT (repeatable), one of the two")
+    if texts:
+        inputs, placement, source = read_texts(artifact.root, artifact.manifest, texts), None, "the texts"
+    else:
+        assert input_path is not None
+        inputs, placement = read_inputs(Path(input_path), artifact.manifest, notes)
+        source = Path(input_path).name
     runner = load_runner(artifact, chosen)
     try:
         outputs = runner(inputs)
@@ -49,7 +58,7 @@ def predict_file(
 
         # the input already fits the manifest's specs, so the model file disagrees with its manifest
         raise ArtifactError(
-            f"variant {chosen.name!r} ({chosen.file}) failed on {Path(input_path).name}, which fits the "
+            f"variant {chosen.name!r} ({chosen.file}) failed on {source}, which fits the "
             f"manifest's input specs: {first_line(exc)}"
         ) from exc
     return Prediction(

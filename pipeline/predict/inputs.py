@@ -63,6 +63,20 @@ def read_inputs(path: Path, manifest: Manifest, notes: list[str] | None = None) 
     return check_inputs(arrays, specs, path.name), placement
 
 
+def read_texts(root: Path, manifest: Manifest, texts: list[str]) -> Arrays:
+    """Texts -> the model's token inputs, tokenized with the tokenizer the artifact carries (as `pipe serve`
+    tokenizes them: cut to the recorded max length, padded to the longest), and checked."""
+    from pipeline.runtime.text import TextEncoder
+
+    encoder = TextEncoder.of(root, manifest)
+    if encoder is None:
+        raise InputError(
+            "--text: this model carries no tokenizer, so it takes token ids only; give them with --input "
+            "FILE.json, or import the model with --tokenizer DIR"
+        )
+    return check_inputs(encoder.encode(texts), manifest.inputs, "the texts")
+
+
 def _npz(path: Path, specs: list[TensorSpec]) -> Arrays:
     from pipeline.data.sources import load_npz
 

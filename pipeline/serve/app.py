@@ -247,6 +247,7 @@ class ServeApp:
             decoded.inputs, decoded.placements = await model.images.converted(
                 decoded.inputs, model.session.input_by_name, model.batcher, arrived
             )
+            decoded.inputs = model.text.converted(decoded.inputs, model.batcher.check_rows)
             wanted = _output_names(model, decoded.outputs, detections=settings is not None)
             rows = model.session.check_inputs(decoded.inputs)
             results = await model.batcher.infer(decoded.inputs, rows, arrived)

@@ -35,6 +35,7 @@ from pipeline.serve.images import ServedImages
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.protocols.base import ModelIO
 from pipeline.serve.session import ModelSession, SessionOptions
+from pipeline.serve.text import ServedText
 from pipeline.serve.variant_choice import Choice, NotExported, VariantRefused, choose
 from pipeline.serve.version_policy import HeldBack, admit, default_version, held_by_labels
 
@@ -63,10 +64,11 @@ class Answers:
     images: ServedImages  # which inputs take encoded pictures, and how
     task: str
     detector: Detector | None  # task detection only
+    text: ServedText = field(default_factory=ServedText)  # a model with a tokenizer: how it takes text
 
     @classmethod
-    def of(cls, manifest: Manifest) -> Answers:
-        return cls(ServedImages.of(manifest), manifest.task, Detector.of(manifest))
+    def of(cls, manifest: Manifest, root: Path) -> Answers:
+        return cls(ServedImages.of(manifest), manifest.task, Detector.of(manifest), ServedText.of(root, manifest))
 
 
 @dataclass
@@ -84,10 +86,13 @@ class LoadedVersion:
     images: ServedImages = field(default_factory=ServedImages)  # which inputs take encoded pictures, and how
     task: str = "classification"  # the manifest's task
     detector: Detector | None = None  # task detection: how the head output becomes boxes
+    text: ServedText = field(default_factory=ServedText)  # a model with a tokenizer: how it takes text
 
     def read(self, answers: Answers) -> None:
         """Take what the manifest says about answering requests (read again when the manifest changes)."""
         self.images, self.task, self.detector = answers.images, answers.task, answers.detector
+        self.text = answers.text
+        self.__dict__.pop("io", None)  # the text input is part of what the protocols see
 
     @property
     def variant(self) -> str:
@@ -100,7 +105,9 @@ class LoadedVersion:
     @cached_property
     def io(self) -> ModelIO:
         """Name, version and tensor specs: what the protocols see of this version."""
-        return ModelIO(self.name, self.version, self.session.inputs, self.session.outputs)
+        text = self.text.spec()
+        inputs = [text, *self.session.inputs] if text is not None else self.session.inputs
+        return ModelIO(self.name, self.version, inputs, self.session.outputs)
 
 
 def version_number(text: str) -> int | None:
@@ -307,7 +314,7 @@ class Repository:
             artifact = Artifact.load(root, verify=True)
             admit(self.settings.policy, artifact)
             choice = choose(artifact, self.settings.variants)
-            answers = Answers.of(artifact.manifest)
+            answers = Answers.of(artifact.manifest, root)
             if choice == current:
                 return choice, None, answers
             return choice, ModelSession(artifact.path(choice.file), self._session_options, artifact.manifest), answers
@@ -316,7 +323,9 @@ class Repository:
         self, name: str, version: int, root: Path, choice: Choice, session: ModelSession, stamp: Stamp
     ) -> LoadedVersion:
         stats = self._metrics.model(name, version)
-        batcher = Batcher(session.run, session.batchable, self._batch_settings, self._executor, stats)
+        batcher = Batcher(
+            session.run, session.batchable, self._batch_settings, self._executor, stats, padding=session.padding
+        )
         return LoadedVersion(name, version, root, choice, session, batcher, stamp)
 
     def get(self, name: str, version: str | None, label: str | None = None) -> LoadedVersion:

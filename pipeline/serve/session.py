@@ -76,6 +76,7 @@ class ModelSession:
         # Batching concatenates requests along dim 0, so every input and output must have a dynamic
         # first dim; a model with a fixed batch runs each request alone.
         self.batchable = all(s.shape and s.shape[0] == -1 for s in (*self.inputs, *self.outputs))
+        self.padding = _padding(self.inputs, self.outputs) if self.batchable else None
 
     def check_inputs(self, feeds: dict[str, np.ndarray]) -> int:
         """Refuse inputs that do not match the model (name, dtype, shape); return the batch size.
@@ -176,6 +177,19 @@ class _CategoryColumns:
         )
 
 
+def _padding(inputs: list[IOSpec], outputs: list[IOSpec]) -> dict[str, int] | None:
+    """Token input -> the value that pads its rows, when requests of different sequence lengths can batch
+    together: every token input [batch, sequence] records its padding value, every other input has no
+    sequence axis to pad (its shape stays part of what a batch must share), and no output has a sequence
+    axis (its rows would come back padded)."""
+    tokens = [s for s in inputs if s.tokens is not None]
+    if not tokens or any(s.tokens is None or s.tokens.padding_id is None or len(s.shape) != 2 for s in tokens):
+        return None
+    if any(len(s.shape) > 2 for s in outputs):
+        return None
+    return {s.name: s.tokens.padding_id for s in tokens if s.tokens is not None and s.tokens.padding_id is not None}
+
+
 def _check_tokens(name: str, ids: np.ndarray, tokens: TokenInput) -> None:
     """Refuse sequences longer than the model covers and ids outside its vocabulary (a negative id
     would silently index from the end of the embedding; a long sequence fails inside onnxruntime)."""
@@ -186,6 +200,11 @@ def _check_tokens(name: str, ids: np.ndarray, tokens: TokenInput) -> None:
         )
     if ids.size and (ids.min() < 0 or ids.max() >= tokens.vocab_size):
         where = tuple(int(i) for i in np.argwhere((ids < 0) | (ids >= tokens.vocab_size))[0])
+        if tokens.role != "ids":
+            what = "an attention mask holds 0 or 1" if tokens.role == "mask" else f"{tokens.vocab_size} token types"
+            raise RequestError(
+                f"input {name!r}: value {ids[where]} at {list(where)} is outside [0, {tokens.vocab_size}) ({what})"
+            )
         raise RequestError(
             f"input {name!r}: token id {ids[where]} at {list(where)} is outside the vocabulary: ids must be in "
             f"[0, {tokens.vocab_size}) (vocab_size {tokens.vocab_size})"

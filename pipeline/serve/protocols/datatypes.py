@@ -24,6 +24,7 @@ class IOSpec:
     labels: tuple[str, ...] = ()  # an output's class names (the manifest's labels), index = class
     tokens: TokenInput | None = None  # a token-id input's vocabulary, longest sequence, padding id
     features: tuple[Feature, ...] | None = None  # a [batch, F] input's columns by name (a model trained on a table)
+    tokenized_into: tuple[str, ...] = ()  # the text input of a model with a tokenizer: the token inputs it fills
 
     @property
     def dtype(self) -> np.dtype:

@@ -89,9 +89,15 @@ def _detections(decoded: Decoded, results: dict[str, np.ndarray]) -> Encoded:
 def row_inputs(instances: Any, specs: list[IOSpec], key: str = "instances") -> dict[str, np.ndarray]:
     """Row form: one value per example, or one object {input: value} per example; `key` is the
     request field they came in (`instances`, or `:classify`'s `examples`), for the errors."""
-    names = [s.name for s in specs]
     if not isinstance(instances, list) or not instances:
         raise RequestError(f"{key} must be a non-empty list, got {instances!r:.80}")
+    if (text := _text_input(specs)) is not None:  # a model with a tokenizer: strings, or {text: string}
+        if all(isinstance(x, str) for x in instances):
+            return {text.name: _array(instances, text)}
+        if all(isinstance(x, dict) and list(x) == [text.name] for x in instances):
+            return {text.name: _array([x[text.name] for x in instances], text)}
+        specs = [s for s in specs if s is not text]
+    names = [s.name for s in specs]
     if len(specs) == 1 and specs[0].features is not None:  # objects keyed by column, category names
         instances = feature_rows(instances, names[0], specs[0].features, key)
     if len(specs) == 1 and not all(isinstance(x, dict) and not _is_b64(x) for x in instances):
@@ -105,12 +111,20 @@ def row_inputs(instances: Any, specs: list[IOSpec], key: str = "instances") -> d
 
 def _columns(inputs: Any, specs: list[IOSpec]) -> dict[str, np.ndarray]:
     """Columnar form: the single input's whole value, or an object keyed by input name."""
+    text = _text_input(specs)
+    if text is not None and isinstance(inputs, list) and inputs and all(isinstance(x, str) for x in inputs):
+        inputs = {text.name: inputs}  # a model with a tokenizer: the texts, one per row
     names = [s.name for s in specs]
     if len(specs) == 1 and not isinstance(inputs, dict):
         inputs = {names[0]: inputs}
     if not isinstance(inputs, dict):
         raise RequestError(f"inputs must be an object keyed by input name {names}")
     return {name: _array(value, _spec(specs, name)) for name, value in inputs.items()}
+
+
+def _text_input(specs: list[IOSpec]) -> IOSpec | None:
+    """The text input of a model that carries its tokenizer (pipeline/serve/text.py), or None."""
+    return next((s for s in specs if s.tokenized_into), None)
 
 
 def _spec(specs: list[IOSpec], name: str) -> IOSpec:
@@ -233,6 +247,8 @@ def metadata(model: ModelIO, preprocessing: dict[str, Any] | None = None) -> dic
         described["tokens"] = tokens
     if features := {s.name: feature_list(s.features) for s in model.inputs if s.features}:
         described["features"] = features  # a table input's columns, and the categories a column takes by name
+    if text := _text_input(model.inputs):
+        described["text"] = {"input": text.name, "tokenized_into": list(text.tokenized_into)}
     return {
         "model_spec": {"name": model.name, "signature_name": "", "version": str(model.version)},
         "metadata": described,

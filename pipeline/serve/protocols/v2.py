@@ -129,6 +129,8 @@ def _declared(spec: IOSpec) -> dict[str, Any]:
         parameters["features"] = feature_list(spec.features)
     if spec.tokens is not None:
         parameters.update(spec.token_limits())
+    if spec.tokenized_into:  # texts, one per row, tokenized by the server into these inputs
+        parameters["tokenized_into"] = list(spec.tokenized_into)
     return {"parameters": parameters} if parameters else {}
 
 

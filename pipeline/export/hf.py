@@ -1,0 +1,289 @@
+"""`pipe import DIR`: a local transformers model directory (save_pretrained output) into an artifact.
+
+The directory holds `config.json`, the weights (safetensors or a pytorch bin) and a fast tokenizer
+(`tokenizer.json`; `--tokenizer DIR` when it lives elsewhere). The model is loaded with transformers
+in torch, wrapped so that it returns the task's output (classification: the logits; embedding: the
+last hidden state pooled, `mean` over the attention mask or the `cls` token, optionally L2-normalized),
+and exported with dynamic `batch` and `sequence` axes. The export passes the same gate as every
+hop, against the transformers model in torch, on real text tokenized as a served request is:
+sentences of different lengths, so padded and unpadded rows, at batch 1, 2 and 8 and at the
+sequence cut to half. Labels come from `id2label`; the tokenizer is copied into the version and the
+token limits recorded from the config and the tokenizer (pipeline/artifact/tokens.py).
+
+torch and transformers are imported inside `import_hf` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import onnx
+
+from pipeline.artifact.directory import Artifact, allocate_version
+from pipeline.artifact.golden import Golden, save_golden
+from pipeline.artifact.manifest import Lineage, Manifest, ModelSpec, TensorSpec, check_name, label_problem
+from pipeline.artifact.records import ImportRecord, Reading
+from pipeline.artifact.tokens import (
+    TokenizerSource,
+    TokenLimits,
+    hf_limits,
+    limits_reading,
+    read_tokenizer,
+    write_tokenizer,
+)
+from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
+from pipeline.core.errors import InputError, first_line
+from pipeline.export.metadata import stamp
+from pipeline.export.opset import default_opset
+from pipeline.runtime.runners import ort_runner, torch_runner
+from pipeline.runtime.text import TextEncoder
+from pipeline.samples.evaluation import EvaluationSet
+from pipeline.verify.gate import verify
+from pipeline.verify.policies import Exact
+
+if TYPE_CHECKING:
+    import torch
+
+HF_TASKS = ("classification", "embedding")
+POOLINGS = ("mean", "cls")
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+ROLE_ORDER = ("ids", "mask", "type_ids")  # the exported graph's inputs, in this order
+OPSET = 18
+# The golden inputs: real sentences of different lengths, so a batch holds padded and unpadded rows.
+SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world",
+    "A model is a directory; every stage reads it, adds files and rewrites its manifest.",
+    "Short one.",
+    "It rained all day in the city, and the streets were quiet by nightfall.",
+    "Tokens in, vectors out",
+    "Cats and dogs",
+    "She read a book by the window while the kettle boiled and the radio played softly in the next room.",
+)
+
+
+def is_transformers_dir(path: Path) -> bool:
+    """True for a directory that holds a transformers config.json."""
+    return Path(path).is_dir() and (Path(path) / "config.json").is_file()
+
+
+def not_a_model(path: Path) -> InputError:
+    """The one line for a MODEL argument that is neither an ONNX file nor a transformers directory."""
+    path = Path(path)
+    expected = "pipe import takes an ONNX file (.onnx) or a transformers model directory (save_pretrained output: "
+    expected += "config.json, model.safetensors, tokenizer.json)"
+    if path.is_dir():
+        return InputError(f"{path} is a directory without config.json, so not a transformers model; {expected}")
+    if path.suffix.lower() == ".json":
+        where = f"; for a transformers model pass its directory: pipe import {path.parent}" if path.is_file() else ""
+        return InputError(f"{path} is a JSON file, not a model; {expected}{where}")
+    return InputError(f"{path}: {expected}")
+
+
+@dataclass(frozen=True)
+class HFSettings:
+    """What `pipe import DIR` was asked for (recorded as stages.import.settings)."""
+
+    task: str = "embedding"  # classification (the logits) or embedding (the pooled last hidden state)
+    pooling: str = "mean"  # embedding: mean over the attention mask, or the first (CLS) token
+    normalize: bool = False  # embedding: L2-normalize each vector
+
+
+def import_hf(
+    source: Path,
+    name: str,
+    repository: Path = Path("artifacts"),
+    settings: HFSettings | None = None,
+    tokenizer_dir: Path | None = None,
+    progress: Any = print,
+) -> Artifact:
+    """Create `repository/<name>/<next version>/` from the transformers directory `source` and return it."""
+    settings = settings or HFSettings()
+    source = Path(source)
+    if problem := check_name(name):
+        raise InputError(f"--name: {problem}")
+    if settings.task not in HF_TASKS:
+        raise InputError(f"--task {settings.task!r}: a transformers directory imports as {' or '.join(HF_TASKS)}")
+    if settings.pooling not in POOLINGS:
+        raise InputError(f"--pooling {settings.pooling!r} is not one of {', '.join(POOLINGS)}")
+    config = _config(source)
+    tokenizer = read_tokenizer(tokenizer_dir or source)
+    started = time.perf_counter()
+    module, names, config_obj = _load(source, settings)
+    loaded_s = time.perf_counter() - started
+    limits = hf_limits(source, names, tokenizer)
+    inputs = limits.apply([TensorSpec(n, "int64", ["batch", "sequence"], "NT") for n in names])
+    labels = _labels(config_obj) if settings.task == "classification" else []
+    width = len(labels) if settings.task == "classification" else int(config_obj.hidden_size)
+    output = "logits" if settings.task == "classification" else "embedding"
+    outputs = [TensorSpec(output, "float32", ["batch", width])]
+    model_root = Path(repository) / name
+    made = [d for d in (model_root, model_root.parent) if not d.exists()]
+    root = allocate_version(model_root)
+    try:
+        return _build(root, source, module, inputs, outputs, labels, limits, tokenizer, settings, config, loaded_s)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)  # nothing half-written
+        for directory in made:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise
+
+
+def _config(source: Path) -> dict[str, Any]:
+    """config.json, checked to be a transformers model's with its weights beside it."""
+    if not is_transformers_dir(source):
+        raise not_a_model(source)
+    try:
+        config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"{source}/config.json is not JSON ({str(exc)[:120]}): not a transformers model") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise InputError(
+            f"{source}/config.json has no model_type, so it is not a transformers model config; "
+            "pass the directory save_pretrained wrote"
+        )
+    if not any((source / w).is_file() for w in WEIGHTS):
+        raise InputError(
+            f"{source} holds config.json but no weights ({', '.join(WEIGHTS)}); save the model with save_pretrained"
+        )
+    return config
+
+
+def _load(source: Path, settings: HFSettings) -> tuple[torch.nn.Module, list[str], Any]:
+    """The transformers model in torch, wrapped to return the task's output, and its input names in order."""
+    import inspect
+
+    try:
+        import transformers
+    except ImportError:
+        raise InputError(
+            f"{source} is a transformers model; importing it needs transformers: pip install 'pipe-ml[hf]'"
+        ) from None
+
+    transformers.utils.logging.disable_progress_bar()  # pipe reports its own progress
+    auto = (
+        transformers.AutoModelForSequenceClassification if settings.task == "classification" else transformers.AutoModel
+    )
+    try:
+        model = auto.from_pretrained(str(source)).eval()
+    except (ValueError, OSError, KeyError) as exc:
+        raise InputError(f"transformers cannot load {source} as {auto.__name__}: {first_line(exc)}") from None
+    taken = inspect.signature(model.forward).parameters
+    words = {"ids": "input_ids", "mask": "attention_mask", "type_ids": "token_type_ids"}
+    names = [words[role] for role in ROLE_ORDER if words[role] in taken]
+    if "input_ids" not in names:
+        raise InputError(f"{type(model).__name__} takes no input_ids; pipe imports text models fed token ids")
+    from pipeline.export.hf_module import TaskHead
+
+    return TaskHead(model, names, settings.task, settings.pooling, settings.normalize), names, model.config
+
+
+def _labels(config: Any) -> list[str]:
+    """Class names from id2label, in index order, checked like every label."""
+    id2label = {int(k): str(v) for k, v in (getattr(config, "id2label", None) or {}).items()}
+    labels = [id2label.get(i, f"LABEL_{i}") for i in range(int(config.num_labels))]
+    if problems := [p for p in map(label_problem, labels) if p]:
+        raise InputError(f"config.json id2label: {problems[0]}")
+    if len(set(labels)) != len(labels):
+        raise InputError(f"config.json id2label: class names must be distinct, got {labels}")
+    return labels
+
+
+def _build(
+    root: Path,
+    source: Path,
+    module: torch.nn.Module,
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    labels: list[str],
+    limits: TokenLimits,
+    tokenizer: TokenizerSource,
+    settings: HFSettings,
+    config: dict[str, Any],
+    loaded_s: float,
+) -> Artifact:
+    import torch
+
+    from pipeline.export.onnx_export import export_module
+
+    manifest = Manifest(
+        name=root.parent.name,
+        version=int(root.name),
+        task=settings.task,  # type: ignore[arg-type]  # checked against HF_TASKS
+        inputs=inputs,
+        outputs=outputs,
+        labels=labels,
+        lineage=Lineage(backend="import"),
+    )
+    artifact = Artifact(root, manifest)
+    manifest.tokenizer = write_tokenizer(artifact, tokenizer)
+    encoder = TextEncoder.of(root, manifest)
+    assert encoder is not None  # the tokenizer and the ids input were just recorded
+    samples = encoder.encode(list(SENTENCES))  # [8, longest]: padded and unpadded rows
+    example = tuple(torch.from_numpy(samples[s.name]) for s in inputs)  # padded rows: the mask path is traced
+    path = root / MODEL_FILE
+    started = time.perf_counter()
+    result = export_module(module, example, inputs, outputs, path, opset=OPSET, exporter="torchscript")
+    export_s = time.perf_counter() - started
+    stamp(path, manifest)
+    reference = torch_runner(module, inputs, outputs)
+    run = ort_runner(path)
+    spec = ModelSpec(inputs, outputs, settings.task)
+    given = EvaluationSet.of(samples, source="tokenized sentences")
+    report = verify(path, reference, given, spec, Exact(), session=run.session)
+    report.raise_on_failure(f"the ONNX export of {source}")
+    save_golden(artifact, Golden(samples, reference(samples)))
+    digest = _source_digest(source)
+    graph = onnx.load(str(path), load_external_data=False)
+    read = {
+        "task": Reading(value=settings.task, source="--task"),
+        "tokens": Reading(value=limits_reading(limits), source="config.json and the tokenizer"),
+    }
+    if labels:
+        read["labels"] = Reading(value=len(labels), source="config.json id2label")
+    manifest.stages.import_ = ImportRecord(
+        settings={
+            "task": settings.task,
+            **({"pooling": settings.pooling, "normalize": settings.normalize} if settings.task == "embedding" else {}),
+            "exporter": result.exporter,
+        },
+        inputs={"source": digest},
+        source=str(source),
+        source_sha256=digest,
+        producer=f"transformers {importlib.metadata.version('transformers')} ({config.get('model_type')})",
+        ir_version=graph.ir_version,
+        opset=default_opset(graph),
+        golden="generated",
+        parity=report.to_dict(),
+        convention="Hugging Face",
+        read=read,
+        notes=[f"loaded in {loaded_s:.1f} s, exported in {export_s:.1f} s ({result.exporter})"],
+    )
+    artifact.add_variant(
+        FP32,
+        Variant(
+            file=MODEL_FILE, precision="fp32", format="onnx", stage="import", parent=digest, parity=report.summary()
+        ),
+    )
+    artifact.save()
+    return artifact
+
+
+def _source_digest(source: Path) -> str:
+    """sha256 over the directory's config, weights and tokenizer files (names and bytes, in order)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in source.iterdir() if p.is_file()):
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as f:
+            for block in iter(lambda f=f: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()

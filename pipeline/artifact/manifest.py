@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pipeline import __version__
 from pipeline.artifact.preprocessing import preprocessing_problems
 from pipeline.artifact.records import Stages
+from pipeline.artifact.tokens import TokenInput, TokenizerRecord, tokenizer_problems
 from pipeline.artifact.variants import Variant, check_variant_name, variant_file
 from pipeline.core.errors import ArtifactError
 from pipeline.core.jsontypes import decode, encode
@@ -123,15 +124,6 @@ def _positive(value: int | None) -> str | None:
     return None if value is None or value >= 1 else f"expected a number >= 1, got {value}"
 
 
-@dataclass(frozen=True)
-class TokenInput:
-    """What a token-id input accepts: ids index an embedding of `vocab_size` rows (training records it)."""
-
-    vocab_size: int = field(metadata={"check": _positive})  # valid ids are 0 .. vocab_size - 1
-    max_length: int | None = field(default=None, metadata={"check": _positive})  # longest sequence; None: any
-    padding_id: int | None = None  # the id that fills a short sequence; None: not known (an imported model)
-
-
 def _check_categories(categories: list[str] | None) -> str | None:
     if categories is None:
         return None
@@ -225,6 +217,8 @@ class Manifest:
     outputs: list[TensorSpec]
     labels: list[str] = field(default_factory=list, metadata={"check": _check_labels})
     detection: Detection | None = field(default=None, metadata={"omit_none": True})  # task detection only
+    # a text model's tokenizer, carried in the version (pipeline/artifact/tokens.py); None: token ids only
+    tokenizer: TokenizerRecord | None = field(default=None, metadata={"omit_none": True})
     lineage: Lineage = field(default_factory=Lineage)
     files: dict[str, FileEntry] = field(default_factory=dict, metadata={"check": _check_files})
     variants: dict[str, Variant] = field(default_factory=dict, metadata={"check": _check_variants})
@@ -305,15 +299,9 @@ def _contradictions(manifest: Manifest) -> list[str]:
         if variant.format != (fmt := file.rsplit(".", 1)[-1]):
             problems.append(f"{where}.format: {variant.format!r}, but {file!r} is in format {fmt!r}")
     for i, spec in enumerate(manifest.inputs):
-        tokens = spec.tokens
-        if tokens is None:
-            continue
-        if not spec.dtype.startswith(("int", "uint")):
+        if spec.tokens is not None and not spec.dtype.startswith(("int", "uint")):
             problems.append(f"inputs[{i}].tokens: token ids are integers, but {spec.name!r} is {spec.dtype}")
-        if tokens.padding_id is not None and not 0 <= tokens.padding_id < tokens.vocab_size:
-            problems.append(
-                f"inputs[{i}].tokens.padding_id: {tokens.padding_id} is not an id in [0, {tokens.vocab_size})"
-            )
+    problems += tokenizer_problems(manifest.tokenizer, manifest.inputs, manifest.files)
     problems += _feature_contradictions(manifest.inputs)
     problems += preprocessing_problems(manifest.inputs)  # an image record that cannot be applied: refused up front
     problems += _task_contradictions(manifest)
@@ -340,7 +328,9 @@ def _task_contradictions(manifest: Manifest) -> list[str]:
     return [f"labels: {len(manifest.labels)} class names, but output {first.name!r} has {classes} classes"]
 
 
-_IDENTITY_FIELDS = ("name", "version", "task", "inputs", "outputs", "labels", "detection", "lineage", "created")
+_IDENTITY_FIELDS = (
+    "name", "version", "task", "inputs", "outputs", "labels", "detection", "tokenizer", "lineage", "created",
+)  # fmt: skip
 
 
 def check_relative(rel: str) -> PurePosixPath:

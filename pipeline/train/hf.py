@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,10 @@ def _with_adapters(net: nn.Module, lora: LoraSpec, model_dir: Path) -> nn.Module
     )
     linear = sorted({name.rsplit(".", 1)[-1] for name, m in net.named_modules() if isinstance(m, nn.Linear)})
     try:
-        return get_peft_model(net, config)
+        with warnings.catch_warnings():
+            # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`; nothing pipe can change
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            return get_peft_model(net, config)
     except ValueError as exc:
         raise InputError(
             f"lora.target_modules {list(lora.target_modules)} do not name modules of {model_dir} ({_first(exc)}); "

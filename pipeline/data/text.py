@@ -5,9 +5,10 @@
 A `.csv` file has a header row naming its columns; a `.jsonl` file holds one JSON object per line
 keyed the same way. Every row needs a non-empty text and a label. The texts are tokenized with the
 model directory's own tokenizer (`tokenizer.json`, read by the `tokenizers` library, the one the
-server tokenizes with), truncated to `max_length` tokens (the model's limit when unset: its
-`max_position_embeddings` and the tokenizer's `model_max_length`), and padded with the tokenizer's
-padding id to the longest row. Each problem names the file and the line.
+server tokenizes with), truncated by it to `max_length` tokens on its truncation side (the model's
+limit when unset: its `max_position_embeddings` and the tokenizer's `model_max_length`), and padded
+with the tokenizer's padding id to the longest row on its padding side. Each problem names the file
+and the line.
 """
 
 from __future__ import annotations
@@ -127,9 +128,10 @@ def tokenize(texts: list[str], model_dir: Path, max_length: int | None) -> Token
     width = max(len(r) for r in rows)
     ids = np.full((len(rows), width), limits.padding_id, dtype=np.int64)
     mask = np.zeros((len(rows), width), dtype=np.int64)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = row
-        mask[i, : len(row)] = 1
+    for i, row in enumerate(rows):  # padded on the tokenizer's side, as the server pads a batch
+        where = slice(width - len(row), width) if source.padding_side == "left" else slice(0, len(row))
+        ids[i, where] = row
+        mask[i, where] = 1
     if ids.max() >= limits.vocab_size:
         raise InputError(
             f"{model_dir}: the tokenizer made id {int(ids.max())} but the model embeds {limits.vocab_size} ids "

@@ -52,13 +52,17 @@ PART_PROFILES = {
     "pipeline.optimize": ("optimize", "cpu"),
     "pipeline.runtime.latency": ("cpu",),  # onnxruntime sessions timed side by side, for optimize and check
     "pipeline.runtime.images": ("http",),  # pictures decoded by Pillow, for pipe serve (http) and pipe predict
+    "pipeline.runtime.text": ("http",),  # texts tokenized by tokenizers, for pipe serve (http) and pipe predict
     "pipeline.edge": ("edge", "cpu"),
     "pipeline.benchmark": ("report", "cpu"),  # the table and plot, onnxruntime sessions timed side by side
     "pipeline.report": ("report",),  # the curves drawn by matplotlib; the card is the manifest and reports/ read back
 }
 # A part's imports that are only used when present, each inside a function that leaves its work out with
-# the install command when the package is missing: pipe benchmark times a torch row only where torch is.
-PART_OPTIONAL_IMPORTS = {"pipeline.benchmark": {"torch"}}
+# the install command when the package is missing: pipe benchmark times a torch row only where torch is, and
+# pipe import of a transformers directory needs the `hf` profile (without it, the import says so).
+PART_OPTIONAL_IMPORTS = {"pipeline.benchmark": {"torch"}, "pipeline.export": {"transformers"}}
+# `pipe train` of `model.arch: hf` on `data.source: text` needs the `hf` profile too (without it, it says so).
+PART_OPTIONAL_IMPORTS |= {"pipeline.train": {"transformers", "peft"}, "pipeline.data": {"tokenizers"}}
 # Imported only when present (inside a try: ... except ImportError), never a dependency. tflite_runtime is
 # the device runtime the stand-alone edge runner falls back to; it lives in .venv-edge, never beside numpy 2.
 OPTIONAL_IMPORTS = {"mlflow", "tflite_runtime"}

@@ -98,7 +98,12 @@ def _jsonl_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
 
 def tokenize(texts: list[str], model_dir: Path, max_length: int | None) -> Tokenized:
     """`texts` through the model directory's tokenizer: truncated to the model's limit, padded to the longest row."""
+    import importlib.util
+
     from pipeline.artifact.tokens import hf_limits, read_tokenizer
+
+    if importlib.util.find_spec("tokenizers") is None:
+        raise InputError("data.source text needs tokenizers, which is not installed; pip install '.[hf]'")
 
     source = read_tokenizer(model_dir)
     limits = hf_limits(model_dir, ["input_ids", "attention_mask"], source)

@@ -84,6 +84,7 @@ def build_text_classifier(model_dir: Path, info: DataInfo, lora: LoraSpec | None
             f"model.path {model_dir} is not a transformers model directory (no config.json); save the model with "
             "save_pretrained and point model.path at that directory"
         )
+    require_hf("transformers")
     from transformers import AutoModelForSequenceClassification
 
     labels = info.labels
@@ -108,6 +109,7 @@ def build_text_classifier(model_dir: Path, info: DataInfo, lora: LoraSpec | None
 
 
 def _with_adapters(net: nn.Module, lora: LoraSpec, model_dir: Path) -> nn.Module:
+    require_hf("peft")
     from peft import LoraConfig, TaskType, get_peft_model
 
     config = LoraConfig(
@@ -128,6 +130,16 @@ def _with_adapters(net: nn.Module, lora: LoraSpec, model_dir: Path) -> nn.Module
             f"lora.target_modules {list(lora.target_modules)} do not name modules of {model_dir} ({_first(exc)}); "
             f"its linear layers are named {linear}"
         ) from None
+
+
+def require_hf(package: str) -> None:
+    """`model.arch: hf` needs the `hf` profile: without it, one line saying how to install it."""
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        raise InputError(
+            f"model.arch hf needs {package}, which is not installed; install pipe's hf profile: pip install '.[hf]'"
+        )
 
 
 def base_digest(model_dir: Path) -> str:

@@ -61,6 +61,8 @@ PART_PROFILES = {
 # the install command when the package is missing: pipe benchmark times a torch row only where torch is, and
 # pipe import of a transformers directory needs the `hf` profile (without it, the import says so).
 PART_OPTIONAL_IMPORTS = {"pipeline.benchmark": {"torch"}, "pipeline.export": {"transformers"}}
+# `pipe train` of `model.arch: hf` on `data.source: text` needs the `hf` profile too (without it, it says so).
+PART_OPTIONAL_IMPORTS |= {"pipeline.train": {"transformers", "peft"}, "pipeline.data": {"tokenizers"}}
 # Imported only when present (inside a try: ... except ImportError), never a dependency. tflite_runtime is
 # the device runtime the stand-alone edge runner falls back to; it lives in .venv-edge, never beside numpy 2.
 OPTIONAL_IMPORTS = {"mlflow", "tflite_runtime"}

@@ -28,7 +28,7 @@ train:
     (BASE + "budgets: {max_accuracy_drop: .nan}\n", "budgets.max_accuracy_drop: Input should be greater than or equal"),
     (BASE + "task: embedding\n", "task 'embedding' is not available yet in recipes"),
     (BASE.replace("source: digits", "source: digits, label_column: y"),
-     "data.label_column applies to source 'csv' only (source is 'digits'); remove it"),
+     "data.label_column applies to source 'csv' or 'text' only (source is 'digits'); remove it"),
     (BASE.replace("source: digits", "source: digits, image_size: [8, 8]"),
      "data.image_size applies to source 'images' only (source is 'digits'); remove it"),
     (BASE + "budgets: {metrics: {acuracy: {max_drop: 0.01}}}\n", "budgets.metrics: no task metric named 'acuracy'"),

@@ -17,7 +17,7 @@ LINES = [
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def save_tokenizer(directory: Path, max_length: int = 32) -> Path:
+def save_tokenizer(directory: Path, max_length: int = 32, lines: list[str] = LINES) -> Path:
     """A BERT-style fast tokenizer ([CLS] text [SEP], lowercased, [PAD] = 0) saved in `directory`."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -25,7 +25,7 @@ def save_tokenizer(directory: Path, max_length: int = 32) -> Path:
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.train_from_iterator(LINES, trainers.WordPieceTrainer(vocab_size=120, special_tokens=SPECIALS))
+    tokenizer.train_from_iterator(lines, trainers.WordPieceTrainer(vocab_size=120, special_tokens=SPECIALS))
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
@@ -44,13 +44,15 @@ def save_tokenizer(directory: Path, max_length: int = 32) -> Path:
     return directory
 
 
-def save_bert(directory: Path, task: str = "embedding", labels: tuple[str, ...] = ("neg", "pos")) -> Path:
+def save_bert(
+    directory: Path, task: str = "embedding", labels: tuple[str, ...] = ("neg", "pos"), lines: list[str] = LINES
+) -> Path:
     """A 2-layer BERT (hidden 32) with the tokenizer above, saved with save_pretrained: a classifier
     (BertForSequenceClassification, id2label from `labels`) or an encoder (BertModel)."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification, BertModel
 
-    save_tokenizer(directory)
+    save_tokenizer(directory, lines=lines)
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=128,

@@ -94,6 +94,7 @@ class TrainRecord(StageRecord):
     wall_s: float
     cpu_s: float
     samples_per_s: float
+    parameters: dict[str, int] = field(default_factory=dict)  # {"trainable", "total"}: LoRA trains a few percent
 
 
 @dataclass(kw_only=True)

@@ -21,7 +21,7 @@ from pipeline.data.csvfile import read_csv
 from pipeline.recipe.schema import BUILTIN_DATASETS, REGRESSION_DATASETS, Recipe
 from pipeline.runtime.images import digits_record
 
-KINDS = ("features", "image", "tokens")
+KINDS = ("features", "image", "tokens", "text")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
@@ -29,7 +29,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 class RawData:
     """All samples of a dataset before splitting."""
 
-    x: np.ndarray  # [n, F] float32 | [n, C, H, W] float32 | [n, T] int64 tokens (0 = padding)
+    x: np.ndarray  # [n, F] float32 | [n, C, H, W] float32 | [n, T] int64 tokens (0 = padding; text: padding_id)
     y: np.ndarray  # [n] int64 class index
     labels: list[str]  # class names; y indexes into this list
     kind: str  # one of KINDS
@@ -40,6 +40,9 @@ class RawData:
     features: list[dict[str, Any]] | None = None
     delimiter: str | None = None  # csv: what the fields were split on
     excluded: list[str] | None = None  # csv: the columns data.exclude_columns left out
+    # text: the tokenizer's attention mask [n, T] (1 real token, 0 padding) and its limits (pipeline/data/text.py)
+    mask: np.ndarray | None = None
+    text: dict[str, int] | None = None  # {"padding_id", "vocab_size", "max_length"}
 
 
 def read_source(recipe: Recipe) -> RawData:
@@ -54,7 +57,7 @@ def read_source(recipe: Recipe) -> RawData:
                 f"data file {path} does not exist (data.path: {data.path!r}, relative to the recipe's "
                 f"folder {recipe.base_dir}); fix data.path or create the file"
             )
-        readers = {"csv": _csv, "npz": _npz, "images": _images, "tokens": _tokens}
+        readers = {"csv": _csv, "npz": _npz, "images": _images, "tokens": _tokens, "text": _text}
         raw = readers[data.source](path, recipe)
     _check(raw, str(recipe.data_path() or data.source), recipe.task)
     return raw
@@ -261,6 +264,24 @@ def _tokens(path: Path, recipe: Recipe) -> RawData:
         raise InputError(f"{path}: tokens holds negative ids (min {tokens.min()}); ids start at 0 (padding)")
     y, labels = _npz_targets(arrays, path, recipe.task)
     return RawData(tokens.astype(np.int64), y, labels, "tokens")
+
+
+def _text(path: Path, recipe: Recipe) -> RawData:
+    """Texts and labels from a .csv or .jsonl file, tokenized with the model directory's tokenizer."""
+    from pipeline.data.text import DEFAULT_LABEL_COLUMN, DEFAULT_TEXT_COLUMN, read_texts, tokenize
+
+    spec = recipe.data
+    texts, labels = read_texts(path, spec.text_column or DEFAULT_TEXT_COLUMN, spec.label_column or DEFAULT_LABEL_COLUMN)
+    model_dir = recipe.model_dir()
+    if model_dir is None or not model_dir.is_dir():
+        raise InputError(
+            f"source 'text' is tokenized with the model directory's tokenizer, and {model_dir} is not a directory "
+            "(model.path, relative to the recipe's folder); point model.path at a save_pretrained directory"
+        )
+    tokens = tokenize(texts, model_dir, spec.max_length)
+    y, names = _classes(np.asarray(labels))
+    limits = {"padding_id": tokens.padding_id, "vocab_size": tokens.vocab_size, "max_length": tokens.max_length}
+    return RawData(tokens.ids, y, names, "text", mask=tokens.mask, text=limits)
 
 
 def _check(raw: RawData, source: str, task: str) -> None:

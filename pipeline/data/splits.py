@@ -19,16 +19,18 @@ from pipeline.data.sources import RawData, read_source
 from pipeline.data.summary import summarize
 from pipeline.recipe.schema import Recipe
 
+TEXT_IDS, TEXT_MASK = "input_ids", "attention_mask"  # a text model's inputs, named as transformers names them
+
 
 @dataclass(frozen=True)
 class DataInfo:
     """The shape of one sample and the facts a model is built from."""
 
-    kind: str  # features | image | tokens
+    kind: str  # features | image | tokens | text (token ids and attention mask from a transformers tokenizer)
     sample_shape: list[int]  # one sample without the batch dim: [64], [1, 8, 8], [32] (longest sequence)
     num_classes: int  # the model's output width: the classes of a classifier, 1 for regression
     labels: list[str] = field(default_factory=list)
-    vocab_size: int | None = None  # tokens: largest id + 1
+    vocab_size: int | None = None  # tokens: largest id + 1; text: the ids the model embeds
     mean: list[float] | None = None  # train-split mean per feature (features) or per channel (images)
     std: list[float] | None = None  # matching std; 1.0 where a feature is constant
     image: dict[str, Any] | None = None  # images: how a picture becomes a sample (pipeline/runtime/images.py)
@@ -39,6 +41,9 @@ class DataInfo:
     # features: each column's name in input order, and a categorical column's categories: the input
     # holds the category's index there and the model one-hot encodes it (zoo.OneHot)
     features: list[dict[str, Any]] | None = None
+    # text: the id short rows are padded with, and the longest row the model takes (serving truncates to it)
+    padding_id: int | None = None
+    max_length: int | None = None
 
     @property
     def categorical(self) -> dict[int, int]:
@@ -47,15 +52,23 @@ class DataInfo:
 
     @property
     def input_name(self) -> str:
-        return "tokens" if self.kind == "tokens" else "input"
+        """The first (or only) model input: the ids of a text model."""
+        return self.input_names[0]
+
+    @property
+    def input_names(self) -> list[str]:
+        """The model's inputs, in the order its forward takes them."""
+        if self.kind == "text":
+            return [TEXT_IDS, TEXT_MASK]
+        return ["tokens" if self.kind == "tokens" else "input"]
 
     @property
     def dtype(self) -> str:
-        return "int64" if self.kind == "tokens" else "float32"
+        return "int64" if self.kind in ("tokens", "text") else "float32"
 
     @property
     def layout(self) -> str:
-        return {"features": "NC", "image": "NCHW", "tokens": "NT"}[self.kind]
+        return {"features": "NC", "image": "NCHW", "tokens": "NT", "text": "NT"}[self.kind]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,7 +106,7 @@ def load_splits(recipe: Recipe) -> Splits:
         len(raw.y), recipe.data.val_fraction, recipe.data.test_fraction, recipe.train.seed
     )
     mean = std = None
-    if recipe.data.normalize and raw.kind != "tokens":
+    if recipe.data.normalize and raw.kind not in ("tokens", "text"):
         mean, std = _stats(raw.x[train_idx], raw.kind)
         for i, feature in enumerate(raw.features or []):
             if feature.get("categories"):  # category indices are one-hot encoded, never standardized
@@ -106,17 +119,21 @@ def load_splits(recipe: Recipe) -> Splits:
         sample_shape=[int(d) for d in raw.x.shape[1:]],
         num_classes=1 if recipe.task == "regression" else len(raw.labels),
         labels=raw.labels,
-        vocab_size=int(raw.x.max()) + 1 if raw.kind == "tokens" else None,
+        vocab_size=(raw.text or {}).get("vocab_size") or (int(raw.x.max()) + 1 if raw.kind == "tokens" else None),
         mean=mean,
         std=std,
         image=raw.image,
         target_mean=target_mean,
         target_std=target_std,
         features=raw.features,
+        padding_id=(raw.text or {}).get("padding_id"),
+        max_length=(raw.text or {}).get("max_length"),
     )
 
     def take(idx: np.ndarray) -> Split:
-        return Split({info.input_name: np.ascontiguousarray(raw.x[idx])}, raw.y[idx])
+        columns = [raw.x] if raw.mask is None else [raw.x, raw.mask]  # text: ids, then the attention mask
+        inputs = {name: np.ascontiguousarray(a[idx]) for name, a in zip(info.input_names, columns, strict=True)}
+        return Split(inputs, raw.y[idx])
 
     source = str(recipe.data.path or recipe.data.source)
     summary = summarize(raw, source, recipe.task)
@@ -139,7 +156,7 @@ def fingerprint(raw: RawData) -> str:
     """sha256 over the features and labels, their dtypes and shapes, the class names, and the feature
     columns' names and categories: identical data, identical digest."""
     digest = hashlib.sha256()
-    for array in (raw.x, raw.y):
+    for array in (raw.x, raw.y) if raw.mask is None else (raw.x, raw.y, raw.mask):
         digest.update(f"{array.dtype.str}{array.shape}".encode())
         digest.update(np.ascontiguousarray(array).tobytes())
     digest.update("\0".join(raw.labels).encode())

@@ -81,25 +81,44 @@ class OnnxSpec(_Strict):
     artifact: str  # the parent artifact: a version directory, or a model directory (its newest version)
 
 
+class HFSpec(_Strict):
+    """A Hugging Face Transformers model directory (`save_pretrained` output), fine-tuned as a classifier."""
+
+    arch: Literal["hf"]
+    path: str = Field(min_length=1)  # the directory (config.json, weights, tokenizer), relative to the recipe
+
+
 ModelSpec = Annotated[
-    MLPSpec | CNNSpec | TransformerSpec | MoESpec | CustomSpec | OnnxSpec, Field(discriminator="arch")
+    MLPSpec | CNNSpec | TransformerSpec | MoESpec | CustomSpec | OnnxSpec | HFSpec, Field(discriminator="arch")
 ]
+
+
+class LoraSpec(_Strict):
+    """LoRA through PEFT: low-rank adapters on `target_modules`, merged into the base weights before export."""
+
+    rank: int = Field(8, gt=0, le=4096)  # the adapters' inner width r
+    alpha: float = Field(16.0, gt=0)  # scaling: the update is (alpha / rank) * B @ A
+    dropout: float = Field(0.0, ge=0, lt=1)  # dropout on the adapters' input
+    # module names (or name suffixes) to adapt, e.g. [query, value] for BERT; the classifier head always trains
+    target_modules: list[Annotated[str, Field(min_length=1)]] = Field(["query", "value"], min_length=1)
 
 
 # --- data ----------------------------------------------------------------------------------------
 
 BUILTIN_DATASETS = ("digits", "iris", "wine", "breast_cancer", "diabetes")
 REGRESSION_DATASETS = ("diabetes",)  # bundled sets whose target is a number, not a class
-FILE_SOURCES = ("csv", "npz", "images", "tokens")
+FILE_SOURCES = ("csv", "npz", "images", "tokens", "text")
 
 
 HeightWidth = Annotated[list[Annotated[int, Field(gt=0)]], Field(min_length=2, max_length=2)]  # [height, width]
 
 
 class DataSpec(_Strict):
-    source: Literal["digits", "iris", "wine", "breast_cancer", "diabetes", "csv", "npz", "images", "tokens"]
+    source: Literal["digits", "iris", "wine", "breast_cancer", "diabetes", "csv", "npz", "images", "tokens", "text"]
     path: str | None = None  # file or folder, relative to the recipe; file sources only
-    label_column: str | None = None  # csv: the column holding the target
+    label_column: str | None = None  # csv: the column holding the target; text: the label's column ("label")
+    text_column: str | None = None  # text: the column (CSV) or key (JSONL) holding the text ("text")
+    max_length: int | None = Field(None, gt=1)  # text: tokens per row at most (None: the model's own limit)
     feature_columns: list[str] | None = None  # csv: None means every other column
     exclude_columns: list[str] | None = None  # csv: columns left out of "every other column" (IDs, free text)
     delimiter: Literal[",", ";", "\t", "|"] | None = None  # csv: None finds it from the file's first lines
@@ -135,11 +154,18 @@ class DataSpec(_Strict):
                 "data.exclude_columns leaves columns out of every other column, data.feature_columns lists the "
                 "columns to use: give one of them"
             )
-        keys = ("label_column", "feature_columns", "exclude_columns")
-        for key, applies_to in (*((k, "csv") for k in keys), ("image_size", "images")):
-            if getattr(self, key) is not None and self.source != applies_to:  # nothing would read it
+        for key, applies_to in (
+            ("label_column", ("csv", "text")),
+            ("feature_columns", ("csv",)),
+            ("exclude_columns", ("csv",)),
+            ("image_size", ("images",)),
+            ("text_column", ("text",)),
+            ("max_length", ("text",)),
+        ):
+            if getattr(self, key) is not None and self.source not in applies_to:  # nothing would read it
                 raise ValueError(
-                    f"data.{key} applies to source {applies_to!r} only (source is {self.source!r}); remove it"
+                    f"data.{key} applies to source {' or '.join(map(repr, applies_to))} only (source is "
+                    f"{self.source!r}); remove it"
                 )
         return self
 
@@ -321,6 +347,7 @@ class Recipe(_Strict):
     description: str = ""
     model: ModelSpec
     data: DataSpec
+    lora: LoraSpec | None = None  # model.arch hf: train LoRA adapters instead of every weight
     train: TrainSpec = TrainSpec()
     export: ExportSpec = ExportSpec()
     optimize: OptimizeSpec = OptimizeSpec()
@@ -340,6 +367,7 @@ class Recipe(_Strict):
                 "task 'embedding' is not available yet in recipes: pipe train trains classification and regression "
                 "(an embedding model can be brought in with pipe import --task embedding)"
             )
+        self._hf_fits()
         source = self.data.source
         classes_only = source == "images" or (source in BUILTIN_DATASETS and source not in REGRESSION_DATASETS)
         if self.task == "regression" and classes_only:
@@ -371,6 +399,31 @@ class Recipe(_Strict):
             )
         return self
 
+    def _hf_fits(self) -> None:
+        """A transformers model reads text through its own tokenizer; LoRA adapts a transformers model only."""
+        hf = isinstance(self.model, HFSpec)
+        if self.lora is not None and not hf:
+            raise ValueError(
+                f"lora: applies to model.arch hf (a transformers directory), not {self.model.arch!r}; remove lora: "
+                "or set model: {arch: hf, path: DIR}"
+            )
+        if hf != (self.data.source == "text"):
+            raise ValueError(
+                "model.arch hf trains on data.source text (tokenized with the model directory's tokenizer), and "
+                f"data.source text needs model.arch hf; got model.arch {self.model.arch!r} with data.source "
+                f"{self.data.source!r}"
+            )
+        if hf and self.task != "classification":
+            raise ValueError(f"model.arch hf trains classifiers (task: classification); task is {self.task!r}")
+        if hf and self.train.strategy == "fsdp":
+            raise ValueError("train.strategy fsdp is not available for model.arch hf; use ddp with --nproc")
+        if hf and self.train.backend != "torch":
+            raise ValueError("model.arch hf trains with train.backend torch (PEFT is torch); remove train.backend")
+
+    def model_dir(self) -> Path | None:
+        """model.arch hf: the transformers directory, resolved against the recipe's directory."""
+        return self.base_dir / self.model.path if isinstance(self.model, HFSpec) else None
+
     def data_path(self) -> Path | None:
         """The data file or folder, resolved against the recipe's directory."""
         return None if self.data.path is None else (self.base_dir / self.data.path)
@@ -379,18 +432,24 @@ class Recipe(_Strict):
 # The recipe sections each stage reads: a stage is up to date while its sections are unchanged, so
 # editing `export:` re-runs export alone and never retrains.
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
-    "train": ("name", "task", "model", "data", "train"),
+    "train": ("name", "task", "model", "data", "lora", "train"),
     "export": ("export",),
     "optimize": ("optimize",),
     "edge": ("edge",),
     "benchmark": ("benchmark",),
 }
 
+OPTIONAL_SECTIONS = ("lora",)
+
 
 def stage_settings(recipe: Recipe, stage: str) -> dict[str, Any]:
     """The recipe sections `stage` reads, as JSON (a train record's settings rebuild the model)."""
     dumped = recipe.model_dump(mode="json")
-    return {key: dumped[key] for key in STAGE_SECTIONS[stage]}
+    # An optional section left out (lora: None) is not recorded: the recipes trained before it existed keep
+    # their settings digest, so `pipe run` does not retrain them.
+    return {
+        key: dumped[key] for key in STAGE_SECTIONS[stage] if key not in OPTIONAL_SECTIONS or dumped[key] is not None
+    }
 
 
 def recipe_location(recipe_path: Path, artifact_root: Path) -> str:

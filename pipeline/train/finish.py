@@ -20,13 +20,16 @@ from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import Golden, save_golden
 from pipeline.artifact.manifest import Feature, Lineage, Manifest, TensorSpec, TokenInput
 from pipeline.artifact.records import CheckpointRecord, GoldenRecord, TrainRecord
+from pipeline.artifact.tokens import TokenLimits, read_tokenizer, write_tokenizer
 from pipeline.core.fsutil import atomic_path
 from pipeline.data import DataInfo, Splits
+from pipeline.data.splits import TEXT_IDS, TEXT_MASK
 from pipeline.recipe.schema import Recipe, recipe_location, stage_settings
 from pipeline.train.checkpoint import CHECKPOINT_DIR, FINAL_WEIGHTS
+from pipeline.train.hf import base_digest
 from pipeline.train.loop import FitResult
 from pipeline.train.objective import evaluate, kept_reason, objective_for
-from pipeline.train.zoo import build_model
+from pipeline.train.zoo import build_model, inference_model
 
 GOLDEN_WHOLE_SPLIT_MAX = 1000  # test splits up to this size go into golden.npz whole
 GOLDEN_SAMPLES = 512  # otherwise the first this many test samples
@@ -45,18 +48,18 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
     with atomic_path(root / weights_rel) as tmp:
         save_file({k: v.contiguous() for k, v in result.best_weights.items()}, tmp)
 
-    model = build_model(recipe.model, info)
+    model = build_model(recipe.model, info, lora=recipe.lora, base_dir=recipe.base_dir)
     model.load_state_dict(result.best_weights)
-    model = model.float().eval()
-    name = info.input_name
-    test_x = torch.from_numpy(splits.test.inputs[name])
+    parameters = parameter_counts(model)
+    model = inference_model(model).float().eval()  # LoRA: the adapters merged, as restore rebuilds it for export
+    test_x = {name: torch.from_numpy(splits.test.inputs[name]) for name in info.input_names}
     test = evaluate(model, test_x, torch.from_numpy(splits.test.target), objective_for(recipe, info))
 
     manifest = Manifest(
         name=recipe.name,
         version=int(root.name),
         task=recipe.task,
-        inputs=[input_spec(info, recipe.model)],
+        inputs=input_specs(info, recipe.model),
         outputs=[output_spec(recipe.task, info)],
         labels=info.labels,
         lineage=Lineage(
@@ -70,8 +73,11 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
     whole = len(splits.test) <= GOLDEN_WHOLE_SPLIT_MAX
     count = len(splits.test) if whole else GOLDEN_SAMPLES
     with torch.no_grad():
-        outputs = model(test_x[:count]).numpy()
-    golden_inputs = {name: splits.test.inputs[name][:count]}
+        outputs = model(*(t[:count] for t in test_x.values())).numpy()
+    golden_inputs = {name: splits.test.inputs[name][:count] for name in info.input_names}
+    model_dir = recipe.model_dir()
+    if model_dir is not None:  # a text model carries its tokenizer: pipe serve takes text with it
+        manifest.tokenizer = write_tokenizer(artifact, read_tokenizer(model_dir))
     golden_outputs = {manifest.outputs[0].name: outputs.astype(np.float32)}
     save_golden(artifact, Golden(golden_inputs, golden_outputs, splits.test.target[:count]))
 
@@ -91,6 +97,7 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
         "cpu_s": result.cpu_s,
         "samples_per_s": result.samples_per_s,
         "history": p.history,
+        "parameters": parameters,  # trainable and total: a LoRA run trains a few percent
     }
     artifact.write_file("reports/train.json", (json.dumps(summary, indent=2) + "\n").encode())
     for path in sorted(q for q in (root / CHECKPOINT_DIR).rglob("*") if q.is_file()):
@@ -100,7 +107,8 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
 
     manifest.stages.train = TrainRecord(
         settings=stage_settings(recipe, "train"),  # the sections as trained: enough to rebuild the model
-        inputs={"recipe": recipe.digest, "data": splits.fingerprint},
+        inputs={"recipe": recipe.digest, "data": splits.fingerprint}
+        | ({"base_model": base_digest(model_dir)} if model_dir is not None else {}),  # what the adapters build on
         recipe_path=recipe_location(Path(plan.recipe_path), root),  # where `pipe export` reads its section now
         data=info.to_dict(),  # the data-shape record build_model takes
         checkpoint=CheckpointRecord(
@@ -124,8 +132,30 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
         wall_s=result.wall_s,
         cpu_s=result.cpu_s,
         samples_per_s=result.samples_per_s,
+        parameters=parameters,
     )
     artifact.save()
+
+
+def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
+    """The parameters training updated, and all of the model's."""
+    params = list(model.parameters())
+    return {"trainable": sum(p.numel() for p in params if p.requires_grad), "total": sum(p.numel() for p in params)}
+
+
+def input_specs(info: DataInfo, model: Any) -> list[TensorSpec]:
+    """The model inputs as the manifest states them: one, or a text model's ids and attention mask with the
+    tokenizer's limits (vocabulary, padding id, longest row), so a server checks and pads token rows."""
+    if info.kind != "text":
+        return [input_spec(info, model)]
+    specs = [TensorSpec(name, "int64", ["batch", "sequence"], "NT") for name in info.input_names]
+    limits = TokenLimits(
+        names={"ids": TEXT_IDS, "mask": TEXT_MASK},
+        vocab_size=info.vocab_size or 1,
+        padding_id=info.padding_id,
+        max_length=info.max_length,
+    )
+    return limits.apply(specs)
 
 
 def input_spec(info: DataInfo, model: Any) -> TensorSpec:

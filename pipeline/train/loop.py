@@ -80,11 +80,11 @@ class FitResult:
 
 def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
     cfg, world, device = run.recipe.train, run.world, run.device
-    name = splits.info.input_name
-    # The dataset on the device: x [N, ...], y [N].
-    x_train = torch.from_numpy(splits.train.inputs[name]).to(device)
+    # The dataset on the device: each model input x [N, ...] by name, in the order forward takes them
+    # (one for the zoo's models; input_ids and attention_mask [N, T] for a text model), and y [N].
+    x_train = on_device(splits.train.inputs, splits.info.input_names, device)
     y_train = torch.from_numpy(splits.train.target).to(device)
-    x_val = torch.from_numpy(splits.val.inputs[name]).to(device)
+    x_val = on_device(splits.val.inputs, splits.info.input_names, device)
     y_val = torch.from_numpy(splits.val.target).to(device)
 
     model.to(device)
@@ -159,7 +159,7 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
                 no_sync = not last_micro and hasattr(model, "no_sync")
                 with model.no_sync() if no_sync else contextlib.nullcontext():
                     with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                        outputs = model(x_train[idx])  # [B, classes] logits, or [B, 1] predictions
+                        outputs = model(*rows(x_train, idx))  # [B, classes] logits, or [B, 1] predictions
                         loss = objective(outputs.float(), y_train[idx])
                     value = loss.item()
                     if not math.isfinite(value):
@@ -223,6 +223,16 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0  # all threads of this process: writer threads count too
     return FitResult(best_weights, progress, wall, cpu, samples * world.size / max(wall, 1e-9), last)
+
+
+def on_device(inputs: dict[str, Any], names: list[str], device: torch.device) -> dict[str, torch.Tensor]:
+    """The named numpy inputs as tensors on `device`, in the order the model's forward takes them."""
+    return {name: torch.from_numpy(inputs[name]).to(device) for name in names}
+
+
+def rows(x: dict[str, torch.Tensor], idx: torch.Tensor | slice) -> tuple[torch.Tensor, ...]:
+    """The rows `idx` of every input, as the model's positional arguments."""
+    return tuple(t[idx] for t in x.values())
 
 
 def _diverged(value: float, progress: Progress, lr: float, precision: str, kept: Path | None) -> TrainingDiverged:

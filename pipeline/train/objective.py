@@ -61,14 +61,16 @@ def objective_for(recipe: Recipe, info: DataInfo) -> Objective:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, objective: Objective) -> dict[str, float]:
+def evaluate(model: nn.Module, x: dict[str, torch.Tensor], y: torch.Tensor, objective: Objective) -> dict[str, float]:
     """Mean loss and the task's figures over a whole split, in fp32 (every rank sees all of it).
 
-    Leaves the model in the mode it found it: the caller may be mid-training or finishing up.
+    `x`: each model input [N, ...] by name, in the order forward takes them. Leaves the model in the
+    mode it found it: the caller may be mid-training or finishing up.
     """
     was_training = model.training
     model.eval()
-    outputs = torch.cat([model(x[start : start + EVAL_BATCH]).float() for start in range(0, len(y), EVAL_BATCH)])
+    chunks = [slice(start, start + EVAL_BATCH) for start in range(0, len(y), EVAL_BATCH)]
+    outputs = torch.cat([model(*(t[rows] for t in x.values())).float() for rows in chunks])
     model.train(was_training)
     figures = {"loss": objective(outputs, y, reduction="sum").item() / len(y)}
     if objective.regression:  # [N, 1] predictions in target units

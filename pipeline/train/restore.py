@@ -8,6 +8,7 @@ the recipe file or the data. Later stages reach it through `pipeline.runtime.bac
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.artifact.directory import Artifact
@@ -24,7 +25,7 @@ def load_trained_model(artifact: Artifact) -> torch.nn.Module:
 
     from pipeline.data import DataInfo
     from pipeline.recipe.schema import parse_recipe
-    from pipeline.train.zoo import build_model
+    from pipeline.train.zoo import build_model, inference_model
 
     record = artifact.manifest.stages.train
     if record is None:
@@ -37,8 +38,10 @@ def load_trained_model(artifact: Artifact) -> torch.nn.Module:
         info = decode(DataInfo, record.data, "stages.train.data")
     except ValueError as exc:
         raise ArtifactError(f"{artifact.root}/manifest.json: {exc}; re-train the model") from None
+    base_dir = _recipe_dir(artifact, record.recipe_path)
+    _check_base(artifact, recipe.model_copy(update={"base_dir": base_dir}), record.inputs.get("base_model"))
     try:
-        model = build_model(recipe.model, info)
+        model = build_model(recipe.model, info, lora=recipe.lora, base_dir=base_dir)
     except (RuntimeError, ValueError) as exc:  # e.g. torch refusing a negative size from a hand-edited record
         raise ArtifactError(
             f"{artifact.root}/manifest.json: stages.train.data does not build a model ({_one_line(exc)}); re-train"
@@ -50,7 +53,32 @@ def load_trained_model(artifact: Artifact) -> torch.nn.Module:
         model.load_state_dict(load_file(artifact.path(weights_rel)))
     except RuntimeError as exc:
         raise ArtifactError(f"{weights_rel} does not fit the recorded model ({_one_line(exc)}); re-train") from None
-    return model.float().cpu().eval()
+    return inference_model(model).float().cpu().eval()  # LoRA: the adapters merged into the base weights
+
+
+def _recipe_dir(artifact: Artifact, recipe_path: str | None) -> Path:
+    """The folder of the recipe the model was trained from: what model.path (arch hf) is relative to."""
+    return (artifact.root / recipe_path).parent if recipe_path else artifact.root
+
+
+def _check_base(artifact: Artifact, recipe: Any, recorded: str | None) -> None:
+    """model.arch hf: the transformers directory trained from must still be there, with the same files."""
+    model_dir = recipe.model_dir()
+    if model_dir is None:
+        return
+    from pipeline.train.hf import base_digest
+
+    if not model_dir.is_dir():
+        raise ArtifactError(
+            f"{artifact.root} was fine-tuned from the transformers directory {model_dir} (model.path, relative to "
+            "the recipe it was trained from), which is not there; its checkpoint holds the adapters alone. Put the "
+            "base model back there, or re-train"
+        )
+    if recorded is not None and base_digest(model_dir) != recorded:
+        raise ArtifactError(
+            f"the transformers directory {model_dir} changed since {artifact.root} was fine-tuned from it (its "
+            "config, weight or tokenizer files differ from the recorded digest); restore the base model, or re-train"
+        )
 
 
 def _one_line(exc: BaseException) -> str:

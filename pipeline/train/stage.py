@@ -124,7 +124,7 @@ def train_in_process(
             resume_from = latest_checkpoint(root) if resume else None
             device = torch.device(plan.device, world.local_rank if plan.device == "cuda" else None)
             torch.manual_seed(recipe.train.seed)  # identical initial weights on every rank
-            model = build_model(recipe.model, splits.info)
+            model = build_model(recipe.model, splits.info, lora=recipe.lora, base_dir=recipe.base_dir)
             torch.manual_seed(recipe.train.seed + world.rank)  # distinct dropout masks per rank
             step = checkpoint_step(resume_from) if resume_from else 0
             monitor = Monitor(root, enabled=world.main, resume_step=step, quiet=plan.quiet)
@@ -193,17 +193,17 @@ def check_model_fits(recipe: Recipe, splits: Splits) -> None:
     from pipeline.train.zoo import build_model
 
     try:
-        model = build_model(recipe.model, splits.info).eval()
+        model = build_model(recipe.model, splits.info, lora=recipe.lora, base_dir=recipe.base_dir).eval()
     except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as exc:  # sizes torch cannot allocate
         raise InputError(
             f"model arch {recipe.model.arch!r} cannot be built for the data ({first_line(exc, 200)}); make the model's "
             "sizes (hidden, channels, dim, experts...) ones that fit in memory"
         ) from None
-    sample = torch.from_numpy(splits.train.inputs[splits.info.input_name][:2])
+    sample = [torch.from_numpy(splits.train.inputs[name][:2]) for name in splits.info.input_names]
     given = f"{splits.info.dtype} {['batch', *splits.info.sample_shape]}"
     try:
         with torch.no_grad():
-            out = model(sample)
+            out = model(*sample)
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
         raise InputError(
             f"model arch {recipe.model.arch!r} cannot take the data's {given} input ({first_line(exc, 10**6)}); "
@@ -302,14 +302,30 @@ def up_to_date_version(recipe: Recipe, out_root: Path) -> Path | None:
         return None
     wanted = settings_digest(stage_settings(recipe, "train"))
     data_fingerprint = fingerprint(read_source(recipe))
+    base = base_model_digest(recipe)
     for root in reversed(found.values()):
         try:
             record = Artifact.load(root, verify=False).manifest.stages.train
         except ArtifactError:  # a damaged or hand-broken version is never up to date; `pipe info` says why
             continue
-        if record is not None and record.settings_digest() == wanted and record.inputs.get("data") == data_fingerprint:
+        if (
+            record is not None
+            and record.settings_digest() == wanted
+            and record.inputs.get("data") == data_fingerprint
+            and record.inputs.get("base_model") == base
+        ):
             return root
     return None
+
+
+def base_model_digest(recipe: Recipe) -> str | None:
+    """model.arch hf: the digest of the transformers directory trained from (None for the zoo's models)."""
+    model_dir = recipe.model_dir()
+    if model_dir is None:
+        return None
+    from pipeline.train.hf import base_digest
+
+    return base_digest(model_dir)
 
 
 def _fresh(ctx: Context) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from pipeline.artifact.manifest import TensorSpec
 from pipeline.core.errors import InputError
 from pipeline.data import DataInfo
-from pipeline.recipe.schema import CNNSpec, CustomSpec, MLPSpec, MoESpec, TransformerSpec
+from pipeline.recipe.schema import CNNSpec, CustomSpec, HFSpec, LoraSpec, MLPSpec, MoESpec, TransformerSpec
 
 NEG_INF = -1e4  # additive attention mask for padding: large enough, and finite in fp16 and bf16
 
@@ -241,8 +242,17 @@ class TokenClassifier(nn.Module):
         return self.head(pooled)
 
 
-def build_model(spec: Any, info: DataInfo) -> nn.Module:
-    """Build the recipe's model for data of shape `info`, normalization included when it has stats."""
+def build_model(spec: Any, info: DataInfo, *, lora: LoraSpec | None = None, base_dir: Path = Path(".")) -> nn.Module:
+    """Build the recipe's model for data of shape `info`, normalization included when it has stats.
+
+    `lora` and `base_dir` (the recipe's folder, which `model.path` is relative to) are for `arch: hf`.
+    """
+    if isinstance(spec, HFSpec):
+        from pipeline.train.hf import build_text_classifier
+
+        if info.kind != "text":
+            raise _mismatch("hf", info, "a transformers model takes text (data.source: text)")
+        return build_text_classifier(base_dir / spec.path, info, lora)
     if isinstance(spec, CustomSpec):
         net = _custom(spec, info)
     elif isinstance(spec, MLPSpec):
@@ -271,12 +281,21 @@ def build_model(spec: Any, info: DataInfo) -> nn.Module:
     elif isinstance(spec, TransformerSpec):  # MoESpec included
         net = _token_model(spec, info)
     else:
-        raise InputError(f"unknown model spec {type(spec).__name__}; valid arch: mlp, cnn, transformer, moe, custom")
+        raise InputError(
+            f"unknown model spec {type(spec).__name__}; valid arch: mlp, cnn, transformer, moe, custom, hf"
+        )
     if info.target_mean is not None and info.target_std is not None:
         net = TargetScale(net, info.target_mean, info.target_std)  # regression: predicts in target units
     if info.mean is not None and info.std is not None:
         return Preprocessed(Standardize(info.mean, info.std, info.kind == "image"), net)
     return net
+
+
+def inference_model(model: nn.Module) -> nn.Module:
+    """The model as it is exported and served: LoRA adapters merged into the base weights; others unchanged."""
+    from pipeline.train.hf import TextClassifier  # imports peft only when a text model merges
+
+    return model.merged() if isinstance(model, TextClassifier) else model
 
 
 def _token_model(spec: TransformerSpec, info: DataInfo) -> nn.Module:

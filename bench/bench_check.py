@@ -35,22 +35,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchkit import Out
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "models" / "digits-cnn.yaml"
 HEAVY_SIZES = (32, 48, 96, 192)  # K of the needless K x K MatMul: from about 10% slower to several times
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "CI": "true"}
-
-
-class Out:
-    """Printed lines, kept for the .txt copy."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def __call__(self, line: str = "") -> None:
-        print(line, flush=True)
-        self.lines.append(line)
 
 
 def pipe(*args: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:

@@ -45,7 +45,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import benchkit
 import numpy as np
+from benchkit import ENV, pipe
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {name: ROOT / "models" / f"{recipe}.yaml" for name, recipe in
@@ -58,32 +60,18 @@ DYNAMIC = {  # label -> QuantSettings fields; the first is pipe's default
     "per-channel reduce-range": {"per_channel": True, "reduce_range": True},
 }
 OUTLIER = 3000.0  # how many times wider the sensitive model's one hidden channel is
-ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "CI": "true"}
 
 
-class Out:
+class Out(benchkit.Out):
     """Printed lines, kept for the .txt copy, and the goals table."""
 
     def __init__(self) -> None:
-        self.lines: list[str] = []
+        super().__init__()
         self.goals: list[dict[str, Any]] = []
-
-    def __call__(self, line: str = "") -> None:
-        print(line, flush=True)
-        self.lines.append(line)
 
     def goal(self, section: str, figure: str, value: str, goal: str, met: bool | None) -> None:
         """One figure against its goal; met None: the comparison could not be made (said so in the table)."""
         self.goals.append({"section": section, "figure": figure, "value": value, "goal": goal, "met": met})
-
-
-def pipe(*args: str) -> str:
-    """A `pipe` command as a user runs it; its output (raises with it on a non-zero exit)."""
-    proc = subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, env=ENV,
-                          cwd=ROOT)  # fmt: skip
-    if proc.returncode:
-        raise RuntimeError(f"pipe {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-    return proc.stdout + proc.stderr
 
 
 def sizes(root: Path) -> dict[str, int]:

@@ -41,9 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchkit import ROOT, Out, pipe
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "CI": "true"}
 SEQUENCE = 128
 GOAL = 1.8  # int8 kept by pipe optimize vs fp32 onnxruntime, batch 1, sequence 128, 1 thread
 MINILM = {  # sentence-transformers/all-MiniLM-L6-v2's config, as published
@@ -106,26 +105,6 @@ TAILS = [
     "under heavy load",
     "at the end of the year",
 ]
-
-
-class Out:
-    """Printed lines, kept for the .txt copy."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def __call__(self, line: str = "") -> None:
-        print(line, flush=True)
-        self.lines.append(line)
-
-
-def pipe(*args: str) -> str:
-    """A `pipe` command as a user runs it; its output (raises with it on a non-zero exit)."""
-    proc = subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, env=ENV,
-                          cwd=ROOT)  # fmt: skip
-    if proc.returncode:
-        raise RuntimeError(f"pipe {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-    return proc.stdout + proc.stderr
 
 
 def paragraphs(count: int, seed: int = 0) -> list[str]:

@@ -49,6 +49,7 @@ from typing import Any, Literal
 import numpy as np
 
 from pipeline.core.errors import CheckFailed, InputError
+from pipeline.edge.scaling import normalize_boxes, take_normalization
 
 PRECISIONS = ("fp32", "fp16", "int8")
 SUFFIX = {"fp32": "float32", "fp16": "float16", "int8": "full_integer_quant"}  # onnx2tf's <name>_<suffix>.tflite
@@ -94,6 +95,9 @@ class EdgeSettings:
     onnx2tf: dict[str, Any] = field(default_factory=dict)  # more onnx2tf.convert keyword arguments
     input_dims: dict[str, list[int | str]] = field(default_factory=dict)  # input -> dims written into the copy
     int8_io: Literal["integer", "float"] = "integer"  # int8's inputs and outputs: int8 (pictures) or float
+    # [batch, F] inputs whose leading (x - mean) / std is taken out of the copy (scaling.py): the caller applies it
+    normalize_inputs: tuple[str, ...] = ()
+    boxes: dict[str, tuple[int, int]] = field(default_factory=dict)  # detector output -> (W, H) its boxes divide by
 
 
 @dataclass
@@ -110,6 +114,13 @@ class Converted:
     seconds: float = 0.0  # wall time: fp32 includes the graph conversion; fp16 and int8 the time each added after it
     warnings: list[str] = field(default_factory=list)  # e.g. a precision asked for and not made, and why
     int8_io: str = ""  # int8 only: "integer" (int8 inputs and outputs) or "float" (float I/O, int8 inside)
+
+    def scaling(self) -> dict[str, dict[str, Any]]:
+        """The runner's `normalize` and `boxes`: inputs the caller normalizes, outputs whose boxes it multiplies back."""
+        return {
+            "normalize": {t["name"]: t["normalize"] for t in self.inputs if t.get("normalize")},
+            "boxes": {t["name"]: t["boxes_normalized_by"] for t in self.outputs if t.get("boxes_normalized_by")},
+        }
 
 
 def convert(
@@ -144,11 +155,26 @@ def convert(
     inputs = [(v.name, v.type.tensor_type.elem_type, _dims(v)) for v in model.graph.input if v.name not in
               {t.name for t in model.graph.initializer}]  # fmt: skip
     outputs = [(v.name, _dims(v)) for v in model.graph.output]
+    warnings: list[str] = []
+    normalized = take_normalization(model, list(settings.normalize_inputs))
+    for name, stats in normalized.items():
+        say(f"edge: {name}'s leading (x - mean) / std taken out of the converted graph: the caller applies it in float")
+        if calibration is not None and name in calibration:
+            mean, std = np.float32(stats["mean"]), np.float32(stats["std"])
+            calibration = {**calibration, name: (np.asarray(calibration[name], np.float32) - mean) / std}
+    boxed = {}
+    for name, (width, height) in settings.boxes.items():
+        try:
+            where = normalize_boxes(model, name, width, height)
+        except ValueError as exc:
+            warnings.append(f"boxes of {name!r} not normalized (int8 shares one scale with the scores): {exc}")
+            continue
+        boxed[name] = [width, height]
+        say(f"edge: {name}'s boxes divided by the image size {width}x{height} ({where}); the runner multiplies back")
     renamed = sanitize(model.graph)
     onnx.save(model, str(scratch / COPY))
 
     precisions = list(dict.fromkeys(settings.precisions))
-    warnings = []
     if "int8" in precisions and (ints := [name for name, kind, _ in inputs if kind not in FLOAT_TYPES]):
         precisions.remove("int8")
         warnings.append(
@@ -156,7 +182,7 @@ def convert(
             "use fp16 for this model"
         )
         if not precisions:
-            raise InputError(f"{warnings[0]}; ask for fp32 or fp16")
+            raise InputError(f"{warnings[-1]}; ask for fp32 or fp16")
     if "int8" in precisions and calibration is None:
         raise InputError("int8 needs real calibration samples (calibration=None was given); or leave int8 out")
 
@@ -200,6 +226,12 @@ def convert(
         previous = max(previous, finished)
         if precision == "int8":
             made[-1].int8_io = settings.int8_io
+        for entry in made[-1].inputs:
+            if entry["name"] in normalized:
+                entry["normalize"] = normalized[entry["name"]]
+        for entry in made[-1].outputs:
+            if entry["name"] in boxed:
+                entry["boxes_normalized_by"] = boxed[entry["name"]]
     for converted in made:
         converted.warnings = list(warnings) + converted.warnings
     say(f"onnx2tf: {', '.join(f'{c.precision} {c.seconds:.1f} s' for c in made)} (total {time.time() - started:.1f} s)")

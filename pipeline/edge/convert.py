@@ -116,7 +116,7 @@ class Converted:
     int8_io: str = ""  # int8 only: "integer" (int8 inputs and outputs) or "float" (float I/O, int8 inside)
 
     def scaling(self) -> dict[str, dict[str, Any]]:
-        """The runner's `normalize` and `boxes`: inputs the caller normalizes, outputs whose boxes it multiplies back."""
+        """The runner's `normalize` and `boxes`: the inputs the caller normalizes, the outputs it multiplies back."""
         return {
             "normalize": {t["name"]: t["normalize"] for t in self.inputs if t.get("normalize")},
             "boxes": {t["name"]: t["boxes_normalized_by"] for t in self.outputs if t.get("boxes_normalized_by")},

@@ -267,8 +267,12 @@ def _variant(m: EdgeMade, parent: str) -> Variant:
         format="tflite",
         stage="edge",
         parent=parent,
-        settings={"layout": c.input_layout, "converter": c.converter, **({"int8_io": c.int8_io} if c.int8_io else {}),
-                  **_scaling_settings(c)},
+        settings={
+            "layout": c.input_layout,
+            "converter": c.converter,
+            **({"int8_io": c.int8_io} if c.int8_io else {}),
+            **_scaling_settings(c),
+        },
         status="passed" if m.passed else "failed",
         reason="" if m.passed else _reason(m),
         metrics={name: float(value)} if name and isinstance(value, int | float) else {},
@@ -288,7 +292,9 @@ def _scaling(task: str, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> 
     a detector's boxes divided by the image size; a leading (x - mean) / std of each [batch, F] float input that is
     not a picture, applied by the caller in float."""
     tabular = tuple(s.name for s in inputs if not is_picture(s) and np.dtype(s.dtype).kind == "f" and len(s.shape) == 2)
-    images = [s for s in inputs if s.layout == "NCHW" and len(s.shape) == 4 and all(isinstance(d, int) for d in s.shape[2:])]
+    images = [
+        s for s in inputs if s.layout == "NCHW" and len(s.shape) == 4 and all(isinstance(d, int) for d in s.shape[2:])
+    ]
     boxes = {}
     if task == "detection" and len(images) == 1 and outputs:
         height, width = images[0].shape[2:]

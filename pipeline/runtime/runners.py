@@ -128,8 +128,8 @@ def tflite_candidate(
     int8 inputs and outputs are quantized and dequantized with the model's own parameters, so the
     gate compares floats. `normalize` (input -> {"mean", "std"}) is applied to inputs whose normalization was
     taken out of the edge model, and `boxes` (output -> [width, height]) multiplies normalized boxes back to
-    pixels, so the gate compares with model.onnx in its own units. A file no interpreter can load, or no interpreter installed, raises
-    ArtifactError.
+    pixels, so the gate compares with model.onnx in its own units. A file no interpreter can load, or no
+    interpreter installed, raises ArtifactError.
     """
     from pipeline.runtime.tflite_runner import TFLiteRunner
 

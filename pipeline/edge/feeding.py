@@ -55,6 +55,8 @@ def feeding_entry(variant: str, c: Converted, manifest: Manifest) -> dict[str, A
             image = len(spec.shape) == 4 and spec.layout in ("NCHW", "NHWC")
             entry["layout"] = c.input_layout if image else spec.layout
             entry["preprocessing"] = _preprocessing(manifest, spec)
+            if t.get("normalize"):  # taken out of the edge model (scaling.py): the device program applies it
+                entry["preprocessing"] = {**entry["preprocessing"], **t["normalize"], "applied_in_model": False}
         return entry
 
     return {

@@ -167,3 +167,4 @@ def test_a_regression_models_int8_takes_and_gives_floats(tmp_path: Path) -> None
     entry = json.loads((root / "edge" / "feeding.json").read_text())["models"]["model.int8.tflite"]["inputs"][0]
     assert entry["normalize"]["mean"] == pytest.approx(x.mean(0), rel=1e-4)
     assert entry["normalize"]["std"] == pytest.approx(x.std(0), rel=1e-4)
+    assert entry["preprocessing"] == {**entry["normalize"], "applied_in_model": False}  # the device program's part

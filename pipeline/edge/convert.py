@@ -9,7 +9,9 @@ tensorflow never loads in pipe's own process, and onnx2tf's global state and pri
 The child first passes the copy through onnxslim (`EdgeSettings.slim`, with onnx2tf's own onnxsim
 then off): a YOLOv8 head converts only that way. `EdgeSettings.input_dims` fixes free dims of the
 copy's inputs first (pipeline/edge/shapes.py), and `EdgeSettings.onnx2tf` adds onnx2tf options
-(pipeline/edge/attempts.py tries a few in turn).
+(pipeline/edge/attempts.py tries a few in turn). `EdgeSettings.normalize_inputs` and `boxes` move
+what int8's one scale per tensor cannot hold out of the copy (pipeline/edge/scaling.py); the inputs and
+outputs of each `Converted` then carry `normalize` and `boxes_normalized_by` for the caller.
 
 What this module does about onnx2tf's habits (shared/DESIGN.md section 5):
 - it downloads sample images whenever every input is a fixed-size 3-channel 4-D image, unless

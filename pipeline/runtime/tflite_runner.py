@@ -21,8 +21,10 @@ keeps this file free of every other pipe module and framework.
 `TFLiteRunner` speaks the verifier's runner shape (named arrays in, named arrays out) and hides
 what differs on a device: input names the converter rewrote (`names`), a batch size other than
 the one the model was saved with (resize and re-allocate), int8/uint8/int16 inputs and outputs
-(quantized and dequantized with each tensor's scale and zero point), and a model that takes NHWC
-images from a caller that holds NCHW ones (`layout`).
+(quantized and dequantized with each tensor's scale and zero point), a model that takes NHWC
+images from a caller that holds NCHW ones (`layout`), and what the edge conversion moved out of the
+model for int8's sake: a tabular input's leading (x - mean) / std (`normalize`, applied in float
+before feeding) and a detector's boxes divided by the image size (`boxes`, multiplied back).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ edge models of an artifact are fed the same way), never on model.onnx:
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -80,14 +81,19 @@ def normalize_boxes(model: Any, output: str, width: int, height: int) -> str:
     """
     import onnx
 
+    original, model = model, copy.deepcopy(model)  # changed whole or not at all
     inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     channels = {v.name: _channels(v) for v in [*inferred.graph.value_info, *inferred.graph.output]}
     per_channel = np.array([1.0 / width, 1.0 / height] * 2, np.float32)
     producers = {t: node for node in model.graph.node for t in node.output}
     placed: list[bool] = []  # True per Mul put on boxes alone
+    done: set[str] = set()
 
     def scale(tensor: str, first: int) -> None:
         """Scale channels [first, first + its channels) of `tensor` that are box channels."""
+        if tensor in done:  # one tensor reached twice holds the same channels: scaled once
+            return
+        done.add(tensor)
         node = producers.get(tensor)
         count = channels.get(tensor)
         axis = _concat_axis(node) if node is not None else None
@@ -111,6 +117,7 @@ def normalize_boxes(model: Any, output: str, width: int, height: int) -> str:
         placed.append(count <= BOX_CHANNELS - first)
 
     scale(output, 0)
+    original.CopyFrom(model)
     return "before the scores are concatenated" if all(placed) else "on a tensor holding boxes and scores"
 
 

@@ -128,14 +128,15 @@ def tflite_candidate(
     int8 inputs and outputs are quantized and dequantized with the model's own parameters, so the
     gate compares floats. `normalize` (input -> {"mean", "std"}) is applied to inputs whose normalization was
     taken out of the edge model, and `boxes` (output -> [width, height]) multiplies normalized boxes back to
-    pixels, so the gate compares with model.onnx in its own units. A file no interpreter can load, or no
+    pixels, so the gate compares with model.onnx in its own units (None: as `feeding.json` beside the
+    model says, like `names` and `layout`). A file no interpreter can load, or no
     interpreter installed, raises ArtifactError.
     """
     from pipeline.runtime.tflite_runner import TFLiteRunner
 
     try:
         runner = TFLiteRunner(path, num_threads=num_threads, names=names, layout=layout, runtime=runtime,
-                              normalize=normalize or {}, boxes=boxes or {})  # fmt: skip
+                              normalize=normalize, boxes=boxes)  # fmt: skip
     except (ValueError, RuntimeError, OSError, ImportError) as exc:
         raise ArtifactError(f"cannot load {path} as a TFLite model: {first_line(exc)}") from exc
     return Candidate(runner, "TFLite", "LiteRT" if runner.runtime == "ai_edge_litert" else "tflite-runtime", None)

@@ -67,6 +67,10 @@ class EdgeTensor:
     shape: list[int]  # as the interpreter reports it; -1 or 1 in the batch position for a resizable batch
     scale: float | None = None  # quantized tensors: real = scale * (q - zero_point)
     zero_point: int | None = None
+    # an input whose leading (x - mean) / std was taken out of the edge model: the caller applies it in float
+    normalize: dict[str, list[float]] | None = field(default=None, metadata={"omit_none": True})
+    # a detector output whose boxes (channels 0..3: cx, cy, w, h) the edge model gives divided by [width, height]
+    boxes_normalized_by: list[int] | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(kw_only=True)

@@ -9,7 +9,9 @@ tensorflow never loads in pipe's own process, and onnx2tf's global state and pri
 The child first passes the copy through onnxslim (`EdgeSettings.slim`, with onnx2tf's own onnxsim
 then off): a YOLOv8 head converts only that way. `EdgeSettings.input_dims` fixes free dims of the
 copy's inputs first (pipeline/edge/shapes.py), and `EdgeSettings.onnx2tf` adds onnx2tf options
-(pipeline/edge/attempts.py tries a few in turn).
+(pipeline/edge/attempts.py tries a few in turn). `EdgeSettings.normalize_inputs` and `boxes` move
+what int8's one scale per tensor cannot hold out of the copy (pipeline/edge/scaling.py); the inputs and
+outputs of each `Converted` then carry `normalize` and `boxes_normalized_by` for the caller.
 
 What this module does about onnx2tf's habits (shared/DESIGN.md section 5):
 - it downloads sample images whenever every input is a fixed-size 3-channel 4-D image, unless
@@ -49,6 +51,7 @@ from typing import Any, Literal
 import numpy as np
 
 from pipeline.core.errors import CheckFailed, InputError
+from pipeline.edge.scaling import normalize_boxes, take_normalization
 
 PRECISIONS = ("fp32", "fp16", "int8")
 SUFFIX = {"fp32": "float32", "fp16": "float16", "int8": "full_integer_quant"}  # onnx2tf's <name>_<suffix>.tflite
@@ -94,6 +97,9 @@ class EdgeSettings:
     onnx2tf: dict[str, Any] = field(default_factory=dict)  # more onnx2tf.convert keyword arguments
     input_dims: dict[str, list[int | str]] = field(default_factory=dict)  # input -> dims written into the copy
     int8_io: Literal["integer", "float"] = "integer"  # int8's inputs and outputs: int8 (pictures) or float
+    # [batch, F] inputs whose leading (x - mean) / std is taken out of the copy (scaling.py): the caller applies it
+    normalize_inputs: tuple[str, ...] = ()
+    boxes: dict[str, tuple[int, int]] = field(default_factory=dict)  # detector output -> (W, H) its boxes divide by
 
 
 @dataclass
@@ -110,6 +116,13 @@ class Converted:
     seconds: float = 0.0  # wall time: fp32 includes the graph conversion; fp16 and int8 the time each added after it
     warnings: list[str] = field(default_factory=list)  # e.g. a precision asked for and not made, and why
     int8_io: str = ""  # int8 only: "integer" (int8 inputs and outputs) or "float" (float I/O, int8 inside)
+
+    def scaling(self) -> dict[str, dict[str, Any]]:
+        """The runner's `normalize` and `boxes`: the inputs the caller normalizes, the outputs it multiplies back."""
+        return {
+            "normalize": {t["name"]: t["normalize"] for t in self.inputs if t.get("normalize")},
+            "boxes": {t["name"]: t["boxes_normalized_by"] for t in self.outputs if t.get("boxes_normalized_by")},
+        }
 
 
 def convert(
@@ -144,11 +157,26 @@ def convert(
     inputs = [(v.name, v.type.tensor_type.elem_type, _dims(v)) for v in model.graph.input if v.name not in
               {t.name for t in model.graph.initializer}]  # fmt: skip
     outputs = [(v.name, _dims(v)) for v in model.graph.output]
+    warnings: list[str] = []
+    normalized = take_normalization(model, list(settings.normalize_inputs))
+    for name, stats in normalized.items():
+        say(f"edge: {name}'s leading (x - mean) / std taken out of the converted graph: the caller applies it in float")
+        if calibration is not None and name in calibration:
+            mean, std = np.float32(stats["mean"]), np.float32(stats["std"])
+            calibration = {**calibration, name: (np.asarray(calibration[name], np.float32) - mean) / std}
+    boxed = {}
+    for name, (width, height) in settings.boxes.items():
+        try:
+            where = normalize_boxes(model, name, width, height)
+        except ValueError as exc:
+            warnings.append(f"boxes of {name!r} not normalized (int8 shares one scale with the scores): {exc}")
+            continue
+        boxed[name] = [width, height]
+        say(f"edge: {name}'s boxes divided by the image size {width}x{height} ({where}); the runner multiplies back")
     renamed = sanitize(model.graph)
     onnx.save(model, str(scratch / COPY))
 
     precisions = list(dict.fromkeys(settings.precisions))
-    warnings = []
     if "int8" in precisions and (ints := [name for name, kind, _ in inputs if kind not in FLOAT_TYPES]):
         precisions.remove("int8")
         warnings.append(
@@ -156,7 +184,7 @@ def convert(
             "use fp16 for this model"
         )
         if not precisions:
-            raise InputError(f"{warnings[0]}; ask for fp32 or fp16")
+            raise InputError(f"{warnings[-1]}; ask for fp32 or fp16")
     if "int8" in precisions and calibration is None:
         raise InputError("int8 needs real calibration samples (calibration=None was given); or leave int8 out")
 
@@ -200,6 +228,12 @@ def convert(
         previous = max(previous, finished)
         if precision == "int8":
             made[-1].int8_io = settings.int8_io
+        for entry in made[-1].inputs:
+            if entry["name"] in normalized:
+                entry["normalize"] = normalized[entry["name"]]
+        for entry in made[-1].outputs:
+            if entry["name"] in boxed:
+                entry["boxes_normalized_by"] = boxed[entry["name"]]
     for converted in made:
         converted.warnings = list(warnings) + converted.warnings
     say(f"onnx2tf: {', '.join(f'{c.precision} {c.seconds:.1f} s' for c in made)} (total {time.time() - started:.1f} s)")

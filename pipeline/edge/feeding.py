@@ -48,10 +48,15 @@ def feeding_entry(variant: str, c: Converted, manifest: Manifest) -> dict[str, A
     def tensor(t: dict[str, Any], spec: TensorSpec | None) -> dict[str, Any]:
         entry = {"name": t["name"], "tensor": c.names.get(t["name"], t["name"]), "dtype": t["dtype"],
                  "shape": t["shape"], "scale": t["scale"], "zero_point": t["zero_point"]}  # fmt: skip
+        for key in ("normalize", "boxes_normalized_by"):  # pipeline/edge/scaling.py: the caller's part, in float
+            if t.get(key):
+                entry[key] = t[key]
         if spec is not None:
             image = len(spec.shape) == 4 and spec.layout in ("NCHW", "NHWC")
             entry["layout"] = c.input_layout if image else spec.layout
             entry["preprocessing"] = _preprocessing(manifest, spec)
+            if t.get("normalize"):  # taken out of the edge model (scaling.py): the device program applies it
+                entry["preprocessing"] = {**entry["preprocessing"], **t["normalize"], "applied_in_model": False}
         return entry
 
     return {

@@ -29,7 +29,7 @@ import numpy as np
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import GOLDEN_NAME
-from pipeline.artifact.manifest import Detection, ModelSpec
+from pipeline.artifact.manifest import Detection, ModelSpec, TensorSpec
 from pipeline.artifact.records import EdgeRecord, FixedDim
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import EDGE_PREFIX, MODEL_FILE, EdgeIO, EdgeTensor, Variant, variant_file
@@ -143,7 +143,7 @@ def edge_artifact(
                      "pictures, and one int8 scale per input would crush columns of different ranges")  # fmt: skip
         progress(f"[edge] note: {notes[-1]}")
     edge_settings = EdgeSettings(tuple(precisions), settings.layout, input_dims={s.name: s.shape for s in inputs},
-                                 int8_io=int8_io)  # fmt: skip
+                                 int8_io=int8_io, **_scaling(artifact.manifest.task, inputs, outputs))  # fmt: skip
     progress(f"[edge] {artifact.root}: converting with onnx2tf ({', '.join(precisions)}; layout {settings.layout})")
 
     with StageWrite(artifact.root, "edge") as write:
@@ -235,7 +235,7 @@ def _judge(c: Converted, artifact: Artifact, evaluation: EvaluationSet, settings
     m = artifact.manifest
     name = f"{EDGE_PREFIX}{c.precision}"
     policy = policy_for(c.precision, settings, m.task, evaluation.target is not None, m.detection)
-    candidate = tflite_candidate(c.path, names=c.names, layout=c.input_layout)
+    candidate = tflite_candidate(c.path, names=c.names, layout=c.input_layout, **c.scaling())
     report = verify(candidate, ort_runner(artifact.path(MODEL_FILE)), evaluation, spec, policy, scratch=scratch)
     if c.precision == "fp16":  # the cause before its symptom: a value fp16 cannot hold, then "exceeds atol"
         samples = None if evaluation.generated else evaluation.samples  # activations only on real samples
@@ -267,7 +267,12 @@ def _variant(m: EdgeMade, parent: str) -> Variant:
         format="tflite",
         stage="edge",
         parent=parent,
-        settings={"layout": c.input_layout, "converter": c.converter, **({"int8_io": c.int8_io} if c.int8_io else {})},
+        settings={
+            "layout": c.input_layout,
+            "converter": c.converter,
+            **({"int8_io": c.int8_io} if c.int8_io else {}),
+            **_scaling_settings(c),
+        },
         status="passed" if m.passed else "failed",
         reason="" if m.passed else _reason(m),
         metrics={name: float(value)} if name and isinstance(value, int | float) else {},
@@ -280,6 +285,28 @@ def _variant(m: EdgeMade, parent: str) -> Variant:
             runtimes={runtime: m.litert, **({m.device.runtime: m.device.ran} if m.device else {})},
         ),
     )
+
+
+def _scaling(task: str, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> dict:
+    """What the conversion takes out of int8's one scale per tensor (pipeline/edge/scaling.py), every precision alike:
+    a detector's boxes divided by the image size; a leading (x - mean) / std of each [batch, F] float input that is
+    not a picture, applied by the caller in float."""
+    tabular = tuple(s.name for s in inputs if not is_picture(s) and np.dtype(s.dtype).kind == "f" and len(s.shape) == 2)
+    images = [
+        s for s in inputs if s.layout == "NCHW" and len(s.shape) == 4 and all(isinstance(d, int) for d in s.shape[2:])
+    ]
+    boxes = {}
+    if task == "detection" and len(images) == 1 and outputs:
+        height, width = images[0].shape[2:]
+        boxes = {outputs[0].name: (int(width), int(height))}
+    return {"normalize_inputs": tabular, "boxes": boxes}
+
+
+def _scaling_settings(c: Converted) -> dict:
+    """The variant's settings: which inputs the caller normalizes, which outputs give boxes divided by [W, H]."""
+    taken = [t["name"] for t in c.inputs if t.get("normalize")]
+    boxes = {t["name"]: t["boxes_normalized_by"] for t in c.outputs if t.get("boxes_normalized_by")}
+    return {**({"normalized_inputs": taken} if taken else {}), **({"boxes_normalized_by": boxes} if boxes else {})}
 
 
 CONVERT_LOG = "reports/edge-convert.log"  # onnx2tf's own log of a conversion that failed

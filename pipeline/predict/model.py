@@ -76,8 +76,11 @@ def _tflite_runner(path: Path, name: str, record: Variant) -> Runner:
     edge = record.edge  # the edge stage's record of the converted model's I/O
     layout = (edge.layout if edge is not None else str(record.settings.get("layout") or "NCHW")).upper()
     names = dict(edge.names) if edge is not None else {}
+    # inputs whose (x - mean) / std the caller applies, outputs whose boxes come divided by [W, H] (edge/scaling.py)
+    normalize = {t.name: t.normalize for t in edge.inputs if t.normalize} if edge is not None else None
+    boxes = {t.name: t.boxes_normalized_by for t in edge.outputs if t.boxes_normalized_by} if edge is not None else None
     try:
-        return TFLiteRunner(path, names=names, layout=layout)
+        return TFLiteRunner(path, names=names, layout=layout, normalize=normalize, boxes=boxes)
     except ImportError as exc:
         raise InputError(
             f"variant {name!r} is a TFLite model and no TFLite interpreter is installed ({exc}); install the "

@@ -129,6 +129,8 @@ def edge_section(artifact: Artifact) -> list[str]:
 
 def _tensor(t: Any) -> str:
     quant = f" (scale {number(t.scale)}, zero point {t.zero_point})" if t.scale is not None else ""
+    if getattr(t, "normalize", None):
+        quant += ", takes (x - mean) / std (feeding.json)"
     return f"{t.name} {t.dtype} {t.shape}{quant}"
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -118,19 +118,25 @@ def tflite_candidate(
     layout: str | Mapping[str, str] = "NCHW",
     num_threads: int = 1,
     runtime: str | None = None,
+    normalize: Mapping[str, Mapping[str, Any]] | None = None,
+    boxes: Mapping[str, Any] | None = None,
 ) -> Candidate:
     """The .tflite file at `path` as a gate candidate ("TFLite", run by "LiteRT", else tflite-runtime).
 
     `names` maps pipe's tensor names to the model's where the converter renamed them; `layout`
     "NHWC" (or per tensor) when the model takes channels-last images and the caller gives NCHW;
     int8 inputs and outputs are quantized and dequantized with the model's own parameters, so the
-    gate compares floats. A file no interpreter can load, or no interpreter installed, raises
-    ArtifactError.
+    gate compares floats. `normalize` (input -> {"mean", "std"}) is applied to inputs whose normalization was
+    taken out of the edge model, and `boxes` (output -> [width, height]) multiplies normalized boxes back to
+    pixels, so the gate compares with model.onnx in its own units (None: as `feeding.json` beside the
+    model says, like `names` and `layout`). A file no interpreter can load, or no
+    interpreter installed, raises ArtifactError.
     """
     from pipeline.runtime.tflite_runner import TFLiteRunner
 
     try:
-        runner = TFLiteRunner(path, num_threads=num_threads, names=names, layout=layout, runtime=runtime)
+        runner = TFLiteRunner(path, num_threads=num_threads, names=names, layout=layout, runtime=runtime,
+                              normalize=normalize, boxes=boxes)  # fmt: skip
     except (ValueError, RuntimeError, OSError, ImportError) as exc:
         raise ArtifactError(f"cannot load {path} as a TFLite model: {first_line(exc)}") from exc
     return Candidate(runner, "TFLite", "LiteRT" if runner.runtime == "ai_edge_litert" else "tflite-runtime", None)

@@ -21,8 +21,10 @@ keeps this file free of every other pipe module and framework.
 `TFLiteRunner` speaks the verifier's runner shape (named arrays in, named arrays out) and hides
 what differs on a device: input names the converter rewrote (`names`), a batch size other than
 the one the model was saved with (resize and re-allocate), int8/uint8/int16 inputs and outputs
-(quantized and dequantized with each tensor's scale and zero point), and a model that takes NHWC
-images from a caller that holds NCHW ones (`layout`).
+(quantized and dequantized with each tensor's scale and zero point), a model that takes NHWC
+images from a caller that holds NCHW ones (`layout`), and what the edge conversion moved out of the
+model for int8's sake: a tabular input's leading (x - mean) / std (`normalize`, applied in float
+before feeding) and a detector's boxes divided by the image size (`boxes`, multiplied back).
 """
 
 from __future__ import annotations
@@ -94,19 +96,30 @@ class TFLiteRunner:
         names: Mapping[str, str] | None = None,
         layout: str | Mapping[str, str] | None = None,
         runtime: str | None = None,
+        normalize: Mapping[str, Mapping[str, Any]] | None = None,
+        boxes: Mapping[str, Any] | None = None,
     ) -> None:
         interpreter_class, self.runtime = load_interpreter_class(runtime)
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"no TFLite model at {self.path}")
         self.feeding: Path | None = None
-        if names is None or layout is None:
+        if names is None or layout is None or normalize is None or boxes is None:
             entry = read_feeding(self.path)
             if entry is not None:
                 self.feeding = self.path.parent / FEEDING_FILE
                 names = entry.get("names", {}) if names is None else names
                 layout = entry.get("layout", "NCHW") if layout is None else layout
+                if normalize is None:
+                    normalize = {t["name"]: t["normalize"] for t in entry.get("inputs", []) if t.get("normalize")}
+                if boxes is None:
+                    boxes = {t["name"]: t["boxes_normalized_by"] for t in entry.get("outputs", [])
+                             if t.get("boxes_normalized_by")}  # fmt: skip
         layout = "NCHW" if layout is None else layout
+        # the model takes (x - mean) / std of these inputs, given raw by the caller; these outputs give boxes
+        # (channels 0..3 of axis 1: cx, cy, w, h) divided by [width, height], given back to the caller in pixels
+        self.normalize = {name: (np.float32(n["mean"]), np.float32(n["std"])) for name, n in (normalize or {}).items()}
+        self.boxes = {name: np.float32([size[0], size[1]] * 2) for name, size in (boxes or {}).items()}
         self.interpreter = interpreter_class(model_path=str(self.path), num_threads=num_threads)
         self.interpreter.allocate_tensors()
         own = _own_names(self.interpreter)
@@ -118,6 +131,9 @@ class TFLiteRunner:
         self.outputs = {renamed.get(own[d["index"]], own[d["index"]]): d for d in self.interpreter.get_output_details()}
         self.layouts = _layouts(layout, self.inputs, self.outputs)
         self._shapes = {d["index"]: tuple(int(n) for n in d["shape"]) for d in self.inputs.values()}
+        unknown = sorted(set(self.normalize) - set(self.inputs)) + sorted(set(self.boxes) - set(self.outputs))
+        if unknown:
+            raise ValueError(f"normalize/boxes name tensor(s) {unknown} the model lacks")
 
     def __call__(self, inputs: Mapping[str, np.ndarray], /) -> Arrays:
         missing = sorted(set(self.inputs) - set(inputs))
@@ -164,6 +180,9 @@ class TFLiteRunner:
     def _to_model(self, name: str, array: np.ndarray) -> np.ndarray:
         """The caller's array as the model's input tensor: layout, then quantization or dtype."""
         detail = self.inputs[name]
+        if name in self.normalize:  # in float, as model.onnx did before the edge model's first op
+            mean, std = self.normalize[name]
+            array = (np.asarray(array, np.float32) - mean) / std
         _check_layout(name, array.shape, detail, self.layouts.get(name, "NCHW"))
         if self.layouts.get(name) == "NHWC":
             if array.ndim != 4:
@@ -182,6 +201,10 @@ class TFLiteRunner:
             array = dequantize(array, scale, zero_point)
         if self.layouts.get(name) == "NHWC" and array.ndim == 4:
             array = np.ascontiguousarray(array.transpose(0, 3, 1, 2))
+        if name in self.boxes:  # 0..1 boxes back to pixels, as model.onnx gives them
+            factors = self.boxes[name].reshape(1, 4, *[1] * (array.ndim - 2))
+            array = np.array(array, np.float32)
+            array[:, :4] *= factors
         return array
 
     def _resize(self, shapes: dict[int, tuple[int, ...]]) -> None:

@@ -66,6 +66,13 @@ def image(pixels):
 def wide(x):  # a weight of 2048 values: big enough for dynamic-range quantization to quantize it
     return tf.reduce_sum(tf.nn.relu(tf.matmul(x, w["w4"])), axis=1, keepdims=True)
 
+w5 = np.random.default_rng(5).normal(size=(8, 12)).astype("float32")
+np.save(out / "head.npy", w5)
+
+@tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32, name="x")])
+def head(x):  # [N, 6, 2]: a detector head's layout, channels 0..3 boxes, then scores
+    return tf.reshape(tf.matmul(x, w5), [-1, 6, 2])
+
 def convert(fn, name, int8=False, dynamic=False):
     converter = tf.lite.TFLiteConverter.from_concrete_functions([fn.get_concrete_function()], fn)
     if int8 or dynamic:
@@ -88,6 +95,7 @@ convert(wide, "wide.dynamic.tflite", dynamic=True)
 convert(dense_fn(w["w2"] + 0.05), "dense.perturbed.tflite")
 convert(dense_fn(w["w2"], batch=1), "dense.batch1.tflite")
 convert(image, "image.fp32.tflite")
+convert(head, "head.fp32.tflite")
 np.savez(out / "dense.golden.npz", **{"in.x": x, "out.logits": dense(x).numpy()})
 np.savez(out / "wide.golden.npz", **{"in.x": x, "out.y": wide(x).numpy()})
 np.savez(out / "image.golden.npz", **{"in.pixels": pixels.transpose(0, 3, 1, 2), "out.y": image(pixels).numpy()})
@@ -230,6 +238,21 @@ def test_feeding_json_beside_the_model_replaces_layout_and_name(models: Path, tm
     (tmp_path / "feeding.json").write_text(json.dumps({"models": {"other.tflite": {}}}))
     with pytest.raises(ValueError, match="feeding.json has no readable entry for image.fp32.tflite"):
         TFLiteRunner(model)
+
+
+def test_feeding_json_normalizes_the_inputs_and_gives_the_boxes_back_in_pixels(models: Path, tmp_path: Path) -> None:
+    """An edge model that takes (x - mean) / std and gives boxes divided by [W, H] answers as model.onnx does."""
+    mean, std = np.linspace(-3, 3, 8), np.linspace(0.5, 4, 8)
+    entry = {"names": {"y": "Identity"},
+             "inputs": [{"name": "x", "normalize": {"mean": mean.tolist(), "std": std.tolist()}}],
+             "outputs": [{"name": "y", "boxes_normalized_by": [320, 240]}]}  # fmt: skip
+    model = feeding_beside(models, tmp_path, "head.fp32.tflite", entry)
+    x = np.random.default_rng(1).normal(5, 10, size=(4, 8)).astype(np.float32)
+    plain = (((x - mean) / std) @ np.load(models / "head.npy")).reshape(-1, 6, 2)
+    got = TFLiteRunner(model)({"x": x})["y"]
+    np.testing.assert_allclose(got, plain * np.array([320, 240, 320, 240, 1, 1]).reshape(1, 6, 1), rtol=1e-4, atol=1e-3)
+    given = TFLiteRunner(model, normalize={}, boxes={})({"x": (x - mean) / std})["y"]  # the caller's own: as it is
+    np.testing.assert_allclose(given, plain, rtol=1e-4, atol=1e-4)
 
 
 def test_tolerance_is_relative_to_the_outputs_scale(models: Path, tmp_path: Path) -> None:

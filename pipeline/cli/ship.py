@@ -113,6 +113,10 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--drain-seconds", default=5.0, show_default=True, type=Number(0, 3600),
               help="On SIGTERM / Ctrl-C: seconds readiness is false while requests are still answered, each "
               "response closing its connection, before the server stops (0: stop at once).")  # fmt: skip
+@click.option("--strict-readiness", is_flag=True,
+              help="Ready only when every model found serves a version, as Triton's default: a model whose every "
+              "version was refused or held back keeps the server not ready (default: ready while one version "
+              "serves; each model's /ready answers for itself either way).")  # fmt: skip
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 @click.option("--access-log", metavar="PATH|-", help="Append one JSON line per request to PATH (- for stdout).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
@@ -148,6 +152,7 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
                 access_log=o["access_log"],
                 log_format=o["log_format"] or ("json" if o["access_log"] else "text"),
                 read_timeout_s=o["read_timeout"],
+                strict_readiness=o["strict_readiness"],
             ),
             session=SessionOptions(o["provider"], o["intra_op_threads"], o["inter_op_threads"], o["spin"]),
             batching=BatchSettings(

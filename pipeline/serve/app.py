@@ -132,6 +132,16 @@ class ServeApp:
             why = f"every version was refused ({', '.join(failed)}; see GET /v2/models/NAME/ready)" if failed else (
                 "the repository holds no model version yet")  # fmt: skip
             raise RequestError(f"not ready: no model is loaded: {why}", 400, {"retry-after": "1"})
+        if self.config.http.strict_readiness:  # Triton's default: every model found must be ready
+            repo = self._repo()
+            unready = sorted({name for name, _ in [*repo.failed, *repo.held]} - set(repo.models))
+            if unready:
+                raise RequestError(
+                    f"not ready (--strict-readiness): no version of {', '.join(unready[:10])} is served; "
+                    "see GET /v2/models/NAME/ready for why",
+                    400,
+                    {"retry-after": "1"},
+                )
         return json_response({"ready": True})
 
     def _check_serving(self) -> None:

@@ -35,6 +35,7 @@ class HTTPSettings:
     log_format: str = "text"  # the server's own log lines: "text", or "json" (one object per line)
     access_log: str | None = None  # a file to append one JSON line per request to, or "-" for stdout
     read_timeout_s: float = 30.0  # a request's headers, and then its body, must arrive within this
+    strict_readiness: bool = False  # ready only when every model found serves a version (Triton's default)
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,31 @@ def test_latest_variant_choice_and_a_tampered_model_at_startup(tmp_path: Path) -
         server.stop()
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["default", "strict"])
+def test_strict_readiness_keeps_the_server_not_ready_while_a_model_serves_no_version(
+    tmp_path: Path, strict: bool
+) -> None:
+    """As Triton's default (--strict-readiness): every model found must be ready; by default one served
+    version makes the server ready, and each model's /ready answers for itself either way."""
+    repo = tmp_path / "artifacts"
+    write_artifact(repo, "m", 1, mlp([4, 8, 3], seed=1))
+    tamper(write_artifact(repo, "bad", 1, mlp([4, 8, 3], seed=5)).root)
+    flags = ["--strict-readiness"] if strict else []
+    server = start_server([repo], tmp_path / "serve.log", "--poll", "0", *flags, probe="live")
+    try:
+        wait_for(lambda: "refused bad v1" in server.logs())
+        ready = httpx.get(f"{server.url}/v2/health/ready")
+        if strict:
+            assert ready.status_code == 400, ready.text
+            assert "not ready (--strict-readiness): no version of bad is served" in ready.json()["error"]
+        else:
+            assert ready.status_code == 200, ready.text
+        assert httpx.get(f"{server.url}/v2/models/m/ready").status_code == 200
+        assert httpx.get(f"{server.url}/v2/models/bad/ready").status_code == 404
+    finally:
+        server.stop()
+
+
 def test_per_model_variant_that_does_not_exist_is_reported(tmp_path: Path) -> None:
     repo = tmp_path / "artifacts"
     write_artifact(repo, "m", 1, mlp([4, 8, 3], seed=1))

@@ -6,8 +6,9 @@ import pytest
 import yaml
 
 from pipeline.core.errors import RecipeError
+from pipeline.recipe.architectures import CNNSpec, CustomSpec
 from pipeline.recipe.file import load_recipe
-from pipeline.recipe.schema import CNNSpec, CustomSpec, parse_recipe
+from pipeline.recipe.schema import parse_recipe
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 EXAMPLES = sorted(MODELS.glob("*.yaml"))

@@ -1,8 +1,9 @@
 """Recipes: one YAML file per model, declaring it end to end (DESIGN.md section 3).
 
 Every section is a strict schema: an unknown key or a wrong type is refused with the key's dotted
-path and what is allowed. The `model` section is a union keyed on `arch`: each built-in
-architecture has its own fields, and `arch: custom` names the user's `package.module:factory`.
+path and what is allowed. The `model` section is a union keyed on `arch` and the `lora` section
+adapts an `hf` model: both are in `pipeline/recipe/architectures.py`; every section's base is
+`recipe/strict.Strict`.
 """
 
 from __future__ import annotations
@@ -11,97 +12,13 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.artifact.directions import HIGHER_IS_BETTER, IN_TARGET_UNITS
 from pipeline.artifact.manifest import NAME as MODEL_NAME
 from pipeline.core.errors import RecipeError
-
-
-class _Strict(BaseModel):
-    # inf and NaN are refused wherever a number is expected: `lr: .inf` would train to NaN weights
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-# --- model ---------------------------------------------------------------------------------------
-
-
-class MLPSpec(_Strict):
-    arch: Literal["mlp"]
-    hidden: list[Annotated[int, Field(gt=0)]] = [128, 64]  # width of each hidden layer
-    dropout: float = Field(0.1, ge=0, lt=1)
-
-
-class CNNSpec(_Strict):
-    arch: Literal["cnn"]
-    channels: list[Annotated[int, Field(gt=0)]] = [32, 64]  # conv channels per stage (3x3, pool after each)
-    hidden: int = Field(128, gt=0)  # width of the classifier head
-    dropout: float = Field(0.1, ge=0, lt=1)
-
-
-class TransformerSpec(_Strict):
-    arch: Literal["transformer"]
-    d_model: int = Field(64, gt=0)
-    heads: int = Field(4, gt=0)
-    layers: int = Field(2, gt=0)
-    ff_mult: int = Field(4, gt=0)  # feed-forward width = ff_mult * d_model
-    max_len: int = Field(64, gt=0)  # longest token sequence the position embedding covers
-    vocab_size: int | None = Field(None, gt=0)  # None: taken from the data
-    dropout: float = Field(0.1, ge=0, lt=1)
-
-    @model_validator(mode="after")
-    def _heads_divide(self) -> TransformerSpec:
-        if self.d_model % self.heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
-        return self
-
-
-class MoESpec(TransformerSpec):
-    arch: Literal["moe"]  # type: ignore[assignment]
-    experts: int = Field(4, gt=1)  # feed-forward experts per block
-    top_k: int = Field(2, gt=0)  # experts each token is routed to
-
-    @model_validator(mode="after")
-    def _top_k_fits(self) -> MoESpec:
-        if self.top_k > self.experts:
-            raise ValueError(f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")
-        return self
-
-
-class CustomSpec(_Strict):
-    arch: Literal["custom"]
-    factory: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # "package.module:function"
-    kwargs: dict[str, Any] = {}  # passed to the factory
-
-
-class OnnxSpec(_Strict):
-    """A model that is already ONNX: an artifact's model.onnx, trained further with `train.backend: ort`."""
-
-    arch: Literal["onnx"]
-    artifact: str  # the parent artifact: a version directory, or a model directory (its newest version)
-
-
-class HFSpec(_Strict):
-    """A Hugging Face Transformers model directory (`save_pretrained` output), fine-tuned as a classifier."""
-
-    arch: Literal["hf"]
-    path: str = Field(min_length=1)  # the directory (config.json, weights, tokenizer), relative to the recipe
-
-
-ModelSpec = Annotated[
-    MLPSpec | CNNSpec | TransformerSpec | MoESpec | CustomSpec | OnnxSpec | HFSpec, Field(discriminator="arch")
-]
-
-
-class LoraSpec(_Strict):
-    """LoRA through PEFT: low-rank adapters on `target_modules`, merged into the base weights before export."""
-
-    rank: int = Field(8, gt=0, le=4096)  # the adapters' inner width r
-    alpha: float = Field(16.0, gt=0)  # scaling: the update is (alpha / rank) * B @ A
-    dropout: float = Field(0.0, ge=0, lt=1)  # dropout on the adapters' input
-    # module names (or name suffixes) to adapt, e.g. [query, value] for BERT; the classifier head always trains
-    target_modules: list[Annotated[str, Field(min_length=1)]] = Field(["query", "value"], min_length=1)
-
+from pipeline.recipe.architectures import HFSpec, LoraSpec, ModelSpec
+from pipeline.recipe.strict import Strict
 
 # --- data ----------------------------------------------------------------------------------------
 
@@ -113,7 +30,7 @@ FILE_SOURCES = ("csv", "npz", "images", "tokens", "text")
 HeightWidth = Annotated[list[Annotated[int, Field(gt=0)]], Field(min_length=2, max_length=2)]  # [height, width]
 
 
-class DataSpec(_Strict):
+class DataSpec(Strict):
     source: Literal["digits", "iris", "wine", "breast_cancer", "diabetes", "csv", "npz", "images", "tokens", "text"]
     path: str | None = None  # file or folder, relative to the recipe; file sources only
     label_column: str | None = None  # csv: the column holding the target; text: the label's column ("label")
@@ -189,7 +106,7 @@ TASK_MONITORS = {
 TASK_LOSSES = {"classification": ("auto", "cross_entropy"), "regression": ("auto", "mse", "huber")}
 
 
-class TrainSpec(_Strict):
+class TrainSpec(Strict):
     epochs: int = Field(10, gt=0)
     batch_size: int = Field(64, gt=0)
     optimizer: Literal["adamw", "sgd"] = "adamw"
@@ -222,7 +139,7 @@ class TrainSpec(_Strict):
 # --- later stages --------------------------------------------------------------------------------
 
 
-class ExportSpec(_Strict):
+class ExportSpec(Strict):
     opset: int = Field(18, ge=7)
     dynamo: bool = True  # torch.onnx.export(dynamo=True); the TorchScript exporter is the fallback
     atol: float = Field(1e-4, gt=0)  # per-output max abs difference against torch
@@ -230,7 +147,7 @@ class ExportSpec(_Strict):
     metric_tolerance: float = Field(0.001, ge=0)  # task metric: |onnx - torch|
 
 
-class OptimizeSpec(_Strict):
+class OptimizeSpec(Strict):
     """`pipe optimize`: which variants to make from model.onnx, and the budget each must meet."""
 
     graph: Literal["none", "basic", "extended"] = "extended"  # onnxruntime offline level for variants/model.opt.onnx
@@ -251,7 +168,7 @@ class OptimizeSpec(_Strict):
     strict: bool = False  # a variant that misses its budget fails the command (exit 1), not only its record
 
 
-class EdgeSpec(_Strict):
+class EdgeSpec(Strict):
     """`pipe export --target edge`: TFLite models made from model.onnx, and what each must meet."""
 
     enabled: bool = True  # `pipe run` makes the edge models
@@ -282,7 +199,7 @@ def edge_metric_drop(settings: dict[str, Any], task: str) -> float | None:
     return EDGE_CLASSIFIER_DROP if drop is None and task == "classification" else drop
 
 
-class MetricBudget(_Strict):
+class MetricBudget(Strict):
     """One task metric's budgets in `budgets.metrics`: it fails `pipe check` when it breaks either."""
 
     model_config = ConfigDict(allow_inf_nan=True)  # .inf: unbounded (not gated); NaN fails ge=0
@@ -297,7 +214,7 @@ class MetricBudget(_Strict):
         return self
 
 
-class BenchmarkSpec(_Strict):
+class BenchmarkSpec(Strict):
     """`pipe benchmark` as `pipe run` calls it: every format of the artifact timed side by side."""
 
     enabled: bool = True  # `pipe run` benchmarks the version it ends on
@@ -305,7 +222,7 @@ class BenchmarkSpec(_Strict):
     threads: int = Field(1, gt=0, le=256)  # the threads every runtime gets (onnxruntime, torch, LiteRT)
 
 
-class BudgetSpec(_Strict):
+class BudgetSpec(Strict):
     """What `pipe check` treats as a regression against the committed baseline."""
 
     model_config = ConfigDict(allow_inf_nan=True)  # .inf: unbounded (`--max-accuracy-drop inf`); NaN fails ge=0
@@ -341,7 +258,7 @@ class BudgetSpec(_Strict):
         return MetricBudget(max_drop=DEFAULT_CHECK_DROP)
 
 
-class Recipe(_Strict):
+class Recipe(Strict):
     name: str = Field(pattern=MODEL_NAME.pattern)  # also the artifact directory name
     task: Literal["classification", "regression", "embedding"] = "classification"
     description: str = ""

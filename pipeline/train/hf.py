@@ -28,7 +28,7 @@ from torch import nn
 
 from pipeline.core.errors import InputError
 from pipeline.data import DataInfo
-from pipeline.recipe.schema import LoraSpec
+from pipeline.recipe.architectures import LoraSpec
 
 # What makes a transformers directory the model it is: its config, weights and tokenizer files.
 BASE_FILES = ("config.json", "*.safetensors", "*.bin", "tokenizer.json", "tokenizer_config.json")

@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from pipeline.artifact.manifest import TensorSpec
 from pipeline.core.errors import InputError
 from pipeline.data import DataInfo
-from pipeline.recipe.schema import CNNSpec, CustomSpec, HFSpec, LoraSpec, MLPSpec, MoESpec, TransformerSpec
+from pipeline.recipe.architectures import CNNSpec, CustomSpec, HFSpec, LoraSpec, MLPSpec, MoESpec, TransformerSpec
 
 NEG_INF = -1e4  # additive attention mask for padding: large enough, and finite in fp16 and bf16
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pipeline.artifact.manifest import TokenInput
 from pipeline.data import DataInfo
-from pipeline.recipe.schema import TransformerSpec
+from pipeline.recipe.architectures import TransformerSpec
 from pipeline.train.finish import input_spec
 
 TOKENS = DataInfo("tokens", [32], 4, ["none", "a", "b", "both"], vocab_size=60)

@@ -116,7 +116,7 @@ def spread(ratios: list[float]) -> dict[str, float]:
 
 
 def self_checks(root: Path, work: Path, repeats: int, seconds: float, out: Out) -> dict[str, Any]:
-    from pipeline.recipe.schema import BudgetSpec
+    from pipeline.recipe.budgets import BudgetSpec
 
     default = BudgetSpec().max_latency_increase
     results = {}

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pipeline.artifact.directions import HIGHER_IS_BETTER, metric_drop
 from pipeline.artifact.manifest import TensorSpec
 from pipeline.check.baseline import Baseline
-from pipeline.recipe.schema import BudgetSpec
+from pipeline.recipe.budgets import BudgetSpec
 from pipeline.verify.metrics import SLACK
 
 Status = Literal["passed", "failed", "skipped"]

@@ -12,8 +12,8 @@ from pipeline.artifact.variants import MODEL_FILE
 from pipeline.check.baseline import Baseline, load_baseline, summarize
 from pipeline.check.checks import CheckResult, check_metrics, check_signature, check_size, check_variants
 from pipeline.core.errors import ArtifactError, CheckFailed, InputError
+from pipeline.recipe.budgets import BudgetSpec
 from pipeline.recipe.current import current_recipe, section_settings
-from pipeline.recipe.schema import BudgetSpec
 from pipeline.runtime.latency import measure
 from pipeline.samples.evaluation import GENERATED_NOTE, judged_on_generated
 

@@ -32,7 +32,8 @@ import numpy as np
 
 from pipeline.artifact.records import ConvertAttempt
 from pipeline.core.errors import ArtifactError, CheckFailed, first_line
-from pipeline.edge.convert import COPY, LOG, Converted, EdgeSettings, Progress, convert
+from pipeline.edge.convert import COPY, Converted, EdgeSettings, Progress, convert
+from pipeline.edge.onnx2tf_child import LOG
 
 ATTEMPT_TIMEOUT_S = 600.0  # one onnx2tf run; a YOLOv8n that fails takes about 3.5 min to say so
 FLEX = re.compile(rb"Flex[A-Z][A-Za-z0-9]*")  # a Select op's custom name in a .tflite file, e.g. FlexErf

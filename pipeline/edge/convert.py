@@ -2,10 +2,9 @@
 
 `convert` is a pure function: a model file in, .tflite files in a scratch directory out, each
 described the way a device program must feed it. It never touches the file it is given: onnx2tf
-overwrites its input, so it converts a copy, with the names it would reject rewritten (see
-`sanitize`). onnx2tf runs in a child process (`python -c`, in the scratch directory, `.venv/bin`
-first on PATH for the `onnxsim` command it calls, with a timeout and its output in a log): so
-tensorflow never loads in pipe's own process, and onnx2tf's global state and prints stay out.
+overwrites its input, so it converts a copy, with the names it would reject rewritten
+(pipeline/edge/graphcopy.py). onnx2tf runs in a child process (pipeline/edge/onnx2tf_child.py),
+so tensorflow never loads in pipe's own process, and onnx2tf's global state and prints stay out.
 The child first passes the copy through onnxslim (`EdgeSettings.slim`, with onnx2tf's own onnxsim
 then off): a YOLOv8 head converts only that way. `EdgeSettings.input_dims` fixes free dims of the
 copy's inputs first (pipeline/edge/shapes.py), and `EdgeSettings.onnx2tf` adds onnx2tf options
@@ -37,11 +36,6 @@ output, fed like fp32.
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,39 +45,20 @@ from typing import Any, Literal
 import numpy as np
 
 from pipeline.core.errors import CheckFailed, InputError
+from pipeline.edge.graphcopy import dims_of, sanitize, write_input_dims
+from pipeline.edge.onnx2tf_child import LOG, reason, run_onnx2tf
 from pipeline.edge.scaling import normalize_boxes, take_normalization
 
 PRECISIONS = ("fp32", "fp16", "int8")
-SUFFIX = {"fp32": "float32", "fp16": "float16", "int8": "full_integer_quant"}  # onnx2tf's <name>_<suffix>.tflite
+SUFFIX = {"fp32": "float32", "fp16": "float16"}  # onnx2tf's <name>_<suffix>.tflite (int8: INT8_SUFFIX)
 INT8_SUFFIX = {"integer": "full_integer_quant", "float": "integer_quant"}  # by int8_io: int8 or float inputs/outputs
 SAMPLE_FILE = "calibration_image_sample_data_20x128x128x3_float32.npy"  # onnx2tf reads it instead of downloading
 SAMPLE_SHAPE = (20, 128, 128, 3)
 COPY = "model.onnx"  # the copy onnx2tf converts (and overwrites), in the scratch directory
-LOG = "onnx2tf.log"
 FLOAT_TYPES = (1, 10, 11, 16)  # ONNX FLOAT, FLOAT16, DOUBLE, BFLOAT16: the input types int8 can calibrate
-ADVICE = (  # onnx2tf's ERROR lines that give no reason of their own
-    "The trace log is below",
-    "input_onnx_file_path",
-    "onnx_op_name",
-    "Read this and deal with it",
-    "Alternatively, if the input OP",
-    "If the input OP of ONNX",
-    "Also, for models that include",
-)
-NO_NETWORK = "http://127.0.0.1:9"  # a closed port: a download attempt fails at once instead of hanging
 
 Progress = Callable[[str], None]
 Inputs = list[tuple[str, int, list[int | str]]]  # model.onnx's inputs: name, ONNX element type, dims
-
-# The child: onnxslim on the copy when asked ("slim" in the JSON file argv[1]), then one call of
-# onnx2tf.convert with the other keyword arguments there.
-DRIVER = (
-    "import json, sys; kw = json.load(open(sys.argv[1]))\n"
-    "if kw.pop('slim'):\n"
-    "    import onnx, onnxslim; onnx.save(onnxslim.slim(kw['input_onnx_file_path']), kw['input_onnx_file_path'])\n"
-    "    print('onnxslim: done', flush=True)\n"
-    "import onnx2tf; onnx2tf.convert(**kw)"
-)
 
 
 @dataclass(frozen=True)
@@ -153,10 +128,10 @@ def convert(
     scratch.mkdir(parents=True, exist_ok=True)
 
     model = onnx.load(str(onnx_path))  # external data, if any, is read here and saved inline in the copy
-    _write_input_dims(model.graph, settings.input_dims)
-    inputs = [(v.name, v.type.tensor_type.elem_type, _dims(v)) for v in model.graph.input if v.name not in
+    write_input_dims(model.graph, settings.input_dims)
+    inputs = [(v.name, v.type.tensor_type.elem_type, dims_of(v)) for v in model.graph.input if v.name not in
               {t.name for t in model.graph.initializer}]  # fmt: skip
-    outputs = [(v.name, _dims(v)) for v in model.graph.output]
+    outputs = [(v.name, dims_of(v)) for v in model.graph.output]
     warnings: list[str] = []
     normalized = take_normalization(model, list(settings.normalize_inputs))
     for name, stats in normalized.items():
@@ -209,7 +184,7 @@ def convert(
     images = f"; image inputs {settings.layout.upper()}" if any(len(d) == 4 for _, _, d in inputs) else ""
     say(f"onnx2tf: converting {onnx_path.name} ({', '.join(precisions)}{images})")
     started = time.time()
-    _run(scratch, settings.timeout_s, {v: k for k, v in renamed.items()})
+    run_onnx2tf(scratch, settings.timeout_s, {v: k for k, v in renamed.items()})
     made: list[Converted] = []
     previous = started
     for precision in precisions:
@@ -217,8 +192,8 @@ def convert(
         produced = scratch / "out" / f"{Path(COPY).stem}_{suffix}.tflite"
         if not produced.is_file():
             if precision != "int8":
-                raise CheckFailed(f"onnx2tf finished but wrote no {precision} model: {_reason(scratch / LOG, {})}")
-            warnings.append(f"int8 not made: onnx2tf could not quantize the model: {_reason(scratch / LOG, {})}")
+                raise CheckFailed(f"onnx2tf finished but wrote no {precision} model: {reason(scratch / LOG, {})}")
+            warnings.append(f"int8 not made: onnx2tf could not quantize the model: {reason(scratch / LOG, {})}")
             continue
         finished = produced.stat().st_mtime
         target = workdir / f"model.{precision}.tflite"
@@ -238,82 +213,6 @@ def convert(
         converted.warnings = list(warnings) + converted.warnings
     say(f"onnx2tf: {', '.join(f'{c.precision} {c.seconds:.1f} s' for c in made)} (total {time.time() - started:.1f} s)")
     return made
-
-
-def _write_input_dims(graph: Any, dims: dict[str, list[int | str]]) -> None:
-    """Fix the copy's input dims given as ints (the device shapes); names and `?` leave a dim as it is.
-
-    The inferred shapes inside the graph are dropped where they name a dim fixed here, so onnxslim
-    (or onnx2tf's onnxsim) infers them again from the fixed inputs.
-    """
-    names = set()
-    for value in graph.input:
-        for dim, wanted in zip(value.type.tensor_type.shape.dim, dims.get(value.name, []), strict=False):
-            if isinstance(wanted, int):
-                names.add(dim.dim_param)
-                dim.dim_value = wanted
-    names.discard("")
-    if names:
-        kept = [v for v in graph.value_info if not {d.dim_param for d in v.type.tensor_type.shape.dim} & names]
-        del graph.value_info[:]
-        graph.value_info.extend(kept)
-
-
-def sanitize(graph: Any) -> dict[str, str]:
-    """Rename, in place, every node and tensor name onnx2tf rejects; returns old -> new.
-
-    onnx2tf turns names into TensorFlow op and scope names, which must match
-    `[A-Za-z0-9.][A-Za-z0-9_.\\/>-]*`: `Softmax@0` stops it, and `:` and a leading `/` need its own
-    rewrites. A name that is not a plain identifier becomes one (`/conv/Conv` -> `conv_Conv`,
-    `Softmax@0` -> `Softmax_0`), made unique, and the same in nodes, graph inputs and outputs,
-    initializers, value_info and subgraphs. Empty names (an omitted optional input) stay empty.
-    """
-    taken: set[str] = set()
-    for g in _graphs(graph):
-        taken.update(n.name for n in g.node)
-        taken.update(t for n in g.node for t in [*n.input, *n.output])
-        taken.update(v.name for v in [*g.input, *g.output, *g.value_info, *g.initializer])
-    mapping: dict[str, str] = {}
-
-    def new(name: str) -> str:
-        if not name or re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
-            return name
-        if name not in mapping:
-            base = re.sub(r"_+", "_", re.sub(r"[^A-Za-z0-9_]", "_", name)).strip("_") or "t"
-            base = base if base[0].isalpha() else f"t_{base}"
-            candidate, k = base, 1
-            while candidate in taken:
-                k += 1
-                candidate = f"{base}_{k}"
-            taken.add(candidate)
-            mapping[name] = candidate
-        return mapping[name]
-
-    for g in _graphs(graph):
-        for node in g.node:
-            node.name = new(node.name)
-            node.input[:] = [new(t) for t in node.input]
-            node.output[:] = [new(t) for t in node.output]
-        for v in [*g.input, *g.output, *g.value_info, *g.initializer, *g.sparse_initializer]:
-            target = v.values if hasattr(v, "values") and hasattr(v, "indices") else v
-            target.name = new(target.name)
-    return mapping
-
-
-def _graphs(graph: Any) -> list[Any]:
-    """`graph` and every subgraph (If, Loop, Scan bodies) in it."""
-    found = [graph]
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                found += _graphs(attr.g)
-            for sub in attr.graphs:
-                found += _graphs(sub)
-    return found
-
-
-def _dims(value: Any) -> list[int | str]:
-    return [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in value.type.tensor_type.shape.dim]
 
 
 def _sample_images(inputs: Inputs, calibration: dict[str, np.ndarray] | None) -> np.ndarray:
@@ -354,48 +253,6 @@ def _calibration_files(
         np.save(path, np.ascontiguousarray(x))
         rows.append([renamed.get(name, name), path.name, 0.0, 1.0])  # mean 0, std 1: normalization is in the model
     return rows
-
-
-def _run(scratch: Path, timeout_s: float, original: dict[str, str]) -> None:
-    """onnx2tf in a child process in `scratch`; a failure or a timeout raises CheckFailed with its reason."""
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # onnxsim
-    env.update({"HTTP_PROXY": NO_NETWORK, "HTTPS_PROXY": NO_NETWORK, "http_proxy": NO_NETWORK,
-                "https_proxy": NO_NETWORK, "NO_PROXY": "", "no_proxy": "",
-                "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"})  # fmt: skip
-    log = scratch / LOG
-    with log.open("wb") as out:
-        child = subprocess.Popen([sys.executable, "-c", DRIVER, "convert.json"], cwd=scratch, env=env,
-                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        try:
-            code = child.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)  # onnx2tf and the onnxsim it started
-            child.wait()
-            raise CheckFailed(f"onnx2tf did not finish within {timeout_s:.0f} s (edge timeout_s); log: {log}") from None
-    if code != 0:
-        raise CheckFailed(f"onnx2tf could not convert the model: {_reason(log, original)} (log: {log})")
-
-
-def _reason(log: Path, original: dict[str, str]) -> str:
-    """onnx2tf's own reason from its log: its specific ERROR lines, the last exception, the node it stopped at."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace")) if log.is_file() else ""
-    lines = [line.strip() for line in text.splitlines()]
-    node = next((m.group(1) for line in reversed(lines) if (m := re.search(r"onnx_op_name: (\S+)", line))), None)
-    where = f"at node {node!r}: " if node else ""
-    if node in original:
-        where = f"at node {original[node]!r} (renamed {node!r} for onnx2tf): "
-    errors = [line.split("ERROR:", 1)[1].strip() for line in lines if line.startswith("ERROR:")]
-    said = [e for e in errors if not e.startswith(ADVICE)][-2:]  # e.g. "Frobnicate OP is not yet implemented."
-    raised = [i for i, line in enumerate(lines) if re.match(r"[A-Za-z_][\w.]*(Error|Exception)\b", line)]
-    exception: list[str] = []
-    for line in lines[raised[-1] : raised[-1] + 6] if raised else []:
-        if line.startswith("Call arguments") or (not line and len(exception) > 1):
-            break
-        if line:  # keras puts a blank line between the exception and its cause
-            exception.append(line)
-    reason = " ".join([*said, *([f"({' '.join(exception)})"] if said and exception else exception)])
-    return where + (reason or " | ".join([line for line in lines if line][-3:]) or "no output")
 
 
 def _describe(

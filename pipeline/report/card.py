@@ -18,7 +18,7 @@ import numpy as np
 from pipeline.artifact.directions import IN_TARGET_UNITS
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import GOLDEN_NAME, load_golden
-from pipeline.recipe.schema import BudgetSpec
+from pipeline.recipe.budgets import BudgetSpec
 from pipeline.report.curves import CURVES_PNG, Curves
 from pipeline.report.markdown import cell, code, number, shape, table
 from pipeline.report.usage import check_section, device_section, serve_section

@@ -20,7 +20,7 @@ from pipeline.artifact.directions import HIGHER_IS_BETTER
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import GOLDEN_NAME, Golden, load_golden
 from pipeline.artifact.variants import FEEDING_FILE, FP32, LABELS_FILE
-from pipeline.recipe.schema import DEFAULT_CHECK_DROP, DEFAULT_CHECK_RELATIVE, BudgetSpec
+from pipeline.recipe.budgets import DEFAULT_CHECK_DROP, DEFAULT_CHECK_RELATIVE, BudgetSpec
 from pipeline.report.markdown import code, shape, table
 from pipeline.report.variants import usable
 

@@ -12,7 +12,7 @@ import numpy as np
 from pipeline.artifact.manifest import TensorSpec
 from pipeline.check.baseline import VariantSummary
 from pipeline.check.checks import check_signature, check_size, check_variants
-from pipeline.recipe.schema import BudgetSpec
+from pipeline.recipe.budgets import BudgetSpec
 from tests.check.check_models import FAST, W, imported, invoke, linear, regressions, reports, summary
 
 

@@ -10,7 +10,8 @@ import pytest
 from pipeline.check.baseline import VariantSummary
 from pipeline.check.checks import check_metrics, check_variants
 from pipeline.core.errors import RecipeError
-from pipeline.recipe.schema import BudgetSpec, MetricBudget, parse_recipe
+from pipeline.recipe.budgets import BudgetSpec, MetricBudget
+from pipeline.recipe.schema import parse_recipe
 from tests.check.check_models import FAST, imported, invoke, linear, summary
 
 RECIPE = {"name": "toy", "model": {"arch": "mlp"}, "data": {"source": "digits"}}

@@ -15,7 +15,7 @@ from pipeline.check.baseline import VariantSummary
 from pipeline.check.checks import CheckResult, check_variants
 from pipeline.check.reports import to_json, to_junit, to_markdown
 from pipeline.check.verdict import CheckRun
-from pipeline.recipe.schema import BudgetSpec
+from pipeline.recipe.budgets import BudgetSpec
 from tests.check.check_models import FAST, B, W, imported, invoke, linear, summary
 
 
@@ -157,7 +157,7 @@ def test_html_in_a_label_is_text_in_the_markdown_report() -> None:
     from pipeline.check.checks import check_signature
     from pipeline.check.reports import to_markdown
     from pipeline.check.verdict import CheckRun
-    from pipeline.recipe.schema import BudgetSpec
+    from pipeline.recipe.budgets import BudgetSpec
 
     before = summary()
     after = summary(labels=["a", "b", "<img src=x onerror=alert(1)>"])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pipeline.check.baseline import VariantSummary
 from pipeline.check.checks import check_metrics, check_variants
-from pipeline.recipe.schema import BudgetSpec
+from pipeline.recipe.budgets import BudgetSpec
 from tests.check.check_models import FAST, imported, invoke, linear, summary
 
 

@@ -16,7 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 from sklearn.datasets import load_digits
 
 from pipeline.core.errors import CheckFailed, InputError
-from pipeline.edge.convert import SAMPLE_FILE, EdgeSettings, convert, sanitize
+from pipeline.edge.convert import SAMPLE_FILE, EdgeSettings, convert
+from pipeline.edge.graphcopy import sanitize
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import onnxruntime as ort
 from onnx import helper
 from test_edge_conversion import houses
 
-from pipeline.edge.convert import _write_input_dims
+from pipeline.edge.graphcopy import write_input_dims
 from pipeline.edge.scaling import normalize_boxes, take_normalization
 from tests.export.real_models import colour_detector
 
@@ -24,7 +24,7 @@ def run(model: onnx.ModelProto | Path, **inputs: np.ndarray) -> np.ndarray:
 def test_the_detectors_boxes_are_divided_before_the_scores_join_them(tmp_path: Path) -> None:
     path = colour_detector(tmp_path / "colour.onnx")
     model = onnx.load(str(path))
-    _write_input_dims(model.graph, {"images": ["batch", 3, 320, 256]})
+    write_input_dims(model.graph, {"images": ["batch", 3, 320, 256]})
     assert normalize_boxes(model, "output0", 256, 320) == "before the scores are concatenated"
     onnx.checker.check_model(model)
     images = np.random.default_rng(0).random((2, 3, 320, 256), dtype=np.float32)

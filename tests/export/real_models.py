@@ -162,6 +162,16 @@ def set_metadata(path: Path, metadata: dict[str, str]) -> None:
     onnx.save(model, str(path))
 
 
+def anchor_points(h: int, w: int, stride: int):  # -> torch.Tensor
+    """The centres of a stride's h x w cells in pixels, [1, 2, h*w] (x, y): the anchors YOLOv8's head decodes at."""
+    import torch
+
+    ys = (torch.arange(h, dtype=torch.float32) + 0.5) * stride
+    xs = (torch.arange(w, dtype=torch.float32) + 0.5) * stride
+    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+    return torch.stack([gx, gy]).reshape(1, 2, h * w)
+
+
 def yolo_module(classes: int, seed: int = 0, box_scale: float = 1.0):  # -> torch.nn.Module
     """The torch detector (see the module doc); `box_scale` scales every box's distances (a perturbed box head)."""
     import torch
@@ -189,10 +199,7 @@ def yolo_module(classes: int, seed: int = 0, box_scale: float = 1.0):  # -> torc
             for stride, down, box, cls in zip(STRIDES, self.down, self.box, self.cls, strict=True):
                 x = down(x)
                 batch, _, h, w = x.shape
-                ys = (torch.arange(h, dtype=torch.float32) + 0.5) * stride
-                xs = (torch.arange(w, dtype=torch.float32) + 0.5) * stride
-                gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-                anchor = torch.stack([gx, gy]).reshape(1, 2, h * w)  # [1, 2, h*w] anchor points in pixels
+                anchor = anchor_points(h, w, stride)
                 ltrb = nn.functional.softplus(box(x)).reshape(batch, 4, -1) * (2.0 * stride * box_scale)
                 lt, rb = ltrb[:, :2], ltrb[:, 2:]
                 xyxy1, xyxy2 = anchor - lt, anchor + rb
@@ -269,10 +276,7 @@ def colour_module(seed: int = 0):  # -> torch.nn.Module
             for stride, mean, cls, box in zip(STRIDES, self.cells, self.cls, self.box, strict=True):
                 cells = mean(images)
                 batch, _, h, w = cells.shape
-                ys = (torch.arange(h, dtype=torch.float32) + 0.5) * stride
-                xs = (torch.arange(w, dtype=torch.float32) + 0.5) * stride
-                gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-                anchor = torch.stack([gx, gy]).reshape(1, 2, h * w)
+                anchor = anchor_points(h, w, stride)
                 ltrb = (0.8 + 0.4 * box(cells).sigmoid()).reshape(batch, 4, -1) * stride
                 xyxy1, xyxy2 = anchor - ltrb[:, :2], anchor + ltrb[:, 2:]
                 scores = cls(cells).sigmoid().reshape(batch, 3, -1)

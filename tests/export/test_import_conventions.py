@@ -321,7 +321,7 @@ def test_a_picture_is_letterboxed_as_ultralytics_does(
 
 
 def test_the_model_card_says_where_each_reading_came_from(yolo: tuple[Path, str]) -> None:
-    from pipeline.recipe.schema import BudgetSpec
+    from pipeline.recipe.budgets import BudgetSpec
     from pipeline.report.card import CardFacts, lineage_section, metrics_section
 
     artifact = imported(yolo[0], "yolo")

@@ -18,7 +18,8 @@ from pipeline.check.checks import judge_metric
 from pipeline.cli import main
 from pipeline.edge.stage import policy_for
 from pipeline.optimize.judge import failure_detail
-from pipeline.recipe.schema import BudgetSpec, EdgeSpec, MetricBudget
+from pipeline.recipe.budgets import BudgetSpec, MetricBudget
+from pipeline.recipe.schema import EdgeSpec
 from pipeline.verify.policies import Exact, MetricDrop, RelativeError
 from pipeline.verify.report import GateReport, Row
 

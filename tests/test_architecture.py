@@ -7,6 +7,7 @@ forbidden import added is checked on its own, without touching the real one.
 
 from __future__ import annotations
 
+import keyword
 import shutil
 import subprocess
 import sys
@@ -155,3 +156,16 @@ def test_every_package_stands_in_the_layers_and_none_is_optional() -> None:
     )
     loose = sorted(p.name for p in (ROOT / "pipeline").glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
     assert not loose, f"modules outside a package: {loose}"
+
+
+def test_every_command_is_in_the_module_named_for_it() -> None:
+    """`pipe NAME` is defined in pipeline/cli/NAME.py (`import` in import_.py: a keyword), so a reader finds a
+    command from its name; every other module of the package is the group, the shared options or a helper."""
+    from pipeline.cli import main
+
+    where = {name: command.callback.__module__ for name, command in main.commands.items()}
+    expected = {name: f"pipeline.cli.{name}_" if keyword.iskeyword(name) else f"pipeline.cli.{name}" for name in where}
+    assert where == expected
+    helpers = {"__init__", "group", "params", "artifact_views"}
+    modules = {p.stem for p in (ROOT / "pipeline" / "cli").glob("*.py")} - helpers
+    assert modules == {m.rsplit(".", 1)[1] for m in where.values()}, "a module of pipeline/cli/ holds no command"

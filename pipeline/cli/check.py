@@ -1,4 +1,4 @@
-"""Commands that judge an artifact: check it against a baseline, benchmark its formats, write its card."""
+"""`pipe check`: a candidate against a baseline (metrics, variants, I/O signature, size, latency)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from pipeline.cli.group import main
-from pipeline.cli.params import THREADS, Number
+from pipeline.cli.params import Number
 
 
 @main.command()
@@ -57,43 +57,3 @@ def check(
     for path in write_reports(outcome, *paths):
         click.echo(f"report: {path}")
     outcome.raise_on_failure()
-
-
-@main.command()
-@click.argument("artifact", type=click.Path())
-@click.option(
-    "--seconds", type=Number(0, 60, low_open=True), default=1.0, show_default=True, help="Timed runs per row and batch."
-)
-@click.option("--threads", type=THREADS, default=1, show_default=True, help="Threads every runtime runs with.")
-@click.option("--json", "json_copy", type=click.Path(), default=None, help="Also write the JSON report to this file.")
-@click.option("--no-plot", is_flag=True, help="Write no reports/benchmark.png.")
-def benchmark(artifact: str, seconds: float, threads: int, json_copy: str | None, no_plot: bool) -> None:
-    """Time every format of ARTIFACT side by side: torch, ONNX and its variants, TFLite (size, metric, latency)."""
-    from pipeline.artifact.directory import resolve_artifact
-    from pipeline.benchmark.stage import benchmark_artifact
-    from pipeline.benchmark.table import render
-    from pipeline.core.fsutil import write_user_file
-
-    overrides = {"seconds": seconds, "threads": threads}
-    outcome = benchmark_artifact(resolve_artifact(artifact), overrides, progress=click.echo, plot=not no_plot)
-    click.echo(render(outcome))
-    for note in outcome.notes:
-        click.secho(f"note: {note}", err=True, fg="yellow")
-    if json_copy is not None:
-        write_user_file(Path(json_copy), outcome.report.read_bytes(), "--json")
-    for path in (outcome.report, outcome.plot, json_copy):
-        if path is not None:
-            click.echo(f"report: {path}")
-
-
-@main.command()
-@click.argument("artifact", type=click.Path())
-def report(artifact: str) -> None:
-    """Write ARTIFACT's model card (reports/model-card.md) and training curves (reports/training-curves.png)."""
-    from pipeline.report.stage import report_artifact
-
-    outcome = report_artifact(Path(artifact), progress=click.echo)
-    for note in outcome.notes:
-        click.secho(f"note: {note}", err=True, fg="yellow")
-    click.echo(f"card: {outcome.card}")
-    click.echo(f"curves: {outcome.curves or 'none (see the note)'}")

@@ -1,0 +1,109 @@
+"""`pipe export`: model.onnx through the parity gate, TFLite edge models (`--target edge`), or a Triton repository."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pipeline.cli.group import main
+from pipeline.cli.params import TOLERANCE, Whole
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option(
+    "--target",
+    type=click.Choice(["server", "edge", "triton"]),
+    default="server",
+    show_default=True,
+    help="server: model.onnx in the artifact, parity-gated against torch; edge: TFLite fp32/fp16/int8 from "
+    "model.onnx, verified on LiteRT; triton: a Triton model repository from model.onnx (needs --out).",
+)
+@click.option("--precision", "precisions", multiple=True, type=click.Choice(["fp32", "fp16", "int8"]),
+              help="Edge: TFLite models to make (repeatable) [default: recipe edge.precisions].")  # fmt: skip
+@click.option("--layout", type=click.Choice(["nhwc", "nchw"], case_sensitive=False), default=None,
+              help="Edge: image input layout, NHWC for devices or the server's NCHW [default: recipe].")  # fmt: skip
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
+              help="Edge: dims of input NAME on the device (repeatable), as pipe import takes them, e.g. "
+              "x:?,3,48,192 [default: free dims but the batch fixed from what the artifact knows].")  # fmt: skip
+@click.option("--opset", type=Whole(7, 100), default=None, help="ONNX opset [default: recipe export.opset]")
+@click.option(
+    "--exporter",
+    type=click.Choice(["dynamo", "torchscript"]),
+    default=None,
+    help="dynamo falls back to torchscript and logs why [default: the recipe's export.dynamo]",
+)
+@click.option("--atol", type=TOLERANCE, default=None, help="Parity: max abs difference [default: recipe export.atol]")
+@click.option("--rtol", type=TOLERANCE, default=None, help="Parity: relative difference [default: recipe export.rtol]")
+@click.option("--recipe", type=click.Path(), default=None,
+              help="Recipe to read export settings from [default: the one it was trained from].")  # fmt: skip
+@click.option("--out", type=click.Path(), default=None, help="Triton: the model repository directory to write into.")
+@click.option("--max-batch-size", type=Whole(1, 1 << 20), default=64, show_default=True, help="Triton batching.")
+@click.option("--instance-kind", type=click.Choice(["cpu", "gpu"]), default=None,
+              help="Triton: pin the model to CPU or GPU instances [default: none written; Triton uses its GPUs "
+              "when it has them, else the CPU].")  # fmt: skip
+def export(
+    artifact: str,
+    target: str,
+    precisions: tuple[str, ...],
+    layout: str | None,
+    input_shapes: tuple[str, ...],
+    opset: int | None,
+    exporter: str | None,
+    atol: float | None,
+    rtol: float | None,
+    recipe: str | None,
+    out: str | None,
+    max_batch_size: int,
+    instance_kind: str | None,
+) -> None:
+    """Export a trained ARTIFACT to ONNX through the parity gate (exit 1 when it drifts).
+
+    Settings come from the recipe's export section as it is now; --opset, --exporter, --atol and
+    --rtol override it for this run.
+    """
+    if input_shapes and target != "edge":
+        from pipeline.core.errors import InputError
+
+        raise InputError(f"--input-shape is an edge option (the device's dims); it is not read with --target {target}")
+    if target == "edge":
+        from pipeline.artifact.dims import parse_input_shapes
+        from pipeline.edge.stage import edge_artifact
+
+        shapes = parse_input_shapes(input_shapes) or None
+        overrides = {
+            "precisions": list(precisions) or None,
+            "layout": layout and layout.lower(),
+            "input_shapes": shapes,
+        }
+        outcome = edge_artifact(artifact, overrides, Path(recipe) if recipe else None, progress=click.echo)
+        for note in outcome.notes:
+            click.secho(f"note: {note}", err=True, fg="yellow")
+        for m in outcome.made:
+            click.echo(f"  {m.name:<13} passed  {m.converted.path.name}  ({m.converted.seconds:.1f} s to convert)")
+        return
+    if target == "triton":
+        from pipeline.artifact.directory import Artifact, resolve_artifact
+        from pipeline.core.errors import InputError
+        from pipeline.export.triton import write_repository
+
+        if out is None:
+            raise InputError("--target triton writes a model repository: pass --out DIR (e.g. --out triton-models)")
+        model_dir = write_repository(
+            Artifact.load(resolve_artifact(artifact)), Path(out), max_batch_size, instance_kind
+        )
+        click.echo(f"Triton model repository: {model_dir} (config.pbtxt + version directory)")
+        return
+    from pipeline.artifact.variants import MODEL_FILE
+    from pipeline.export.stage import export_artifact
+
+    dynamo = None if exporter is None else exporter == "dynamo"
+    overrides = {"opset": opset, "dynamo": dynamo, "atol": atol, "rtol": rtol}
+    outcome = export_artifact(artifact, overrides, Path(recipe) if recipe else None, progress=lambda _: None)
+    for note in outcome.notes:
+        click.secho(f"note: {note}", err=True, fg="yellow")
+    result = outcome.result
+    via = result.exporter + (f" (fallback: {result.fallback_reason})" if result.fallback_reason else "")
+    click.echo(outcome.report.table())
+    click.echo(f"exported {outcome.artifact.root / MODEL_FILE}: opset {result.opset}, exporter {via}")

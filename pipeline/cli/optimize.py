@@ -1,0 +1,60 @@
+"""`pipe optimize`: graph-optimized and quantized variants of model.onnx, each judged and timed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipeline.cli.group import main
+
+
+@main.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--quantize", "quantize", multiple=True, type=click.Choice(["dynamic", "static", "fp16", "auto"]),
+              help="Variants to make (repeatable) [default: the recipe's optimize.quantize].")  # fmt: skip
+@click.option("--graph", type=click.Choice(["none", "basic", "extended"]), default=None,
+              help="onnxruntime offline level for variants/model.opt.onnx [default: recipe].")  # fmt: skip
+@click.option("--max-accuracy-drop", type=float, default=None, help="Budget: task-metric drop allowed (its units).")
+@click.option(
+    "--min-cosine",
+    type=float,
+    default=None,
+    help="Budget for embeddings: minimum cosine similarity.",
+)
+@click.option("--per-channel/--per-tensor", default=None, help="int8 weight scales [default: recipe].")
+@click.option("--calibration", type=click.Choice(["minmax", "entropy", "percentile"]), default=None,
+              help="Static int8: how activation ranges are set [default: recipe].")  # fmt: skip
+@click.option("--reduce-range/--full-range", default=None, help="int8 weights in 7 bits (CPUs without VNNI).")
+@click.option("--activation-type", type=click.Choice(["uint8", "int8"]), default=None, help="Static int8 activations.")
+@click.option(
+    "--calibration-samples",
+    type=int,
+    default=None,
+    help="Real training samples static int8 calibrates on.",
+)
+@click.option("--slim/--no-slim", default=None, help="onnxslim after onnxruntime's passes for the opt variant.")
+@click.option("--max-exclusions", type=int, default=None, help="auto: nodes the search may leave in fp32.")
+@click.option("--search-seconds", type=float, default=None,
+              help="auto: start no new candidate after N seconds, keep the best so far [default: 120].")  # fmt: skip
+@click.option("--threads", type=int, default=None, help="Intra-op threads the variants are timed with.")
+@click.option("--strict/--no-strict", default=None, help="Exit 1 when a variant misses its budget [default: recipe].")
+@click.option("--recipe", type=click.Path(), default=None, help="Recipe to read optimize settings from.")
+def optimize(artifact: str, quantize: tuple[str, ...], recipe: str | None, **options: Any) -> None:
+    """Graph-optimize and quantize ARTIFACT's model.onnx into verified variants (variants/, reports/optimize.md).
+
+    Every variant is judged against model.onnx (the task metric's drop, or agreement, cosine or
+    relative error without labels) and timed beside it. One that misses its budget is recorded as
+    failed and never served by default; --strict also makes the command exit 1.
+    """
+    from pipeline.optimize.stage import optimize_artifact
+
+    overrides = {**options, "quantize": list(quantize) or None}
+    outcome = optimize_artifact(artifact, overrides, Path(recipe) if recipe else None, progress=click.echo)
+    for note in outcome.notes:
+        click.secho(f"note: {note}", err=True, fg="yellow")
+    for m in outcome.made:
+        status = "passed" if m.verdict.passed else "FAILED (not served)"
+        click.echo(f"  {m.name:<13} {status:<20} {m.verdict.detail}")
+    click.echo(f"report: {outcome.artifact.root / 'reports' / 'optimize.md'}")

@@ -6,8 +6,9 @@ from typing import Any
 import pytest
 
 from pipeline.artifact.directory import Artifact
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
 from pipeline.artifact.records import CheckpointRecord, GoldenRecord, TrainRecord
+from pipeline.artifact.tensors import TensorSpec
 
 # A linear model in ONNX text syntax, with weights: the smallest real model to import and serve.
 LINEAR = """

@@ -44,6 +44,7 @@ def test_contracts_hold_on_the_real_tree() -> None:
 
 
 LAYERS = "commands on stages, every stage alone, shared packages below, the spine at the"  # lint-imports wraps the rest
+ARTIFACT_LAYERS = "the artifact's modules in layers: the directory on the manifest"  # wrapped after
 FRAMEWORKS = "pipe serve and the artifact never import a training or conversion framework"
 
 
@@ -104,6 +105,19 @@ def layered(module: str, line: str, importer: str, imported: str) -> tuple[str, 
             "import pipeline.verify.metrics",
             LAYERS,
             "pipeline.recipe is not allowed to import pipeline.verify",
+        ),
+        # a cycle inside the artifact: a spec or token module reaching up to the manifest or the directory
+        (
+            "artifact/tensors.py",
+            "from pipeline.artifact.manifest import Manifest",
+            ARTIFACT_LAYERS,
+            "pipeline.artifact.tensors is not allowed to import pipeline.artifact.manifest",
+        ),
+        (
+            "artifact/tokens.py",
+            "def _later():\n    from pipeline.artifact.directory import Artifact",
+            ARTIFACT_LAYERS,
+            "pipeline.artifact.tokens is not allowed to import pipeline.artifact.directory",
         ),
         # a stage importing the command that runs the chain
         (

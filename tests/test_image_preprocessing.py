@@ -21,8 +21,9 @@ from click.testing import CliRunner
 from PIL import Image, ImageDraw
 
 from pipeline.artifact.directory import Artifact
-from pipeline.artifact.manifest import MANIFEST_NAME, Manifest, TensorSpec
+from pipeline.artifact.manifest import MANIFEST_NAME, Manifest
 from pipeline.artifact.preprocessing import parse_image_record
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.cli import main
 from pipeline.core.errors import ArtifactError, InputError
 from pipeline.runtime.images import ImageInput, image_input

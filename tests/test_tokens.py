@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.artifact.directory import Artifact
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.tensors import TensorSpec, TokenInput
 from pipeline.artifact.tokens import (
     TOKENIZER_CONFIG,
     TOKENIZER_FILE,
-    TokenInput,
     TokenLimits,
     guess_roles,
     hf_limits,
@@ -90,7 +90,9 @@ def test_the_tokenizer_goes_into_the_version_hashed_and_comes_back(tmp_path: Pat
         outputs=[TensorSpec("embedding", "float32", ["batch", 32])],
     )
     artifact = Artifact(root, manifest)
-    manifest.tokenizer = write_tokenizer(artifact, source)
+    manifest.tokenizer, written = write_tokenizer(root, source)
+    for rel in written:
+        artifact.add_file(rel)
     artifact.save()
 
     loaded = Artifact.load(root)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import InputError
 
 FREE = "?"  # in --input-shape: leave this dim as declared

@@ -5,7 +5,8 @@ numpy does not know, a size given as a string, `stages: []`, an unsafe name are 
 their dotted path; then what the fields say against each other (a variant recorded in another
 variant's file or in a file `files` does not list, no inputs, labels that do not match the
 classes, an image record that cannot be applied to its input: pipeline/artifact/preprocessing.py).
-Standard library only, so the server and the CLI load it cheaply.
+The inputs and outputs are `TensorSpec`s (pipeline/artifact/tensors.py). Standard library only, so the
+server and the CLI load it cheaply.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ import datetime as _dt
 import hashlib
 import json
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pipeline import __version__
+from pipeline.artifact.checks import one_of, positive, unprintable
 from pipeline.artifact.preprocessing import preprocessing_problems
 from pipeline.artifact.records import Stages
-from pipeline.artifact.tokens import TokenInput, TokenizerRecord, tokenizer_problems
+from pipeline.artifact.tensors import TensorSpec
+from pipeline.artifact.tokens import TokenizerRecord, tokenizer_problems
 from pipeline.artifact.variants import Variant, check_variant_name, variant_file
 from pipeline.core.errors import ArtifactError
 from pipeline.core.jsontypes import decode, encode
@@ -37,11 +39,6 @@ Task = Literal["classification", "regression", "embedding", "detection", "tensor
 # A model name is a directory name in every repository and URL it reaches: one safe path segment.
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 NAME_RULE = "1-128 lowercase letters, digits, '.', '_' and '-', starting with a letter or digit"
-DTYPES = (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128", "object", "str",
-)  # fmt: skip
-LAYOUTS = ("NC", "NCHW", "NHWC", "NT")
 BACKENDS = ("torch", "ort", "import")
 
 
@@ -50,18 +47,6 @@ def check_name(name: str) -> str | None:
     if NAME.match(name):
         return None
     return f"name {name[:60]!r} is not a safe directory name: use {NAME_RULE}"
-
-
-def _check_shape(shape: list[int | str]) -> str | None:
-    bad = [d for d in shape if (isinstance(d, int) and d < 0) or (isinstance(d, str) and not d)]
-    return f"dims must be sizes >= 0 or non-empty names, got {bad[:3]}" if bad else None
-
-
-def _one_of(allowed: tuple[str, ...]) -> Any:
-    def check(value: str) -> str | None:
-        return None if value in allowed else f"{value[:40]!r} is not one of {', '.join(allowed)}"
-
-    return check
 
 
 def _check_sha256(value: str) -> str | None:
@@ -88,29 +73,11 @@ def _check_variants(variants: dict[str, Variant]) -> str | None:
     return None
 
 
-def _unprintable(text: str) -> str:
-    """The control and format characters in `text` (newline, tab, NUL, a byte-order mark, a zero-width space)."""
-    return ", ".join(repr(ch) for ch in sorted({ch for ch in text if unicodedata.category(ch) in UNPRINTABLE}))
-
-
-UNPRINTABLE = ("Cc", "Cf", "Zl", "Zp")  # Unicode categories no name or label may hold
-
-
 def label_problem(label: str) -> str | None:
     """Why `label` cannot be a class name, or None: a class name is one line of printable text (labels.txt
     holds one per line, the card and the reports show them)."""
-    if bad := _unprintable(label):
+    if bad := unprintable(label):
         return f"class name {label!r} holds {bad}: a class name is one line of printable text"
-    return None
-
-
-def tensor_name_problem(name: str) -> str | None:
-    """Why `name` cannot name a model input or output, or None: names go into shell lines, config.pbtxt and
-    reports, quoted there, and must stay one line of printable text to be quoted safely."""
-    if not name:
-        return "a tensor name is empty"
-    if bad := _unprintable(name):
-        return f"tensor name {name!r} holds {bad}: names are one line of printable text"
     return None
 
 
@@ -118,43 +85,6 @@ def _check_labels(labels: list[str]) -> str | None:
     if problems := [p for p in map(label_problem, labels) if p]:
         return problems[0]
     return "class names must be distinct" if len(set(labels)) != len(labels) else None
-
-
-def _positive(value: int | None) -> str | None:
-    return None if value is None or value >= 1 else f"expected a number >= 1, got {value}"
-
-
-def _check_categories(categories: list[str] | None) -> str | None:
-    if categories is None:
-        return None
-    if not categories:
-        return "a categorical column has at least one category"
-    return "categories must be distinct" if len(set(categories)) != len(categories) else None
-
-
-@dataclass(frozen=True)
-class Feature:
-    """One column of a feature input (`[batch, F]`), in input order: what a client may key a value by."""
-
-    name: str  # the column's name in the training data (a CSV header, a bundled set's feature name)
-    # a categorical column: the input holds the category's index here (categories[i] is sent as i)
-    categories: list[str] | None = field(default=None, metadata={"omit_none": True, "check": _check_categories})
-    # set by `data.unseen_categories: unknown`: a value outside `categories` is sent as this index
-    # (len(categories)), which the model one-hot encodes as all zeros: the column then adds nothing
-    unknown_index: int | None = field(default=None, metadata={"omit_none": True})
-
-
-@dataclass
-class TensorSpec:
-    """One model input or output as the outside world sees it."""
-
-    name: str = field(metadata={"check": tensor_name_problem})
-    dtype: str = field(metadata={"check": _one_of(DTYPES)})  # numpy dtype name: "float32", "int64", ...
-    shape: list[int | str] = field(metadata={"check": _check_shape})  # symbolic dims are names: ["batch", 64]
-    layout: str = field(default="NC", metadata={"check": _one_of(LAYOUTS)})  # NC, NCHW / NHWC, NT (tokens)
-    preprocessing: dict[str, Any] = field(default_factory=dict)  # e.g. {"mean": [...], "std": [...]}
-    features: list[Feature] | None = field(default=None, metadata={"omit_none": True})  # [batch, F]: F columns
-    tokens: TokenInput | None = field(default=None, metadata={"omit_none": True})  # token-id inputs only
 
 
 def _fraction(value: float) -> str | None:
@@ -173,8 +103,8 @@ class Detection:
     iou: float = field(
         default=0.7, metadata={"check": _fraction}
     )  # NMS: drop a box overlapping a kept one of its class more
-    max_detections: int = field(default=300, metadata={"check": _positive})  # boxes kept per picture, best first
-    stride: int | None = field(default=None, metadata={"omit_none": True, "check": _positive})  # the head's largest
+    max_detections: int = field(default=300, metadata={"check": positive})  # boxes kept per picture, best first
+    stride: int | None = field(default=None, metadata={"omit_none": True, "check": positive})  # the head's largest
 
 
 @dataclass
@@ -193,7 +123,7 @@ class Lineage:
     dataset_fingerprint: str | None = None  # sha256 of the data content (features + labels)
     code_version: str = __version__  # pipe version that wrote the artifact
     parent_digest: str | None = None  # identity digest of the artifact this one derives from
-    backend: str | None = field(default=None, metadata={"check": lambda v: None if v is None else _one_of(BACKENDS)(v)})
+    backend: str | None = field(default=None, metadata={"check": lambda v: None if v is None else one_of(BACKENDS)(v)})
     seed: int | None = None
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.core.errors import InputError
 
 if TYPE_CHECKING:
-    from pipeline.artifact.manifest import TensorSpec
+    from pipeline.artifact.tensors import TensorSpec
 
 MODES = {1: "L", 3: "RGB"}  # channels -> the Pillow mode a picture is converted to
 RESIZE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")  # Pillow's Resampling names

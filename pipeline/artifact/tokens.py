@@ -2,10 +2,11 @@
 
 Three things, one concept (a model fed token sequences):
 
-- `TokenInput`, on each integer input of a token model (`inputs[].tokens`): its `role` (`ids`, the
-  token ids; `mask`, the attention mask; `type_ids`, the token types), the values it holds
-  (`0 .. vocab_size - 1`: the vocabulary, the token-type count, 2 for a mask), the longest sequence
-  and the value that pads a short row. A server checks ids against it and pads ragged rows with it.
+- `TokenInput`, on each integer input of a token model (`inputs[].tokens`), is part of the tensor
+  spec (pipeline/artifact/tensors.py): its `role` (`ids`, the token ids; `mask`, the attention
+  mask; `type_ids`, the token types), the values it holds (`0 .. vocab_size - 1`: the vocabulary,
+  the token-type count, 2 for a mask), the longest sequence and the value that pads a short row. A
+  server checks ids against it and pads ragged rows with it.
 - `TokenizerRecord`, on the manifest (`tokenizer`): where the tokenizer is in the version
   (`tokenizer/tokenizer.json`, the `tokenizers` library's one-file format, and the source's
   `tokenizer_config.json`, both listed under `files` and hashed like every file) and how texts are
@@ -15,26 +16,21 @@ Three things, one concept (a model fed token sequences):
   command line, applied to the specs and read back from them.
 
 `read_tokenizer` reads a transformers directory's tokenizer (`tokenizers` imported inside: no torch,
-no transformers); `write_tokenizer` copies it into a version and records it. The standard library at
-import time: the manifest imports this module.
+no transformers); `write_tokenizer` copies it into a version directory and gives its record and the
+files to list. The standard library at import time: the manifest imports this module.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from pipeline.artifact.tensors import ROLES, Role, TensorSpec, TokenInput
 from pipeline.core.errors import InputError
 
-if TYPE_CHECKING:
-    from pipeline.artifact.directory import Artifact
-    from pipeline.artifact.manifest import TensorSpec
-
-ROLES = ("ids", "mask", "type_ids")
-Role = Literal["ids", "mask", "type_ids"]
 Side = Literal["right", "left"]
 TOKENIZER_DIR = "tokenizer"
 TOKENIZER_FILE = "tokenizer/tokenizer.json"  # the tokenizers library's format: Tokenizer.from_file reads it
@@ -47,20 +43,6 @@ ROLE_WORDS: dict[Role, tuple[str, ...]] = {
     "type_ids": ("token_type_ids", "segment_ids", "type_ids", "token_type"),
     "ids": ("input_ids", "ids", "tokens", "input_word_ids"),
 }
-
-
-def _positive(value: int | None) -> str | None:
-    return None if value is None or value >= 1 else f"expected a number >= 1, got {value}"
-
-
-@dataclass(frozen=True)
-class TokenInput:
-    """What an integer input of a token model accepts (training and import record it)."""
-
-    vocab_size: int = field(metadata={"check": _positive})  # valid values are 0 .. vocab_size - 1
-    max_length: int | None = field(default=None, metadata={"check": _positive})  # longest sequence; None: any
-    padding_id: int | None = None  # the value that fills a short row; None: not known
-    role: Role = "ids"  # ids: token ids; mask: the attention mask (1 real, 0 padding); type_ids: token types
 
 
 @dataclass(frozen=True)
@@ -224,20 +206,20 @@ def hf_limits(model_dir: Path, input_names: list[str], tokenizer: TokenizerSourc
     )
 
 
-def write_tokenizer(artifact: Artifact, source: TokenizerSource) -> TokenizerRecord:
-    """Copy `source`'s files into `artifact/tokenizer/` and list them under `files` (hashed like every
-    file); the record for the manifest's `tokenizer`, which the caller sets."""
-    target = artifact.path(TOKENIZER_DIR)
+def write_tokenizer(version: Path, source: TokenizerSource) -> tuple[TokenizerRecord, list[str]]:
+    """Copy `source`'s files into `version/tokenizer/`; the record for the manifest's `tokenizer` and the
+    files written (relative to `version`), which the caller lists under `files` (hashed like every file)."""
+    target = Path(version) / TOKENIZER_DIR
     target.mkdir(parents=True, exist_ok=True)
     for name in source.files:
         shutil.copyfile(source.directory / name, target / name)
-        artifact.add_file(f"{TOKENIZER_DIR}/{name}")
-    return TokenizerRecord(
+    record = TokenizerRecord(
         file=TOKENIZER_FILE,
         config=TOKENIZER_CONFIG if "tokenizer_config.json" in source.files else None,
         truncation_side=source.truncation_side,
         padding_side=source.padding_side,
     )
+    return record, [f"{TOKENIZER_DIR}/{name}" for name in source.files]
 
 
 def tokenizer_problems(record: TokenizerRecord | None, specs: list[TensorSpec], files: dict[str, Any]) -> list[str]:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.artifact.directory import Artifact, resolve_artifact
-from pipeline.artifact.manifest import Task, TensorSpec
+from pipeline.artifact.manifest import Task
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.artifact.variants import MODEL_FILE, unusable
 from pipeline.core.errors import InputError
 from pipeline.core.fsutil import write_user_file

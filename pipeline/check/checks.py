@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pipeline.artifact.directions import HIGHER_IS_BETTER, metric_drop
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.check.baseline import Baseline
 from pipeline.recipe.budgets import BudgetSpec
 from pipeline.verify.metrics import SLACK

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifact.directory import Artifact, is_version_name, version_dirs
-from pipeline.artifact.manifest import MANIFEST_NAME, Feature, Manifest
+from pipeline.artifact.manifest import MANIFEST_NAME, Manifest
 from pipeline.artifact.preprocessing import ImageRecord, image_record, parse_image_record
 from pipeline.artifact.records import ImportRecord
+from pipeline.artifact.tensors import Feature
 from pipeline.artifact.variants import EDGE_PREFIX
 from pipeline.core.errors import ArtifactError, InputError, PipelineError
 from pipeline.report.markdown import shape, size

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.artifact.variants import FEEDING_FILE, LABELS_FILE
 from pipeline.core.errors import InputError
 from pipeline.edge.convert import Converted

@@ -28,9 +28,10 @@ from dataclasses import replace
 import numpy as np
 
 from pipeline.artifact.dims import Shapes, apply_input_shapes
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
 from pipeline.artifact.preprocessing import image_record
 from pipeline.artifact.records import FixedDim
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError
 from pipeline.samples.evaluation import EvaluationSet

@@ -29,9 +29,10 @@ import numpy as np
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import GOLDEN_NAME
-from pipeline.artifact.manifest import Detection, ModelSpec, TensorSpec
+from pipeline.artifact.manifest import Detection, ModelSpec
 from pipeline.artifact.records import EdgeRecord, FixedDim
 from pipeline.artifact.stagewrite import StageWrite
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.artifact.variants import EDGE_PREFIX, MODEL_FILE, EdgeIO, EdgeTensor, Variant, variant_file
 from pipeline.core.errors import CheckFailed, InputError
 from pipeline.core.host import describe_host

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifact.manifest import TensorSpec
 from pipeline.artifact.records import PictureFolder
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError
 from pipeline.core.fsutil import sha256_file

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
-from pipeline.artifact.manifest import TensorSpec, tensor_name_problem
+from pipeline.artifact.tensors import TensorSpec, tensor_name_problem
 from pipeline.core.errors import InputError
 from pipeline.export.shapes import graph_dims
 

@@ -29,8 +29,9 @@ import onnx
 
 from pipeline.artifact.directory import Artifact, allocate_version
 from pipeline.artifact.golden import Golden, save_golden
-from pipeline.artifact.manifest import Lineage, Manifest, ModelSpec, TensorSpec, check_name, label_problem
+from pipeline.artifact.manifest import Lineage, Manifest, ModelSpec, check_name, label_problem
 from pipeline.artifact.records import ImportRecord, Reading
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.artifact.tokens import (
     TokenizerSource,
     TokenLimits,
@@ -225,7 +226,9 @@ def _build(
         lineage=Lineage(backend="import"),
     )
     artifact = Artifact(root, manifest)
-    manifest.tokenizer = write_tokenizer(artifact, tokenizer)
+    manifest.tokenizer, written = write_tokenizer(root, tokenizer)
+    for rel in written:
+        artifact.add_file(rel)
     encoder = TextEncoder.of(root, manifest)
     assert encoder is not None  # the tokenizer and the ids input were just recorded
     samples = encoder.encode(list(SENTENCES))  # [8, longest]: padded and unpadded rows

@@ -26,16 +26,9 @@ import onnx
 from pipeline.artifact.dims import Shapes, apply_input_shapes
 from pipeline.artifact.directory import Artifact, allocate_version
 from pipeline.artifact.golden import Golden, save_golden
-from pipeline.artifact.manifest import (
-    TASKS,
-    Lineage,
-    Manifest,
-    ModelSpec,
-    TensorSpec,
-    check_name,
-    label_problem,
-)
+from pipeline.artifact.manifest import TASKS, Lineage, Manifest, ModelSpec, check_name, label_problem
 from pipeline.artifact.records import ImportRecord, Reading
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.artifact.tokens import limits_reading, write_tokenizer
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
 from pipeline.core.arrays import Arrays
@@ -208,7 +201,9 @@ def _build(
     )
     artifact = Artifact(root, manifest)
     if imported.text.tokenizer is not None:  # before the stamp: the tokenizer is part of the identity
-        manifest.tokenizer = write_tokenizer(artifact, imported.text.tokenizer)
+        manifest.tokenizer, written = write_tokenizer(root, imported.text.tokenizer)
+        for rel in written:
+            artifact.add_file(rel)
     stamp(path, manifest)  # the session above read the same graph and weights; stamping adds metadata only
     reference = _one_at_a_time(run, inputs)
     given = EvaluationSet.of(samples, source="the import's samples")

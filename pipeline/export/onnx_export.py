@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import InputError, PipelineError
 from pipeline.export.opset import default_opset, explain_exporter_error, missing_operators, opset_advice
 

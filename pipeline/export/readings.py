@@ -16,8 +16,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline.artifact.manifest import Detection, TensorSpec
+from pipeline.artifact.manifest import Detection
 from pipeline.artifact.records import Reading
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError
 from pipeline.export.conventions import LETTERBOX_PAD, Found

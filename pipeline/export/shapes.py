@@ -28,8 +28,8 @@ import numpy as np
 import onnx
 
 from pipeline.artifact.dims import FREE, is_dim_name
-from pipeline.artifact.manifest import TensorSpec
 from pipeline.artifact.preprocessing import image_record
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import InputError
 
 GENERATED_BATCH = 16  # samples generated on the batch axis when no evaluation data is given

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx
 
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.artifact.tokens import TokenizerSource, TokenLimits, guess_roles, read_tokenizer
 from pipeline.core.errors import InputError
 

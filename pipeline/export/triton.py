@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.artifact.directory import Artifact
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.errors import ArtifactError, InputError
 from pipeline.core.fsutil import atomic_write_bytes

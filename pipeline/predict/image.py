@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import InputError
 from pipeline.runtime.images import Placement
 from pipeline.runtime.images import image_input as image_conversion

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError, first_line
 from pipeline.predict.table import csv_rows, is_keyed, keyed_rows, table_input

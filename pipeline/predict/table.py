@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifact.manifest import Feature, TensorSpec
+from pipeline.artifact.tensors import Feature, TensorSpec
 from pipeline.core.errors import InputError
 
 SHOWN = 10  # names quoted in an error before "..."

@@ -35,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
 from pipeline.artifact.preprocessing import IMAGE_DTYPES, ImageRecord, image_record, normalization, parse_image_record
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import InputError
 
 # Picture modes that convert faithfully to L or RGB. An alpha channel (RGBA, LA, PA, P with transparency)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import onnxruntime as ort
     import torch
 
-    from pipeline.artifact.manifest import TensorSpec
+    from pipeline.artifact.tensors import TensorSpec
 
 EVAL_CHUNK = 256  # samples per call over a whole split: bounded memory, few calls
 # ... and at most this many input bytes per call: 256 pictures of 224x224 are 154 MB of inputs, and a

@@ -16,7 +16,8 @@ import numpy as np
 import onnxruntime as ort
 
 from pipeline.artifact.datatypes import ORT_TO_V2
-from pipeline.artifact.manifest import Feature, Manifest, TokenInput
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.tensors import Feature, TokenInput
 from pipeline.core.errors import ArtifactError
 from pipeline.runtime.session import create_session
 from pipeline.serve.errors import RequestError

@@ -18,8 +18,9 @@ from safetensors.torch import save_file
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import Golden, save_golden
-from pipeline.artifact.manifest import Feature, Lineage, Manifest, TensorSpec, TokenInput
+from pipeline.artifact.manifest import Lineage, Manifest
 from pipeline.artifact.records import CheckpointRecord, GoldenRecord, TrainRecord
+from pipeline.artifact.tensors import Feature, TensorSpec, TokenInput
 from pipeline.artifact.tokens import TokenLimits, read_tokenizer, write_tokenizer
 from pipeline.core.fsutil import atomic_path
 from pipeline.data import DataInfo, Splits
@@ -77,7 +78,9 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
     golden_inputs = {name: splits.test.inputs[name][:count] for name in info.input_names}
     model_dir = recipe.model_dir()
     if model_dir is not None:  # a text model carries its tokenizer: pipe serve takes text with it
-        manifest.tokenizer = write_tokenizer(artifact, read_tokenizer(model_dir))
+        manifest.tokenizer, written = write_tokenizer(root, read_tokenizer(model_dir))
+        for rel in written:
+            artifact.add_file(rel)
     golden_outputs = {manifest.outputs[0].name: outputs.astype(np.float32)}
     save_golden(artifact, Golden(golden_inputs, golden_outputs, splits.test.target[:count]))
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.artifact.directory import Artifact, resolve_artifact
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.errors import InputError
 from pipeline.data import Splits

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import InputError
 from pipeline.data import DataInfo
 from pipeline.recipe.architectures import CNNSpec, CustomSpec, HFSpec, LoraSpec, MLPSpec, MoESpec, TransformerSpec

@@ -36,7 +36,8 @@ from pipeline.verify.report import GateReport, Row
 if TYPE_CHECKING:
     import onnxruntime as ort
 
-    from pipeline.artifact.manifest import ModelSpec, TensorSpec
+    from pipeline.artifact.manifest import ModelSpec
+    from pipeline.artifact.tensors import TensorSpec
     from pipeline.samples.evaluation import EvaluationSet
 
 LARGE_BATCH = 16  # the "larger N": big enough to catch an axis fixed at 1 or 2, cheap enough for CI

@@ -13,7 +13,7 @@ import onnx
 import onnx.parser
 from click.testing import CliRunner, Result
 
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.check.baseline import Baseline, VariantSummary
 from pipeline.cli import main
 

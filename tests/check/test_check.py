@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.check.baseline import VariantSummary
 from pipeline.check.checks import check_signature, check_size, check_variants
 from pipeline.recipe.budgets import BudgetSpec

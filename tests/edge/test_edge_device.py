@@ -10,7 +10,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.host import describe_host, host_line
 from pipeline.edge.convert import Converted
 from pipeline.edge.device import device_check, device_runtime, device_tolerance

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.artifact.manifest import ModelSpec, TensorSpec
+from pipeline.artifact.manifest import ModelSpec
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import ArtifactError
 from pipeline.runtime.runners import tflite_candidate
 from pipeline.runtime.tflite_runner import TFLiteRunner, dequantize, quantize

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pipeline.artifact.manifest import Manifest, TensorSpec, TokenInput
+from pipeline.artifact.manifest import Manifest
 from pipeline.artifact.records import ConvertAttempt, ImportRecord, Reading
+from pipeline.artifact.tensors import TensorSpec, TokenInput
 from pipeline.cli import main
 from pipeline.core.errors import InputError
 from pipeline.edge.attempts import ATTEMPTS, ULTRALYTICS, attempts_for, attempts_markdown

@@ -18,7 +18,8 @@ from test_edge_runner import EDGE_PYTHON
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import Golden, save_golden
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.artifact.variants import FP32, Variant, variant_file
 from pipeline.cli import main
 from pipeline.core.host import host_line

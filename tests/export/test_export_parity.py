@@ -10,7 +10,8 @@ import onnx
 import onnx.parser
 import pytest
 
-from pipeline.artifact.manifest import ModelSpec, TensorSpec
+from pipeline.artifact.manifest import ModelSpec
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import CheckFailed
 from pipeline.runtime.runners import Runner
 from pipeline.samples.evaluation import EvaluationSet

@@ -10,7 +10,8 @@ import pytest
 import torch
 from export_models import CNN, MLP, SEQ, VOCAB, BranchesOnBatch, GridSampler, MoE, Transformer
 
-from pipeline.artifact.manifest import ModelSpec, TensorSpec
+from pipeline.artifact.manifest import ModelSpec
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import CheckFailed, InputError
 from pipeline.export.onnx_export import export_module
 from pipeline.runtime.runners import torch_runner

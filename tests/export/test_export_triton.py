@@ -13,7 +13,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from pipeline.artifact.directory import Artifact
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.cli import main
 from pipeline.export.importer import import_onnx
 

@@ -17,7 +17,8 @@ import pytest
 from transform_models import mlp, mobile_classifier, transformer
 
 from pipeline.artifact.directory import Artifact
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import InputError
 from pipeline.optimize.judge import Judge
 from pipeline.optimize.nodes import quantizable_nodes

@@ -18,7 +18,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.artifact.directory import Artifact
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import ArtifactError
 from pipeline.optimize.judge import Judge, Verdict
 from pipeline.optimize.plan import Family

@@ -16,7 +16,8 @@ from serve_models import run_reference
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import Golden, save_golden
-from pipeline.artifact.manifest import Manifest, TensorSpec, TokenInput
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.tensors import TensorSpec, TokenInput
 from pipeline.artifact.variants import FP32, Variant, variant_file
 
 OPSET = [helper.make_opsetid("", 18)]

@@ -15,7 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import Golden, save_golden
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.artifact.variants import FP32, Variant, variant_file
 
 OPSET = [helper.make_opsetid("", 18)]

@@ -20,7 +20,8 @@ from serve_models import mlp, write_artifact
 from serve_process import Server, free_port, start_server, wait_for
 
 from pipeline.artifact.directory import Artifact
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
+from pipeline.artifact.tensors import TensorSpec
 
 pytestmark = pytest.mark.slow  # starts server processes
 

@@ -103,7 +103,7 @@ def test_limits_that_contradict_the_graph_are_refused(bert_onnx: Path, tmp_path:
 
 
 def test_generated_ids_stay_small_for_integer_inputs_of_no_known_table() -> None:
-    from pipeline.artifact.manifest import TensorSpec
+    from pipeline.artifact.tensors import TensorSpec
     from pipeline.export.shapes import generated_inputs
 
     specs = [TensorSpec("ids", "int64", ["batch", "sequence"])]

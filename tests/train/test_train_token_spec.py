@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.artifact.manifest import TokenInput
+from pipeline.artifact.tensors import TokenInput
 from pipeline.data import DataInfo
 from pipeline.recipe.architectures import TransformerSpec
 from pipeline.train.finish import input_spec

@@ -86,7 +86,7 @@ def test_custom_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     (tmp_path / "my_models.py").write_text(
         textwrap.dedent("""
         import torch
-        from pipeline.artifact.manifest import TensorSpec
+        from pipeline.artifact.tensors import TensorSpec
 
         def linear(data, scale=1):
             return torch.nn.Linear(data.sample_shape[0], data.num_classes * scale)

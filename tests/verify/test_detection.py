@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from pipeline.artifact.directions import HIGHER_IS_BETTER, metric_drop
-from pipeline.artifact.manifest import ModelSpec, TensorSpec
+from pipeline.artifact.manifest import ModelSpec
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.runtime.detection import Boxes, decode, iou_matrix, match
 from pipeline.runtime.runners import ort_runner
 from pipeline.samples.evaluation import EvaluationSet

@@ -11,8 +11,9 @@ import yaml
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import Golden, save_golden
-from pipeline.artifact.manifest import Manifest, TensorSpec
+from pipeline.artifact.manifest import Manifest
 from pipeline.artifact.records import GoldenRecord, ImportRecord
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import InputError
 from pipeline.recipe.file import load_recipe
 from pipeline.samples.evaluation import evaluation_set

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from verify_models import graph, inputs, linear, weights
 
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError
 from pipeline.runtime.runners import ort_runner, run_chunked, torch_runner

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import onnx.parser
 
-from pipeline.artifact.manifest import TensorSpec
+from pipeline.artifact.tensors import TensorSpec
 
 OPSET = '<ir_version: 8, opset_import: ["" : 18]>'
 X = TensorSpec("x", "float32", ["batch", 4])

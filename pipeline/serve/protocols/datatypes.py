@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.artifact.datatypes import V2_TO_NUMPY
-from pipeline.artifact.manifest import Feature, TokenInput
+from pipeline.artifact.tensors import Feature, TokenInput
 from pipeline.serve.errors import RequestError
 
 

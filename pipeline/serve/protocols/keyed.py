@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.artifact.manifest import Feature
+from pipeline.artifact.tensors import Feature
 from pipeline.serve.errors import RequestError
 
 SHOWN = 10  # category names quoted in an error

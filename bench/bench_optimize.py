@@ -148,16 +148,18 @@ def matmul_share(model: Path, samples: dict[str, np.ndarray], batch: int, work: 
 
 def dynamic_sweep(name: str, root: Path, work: Path, seconds: float, repeats: int, out: Out) -> dict[str, Any]:
     from pipeline.artifact.directory import Artifact
-    from pipeline.optimize.judge import Judge, budget_policy
+    from pipeline.optimize.judge import Judge
     from pipeline.optimize.quantize import QuantSettings, quantize
     from pipeline.recipe.file import load_recipe
     from pipeline.runtime.latency import measure
     from pipeline.samples.evaluation import evaluation_set
+    from pipeline.verify.choose import GateSettings, hop_policy
 
     artifact = Artifact.load(root)
     recipe = load_recipe(RECIPES[name])
     evaluation = evaluation_set(artifact, recipe)
-    policy = budget_policy(artifact.manifest.task, evaluation.target is not None, recipe.optimize)
+    gate = GateSettings.read(recipe.optimize.model_dump())
+    policy = hop_policy("optimize", "int8", artifact.manifest.task, evaluation.target is not None, gate)
     judge = Judge(artifact, root / "model.onnx", evaluation, policy)
     models = {"fp32": root / "model.onnx", "opt": root / "variants" / "model.opt.onnx"}
     settings: dict[str, dict[str, Any]] = {}

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 
+from pipeline.verify.policies import Exact, Policy
 from pipeline.verify.report import Row
 
 DEVICE_PYTHON_ENV = "PIPE_EDGE_PYTHON"  # a Python holding only numpy<2 and tflite-runtime (a device's runtime)
@@ -70,11 +71,12 @@ def device_runtime(python: Path) -> str:
         return "tflite-runtime"
 
 
-def device_tolerance(precision: str, atol: float, rtol: float) -> tuple[float, float] | None:
-    """(atol, rtol) on the device for a model the gate held to `atol` + `rtol`; None for int8 (it must run)."""
-    if precision not in DEVICE_ATOL:
+def device_tolerance(precision: str, policy: Policy) -> tuple[float, float] | None:
+    """(atol, rtol) on the device for a model the gate held to `policy`: an element-wise one's, with a floor on
+    atol; None for a budgeted one (int8: it must run)."""
+    if precision not in DEVICE_ATOL or not isinstance(policy, Exact):
         return None
-    return max(atol, DEVICE_ATOL[precision]), rtol
+    return max(policy.atol, DEVICE_ATOL[precision]), policy.rtol
 
 
 def device_check(

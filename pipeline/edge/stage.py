@@ -7,7 +7,7 @@ trying known-good onnx2tf settings in turn until one's fp32 passes the gate (pip
 pipeline/edge/convert.py: fp32, fp16, and int8 calibrated on real training samples, int8 I/O
 for pictures and float I/O otherwise); judge each .tflite with the verifier on the LiteRT
 interpreter against model.onnx:
-fp32 and fp16 element by element (`atol_fp32`, `atol_fp16`), int8 by the task's budget (the
+fp32 and fp16 element by element (`atol`, `atol_fp16`), int8 by the task's budget (the
 metric's drop on the test split, or agreement / cosine / relative error without labels), NaN/Inf
 always, the batch at 1, 2 and 16; an fp16 model also by fp16's range (pipeline/edge/fp16range.py).
 Each .tflite carries its feeding description as TFLite metadata, and `edge/feeding.json` and
@@ -56,15 +56,15 @@ from pipeline.edge.device import (
 from pipeline.edge.feeding import feeding_entry, stamp_metadata, write_feeding
 from pipeline.edge.fp16range import fp16_range_rows
 from pipeline.edge.shapes import device_specs, fitted_evaluation, is_picture
-from pipeline.recipe.schema import EdgeSpec, edge_metric_drop
+from pipeline.recipe.schema import EdgeSpec
 from pipeline.runtime.runners import ort_runner, tflite_candidate
 from pipeline.samples.calibration import calibration_set, has_real_samples
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
 from pipeline.stagekit.opening import made_from_model_fresh, open_for_model
+from pipeline.verify.choose import GateSettings, hop_policy
 from pipeline.verify.gate import verify
-from pipeline.verify.metrics import METRIC_TASKS
-from pipeline.verify.policies import Exact, MinCosine, Policy, budget_for
+from pipeline.verify.policies import Policy
 from pipeline.verify.report import GateReport
 
 
@@ -76,6 +76,7 @@ class EdgeMade:
     converted: Converted
     report: GateReport  # the gate's rows on LiteRT, then the device check's rows when it ran
     litert: bool  # the gate passed on LiteRT (before the device rows joined)
+    policy: Policy  # what the gate held it to (the device check's tolerance follows from it)
     device: DeviceCheck | None = None  # what the device-like runtime did with it
 
     @property
@@ -95,17 +96,8 @@ class EdgeOutcome:
 def policy_for(
     precision: str, settings: EdgeSpec, task: str, has_target: bool, detection: Detection | None = None
 ) -> Policy:
-    """fp32 and fp16 are held to model.onnx element by element; int8 to the task's budget (a detector's boxes
-    decoded with its recorded `detection` settings)."""
-    if precision == "fp32":
-        return Exact(atol=settings.atol_fp32, rtol=settings.rtol)
-    drop = edge_metric_drop(settings.model_dump(), task)
-    if precision == "fp16":  # None: regression's metric in target units is judged at rtol of its size
-        return Exact(atol=settings.atol_fp16, rtol=settings.rtol, metric=drop or 0.0)
-    if task == "embedding":
-        return MinCosine()
-    metered = has_target and task in METRIC_TASKS
-    return budget_for(task, has_target, drop if metered else None, detection)
+    """What the `precision` TFLite is held to: hop_policy's choice for the edge hop (pipeline/verify/choose.py)."""
+    return hop_policy("edge", precision, task, has_target, GateSettings.read(settings.model_dump()), detection)
 
 
 def edge_artifact(
@@ -243,13 +235,12 @@ def _judge(c: Converted, artifact: Artifact, evaluation: EvaluationSet, settings
         report.rows[:0] = fp16_range_rows(artifact.path(MODEL_FILE), samples, scratch)
     status = "passed" if report.passed else "FAILED"
     progress(f"[edge] {name}: converted in {c.seconds:.1f} s, {c.path.stat().st_size} bytes; {policy.name}: {status}")
-    return EdgeMade(name, c, report, report.passed)
+    return EdgeMade(name, c, report, report.passed, policy)
 
 
 def _device(m: EdgeMade, python: Path, golden: Path, settings: EdgeSpec, runtime: str, progress: Progress) -> None:
     """Run `m` on the device-like runtime (feeding.json beside it); its rows join the gate's report."""
-    atol = {"fp32": settings.atol_fp32, "fp16": settings.atol_fp16}.get(m.converted.precision, 0.0)
-    tolerance = device_tolerance(m.converted.precision, atol, settings.rtol)
+    tolerance = device_tolerance(m.converted.precision, m.policy)
     m.device = device_check(python, m.converted.path, golden, tolerance, runtime)
     m.report.rows += m.device.rows
     verdict = "runs" if m.device.ran else f"FAILS: {m.device.detail}"

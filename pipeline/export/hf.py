@@ -47,8 +47,8 @@ from pipeline.export.opset import default_opset
 from pipeline.runtime.runners import ort_runner, torch_runner
 from pipeline.runtime.text import TextEncoder
 from pipeline.samples.evaluation import EvaluationSet
+from pipeline.verify.choose import GateSettings, hop_policy
 from pipeline.verify.gate import verify
-from pipeline.verify.policies import Exact
 
 if TYPE_CHECKING:
     import torch
@@ -242,7 +242,8 @@ def _build(
     run = ort_runner(path)
     spec = ModelSpec(inputs, outputs, settings.task)
     given = EvaluationSet.of(samples, source="tokenized sentences")
-    report = verify(path, reference, given, spec, Exact(), session=run.session)
+    policy = hop_policy("import", "fp32", settings.task, False, GateSettings.read(vars(settings)))
+    report = verify(path, reference, given, spec, policy, session=run.session)
     report.raise_on_failure(f"the ONNX export of {source}")
     save_golden(artifact, Golden(samples, reference(samples)))
     digest = _source_digest(source)

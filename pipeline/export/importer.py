@@ -45,9 +45,9 @@ from pipeline.export.shapes import GENERATED_BATCH, Probe, choose_sizes, generat
 from pipeline.export.token_graph import TokenModel, TokenOptions, token_model
 from pipeline.runtime.runners import Runner, ort_runner, run_chunked
 from pipeline.samples.evaluation import EvaluationSet
+from pipeline.verify.choose import GateSettings, hop_policy
 from pipeline.verify.gate import verify
 from pipeline.verify.metrics import task_metric
-from pipeline.verify.policies import Exact
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -207,7 +207,8 @@ def _build(
     stamp(path, manifest)  # the session above read the same graph and weights; stamping adds metadata only
     reference = _one_at_a_time(run, inputs)
     given = EvaluationSet.of(samples, source="the import's samples")
-    report = verify(path, reference, given, ModelSpec(inputs, outputs, task), Exact(), session=run.session)
+    policy = hop_policy("import", "fp32", task, False, GateSettings.read(imported.settings))
+    report = verify(path, reference, given, ModelSpec(inputs, outputs, task), policy, session=run.session)
     try:
         report.raise_on_failure(f"imported model {source}")
     except CheckFailed as exc:

@@ -25,8 +25,8 @@ from pipeline.recipe.current import current_recipe, section_settings, train_reco
 from pipeline.runtime.backends import backend_for, trained_onnx
 from pipeline.samples.evaluation import evaluation_set
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
+from pipeline.verify.choose import GateSettings, hop_policy
 from pipeline.verify.gate import verify
-from pipeline.verify.policies import Exact
 from pipeline.verify.report import GateReport
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def export_artifact(
     recipe, notes = current_recipe(artifact, recipe_path)
     settings = section_settings(recipe, "export", dict(overrides or {}))
     exporter = "dynamo" if settings.dynamo else "torchscript"
-    tol = Exact(settings.atol, settings.rtol, settings.metric_tolerance)
+    tol = hop_policy("export", "fp32", manifest.task, False, GateSettings.read(settings.model_dump()))
     backend = backend_for(artifact)
     model = backend.load_model(artifact)
     ready = trained_onnx(backend, artifact)  # ort: the trained model is already ONNX, so it is gated as it is

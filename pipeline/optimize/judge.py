@@ -19,10 +19,8 @@ from numpy.lib.array_utils import byte_bounds
 
 from pipeline.artifact.directions import metric_drop
 from pipeline.artifact.directory import Artifact
-from pipeline.artifact.manifest import Detection
 from pipeline.core.arrays import Arrays
-from pipeline.core.errors import ArtifactError, InputError
-from pipeline.recipe.schema import OptimizeSpec
+from pipeline.core.errors import ArtifactError
 from pipeline.runtime.runners import Candidate, Runner, ort_runner, run_chunked
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import structural_checks, verify
@@ -36,25 +34,9 @@ from pipeline.verify.policies import (
     RelativeError,
     TensorAgreement,
     Top1Agreement,
-    budget_for,
     row_cosines,
 )
 from pipeline.verify.report import GateReport, Row
-
-LOSSLESS = Exact(atol=1e-4, rtol=1e-3)  # a graph-only optimization: fused kernels round differently, nothing more
-
-
-def budget_policy(task: str, has_target: bool, settings: OptimizeSpec, detection: Detection | None = None) -> Policy:
-    """The budget lossy variants are held to, from the recipe's optimize section and the task (a detector's
-    boxes decoded with its recorded `detection` settings)."""
-    if task == "embedding" and settings.max_accuracy_drop is not None:
-        raise InputError(
-            f"max_accuracy_drop {settings.max_accuracy_drop:g} cannot be measured: an embedding model has no "
-            f"task metric; its budget is --min-cosine (now {settings.min_cosine:g})"
-        )
-    if task == "embedding":
-        return MinCosine(settings.min_cosine)
-    return budget_for(task, has_target, settings.max_accuracy_drop, detection)
 
 
 @dataclass
@@ -76,10 +58,18 @@ class Judge:
     (the gate's metric, its recorded golden outputs when golden.npz is the split, the budget's figure).
     """
 
-    def __init__(self, artifact: Artifact, reference: Path, evaluation: EvaluationSet, policy: Policy) -> None:
+    def __init__(
+        self,
+        artifact: Artifact,
+        reference: Path,
+        evaluation: EvaluationSet,
+        policy: Policy,
+        lossless: Policy | None = None,
+    ) -> None:
         self.artifact = artifact
         self.evaluation = evaluation
-        self.policy = policy
+        self.policy = policy  # what lossy candidates are held to
+        self.lossless = lossless or Exact()  # what a graph-only (fp32) candidate is held to
         self.reference: Runner = SplitMemo(ort_runner(reference), evaluation.data)
         first = artifact.manifest.outputs[0].name
         self._output = first

@@ -28,9 +28,9 @@ from pipeline.artifact.directory import Artifact
 from pipeline.artifact.records import OptimizeRecord
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant, variant_file
-from pipeline.core.errors import CheckFailed, InputError
+from pipeline.core.errors import CheckFailed
 from pipeline.optimize.graph import optimize_graph
-from pipeline.optimize.judge import LOSSLESS, Judge, Verdict, budget_policy
+from pipeline.optimize.judge import Judge, Verdict
 from pipeline.optimize.nodes import quantizable_nodes
 from pipeline.optimize.quantize import QuantSettings, quantize
 from pipeline.optimize.report import markdown
@@ -39,6 +39,7 @@ from pipeline.runtime.latency import Latency, affordable_batches, measure
 from pipeline.samples.calibration import Calibration, calibration_set, has_real_samples
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
 from pipeline.stagekit.opening import made_from_model_fresh, open_for_model
+from pipeline.verify.choose import GateSettings, hop_policy
 
 REPORT_JSON, REPORT_MD = "reports/optimize.json", "reports/optimize.md"
 
@@ -91,16 +92,14 @@ def optimize_artifact(
         opened.artifact, opened.recipe, opened.settings, opened.evaluation, opened.notes
     )  # fmt: skip
     manifest = artifact.manifest
-    if (overrides or {}).get("min_cosine") is not None and manifest.task != "embedding":
-        raise InputError(
-            f"--min-cosine {overrides['min_cosine']:g} is the budget of embedding models; {artifact.root} is a "
-            f"{manifest.task} model: give --max-accuracy-drop (the task metric's drop) instead"
-        )
-    policy = budget_policy(manifest.task, evaluation.target is not None, settings, manifest.detection)
+    gate = GateSettings.read(settings.model_dump())
+    has_target = evaluation.target is not None
+    lossless = hop_policy("optimize", "fp32", manifest.task, has_target, gate, manifest.detection)
+    policy = hop_policy("optimize", "int8", manifest.task, has_target, gate, manifest.detection)
     parent, source, rewritten = opened.parent, opened.model, opened.rewritten
     bounds = ", ".join(f"{k} {v}" for k, v in policy.to_dict().items() if k != "policy")
     progress(f"[optimize] {artifact.root}: budget {policy.name} ({bounds}); evaluated on {evaluation.source}")
-    judge = Judge(artifact, source, evaluation, policy)
+    judge = Judge(artifact, source, evaluation, policy, lossless)
     # auto tries static candidates only with real samples to calibrate on; static itself insists on them
     needs_calibration = "static" in settings.quantize or ("auto" in settings.quantize and has_real_samples(artifact))
     calibration = calibration_set(artifact, recipe, settings.calibration_samples) if needs_calibration else None
@@ -183,7 +182,7 @@ def _make_variants(
     if settings.graph != "none":
         say(f"[optimize] opt: onnxruntime {settings.graph} passes{' + onnxslim' if settings.slim else ''}")
         report = optimize_graph(source, scratch / variant_file("opt"), settings.graph, settings.slim)
-        verdict = judge(scratch / variant_file("opt"), LOSSLESS, scratch)
+        verdict = judge(scratch / variant_file("opt"), judge.lossless, scratch)
         made.append(Made("opt", "fp32", {"graph": settings.graph, "slim": settings.slim}, verdict, report.to_dict()))
         say(f"[optimize] opt: nodes {report.nodes_before} -> {report.nodes_after}; {verdict.detail}")
     for mode in dict.fromkeys(settings.quantize):

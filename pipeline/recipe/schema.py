@@ -12,12 +12,13 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import AliasChoices, Field, ValidationError, model_validator
 
 from pipeline.artifact.manifest import NAME as MODEL_NAME
 from pipeline.core.errors import RecipeError
 from pipeline.recipe.architectures import HFSpec, LoraSpec, ModelSpec
 from pipeline.recipe.budgets import BudgetSpec
+from pipeline.recipe.gates import Gate, LosslessGate
 from pipeline.recipe.strict import Strict
 
 # --- data ----------------------------------------------------------------------------------------
@@ -139,16 +140,16 @@ class TrainSpec(Strict):
 # --- later stages --------------------------------------------------------------------------------
 
 
-class ExportSpec(Strict):
+class ExportSpec(LosslessGate):
+    """`pipe export`: the ONNX file made from the trained model, held to it by atol, rtol, metric_tolerance."""
+
     opset: int = Field(18, ge=7)
     dynamo: bool = True  # torch.onnx.export(dynamo=True); the TorchScript exporter is the fallback
-    atol: float = Field(1e-4, gt=0)  # per-output max abs difference against torch
-    rtol: float = Field(1e-3, ge=0)
-    metric_tolerance: float = Field(0.001, ge=0)  # task metric: |onnx - torch|
 
 
-class OptimizeSpec(Strict):
-    """`pipe optimize`: which variants to make from model.onnx, and the budget each must meet."""
+class OptimizeSpec(Gate):
+    """`pipe optimize`: which variants to make from model.onnx, and the budget each must meet (recipe/gates.py:
+    the graph-only variant is held to atol, rtol, metric_tolerance; the others to their budget)."""
 
     graph: Literal["none", "basic", "extended"] = "extended"  # onnxruntime offline level for variants/model.opt.onnx
     slim: bool = True  # onnxslim after onnxruntime's passes
@@ -158,9 +159,6 @@ class OptimizeSpec(Strict):
     activation_type: Literal["uint8", "int8"] = "uint8"  # static: activations' int8 type
     calibration: Literal["minmax", "entropy", "percentile"] = "minmax"  # static: how activation ranges are set
     calibration_samples: int = Field(256, gt=0, le=100_000)  # real training samples the static ranges are measured on
-    # the task-metric budget in its units; None: 0.01 accuracy for classifiers, 1% relative error for regression
-    max_accuracy_drop: float | None = Field(None, ge=0)
-    min_cosine: float = Field(0.99, gt=0, le=1)  # embeddings: minimum cosine similarity to fp32
     max_exclusions: int = Field(8, ge=0, le=100_000)  # auto: nodes the search may leave in fp32
     # auto: no new candidate is started after this many seconds; the best passed so far is kept
     search_seconds: float = Field(120.0, gt=0, le=86_400)
@@ -168,30 +166,19 @@ class OptimizeSpec(Strict):
     strict: bool = False  # a variant that misses its budget fails the command (exit 1), not only its record
 
 
-class EdgeSpec(Strict):
-    """`pipe export --target edge`: TFLite models made from model.onnx, and what each must meet."""
+class EdgeSpec(Gate):
+    """`pipe export --target edge`: TFLite models made from model.onnx, and what each must meet (recipe/gates.py:
+    fp32 is held to atol, rtol, metric_tolerance; fp16 element by element at atol_fp16; int8 to its budget)."""
 
     enabled: bool = True  # `pipe run` makes the edge models
     precisions: list[Literal["fp32", "fp16", "int8"]] = ["fp32", "fp16", "int8"]
     layout: Literal["nhwc", "nchw"] = "nhwc"  # image inputs: NHWC for devices, or keep the server's NCHW
-    atol_fp32: float = Field(1e-4, gt=0)  # fp32 TFLite against model.onnx, per element (plus rtol * |ref|)
+    # fp32 TFLite against model.onnx, per element (plus rtol * |ref|); `atol_fp32`, its name before, is read too
+    atol: float = Field(1e-4, gt=0, validation_alias=AliasChoices("atol", "atol_fp32"))
     atol_fp16: float = Field(1e-2, gt=0)  # fp16 weights round at about 1e-3 relative
-    rtol: float = Field(1e-3, ge=0)
-    # int8: the task metric may drop this much, in its units; None: 0.015 accuracy (1.5 points) for a
-    # classifier, and for regression optimize's default, 1% relative error (never a fixed amount of USD)
-    max_accuracy_drop: float | None = Field(None, ge=0)
     calibration_samples: int = Field(256, gt=0)  # real training samples full-integer int8 calibrates on
     # free non-batch dims fixed for devices, as `--input-shape NAME:d0,d1,...` gives them ({} = from the artifact)
     input_shapes: dict[str, list[int | str]] = {}
-
-
-EDGE_CLASSIFIER_DROP = 0.015  # edge int8 of a classifier: 1.5 accuracy points by default
-
-
-def edge_metric_drop(settings: dict[str, Any], task: str) -> float | None:
-    """Edge's task-metric budget from its recorded settings: the recipe's, else the task's default."""
-    drop = settings.get("max_accuracy_drop")
-    return EDGE_CLASSIFIER_DROP if drop is None and task == "classification" else drop
 
 
 class BenchmarkSpec(Strict):

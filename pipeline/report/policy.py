@@ -1,9 +1,8 @@
 """Which policy each variant's gate held it to, in words, from what the stage records kept.
 
-The export and import gates are exact (export's tolerances are its recorded settings); optimize
-records the budget its lossy variants were held to, and its graph-only variant is lossless; the
-edge record keeps its settings, from which each precision's policy follows as the edge stage
-chooses it (docs/edge.md: fp32 and fp16 element by element, int8 the task's budget).
+Optimize records the budget its lossy variants were held to; every other policy is chosen again
+from the stage's recorded settings by the function that chose it when the stage ran
+(pipeline/verify/choose.py: hop_policy), so the report and the gate cannot disagree.
 """
 
 from __future__ import annotations
@@ -12,9 +11,7 @@ from typing import Any
 
 from pipeline.artifact.manifest import Manifest
 from pipeline.artifact.variants import Variant
-from pipeline.recipe.schema import EdgeSpec, ExportSpec, edge_metric_drop
-from pipeline.verify.metrics import METRIC_TASKS
-from pipeline.verify.policies import Exact, Policy, budget_for
+from pipeline.verify.choose import describe_held
 
 
 def describe(policy: dict[str, Any]) -> str:
@@ -44,27 +41,15 @@ def describe(policy: dict[str, Any]) -> str:
 def held_to(variant: Variant, manifest: Manifest) -> str:
     """The policy `variant`'s gate judged it by, or why it is not known."""
     stages = manifest.stages
-    if variant.stage == "export" and stages.export is not None:
-        s = {**ExportSpec().model_dump(), **stages.export.settings}  # a setting not recorded had its default
-        return describe(Exact(s["atol"], s["rtol"], s["metric_tolerance"]).to_dict()) + " (against torch)"
-    if variant.stage == "import":
-        return describe(Exact().to_dict()) + " (against the source model)"
-    if variant.stage == "optimize" and stages.optimize is not None:
-        if variant.settings.get("graph") is not None:  # the graph-only variant: lossless
-            return describe(Exact().to_dict()) + " (lossless graph pass)"
-        return describe(stages.optimize.policy) + " (against model.onnx)"
-    if variant.stage == "edge" and stages.edge is not None:
-        return describe(_edge_policy(variant, manifest).to_dict()) + " (against model.onnx)"
-    return "not recorded"
-
-
-def _edge_policy(variant: Variant, manifest: Manifest) -> Policy:
-    s = {**EdgeSpec().model_dump(), **(manifest.stages.edge.settings if manifest.stages.edge else {})}
-    if variant.precision == "fp32":
-        return Exact(atol=s["atol_fp32"], rtol=s["rtol"])
-    drop = edge_metric_drop(s, manifest.task)
-    if variant.precision == "fp16":
-        return Exact(atol=s["atol_fp16"], rtol=s["rtol"], metric=drop or 0.0)
+    record = {"export": stages.export, "import": stages.import_, "optimize": stages.optimize, "edge": stages.edge}
+    hop = variant.stage
+    if hop not in record or (hop != "import" and record[hop] is None):
+        return "not recorded"
+    against = {"export": "against torch", "import": "against the source model"}.get(hop, "against model.onnx")
+    if hop == "optimize" and variant.precision != "fp32":  # lossy: optimize records the budget it held them to
+        return describe(stages.optimize.policy) + f" ({against})"
+    settings = record[hop].settings if record[hop] is not None else {}
     has_target = bool(variant.metrics)  # a metric is recorded only where the evaluation set has targets
-    metered = has_target and manifest.task in METRIC_TASKS
-    return budget_for(manifest.task, has_target, drop if metered else None, manifest.detection)
+    policy = describe_held(hop, variant.precision, manifest.task, has_target, settings, manifest.detection)
+    lossless = " (lossless graph pass)" if hop == "optimize" else ""
+    return describe(policy.to_dict()) + (lossless or f" ({against})")

@@ -7,8 +7,8 @@ the evaluation split may drop by at most so much), `Top1Agreement` (classifiers 
 class), `MinCosine` (embeddings point the same way), `RelativeError` (regression values stay
 close as a whole), `BoxAgreement` (a detector finds the same boxes: decoded, then matched per
 class by IoU) and `TensorAgreement` (any other model, output by output: cosine for unit-vector
-outputs, relative error otherwise). `budget_for` picks the budget from the task, with the defaults
-below.
+outputs, relative error otherwise). `pipeline/verify/choose.py:hop_policy` picks the policy of a
+hop, with the defaults below.
 
 NaN or Inf on either side fails whatever the policy: the gate checks that before a policy judges.
 """
@@ -23,7 +23,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pipeline.artifact.directions import IN_TARGET_UNITS, metric_drop
-from pipeline.artifact.manifest import TASKS, Detection
 from pipeline.core.errors import InputError
 from pipeline.runtime.detection import compare_outputs, head_problem
 from pipeline.verify.metrics import SLACK
@@ -298,42 +297,6 @@ class TensorAgreement(Policy):
         scale = float(np.linalg.norm(want)) or 1.0
         relative = float(np.linalg.norm(got - want)) / scale
         return relative, self.max_rel - relative, f"relative error {relative:.4g} (budget <= {self.max_rel:g})"
-
-
-def budget_for(
-    task: str, has_target: bool, max_drop: float | None = None, detection: Detection | None = None
-) -> Policy:
-    """The budget a lossy hop of a `task` model is held to (lossless hops use Exact()).
-
-    - classification: MetricDrop(max_drop, default 0.01) when the evaluation set has targets,
-      else Top1Agreement(0.99);
-    - regression: MetricDrop(max_drop) when `max_drop` is given (MAE, in the target's units),
-      else RelativeError(0.01), which needs no units;
-    - embedding: MinCosine(0.99), the minimum over rows;
-    - detection: BoxAgreement(0.9), decoding with the artifact's `detection` settings (defaults
-      when None);
-    - tensor: TensorAgreement (cosine 0.99 or relative error 0.01, by output).
-
-    A `max_drop` without targets, or for a task with no task metric, is refused: nothing could measure it.
-    """
-    if task not in TASKS:
-        raise InputError(f"task {task!r} has no budget; tasks are {', '.join(TASKS)}")
-    unmetered = task in ("embedding", "detection", "tensor")
-    if max_drop is not None and (unmetered or not has_target):
-        why = "the evaluation set has no targets"
-        if unmetered:
-            why = "embeddings have no task metric" if task == "embedding" else f"a {task} model has no task metric"
-        raise InputError(f"a metric budget (max drop {max_drop:g}) cannot be measured: {why}; leave it unset")
-    if task == "classification":
-        return MetricDrop(DEFAULT_MAX_DROP if max_drop is None else max_drop) if has_target else Top1Agreement()
-    if task == "regression":
-        return RelativeError() if max_drop is None else MetricDrop(max_drop)
-    if task == "detection":
-        settings = detection or Detection()
-        return BoxAgreement(confidence=settings.confidence, iou=settings.iou, max_detections=settings.max_detections)
-    if task == "tensor":
-        return TensorAgreement()
-    return MinCosine()
 
 
 def row_cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:

@@ -1,21 +1,18 @@
-"""Each policy's statistic on plain arrays, the defaults `budget_for` picks, and refused bounds."""
+"""Each policy's statistic on plain arrays and refused bounds (tests/verify/test_choose.py: which one a hop gets)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipeline.artifact.manifest import Detection
 from pipeline.core.errors import InputError
 from pipeline.verify.policies import (
-    BoxAgreement,
     Exact,
     MetricDrop,
     MinCosine,
     RelativeError,
     TensorAgreement,
     Top1Agreement,
-    budget_for,
     row_cosines,
 )
 
@@ -90,29 +87,6 @@ def test_tensor_agreement_judges_unit_rows_by_cosine_and_the_rest_by_relative_er
     figure, margin, detail = policy.statistic(rows * 1.005, rows)
     assert figure == pytest.approx(0.005) and margin == pytest.approx(0.005) and "budget <= 0.01" in detail
     assert not policy.compare(np.zeros((0, 3)), np.zeros((0, 3))).passed  # nothing to judge: unmeasured
-
-
-def test_budget_for_picks_from_the_task_and_the_targets() -> None:
-    assert budget_for("classification", has_target=True) == MetricDrop(0.01)
-    assert budget_for("classification", has_target=True, max_drop=0.02) == MetricDrop(0.02)
-    assert budget_for("classification", has_target=False) == Top1Agreement(0.99)
-    assert budget_for("regression", has_target=True) == RelativeError(0.01)
-    assert budget_for("regression", has_target=True, max_drop=0.5) == MetricDrop(0.5)
-    assert budget_for("embedding", has_target=False) == MinCosine(0.99)
-    with pytest.raises(InputError, match="the evaluation set has no targets"):
-        budget_for("classification", has_target=False, max_drop=0.01)
-    with pytest.raises(InputError, match="embeddings have no task metric"):
-        budget_for("embedding", has_target=True, max_drop=0.01)
-    assert budget_for("detection", has_target=False) == BoxAgreement(0.9)
-    assert budget_for("detection", False, detection=Detection(confidence=0.5, iou=0.6, max_detections=10)) == (
-        BoxAgreement(0.9, confidence=0.5, iou=0.6, max_detections=10)
-    )
-    assert budget_for("tensor", has_target=True) == TensorAgreement(max_rel=0.01, min_cosine=0.99)
-    for task in ("detection", "tensor"):
-        with pytest.raises(InputError, match=f"a {task} model has no task metric"):
-            budget_for(task, has_target=True, max_drop=0.01)
-    with pytest.raises(InputError, match="task 'segmentation' has no budget"):
-        budget_for("segmentation", has_target=True)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,30 @@
+"""The gate settings a hop's recipe section takes: what its candidates are held to.
+
+Every hop that makes a file (export, optimize, edge; import takes the same on its command line)
+declares these by deriving its section from one of the two bases, so a setting means the same in
+every section; `pipeline/verify/choose.py:hop_policy` is the one place that reads them.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from pipeline.recipe.strict import Strict
+
+
+class LosslessGate(Strict):
+    """A hop whose candidate must compute what its reference computes (export, import, a graph pass, fp32)."""
+
+    atol: float = Field(1e-4, gt=0)  # per-element absolute difference allowed (plus rtol * |reference|)
+    rtol: float = Field(1e-3, ge=0)  # plus this fraction of the reference's magnitude
+    metric_tolerance: float = Field(1e-3, ge=0)  # the task metric: |candidate - reference| allowed
+
+
+class Gate(LosslessGate):
+    """A hop that makes lossless and lossy candidates (optimize, edge): the lossy ones meet a budget."""
+
+    # the task metric's drop, in its units; None: the hop's default (1 accuracy point for optimize, 1.5 for
+    # edge's int8 classifier; 1% relative error for regression, never a fixed amount of the target's units)
+    max_accuracy_drop: float | None = Field(None, ge=0)
+    # embeddings, and tensor outputs whose rows are unit vectors: the least cosine to the reference; None: 0.99
+    min_cosine: float | None = Field(None, gt=0, le=1)

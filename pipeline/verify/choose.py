@@ -1,0 +1,164 @@
+"""The one place a hop's gate policy is chosen.
+
+Every hop that makes a file from another (export: torch -> ONNX; import: a source ONNX or
+transformers model -> model.onnx; optimize: model.onnx -> variants/; edge: model.onnx -> TFLite)
+asks `hop_policy` what its candidate is held to, from the hop, the candidate's precision, the
+task, whether the evaluation set has targets, the hop's gate settings and the detector's record:
+
+- a lossless candidate (`fp32`: an export, an import, a graph-only optimization, fp32 TFLite) is
+  held to `Exact(atol, rtol, metric_tolerance)`;
+- edge's fp16 TFLite is held element by element too, at `atol_fp16`, with the task metric within
+  the hop's metric budget (docs/edge.md);
+- every other candidate (int8, optimize's fp16) is held to the task's budget (`_task_budget`):
+  `min_cosine` for embeddings (and tensor models' unit-vector outputs), `max_accuracy_drop` for a
+  task metric measured on targets, agreement, relative error or boxes otherwise.
+
+Every setting can be given to every hop where it means something (`GateSettings`); one that
+nothing would read for this artifact is refused, naming what is read instead, never ignored.
+Defaults are the hop's: edge's int8 classifier may lose 1.5 accuracy points, optimize's 1.
+`describe_held` reads the same choice back from a stage's record for the reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from pipeline.artifact.manifest import TASKS, Detection
+from pipeline.core.errors import InputError
+from pipeline.verify.metrics import METRIC_TASKS
+from pipeline.verify.policies import (
+    DEFAULT_MAX_DROP,
+    DEFAULT_MIN_COSINE,
+    BoxAgreement,
+    Exact,
+    MetricDrop,
+    MinCosine,
+    Policy,
+    RelativeError,
+    TensorAgreement,
+    Top1Agreement,
+)
+
+Hop = Literal["export", "import", "optimize", "edge"]
+HOPS: tuple[Hop, ...] = ("export", "import", "optimize", "edge")
+LOSSLESS = "fp32"  # the precision of a candidate that must compute what its reference computes
+# edge int8 of a classifier: 1.5 accuracy points by default (LiteRT's int8 kernels round more than onnxruntime's)
+EDGE_CLASSIFIER_DROP = 0.015
+COSINE_TASKS = ("embedding", "tensor")  # the tasks a min_cosine budget judges
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """What a hop's gate may be told, whichever hop: the recipe section's keys, or a stage record's."""
+
+    atol: float = Exact.atol  # lossless: per-element absolute difference (edge's fp32: `atol_fp32` before)
+    rtol: float = Exact.rtol  # lossless: plus this fraction of the reference's magnitude
+    metric_tolerance: float = Exact.metric  # lossless: |metric(candidate) - metric(reference)|
+    atol_fp16: float = 1e-2  # edge's fp16 TFLite, element by element: fp16 weights round at about 1e-3 relative
+    max_accuracy_drop: float | None = None  # lossy: the task metric's drop in its units; None: the hop's default
+    min_cosine: float | None = None  # lossy, embeddings and unit-vector tensors; None: 0.99
+
+    @classmethod
+    def read(cls, section: Mapping[str, Any]) -> GateSettings:
+        """The gate's settings in a stage's settings (a recipe section dumped, a record, overrides): the keys
+        it has, the defaults for the rest; None means "not given" wherever it stands."""
+        given = {"atol": section.get("atol_fp32"), **section}
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in given.items() if k in names and v is not None})
+
+
+def hop_policy(
+    hop: Hop,
+    precision: str,
+    task: str,
+    has_target: bool,
+    settings: GateSettings,
+    detection: Detection | None = None,
+) -> Policy:
+    """The policy the `hop`'s `precision` candidate of a `task` model is held to; see the module doc.
+
+    `has_target`: the evaluation set has targets, so a task metric can be measured. Raises InputError
+    for a budget nothing could measure on this artifact (a metric drop without targets, a cosine for
+    a classifier), naming the setting and what is read instead.
+    """
+    if hop not in HOPS:
+        raise InputError(f"no gate for hop {hop!r}; hops are {', '.join(HOPS)}")
+    _refuse_unread(hop, precision, task, has_target, settings)
+    if precision == LOSSLESS:
+        return Exact(settings.atol, settings.rtol, settings.metric_tolerance)
+    drop = settings.max_accuracy_drop
+    if drop is None and hop == "edge" and task == "classification" and has_target:
+        drop = EDGE_CLASSIFIER_DROP
+    if hop == "edge" and precision == "fp16":  # None: regression's metric in target units is judged at rtol of its size
+        return Exact(atol=settings.atol_fp16, rtol=settings.rtol, metric=drop or 0.0)
+    return _task_budget(task, has_target, drop, settings.min_cosine, detection)
+
+
+def _task_budget(
+    task: str, has_target: bool, drop: float | None, cosine: float | None, detection: Detection | None
+) -> Policy:
+    """The budget a lossy candidate of a `task` model is held to (`drop`, `cosine`: None for the defaults).
+
+    - classification: MetricDrop(drop, default 0.01) when the evaluation set has targets, else
+      Top1Agreement(0.99);
+    - regression: MetricDrop(drop) when `drop` is given (MAE, in the target's units), else
+      RelativeError(0.01), which needs no units;
+    - embedding: MinCosine(cosine, default 0.99), the minimum over rows;
+    - detection: BoxAgreement(0.9), decoding with the artifact's `detection` settings (defaults when None);
+    - tensor: TensorAgreement (cosine for unit-vector outputs, else relative error 0.01, by output).
+    """
+    if task not in TASKS:
+        raise InputError(f"task {task!r} has no budget; tasks are {', '.join(TASKS)}")
+    cosine = DEFAULT_MIN_COSINE if cosine is None else cosine
+    if task == "classification":
+        return MetricDrop(DEFAULT_MAX_DROP if drop is None else drop) if has_target else Top1Agreement()
+    if task == "regression":
+        return RelativeError() if drop is None else MetricDrop(drop)
+    if task == "detection":
+        d = detection or Detection()
+        return BoxAgreement(confidence=d.confidence, iou=d.iou, max_detections=d.max_detections)
+    if task == "tensor":
+        return TensorAgreement(min_cosine=cosine)
+    return MinCosine(cosine)
+
+
+def _refuse_unread(hop: Hop, precision: str, task: str, has_target: bool, settings: GateSettings) -> None:
+    """A budget given for this hop that nothing would read on this artifact: refused, never ignored."""
+    lossy = precision != LOSSLESS and not (hop == "edge" and precision == "fp16")
+    if settings.min_cosine is not None and lossy and task not in COSINE_TASKS:
+        raise InputError(
+            f"min_cosine {settings.min_cosine:g} is the budget of embedding and tensor models; this is a {task} "
+            f"model: give max_accuracy_drop (--max-accuracy-drop, the task metric's drop) instead"
+        )
+    drop = settings.max_accuracy_drop
+    if drop is None or precision == LOSSLESS:
+        return
+    if task == "embedding":
+        cosine = DEFAULT_MIN_COSINE if settings.min_cosine is None else settings.min_cosine
+        raise InputError(
+            f"max_accuracy_drop {drop:g} cannot be measured: an embedding model has no task metric; its budget is "
+            f"min_cosine (--min-cosine, now {cosine:g})"
+        )
+    if task not in METRIC_TASKS:
+        raise InputError(f"max_accuracy_drop {drop:g} cannot be measured: a {task} model has no task metric; "
+                         "leave it unset")  # fmt: skip
+    if not has_target:
+        raise InputError(
+            f"max_accuracy_drop {drop:g} cannot be measured: the evaluation set has no targets (imported without "
+            "labelled --eval-data); leave it unset, or re-import with labelled evaluation data"
+        )
+
+
+def describe_held(hop: Hop, precision: str, task: str, has_target: bool, recorded: Mapping[str, Any],
+                  detection: Detection | None = None) -> Policy:  # fmt: skip
+    """The policy a recorded candidate was held to, chosen again from its stage's recorded settings.
+
+    Records written before a setting existed hold no key for it: its default is taken. A budget that
+    could not have been measured was refused when the stage ran, so it is left out here."""
+    settings = GateSettings.read(recorded)
+    try:
+        return hop_policy(hop, precision, task, has_target, settings, detection)
+    except InputError:  # a record edited by hand: read it as the stage's defaults would have judged it
+        return hop_policy(hop, precision, task, has_target, GateSettings(), detection)

@@ -1,0 +1,109 @@
+"""hop_policy, the one place a hop's policy is chosen: each hop and precision, the task defaults, the
+settings every hop takes, and the budgets refused because nothing would measure them."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.artifact.manifest import Detection
+from pipeline.core.errors import InputError
+from pipeline.recipe.schema import EdgeSpec, ExportSpec, OptimizeSpec
+from pipeline.report.policy import describe
+from pipeline.verify.choose import HOPS, GateSettings, describe_held, hop_policy
+from pipeline.verify.policies import (
+    BoxAgreement,
+    Exact,
+    MetricDrop,
+    MinCosine,
+    RelativeError,
+    TensorAgreement,
+    Top1Agreement,
+)
+
+NONE = GateSettings()
+
+
+def gate(**given: float) -> GateSettings:
+    return GateSettings(**given)
+
+
+@pytest.mark.parametrize("hop", HOPS)
+def test_a_lossless_candidate_of_every_hop_is_held_to_exact_with_the_hops_tolerances(hop: str) -> None:
+    assert hop_policy(hop, "fp32", "classification", True, NONE) == Exact(1e-4, 1e-3, 1e-3)
+    given = gate(atol=0.5, rtol=0.25, metric_tolerance=0.125)
+    assert hop_policy(hop, "fp32", "detection", False, given) == Exact(0.5, 0.25, 0.125)
+
+
+def test_the_task_defaults_of_a_lossy_candidate() -> None:
+    assert hop_policy("optimize", "int8", "classification", True, NONE) == MetricDrop(0.01)
+    assert hop_policy("optimize", "int8", "classification", False, NONE) == Top1Agreement(0.99)
+    assert hop_policy("optimize", "int8", "regression", True, NONE) == RelativeError(0.01)
+    assert hop_policy("optimize", "fp16", "embedding", False, NONE) == MinCosine(0.99)
+    assert hop_policy("optimize", "int8", "detection", False, NONE) == BoxAgreement(0.9)
+    detection = Detection(confidence=0.5, iou=0.6, max_detections=10)
+    assert hop_policy("edge", "int8", "detection", True, NONE, detection) == BoxAgreement(
+        0.9, confidence=0.5, iou=0.6, max_detections=10
+    )
+    assert hop_policy("edge", "int8", "tensor", True, NONE) == TensorAgreement(max_rel=0.01, min_cosine=0.99)
+    with pytest.raises(InputError, match="task 'segmentation' has no budget"):
+        hop_policy("optimize", "int8", "segmentation", True, NONE)
+    with pytest.raises(InputError, match="no gate for hop 'serve'"):
+        hop_policy("serve", "fp32", "classification", True, NONE)  # type: ignore[arg-type]
+
+
+def test_the_hops_own_defaults_edge_int8_and_fp16() -> None:
+    # edge's int8 classifier may lose 1.5 points (LiteRT rounds more), optimize's 1; fp16 TFLite is element-wise
+    assert hop_policy("edge", "int8", "classification", True, NONE) == MetricDrop(0.015)
+    assert hop_policy("edge", "int8", "classification", False, NONE) == Top1Agreement(0.99)
+    assert hop_policy("edge", "fp16", "classification", True, NONE) == Exact(1e-2, 1e-3, 0.015)
+    assert hop_policy("edge", "fp16", "regression", True, gate(atol_fp16=0.5)) == Exact(0.5, 1e-3, 0.0)
+    assert hop_policy("optimize", "fp16", "classification", True, NONE) == MetricDrop(0.01)
+
+
+def test_every_budget_is_taken_by_every_hop_where_it_means_something() -> None:
+    for hop in ("optimize", "edge"):
+        assert hop_policy(hop, "int8", "classification", True, gate(max_accuracy_drop=0.05)) == MetricDrop(0.05)
+        assert hop_policy(hop, "int8", "regression", True, gate(max_accuracy_drop=2.0)) == MetricDrop(2.0)
+        assert hop_policy(hop, "int8", "embedding", False, gate(min_cosine=0.9)) == MinCosine(0.9)  # edge: new
+        assert hop_policy(hop, "int8", "tensor", False, gate(min_cosine=0.9)) == TensorAgreement(min_cosine=0.9)
+    # a lossless candidate of a classifier reads no cosine: the cosine is the lossy candidates' budget
+    assert hop_policy("optimize", "fp32", "classification", True, gate(min_cosine=0.9)) == Exact()
+
+
+@pytest.mark.parametrize("hop", ["optimize", "edge"])
+def test_a_budget_nothing_could_measure_is_refused_naming_what_is_read_instead(hop: str) -> None:
+    with pytest.raises(InputError, match="the evaluation set has no targets"):
+        hop_policy(hop, "int8", "classification", False, gate(max_accuracy_drop=0.01))
+    with pytest.raises(InputError, match="an embedding model has no task metric; its budget is min_cosine"):
+        hop_policy(hop, "int8", "embedding", True, gate(max_accuracy_drop=0.01))
+    for task in ("detection", "tensor"):
+        with pytest.raises(InputError, match=f"a {task} model has no task metric"):
+            hop_policy(hop, "int8", task, True, gate(max_accuracy_drop=0.01))
+    with pytest.raises(InputError, match="min_cosine 0.9 is the budget of embedding and tensor models"):
+        hop_policy(hop, "int8", "classification", True, gate(min_cosine=0.9))
+
+
+def test_the_settings_are_read_from_every_section_and_from_old_records() -> None:
+    assert GateSettings.read(ExportSpec(atol=0.5).model_dump()) == gate(atol=0.5)
+    assert GateSettings.read(OptimizeSpec(min_cosine=0.9).model_dump()) == gate(min_cosine=0.9)
+    edge = EdgeSpec.model_validate({"atol_fp32": 0.5, "max_accuracy_drop": 0.1})  # the key's name before
+    assert edge.atol == 0.5
+    assert GateSettings.read(edge.model_dump()) == gate(atol=0.5, max_accuracy_drop=0.1)
+    assert GateSettings.read({"atol_fp32": 0.25, "rtol": 0.0, "precisions": ["fp32"]}) == gate(atol=0.25, rtol=0.0)
+
+
+def test_a_record_is_described_by_the_same_choice() -> None:
+    record = EdgeSpec(max_accuracy_drop=0.02).model_dump()
+    assert describe_held("edge", "int8", "classification", True, record) == MetricDrop(0.02)
+    assert describe_held("edge", "fp32", "classification", True, {"atol_fp32": 0.5}) == Exact(0.5)
+    # a record edited by hand with a budget that could not have been measured: the stage's defaults
+    assert describe_held("edge", "int8", "classification", False, {"max_accuracy_drop": 0.02}) == Top1Agreement()
+
+
+def test_the_card_says_what_a_detector_and_a_tensor_model_were_held_to() -> None:
+    assert describe(BoxAgreement().to_dict()) == (
+        "boxes matched (same class, IoU >= 0.5) >= 0.9, decoded at confidence 0.25, NMS IoU 0.7"
+    )
+    assert describe(TensorAgreement().to_dict()) == (
+        "per output: cosine >= 0.99 (unit-vector rows) or relative error <= 0.01"
+    )

@@ -7,12 +7,14 @@ uses them); an attention block that onnx2tf stops on may pass with its parameter
 or without onnxslim, where a GELU's Erf must become builtin ops (`replace_to_pseudo_operators`): as
 TensorFlow's Select op `FlexErf` no device interpreter loads it.
 `convert_in_turn` tries `ATTEMPTS` in order (a detector starts with the Ultralytics settings) and
-hands each conversion to the caller's `judge`, the gate on LiteRT; the first it accepts is used.
+hands each conversion to the caller's `judge`, the gate on LiteRT (pipeline/edge/litert_gate.py),
+whose judgement says why the attempt is left (`failure`) or None; the first it accepts is used, and
+its judgement is what `convert_in_turn` returns.
 An attempt is left when onnx2tf fails, LiteRT cannot load what it wrote, or its fp32 model (the
 conversion's own correctness, which other settings may fix) fails the gate; a precision's own
 loss (fp16, int8) is not a reason to convert again. Every attempt is recorded (`ConvertAttempt`) with why it was left.
 
-When every attempt converted but none passed, the first conversion's models are returned (and
+When every attempt converted but none passed, the first conversion's judgement is returned (and
 recorded as failed by the stage); when none converted, `NotConverted` is raised with the last
 reason and every attempt. Each attempt runs at most `ATTEMPT_TIMEOUT_S`, and all of them together
 within the settings' `timeout_s`.
@@ -26,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -38,6 +40,18 @@ from pipeline.edge.onnx2tf_child import LOG
 ATTEMPT_TIMEOUT_S = 600.0  # one onnx2tf run; a YOLOv8n that fails takes about 3.5 min to say so
 FLEX = re.compile(rb"Flex[A-Z][A-Za-z0-9]*")  # a Select op's custom name in a .tflite file, e.g. FlexErf
 AUTO_JSON = "_auto.json"  # onnx2tf writes <model>_auto.json, a parameter-replacement guess, when it stops on a node
+
+
+class Judgement(Protocol):
+    """What `judge` says of one attempt's models."""
+
+    @property
+    def failure(self) -> str | None:
+        """Why the attempt is left, or None to use it."""
+        ...
+
+
+JudgementT = TypeVar("JudgementT", bound=Judgement)
 
 
 @dataclass(frozen=True)
@@ -82,14 +96,14 @@ def convert_in_turn(
     workdir: Path,
     settings: EdgeSettings,
     calibration: dict[str, np.ndarray] | None,
-    judge: Callable[[list[Converted]], str | None],
+    judge: Callable[[list[Converted]], JudgementT],
     attempts: tuple[Attempt, ...] = ATTEMPTS,
     progress: Progress | None = None,
-) -> tuple[list[Converted], list[ConvertAttempt]]:
-    """The models of the first attempt `judge` accepts (it returns None, else why not); see the module doc."""
+) -> tuple[JudgementT, list[ConvertAttempt]]:
+    """The judgement of the first attempt `judge` accepts (its `failure` is None); see the module doc."""
     say = progress or (lambda _message: None)
     tried: list[ConvertAttempt] = []
-    first: list[Converted] | None = None
+    first: JudgementT | None = None
     replacement: Path | None = None
     log: Path | None = None
     started = time.monotonic()
@@ -123,7 +137,7 @@ def convert_in_turn(
             continue
         record.seconds = round(time.monotonic() - begun, 1)
         try:
-            why = judge(made)
+            judged = judge(made)
         except ArtifactError as exc:  # a file LiteRT cannot load: TensorFlow's Select ops (Flex), which devices lack
             flex = sorted({op.decode() for c in made for op in re.findall(FLEX, c.path.read_bytes())})
             record.reason = first_line(exc)
@@ -132,11 +146,12 @@ def convert_in_turn(
                                  f"({', '.join(flex)}), which device interpreters do not have")  # fmt: skip
             say(f"onnx2tf attempt {n} converted but was left: {record.reason[:300]}")
             continue
+        why = judged.failure
         if why is None:
             record.used = True
-            return made, tried
+            return judged, tried
         record.reason = why
-        first = first if first is not None else made
+        first = first if first is not None else judged
         say(f"onnx2tf attempt {n} converted but was left: {why[:300]}")
     if first is not None:
         for record in tried:

@@ -3,6 +3,8 @@
     opened = open_for_model(path, "optimize", rewrites, overrides, recipe_path, flags="--quantize, ...")
     opened.artifact, opened.recipe, opened.settings, opened.evaluation, opened.parent, opened.notes
 
+`opened` is an `Opened[OptimizeSpec]` (an `Opened[EdgeSpec]` for "edge"): its settings are typed.
+
 The steps, the same for every such stage: resolve the path (a model directory means its latest
 version); load the artifact with full verification except for the files this stage rewrites (an
 interrupted run of the same stage left them, and it replaces them); refuse a version without a
@@ -16,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar, overload
 
 from pipeline.artifact.directory import Artifact, resolve_artifact
 from pipeline.artifact.records import settings_digest
@@ -26,17 +28,19 @@ from pipeline.recipe.current import current_recipe, section_settings
 from pipeline.samples.evaluation import EvaluationSet, evaluation_set
 
 if TYPE_CHECKING:
-    from pipeline.recipe.schema import Recipe
+    from pipeline.recipe.schema import EdgeSpec, OptimizeSpec, Recipe
     from pipeline.stagekit.contract import Context, Overrides
+
+Settings = TypeVar("Settings")  # the stage's recipe section: OptimizeSpec, EdgeSpec
 
 
 @dataclass
-class Opened:
+class Opened(Generic[Settings]):
     """An artifact opened for a stage that derives files from its model.onnx."""
 
     artifact: Artifact
     recipe: Recipe | None  # the recipe as it is now; None for an imported model
-    settings: Any  # the stage's recipe section (OptimizeSpec, EdgeSpec) with the overrides on top
+    settings: Settings  # the stage's recipe section with the overrides on top
     evaluation: EvaluationSet
     rewritten: list[str]  # the files of an earlier run of this stage, which this run replaces
     notes: list[str] = field(default_factory=list)  # where the settings came from, when not the recipe file
@@ -51,15 +55,39 @@ class Opened:
         return self.artifact.path(MODEL_FILE)
 
 
+@overload
 def open_for_model(
     path: str | Path,
-    stage: str,
+    stage: Literal["optimize"],
     rewrites: Callable[[str], bool],
     overrides: Overrides | None,
     recipe_path: Path | None,
     *,
     flags: str,
-) -> Opened:
+) -> Opened[OptimizeSpec]: ...
+
+
+@overload
+def open_for_model(
+    path: str | Path,
+    stage: Literal["edge"],
+    rewrites: Callable[[str], bool],
+    overrides: Overrides | None,
+    recipe_path: Path | None,
+    *,
+    flags: str,
+) -> Opened[EdgeSpec]: ...
+
+
+def open_for_model(
+    path: str | Path,
+    stage: Literal["optimize", "edge"],
+    rewrites: Callable[[str], bool],
+    overrides: Overrides | None,
+    recipe_path: Path | None,
+    *,
+    flags: str,
+) -> Opened[OptimizeSpec] | Opened[EdgeSpec]:
     """Open the artifact at `path` for `stage`; see the module doc. `rewrites(rel)` says whether the stage
     writes that file anew; `flags` names the stage's settings flags for the imported-model refusal."""
     root = resolve_artifact(path)

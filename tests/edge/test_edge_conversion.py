@@ -17,7 +17,7 @@ from pipeline.artifact.directory import Artifact
 from pipeline.artifact.manifest import Manifest
 from pipeline.cli import main
 from pipeline.edge.attempts import ULTRALYTICS
-from pipeline.edge.stage import device_python
+from pipeline.edge.device import device_python
 from tests.export.real_models import SIZES, colour_detector, paddle_classifier, shapes_picture
 
 pytestmark = pytest.mark.slow  # onnx2tf converts in a subprocess: seconds to a minute per model

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 
 from pipeline.check.checks import judge_metric
 from pipeline.cli import main
-from pipeline.edge.stage import policy_for
 from pipeline.optimize.judge import failure_detail
 from pipeline.recipe.budgets import BudgetSpec, MetricBudget
 from pipeline.recipe.schema import EdgeSpec
+from pipeline.verify.choose import GateSettings, hop_policy
 from pipeline.verify.policies import Exact, MetricDrop, RelativeError
 from pipeline.verify.report import GateReport, Row
 
@@ -72,11 +72,11 @@ def test_check_defaults_are_relative_for_metrics_in_target_units() -> None:
 
 
 def test_edge_defaults_follow_the_task() -> None:
-    settings = EdgeSpec()
-    assert policy_for("int8", settings, "regression", True) == RelativeError()  # optimize's default, 1%
-    assert policy_for("int8", settings, "classification", True) == MetricDrop(0.015)
-    assert policy_for("int8", EdgeSpec(max_accuracy_drop=3.0), "regression", True) == MetricDrop(3.0)
-    assert policy_for("fp16", settings, "regression", True).judge_metric("mae", 21396.5, 21398.0).passed
+    settings, given = GateSettings.read(EdgeSpec().model_dump()), GateSettings(max_accuracy_drop=3.0)
+    assert hop_policy("edge", "int8", "regression", True, settings) == RelativeError()  # optimize's default, 1%
+    assert hop_policy("edge", "int8", "classification", True, settings) == MetricDrop(0.015)
+    assert hop_policy("edge", "int8", "regression", True, given) == MetricDrop(3.0)
+    assert hop_policy("edge", "fp16", "regression", True, settings).judge_metric("mae", 21396.5, 21398.0).passed
 
 
 def test_a_failure_and_the_split_figure_each_say_where_they_were_measured() -> None:

@@ -21,7 +21,7 @@ from pipeline.cli.group import main
     "--min-cosine",
     type=float,
     default=None,
-    help="Budget for embeddings: minimum cosine similarity.",
+    help="Budget for embeddings and tensor models: minimum cosine similarity [0.99].",
 )
 @click.option("--per-channel/--per-tensor", default=None, help="int8 weight scales [default: recipe].")
 @click.option("--calibration", type=click.Choice(["minmax", "entropy", "percentile"]), default=None,

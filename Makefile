@@ -10,7 +10,7 @@ GPU    ?= 0
 LOCKHASH := $(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)-gpu$(GPU)
 STAMP  := $(VENV)/.installed-$(LOCKHASH)
 
-.PHONY: venv run test lint bench lock clean check-serve-profile edge-runtime edge-check ort-runtime
+.PHONY: venv run test test-fast lint bench lock clean check-serve-profile edge-runtime edge-check ort-runtime
 
 venv: $(STAMP)
 
@@ -36,8 +36,13 @@ endif
 run: venv edge-runtime ort-runtime
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pipe run models/digits-cnn.yaml
 
+# The whole suite (what CI runs); the 25 slowest tests are printed at the end (docs/testing.md keeps them).
 test: venv edge-runtime ort-runtime
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
+
+# The inner loop: every test not marked slow (no real training, no onnx2tf conversion).
+test-fast: venv edge-runtime ort-runtime
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check pipeline tests bench

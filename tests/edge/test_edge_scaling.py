@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper
-from test_edge_conversion import houses
+from tests.edge.test_edge_conversion import houses
 
 from pipeline.edge.graphcopy import write_input_dims
 from pipeline.edge.scaling import normalize_boxes, take_normalization

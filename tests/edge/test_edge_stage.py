@@ -12,9 +12,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from onnx import TensorProto, helper
-from test_edge_convert import cnn, digits
-from test_edge_device import ABORTS, house
-from test_edge_runner import EDGE_PYTHON
+from tests.edge.test_edge_convert import cnn, digits
+from tests.edge.test_edge_device import ABORTS, house
+from tests.edge.test_edge_runner import EDGE_PYTHON
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import Golden, save_golden

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from export_models import CNN, MLP, SEQ, VOCAB, BranchesOnBatch, GridSampler, MoE, Transformer
+from tests.export.export_models import CNN, MLP, SEQ, VOCAB, BranchesOnBatch, GridSampler, MoE, Transformer
 
 from pipeline.artifact.manifest import ModelSpec
 from pipeline.artifact.tensors import TensorSpec

@@ -9,7 +9,7 @@ import onnx
 import onnx.numpy_helper
 import pytest
 from click.testing import CliRunner
-from test_export_import import linear_model
+from tests.export.test_export_import import linear_model
 
 from pipeline.cli import main
 

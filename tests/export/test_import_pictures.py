@@ -11,8 +11,8 @@ import onnx
 import pytest
 from click.testing import CliRunner
 from PIL import Image
-from real_models import COLOURS, IMAGENET, imagenet_sample, mobilenet_like, write_pictures
-from test_export_import import linear_model
+from tests.export.real_models import COLOURS, IMAGENET, imagenet_sample, mobilenet_like, write_pictures
+from tests.export.test_export_import import linear_model
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import load_golden

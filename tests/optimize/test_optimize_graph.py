@@ -11,7 +11,7 @@ import onnx.parser
 import onnxruntime as ort
 import onnxslim
 import pytest
-from transform_models import HEADER, cnn, digits, run, tokens, transformer
+from tests.optimize.transform_models import HEADER, cnn, digits, run, tokens, transformer
 
 from pipeline.core.errors import ArtifactError, InputError
 from pipeline.optimize import graph

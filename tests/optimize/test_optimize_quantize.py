@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from transform_models import cnn, cosine, digits, features, mlp, relative_error, run, tokens, transformer
+from tests.optimize.transform_models import cnn, cosine, digits, features, mlp, relative_error, run, tokens, transformer
 
 from pipeline.core.errors import InputError
 from pipeline.optimize.cache import QuantCache

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from transform_models import mlp, mobile_classifier, transformer
+from tests.optimize.transform_models import mlp, mobile_classifier, transformer
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.manifest import Manifest

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from transform_models import wide_channel_mlp
+from tests.optimize.transform_models import wide_channel_mlp
 
 from pipeline.optimize.quantize import QuantSettings, quantize
 from pipeline.optimize.sensitivity import sensitivity

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
-from transform_models import mobile_classifier, wide_channel_mlp
+from tests.optimize.transform_models import mobile_classifier, wide_channel_mlp
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.variants import variant_file

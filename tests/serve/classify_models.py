@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from serve_models import run_reference
+from tests.serve.serve_models import run_reference
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import Golden, save_golden

@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serve_process import start_server
+from tests.serve.serve_process import start_server
 
 CLIENTS = 16
 PROBE_S = 0.05  # the health checker's period

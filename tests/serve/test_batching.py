@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serve_models import embed, mlp, run_reference
+from tests.serve.serve_models import embed, mlp, run_reference
 
 from pipeline.serve.batching import Batcher, BatchSettings
 from pipeline.serve.errors import RequestError, Unavailable

@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from classify_models import (
+from tests.serve.classify_models import (
     DIGIT_NAMES,
     MAX_LENGTH,
     VOCAB,
@@ -22,8 +22,8 @@ from classify_models import (
     token_classifier,
     write_repository,
 )
-from serve_models import run_reference
-from serve_process import Server, start_server
+from tests.serve.serve_models import run_reference
+from tests.serve.serve_process import Server, start_server
 from tritonclient.utils import InferenceServerException
 
 

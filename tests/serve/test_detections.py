@@ -20,8 +20,8 @@ import pytest
 import tritonclient.http as triton
 from click.testing import CliRunner
 from PIL import Image
-from serve_models import mlp, write_artifact
-from serve_process import Server, start_server
+from tests.serve.serve_models import mlp, write_artifact
+from tests.serve.serve_process import Server, start_server
 
 from pipeline.cli import main
 from tests.export.real_models import (

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from drain_load import run_once
-from serve_models import mlp, write_artifact
-from serve_process import start_server
+from tests.serve.drain_load import run_once
+from tests.serve.serve_models import mlp, write_artifact
+from tests.serve.serve_process import start_server
 
 pytestmark = pytest.mark.slow  # starts server processes and loads them
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from serve_models import add_variant, mlp, run_reference, write_artifact
-from serve_process import Server, start_server, wait_for
+from tests.serve.serve_models import add_variant, mlp, run_reference, write_artifact
+from tests.serve.serve_process import Server, start_server, wait_for
 
 from pipeline.artifact.directory import Artifact
 

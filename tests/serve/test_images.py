@@ -25,8 +25,8 @@ import tritonclient.http as triton
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
-from serve_models import OPSET, write_artifact
-from serve_process import Server, start_server
+from tests.serve.serve_models import OPSET, write_artifact
+from tests.serve.serve_process import Server, start_server
 from sklearn.datasets import load_digits
 from sklearn.linear_model import LogisticRegression
 from tritonclient.utils import InferenceServerException

@@ -10,7 +10,7 @@ import onnx.parser
 import pytest
 import tritonclient.http as triton
 from click.testing import CliRunner
-from serve_process import start_server
+from tests.serve.serve_process import start_server
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import load_golden

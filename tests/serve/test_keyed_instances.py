@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from serve_process import Server, start_server
+from tests.serve.serve_process import Server, start_server
 
 from pipeline.cli import main
 

@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from serve_models import mlp, run_reference
-from serve_process import start_server
+from tests.serve.serve_models import mlp, run_reference
+from tests.serve.serve_process import start_server
 
 pytestmark = pytest.mark.slow  # starts server processes
 

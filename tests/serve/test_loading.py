@@ -8,7 +8,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 import pytest
-from serve_models import mlp, write_artifact
+from tests.serve.serve_models import mlp, write_artifact
 
 from pipeline.core.errors import ArtifactError
 from pipeline.serve import scan as scan_module

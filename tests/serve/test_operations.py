@@ -16,8 +16,8 @@ import httpx
 import onnxruntime as ort
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serve_models import mlp, write_artifact
-from serve_process import Server, free_port, start_server, wait_for
+from tests.serve.serve_models import mlp, write_artifact
+from tests.serve.serve_process import Server, free_port, start_server, wait_for
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.manifest import Manifest

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from serve_process import Server, start_server
+from tests.serve.serve_process import Server, start_server
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import load_golden

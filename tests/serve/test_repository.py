@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from serve_models import mlp, run_reference, two_in_two_out, write_artifact
-from serve_process import start_server, wait_for
+from tests.serve.serve_models import mlp, run_reference, two_in_two_out, write_artifact
+from tests.serve.serve_process import start_server, wait_for
 
 pytestmark = pytest.mark.slow  # starts server processes and waits for reloads
 

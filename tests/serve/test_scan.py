@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from serve_models import mlp, write_artifact
+from tests.serve.serve_models import mlp, write_artifact
 
 from pipeline.core.errors import InputError
 from pipeline.serve.scan import check_paths, find_versions

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from serve_models import embed, mlp, run_reference, sample_inputs, two_in_two_out
+from tests.serve.serve_models import embed, mlp, run_reference, sample_inputs, two_in_two_out
 from tritonclient.utils import InferenceServerException
 
 

@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import orjson
 import pytest
-from serve_models import mlp, run_reference
+from tests.serve.serve_models import mlp, run_reference
 
 from pipeline.serve.protocols.binary import decode_tensor, encode_tensor
 

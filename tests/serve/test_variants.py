@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from serve_models import add_variant, mlp, run_reference, write_artifact
-from serve_process import free_port, start_server
+from tests.serve.serve_models import add_variant, mlp, run_reference, write_artifact
+from tests.serve.serve_process import free_port, start_server
 
 import pipeline.serve
 from pipeline.artifact.directory import Artifact

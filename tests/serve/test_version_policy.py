@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_models import mlp, write_artifact
-from serve_process import start_server, wait_for
+from tests.serve.serve_models import mlp, write_artifact
+from tests.serve.serve_process import start_server, wait_for
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.labels import LABELS_NAME, read_labels

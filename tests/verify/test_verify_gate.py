@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from verify_models import X, bumped_linear, graph, inputs, int8_linear, linear, spec, weights
+from tests.verify.verify_models import X, bumped_linear, graph, inputs, int8_linear, linear, spec, weights
 
 from pipeline.artifact.manifest import ModelSpec
 from pipeline.core.arrays import Arrays

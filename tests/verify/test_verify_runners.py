@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from verify_models import graph, inputs, linear, weights
+from tests.verify.verify_models import graph, inputs, linear, weights
 
 from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.arrays import Arrays

@@ -9,10 +9,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper
-from tests.edge.test_edge_conversion import houses
 
 from pipeline.edge.graphcopy import write_input_dims
 from pipeline.edge.scaling import normalize_boxes, take_normalization
+from tests.edge.test_edge_conversion import houses
 from tests.export.real_models import colour_detector
 
 

@@ -12,9 +12,6 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from onnx import TensorProto, helper
-from tests.edge.test_edge_convert import cnn, digits
-from tests.edge.test_edge_device import ABORTS, house
-from tests.edge.test_edge_runner import EDGE_PYTHON
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import Golden, save_golden
@@ -25,6 +22,9 @@ from pipeline.cli import main
 from pipeline.core.host import host_line
 from pipeline.edge.feeding import read_metadata
 from pipeline.report.variants import edge_section
+from tests.edge.test_edge_convert import cnn, digits
+from tests.edge.test_edge_device import ABORTS, house
+from tests.edge.test_edge_runner import EDGE_PYTHON
 
 pytestmark = pytest.mark.slow  # onnx2tf converts in a subprocess: seconds per model
 

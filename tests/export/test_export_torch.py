@@ -8,7 +8,6 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from tests.export.export_models import CNN, MLP, SEQ, VOCAB, BranchesOnBatch, GridSampler, MoE, Transformer
 
 from pipeline.artifact.manifest import ModelSpec
 from pipeline.artifact.tensors import TensorSpec
@@ -18,6 +17,7 @@ from pipeline.runtime.runners import torch_runner
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact
+from tests.export.export_models import CNN, MLP, SEQ, VOCAB, BranchesOnBatch, GridSampler, MoE, Transformer
 
 LOGITS = [TensorSpec("logits", "float32", ["batch", 3])]
 

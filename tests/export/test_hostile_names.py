@@ -9,9 +9,9 @@ import onnx
 import onnx.numpy_helper
 import pytest
 from click.testing import CliRunner
-from tests.export.test_export_import import linear_model
 
 from pipeline.cli import main
+from tests.export.test_export_import import linear_model
 
 
 def invoke(*args: str):

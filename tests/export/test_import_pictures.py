@@ -11,14 +11,14 @@ import onnx
 import pytest
 from click.testing import CliRunner
 from PIL import Image
-from tests.export.real_models import COLOURS, IMAGENET, imagenet_sample, mobilenet_like, write_pictures
-from tests.export.test_export_import import linear_model
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import load_golden
 from pipeline.cli import main
 from pipeline.samples.calibration import calibration_set, has_real_samples
 from pipeline.samples.evaluation import evaluation_set
+from tests.export.real_models import COLOURS, IMAGENET, imagenet_sample, mobilenet_like, write_pictures
+from tests.export.test_export_import import linear_model
 
 RECORD = json.dumps(IMAGENET)
 ORDER = list(COLOURS)  # red, green, blue, yellow: the model's output order, not the folders' sorted order

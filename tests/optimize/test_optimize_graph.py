@@ -11,11 +11,11 @@ import onnx.parser
 import onnxruntime as ort
 import onnxslim
 import pytest
-from tests.optimize.transform_models import HEADER, cnn, digits, run, tokens, transformer
 
 from pipeline.core.errors import ArtifactError, InputError
 from pipeline.optimize import graph
 from pipeline.optimize.graph import node_count, op_counts, optimize_graph, signature, signature_changes
+from tests.optimize.transform_models import HEADER, cnn, digits, run, tokens, transformer
 
 
 @pytest.fixture(scope="module")

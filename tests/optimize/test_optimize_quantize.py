@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from tests.optimize.transform_models import cnn, cosine, digits, features, mlp, relative_error, run, tokens, transformer
 
 from pipeline.core.errors import InputError
 from pipeline.optimize.cache import QuantCache
 from pipeline.optimize.graph import optimize_graph, signature
 from pipeline.optimize.nodes import quantizable_nodes
 from pipeline.optimize.quantize import QuantSettings, quantize, weight_bytes
+from tests.optimize.transform_models import cnn, cosine, digits, features, mlp, relative_error, run, tokens, transformer
 
 
 @pytest.fixture(scope="module")

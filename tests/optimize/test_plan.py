@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from tests.optimize.transform_models import mlp, mobile_classifier, transformer
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.manifest import Manifest
@@ -28,6 +27,7 @@ from pipeline.optimize.search import SearchResult, auto_search
 from pipeline.runtime.runners import ort_runner
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.policies import MetricDrop
+from tests.optimize.transform_models import mlp, mobile_classifier, transformer
 
 QUICK = 0.05  # seconds of timing per model, batch and group: the tests read ratios far from 1, never milliseconds
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from tests.optimize.transform_models import wide_channel_mlp
 
 from pipeline.optimize.quantize import QuantSettings, quantize
 from pipeline.optimize.sensitivity import sensitivity
+from tests.optimize.transform_models import wide_channel_mlp
 
 
 def test_a_layer_whose_one_wide_output_channel_ruins_the_others_is_scored_high(tmp_path: Path) -> None:

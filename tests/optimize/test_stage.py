@@ -12,13 +12,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
-from tests.optimize.transform_models import mobile_classifier, wide_channel_mlp
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.variants import variant_file
 from pipeline.cli import main
 from pipeline.report.variants import variants_section
 from pipeline.serve.variant_choice import NOISE, choose_quietly
+from tests.optimize.transform_models import mobile_classifier, wide_channel_mlp
 
 TINY_CNN = {
     "name": "opt-cnn",

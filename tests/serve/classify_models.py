@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from tests.serve.serve_models import run_reference
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import Golden, save_golden
 from pipeline.artifact.manifest import Manifest
 from pipeline.artifact.tensors import TensorSpec, TokenInput
 from pipeline.artifact.variants import FP32, Variant, variant_file
+from tests.serve.serve_models import run_reference
 
 OPSET = [helper.make_opsetid("", 18)]
 DIGIT_NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]

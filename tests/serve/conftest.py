@@ -6,10 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.serve.serve_models import embed, mlp, strings, two_in_two_out, write_artifact
-from tests.serve.serve_process import Server, start_server
 
 from pipeline.artifact.labels import LABELS_NAME
+from tests.serve.serve_models import embed, mlp, strings, two_in_two_out, write_artifact
+from tests.serve.serve_process import Server, start_server
 
 
 @pytest.fixture(scope="session")

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.serve.serve_models import embed, mlp, run_reference
 
 from pipeline.serve.batching import Batcher, BatchSettings
 from pipeline.serve.errors import RequestError, Unavailable
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.session import ModelSession, SessionOptions
+from tests.serve.serve_models import embed, mlp, run_reference
 
 OPTIONS = SessionOptions(provider="cpu", intra_op_threads=1, inter_op_threads=1)
 

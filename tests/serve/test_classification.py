@@ -13,6 +13,8 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
 from tests.serve.classify_models import (
     DIGIT_NAMES,
     MAX_LENGTH,
@@ -24,7 +26,6 @@ from tests.serve.classify_models import (
 )
 from tests.serve.serve_models import run_reference
 from tests.serve.serve_process import Server, start_server
-from tritonclient.utils import InferenceServerException
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,6 @@ import pytest
 import tritonclient.http as triton
 from click.testing import CliRunner
 from PIL import Image
-from tests.serve.serve_models import mlp, write_artifact
-from tests.serve.serve_process import Server, start_server
 
 from pipeline.cli import main
 from tests.export.real_models import (
@@ -33,6 +31,8 @@ from tests.export.real_models import (
     reference_detections,
     shapes_picture,
 )
+from tests.serve.serve_models import mlp, write_artifact
+from tests.serve.serve_process import Server, start_server
 
 LABELS = list(SHAPE_CLASSES)
 PICTURES = {"wide.png": ((403, 211), 1), "tall.jpg": ((180, 300), 2), "square.png": ((256, 256), 3)}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from tests.serve.drain_load import run_once
 from tests.serve.serve_models import mlp, write_artifact
 from tests.serve.serve_process import start_server

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+
 from tests.serve.openapi_fuzz import fuzz
 
 pytestmark = pytest.mark.slow  # a few hundred generated requests

@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from tests.serve.serve_models import add_variant, mlp, run_reference, write_artifact
-from tests.serve.serve_process import Server, start_server, wait_for
 
 from pipeline.artifact.directory import Artifact
+from tests.serve.serve_models import add_variant, mlp, run_reference, write_artifact
+from tests.serve.serve_process import Server, start_server, wait_for
 
 pytestmark = pytest.mark.slow  # starts server processes and waits for reloads
 

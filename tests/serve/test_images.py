@@ -25,13 +25,13 @@ import tritonclient.http as triton
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
-from tests.serve.serve_models import OPSET, write_artifact
-from tests.serve.serve_process import Server, start_server
 from sklearn.datasets import load_digits
 from sklearn.linear_model import LogisticRegression
 from tritonclient.utils import InferenceServerException
 
 from pipeline.cli import main
+from tests.serve.serve_models import OPSET, write_artifact
+from tests.serve.serve_process import Server, start_server
 
 DIGITS_RECORD = {"mode": "L", "size": [8, 8], "resize": "bilinear", "scale": 16 / 255}
 RGB_OPTION = {"layout": "NHWC", "mode": "RGB", "size": [4, 6], "scale": 1 / 255, "mean": [0.5, 0.4, 0.3],

@@ -10,13 +10,13 @@ import onnx.parser
 import pytest
 import tritonclient.http as triton
 from click.testing import CliRunner
-from tests.serve.serve_process import start_server
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import load_golden
 from pipeline.cli import main
 from pipeline.runtime.session import create_session
 from tests.conftest import LINEAR
+from tests.serve.serve_process import start_server
 
 pytestmark = pytest.mark.slow  # starts a server process
 

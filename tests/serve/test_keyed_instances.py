@@ -14,9 +14,9 @@ import httpx
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from tests.serve.serve_process import Server, start_server
 
 from pipeline.cli import main
+from tests.serve.serve_process import Server, start_server
 
 REGIONS = ["east", "north", "south"]
 

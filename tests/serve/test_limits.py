@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
+
 from tests.serve.serve_models import mlp, run_reference
 from tests.serve.serve_process import start_server
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import onnxruntime as ort
 import pytest
-from tests.serve.serve_models import mlp, write_artifact
 
 from pipeline.core.errors import ArtifactError
 from pipeline.serve import scan as scan_module
@@ -16,6 +15,7 @@ from pipeline.serve.batching import BatchSettings
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.repository import Repository, RepositorySettings
 from pipeline.serve.session import ModelSession, SessionOptions
+from tests.serve.serve_models import mlp, write_artifact
 
 OPTIONS = SessionOptions(provider="cpu", intra_op_threads=1, inter_op_threads=1)
 

@@ -16,12 +16,12 @@ import httpx
 import onnxruntime as ort
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.serve.serve_models import mlp, write_artifact
-from tests.serve.serve_process import Server, free_port, start_server, wait_for
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.manifest import Manifest
 from pipeline.artifact.tensors import TensorSpec
+from tests.serve.serve_models import mlp, write_artifact
+from tests.serve.serve_process import Server, free_port, start_server, wait_for
 
 pytestmark = pytest.mark.slow  # starts server processes
 

@@ -10,11 +10,11 @@ import httpx
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from tests.serve.serve_process import Server, start_server
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import load_golden
 from pipeline.cli import main
+from tests.serve.serve_process import Server, start_server
 
 RECIPE = Path(__file__).resolve().parents[2] / "models" / "diabetes-mlp.yaml"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+
 from tests.serve.serve_models import mlp, run_reference, two_in_two_out, write_artifact
 from tests.serve.serve_process import start_server, wait_for
 

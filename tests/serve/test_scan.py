@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.serve.serve_models import mlp, write_artifact
 
 from pipeline.core.errors import InputError
 from pipeline.serve.scan import check_paths, find_versions
+from tests.serve.serve_models import mlp, write_artifact
 
 
 def test_only_ascii_digit_directories_are_versions_and_the_rest_are_named(tmp_path: Path) -> None:

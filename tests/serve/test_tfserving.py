@@ -6,6 +6,7 @@ import httpx
 import numpy as np
 import orjson
 import pytest
+
 from tests.serve.serve_models import embed, mlp, run_reference, sample_inputs
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from tests.serve.serve_models import embed, mlp, run_reference, sample_inputs, two_in_two_out
 from tritonclient.utils import InferenceServerException
+
+from tests.serve.serve_models import embed, mlp, run_reference, sample_inputs, two_in_two_out
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import httpx
 import numpy as np
 import orjson
 import pytest
-from tests.serve.serve_models import mlp, run_reference
 
 from pipeline.serve.protocols.binary import decode_tensor, encode_tensor
+from tests.serve.serve_models import mlp, run_reference
 
 X = np.arange(8, dtype=np.float32).reshape(2, 4)
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from tests.serve.serve_models import add_variant, mlp, run_reference, write_artifact
-from tests.serve.serve_process import free_port, start_server
 
 import pipeline.serve
 from pipeline.artifact.directory import Artifact
 from pipeline.core.errors import ArtifactError, InputError
 from pipeline.serve.variant_choice import Choice, VariantRefused, check_choices, choose, choose_quietly
+from tests.serve.serve_models import add_variant, mlp, run_reference, write_artifact
+from tests.serve.serve_process import free_port, start_server
 
 REASON = "top-1 agreement 0.912 < 0.990 on 512 golden samples"
 X = np.arange(8, dtype=np.float32).reshape(2, 4) / 8

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.serve.serve_models import mlp, write_artifact
-from tests.serve.serve_process import start_server, wait_for
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.labels import LABELS_NAME, read_labels
 from pipeline.artifact.records import CheckRecord
+from tests.serve.serve_models import mlp, write_artifact
+from tests.serve.serve_process import start_server, wait_for
 
 pytestmark = pytest.mark.slow  # starts server processes and waits for reloads
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.verify.verify_models import X, bumped_linear, graph, inputs, int8_linear, linear, spec, weights
 
 from pipeline.artifact.manifest import ModelSpec
 from pipeline.core.arrays import Arrays
@@ -19,6 +18,7 @@ from pipeline.runtime.runners import Candidate, ort_runner
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import verify
 from pipeline.verify.policies import Exact, MetricDrop, MinCosine, Policy, RelativeError, Top1Agreement
+from tests.verify.verify_models import X, bumped_linear, graph, inputs, int8_linear, linear, spec, weights
 
 W3 = weights(3)  # a 3-class classifier
 SAMPLES = inputs(20)  # the golden samples

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.verify.verify_models import graph, inputs, linear, weights
 
 from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError
 from pipeline.runtime.runners import ort_runner, run_chunked, torch_runner
 from pipeline.runtime.session import create_session
+from tests.verify.verify_models import graph, inputs, linear, weights
 
 
 def test_ort_runner_from_a_file_or_a_held_session_gives_named_outputs(tmp_path: Path) -> None:

@@ -41,13 +41,14 @@ from pipeline.export.graph import check_specs, external_files, graph_specs, load
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
 from pipeline.export.readings import Readings, decide
+from pipeline.export.recognizer import target_classes
 from pipeline.export.shapes import GENERATED_BATCH, Probe, choose_sizes, generated_inputs, write_dims
 from pipeline.export.token_graph import TokenModel, TokenOptions, token_model
 from pipeline.runtime.runners import Runner, ort_runner, run_chunked
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.choose import GateSettings, hop_policy
 from pipeline.verify.gate import verify
-from pipeline.verify.metrics import task_metric
+from pipeline.verify.metrics import task_metric, text_metrics
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -109,6 +110,8 @@ def import_onnx(
     evaluation = None
     if eval_data is not None:
         evaluation = read_eval_data(eval_data, inputs, readings.labels, readings.task, eval_limit)
+        if readings.ctc is not None:  # a recognizer's target texts, as class sequences
+            evaluation = target_classes(evaluation, readings.labels, readings.ctc, eval_data)
         if evaluation.labels != readings.labels:  # a model without labels takes its class folders' names
             readings.labels = evaluation.labels
             readings.read["labels"] = Reading(value=len(evaluation.labels), source=f"--eval-data {eval_data} folders")
@@ -197,6 +200,7 @@ def _build(
         outputs=outputs,
         labels=readings.labels,
         detection=readings.detection,
+        ctc=readings.ctc,
         lineage=Lineage(backend="import", dataset_fingerprint=evaluation.digest if evaluation else None),
     )
     artifact = Artifact(root, manifest)
@@ -317,5 +321,7 @@ def _precision(outputs: list[TensorSpec]) -> str:
 
 
 def _metric(task: str, logits: np.ndarray, target: np.ndarray) -> dict[str, float]:
+    if task == "text-recognition":  # texts read exactly, and the character error rate
+        return text_metrics(logits, target)
     measured = task_metric(task, logits, target)
     return {measured[0]: measured[1]} if measured else {}

@@ -38,6 +38,7 @@ from pipeline.verify.policies import (
     Policy,
     RelativeError,
     TensorAgreement,
+    TextAgreement,
     Top1Agreement,
 )
 
@@ -121,6 +122,8 @@ def _task_budget(
         return BoxAgreement(confidence=d.confidence, iou=d.iou, max_detections=d.max_detections)
     if task == "tensor":
         return TensorAgreement(min_cosine=cosine)
+    if task == "text-recognition":  # texts read the same as the parent's; the drop of text agreement on targets
+        return TextAgreement() if drop is None or not has_target else MetricDrop(drop)
     return MinCosine(cosine)
 
 

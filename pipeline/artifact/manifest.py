@@ -109,7 +109,7 @@ class Detection:
 
 
 def _blank(value: int) -> str | None:
-    return None if value == 0 else f"expected 0 (the blank is class 0, as PaddleOCR and torch's CTCLoss put it), got {value}"
+    return None if value == 0 else f"expected 0 (the blank is class 0, as in PaddleOCR), got {value}"
 
 
 @dataclass(frozen=True)

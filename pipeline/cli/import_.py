@@ -30,8 +30,12 @@ from pipeline.cli.params import FRACTION, REPOSITORY, Whole
     help="At most this many pictures from an --eval-data folder (chosen with seed 0).",
 )
 @click.option("--labels", default=None, help="Class names, comma separated: --labels cat,dog.")
-@click.option("--labels-file", type=click.Path(), default=None,
-              help="Class names, one per line; with --task text-recognition the dictionary, every line kept.")
+@click.option(
+    "--labels-file",
+    type=click.Path(),
+    default=None,
+    help="Class names, one per line; with --task text-recognition the dictionary, every line kept.",
+)
 @click.option(
     "--task",
     type=click.Choice(["classification", "regression", "embedding", "detection", "text-recognition", "tensor"]),

@@ -48,7 +48,8 @@ class Readings:
         if self.task == "detection" and (problem := head_problem(first.shape)):
             raise InputError(f"task detection: output {outputs[0].name!r} gives {problem}; the model is no detector "
                              "pipe can decode: pass --task tensor")  # fmt: skip
-        if self.ctc is not None and first.ndim == 3 and first.shape[2] != (classes := self.ctc.classes(len(self.labels))):
+        classes = self.ctc.classes(len(self.labels)) if self.ctc is not None else None
+        if classes is not None and first.ndim == 3 and first.shape[2] != classes:
             raise InputError(f"task text-recognition: output {outputs[0].name!r} gives {first.shape[2]} classes, but "
                              f"its dictionary makes {classes}; fix the graph's declared output shape")  # fmt: skip
         problem = labels_problem(self.task, self.labels, outputs, golden)

@@ -111,4 +111,3 @@ def target_classes(evaluation: EvalData, dictionary: list[str], ctc: Ctc, source
     except ValueError as exc:
         raise InputError(f"--eval-data {source}: target {exc}; fix the text or the dictionary") from None
     return replace(evaluation, target=classes)
-

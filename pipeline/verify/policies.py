@@ -372,7 +372,8 @@ class TextAgreement(Policy):
         if unmeasured := _unmeasured(self, want):
             return unmeasured
         if want.ndim != 3:
-            return Judgement(False, f"the text agreement budget reads [batch, positions, classes], got {list(want.shape)}")
+            shape = list(want.shape)
+            return Judgement(False, f"the text agreement budget reads [batch, positions, classes], got {shape}")
         figures = _texts(got, want)
         allowed = max(int((1.0 - self.min_agreement) * figures.texts + SLACK), int(self.min_agreement < 1.0))
         differ = figures.texts - figures.exact

@@ -29,6 +29,7 @@ from pipeline.serve.body import BODY_METHODS, BodyLimit, read_body
 from pipeline.serve.config import ServeConfig
 from pipeline.serve.detections import OUTPUTS as DETECTIONS
 from pipeline.serve.detections import not_a_detector, placements_of
+from pipeline.serve.recognition import OUTPUTS as TEXTS
 from pipeline.serve.drain import CloseWhileDraining, Drain
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
@@ -263,6 +264,8 @@ class ServeApp:
             results = await model.batcher.infer(decoded.inputs, rows, arrived)
             if settings is not None:
                 results = await self._detections(model, decoded, results, settings)
+            if model.recognizer is not None and not set(wanted).isdisjoint(TEXTS):  # the output read as text
+                results = {**results, **model.recognizer.read(results[model.recognizer.output])}
             payload, out_headers = protocol.encode(model.io, decoded, {name: results[name] for name in wanted})
         except Exception:
             stats.failed()
@@ -310,10 +313,14 @@ class ServeApp:
 def _output_names(model: LoadedVersion, asked: list[str] | None, detections: bool = False) -> list[str]:
     """The outputs to answer with, in order: those asked for (each must exist), else every output; with
     detections, the detections outputs by default, and the raw ones by name too (a detections output's
-    name wins over a raw output of the same name)."""
+    name wins over a raw output of the same name); a text recognizer's `text` and `confidence` likewise."""
     valid = [s.name for s in model.session.outputs]
     if detections:
         valid = [*DETECTIONS, *(name for name in valid if name not in DETECTIONS)]
+    elif model.recognizer is not None:  # a recognizer answers text by default, its raw output by name
+        valid = [*TEXTS, *(name for name in valid if name not in TEXTS)]
+        if asked is None:
+            return list(TEXTS)
     if asked is None:
         return list(DETECTIONS) if detections else valid
     unknown = sorted(set(asked) - set(valid))

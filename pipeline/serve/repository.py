@@ -30,6 +30,7 @@ from pipeline.core.errors import ArtifactError, InputError, PipelineError
 from pipeline.serve import scan
 from pipeline.serve.batching import Batcher, BatchSettings
 from pipeline.serve.detections import Detector
+from pipeline.serve.recognition import Recognizer
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.images import ServedImages
 from pipeline.serve.metrics import Metrics
@@ -65,10 +66,12 @@ class Answers:
     task: str
     detector: Detector | None  # task detection only
     text: ServedText = field(default_factory=ServedText)  # a model with a tokenizer: how it takes text
+    recognizer: Recognizer | None = None  # task text-recognition only: how its output reads as text
 
     @classmethod
     def of(cls, manifest: Manifest, root: Path) -> Answers:
-        return cls(ServedImages.of(manifest), manifest.task, Detector.of(manifest), ServedText.of(root, manifest))
+        return cls(ServedImages.of(manifest), manifest.task, Detector.of(manifest), ServedText.of(root, manifest),
+                   Recognizer.of(manifest))  # fmt: skip
 
 
 @dataclass
@@ -87,11 +90,12 @@ class LoadedVersion:
     task: str = "classification"  # the manifest's task
     detector: Detector | None = None  # task detection: how the head output becomes boxes
     text: ServedText = field(default_factory=ServedText)  # a model with a tokenizer: how it takes text
+    recognizer: Recognizer | None = None  # task text-recognition: how its output reads as text
 
     def read(self, answers: Answers) -> None:
         """Take what the manifest says about answering requests (read again when the manifest changes)."""
         self.images, self.task, self.detector = answers.images, answers.task, answers.detector
-        self.text = answers.text
+        self.text, self.recognizer = answers.text, answers.recognizer
         self.__dict__.pop("io", None)  # the text input is part of what the protocols see
 
     @property

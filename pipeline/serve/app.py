@@ -29,7 +29,6 @@ from pipeline.serve.body import BODY_METHODS, BodyLimit, read_body
 from pipeline.serve.config import ServeConfig
 from pipeline.serve.detections import OUTPUTS as DETECTIONS
 from pipeline.serve.detections import not_a_detector, placements_of
-from pipeline.serve.recognition import OUTPUTS as TEXTS
 from pipeline.serve.drain import CloseWhileDraining, Drain
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
@@ -39,6 +38,7 @@ from pipeline.serve.protocols.base import Decoded, Protocol
 from pipeline.serve.protocols.tfclassify import TFClassify
 from pipeline.serve.protocols.tfserving import TFServing
 from pipeline.serve.protocols.v2 import V2
+from pipeline.serve.recognition import OUTPUTS as TEXTS
 from pipeline.serve.repository import LoadedVersion, Repository, version_number
 from pipeline.serve.request_id import RequestId
 from pipeline.serve.responses import Response, error_body, error_response, json_response, send_response

@@ -30,11 +30,11 @@ from pipeline.core.errors import ArtifactError, InputError, PipelineError
 from pipeline.serve import scan
 from pipeline.serve.batching import Batcher, BatchSettings
 from pipeline.serve.detections import Detector
-from pipeline.serve.recognition import Recognizer
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.images import ServedImages
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.protocols.base import ModelIO
+from pipeline.serve.recognition import Recognizer
 from pipeline.serve.session import ModelSession, SessionOptions
 from pipeline.serve.text import ServedText
 from pipeline.serve.variant_choice import Choice, NotExported, VariantRefused, choose

@@ -94,7 +94,7 @@ def test_a_dictionary_that_does_not_fit_the_classes_is_refused_naming_the_counts
 def test_a_target_character_the_dictionary_lacks_is_refused(made: Path) -> None:
     np.savez(made / "bad.npz", x=scores([[1, 0, 0, 0, 0, 0]]), target=np.array(["az"]))
     result = CliRunner().invoke(main, ["import", str(made / "rec.onnx"), "--name", "bad", "--task",
-                                       "text-recognition", "--labels-file", str(made / "dict.txt"),
-                                       "--eval-data", str(made / "bad.npz"), "--repository", str(made / "repo")])  # fmt: skip
+                                       "text-recognition", "--labels-file", str(made / "dict.txt"), "--eval-data",
+                                       str(made / "bad.npz"), "--repository", str(made / "repo")])  # fmt: skip
     assert result.exit_code == 2
     assert "target text 0 ('az') holds 'z', which the dictionary has no class for" in result.output

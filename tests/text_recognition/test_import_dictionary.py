@@ -98,3 +98,12 @@ def test_a_target_character_the_dictionary_lacks_is_refused(made: Path) -> None:
                                        str(made / "bad.npz"), "--repository", str(made / "repo")])  # fmt: skip
     assert result.exit_code == 2
     assert "target text 0 ('az') holds 'z', which the dictionary has no class for" in result.output
+
+
+def test_a_lossy_variant_is_judged_by_text_agreement(made: Path) -> None:
+    result = CliRunner().invoke(main, ["optimize", str(made / "repo" / "rec"), "--quantize", "fp16", "--graph", "none"])
+    assert result.exit_code == 0, result.output
+    assert "budget text agreement (min_agreement 0.95)" in result.output
+    assert "fp16: passed: text agreement 1.0000, CER 0.0000 (budget >= 0.95)" in result.output
+    manifest = json.loads((made / "repo" / "rec" / "1" / "manifest.json").read_text())
+    assert manifest["variants"]["fp16"]["metrics"]["text_agreement"] == pytest.approx(2 / 3)  # against the targets

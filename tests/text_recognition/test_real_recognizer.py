@@ -101,6 +101,8 @@ def test_the_classification_extension_on_the_sequence_output_is_refused(made: di
     answer = httpx.post(f"{server.url}/v2/models/ppocr/infer", json=body, timeout=120)
     assert answer.status_code == 400
     assert "is FP32[-1, -1, 6625]: one prediction per position, not one [batch, classes] row" in answer.json()["error"]
+    tf = httpx.post(f"{server.url}/v1/models/ppocr:classify", json={"examples": batch.tolist()}, timeout=120)
+    assert tf.status_code == 400 and "would rank positions x classes as one row" in tf.json()["error"]
 
 
 def test_predict_prints_the_texts(made: dict) -> None:

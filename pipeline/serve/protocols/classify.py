@@ -31,8 +31,8 @@ def check_scores(spec: IOSpec, classify: bool, probabilities: bool) -> None:
     if classify and len(spec.shape) > 2:
         raise RequestError(
             f"output {spec.name!r} is {spec.datatype}{list(spec.shape)}: one prediction per position, not one "
-            "[batch, classes] row per sample; the classification extension ranks a row's classes and would rank "
-            "positions x classes as one: leave 'classification' out (a text recognizer answers 'text')"
+            "[batch, classes] row per sample; classifying it would rank positions x classes as one row: ask for "
+            "the output without classification (a text recognizer answers its text then)"
         )
     if classify and spec.datatype not in SCORED:
         raise RequestError(

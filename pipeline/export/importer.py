@@ -298,9 +298,17 @@ def read_labels(inline: str | None, file: Path | None) -> list[str]:
             raise InputError(f"labels file {file} not found; pass a text file with one class name per line")
         try:
             text = file.read_text(encoding="utf-8").removeprefix("\ufeff")  # a byte-order mark some editors write
-            names = [line.strip() for line in text.splitlines() if line.strip()]
+            names = [line.strip() for line in text.splitlines()]
         except UnicodeDecodeError as exc:
             raise InputError(f"labels file {file} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        while names and not names[-1]:  # blank lines at the end name nothing
+            names.pop()
+        if "" in names:  # dropping it would shift every class after it by one
+            raise InputError(
+                f"labels file {file}, line {names.index('') + 1} is empty or white space; a class name is one line of "
+                "text, one per class in output order (a text recognizer's dictionary, whose space lines are entries, "
+                "imports with --task text-recognition)"
+            )
     else:
         names = [s.strip() for s in inline.split(",")] if inline else []
         if "" in names:

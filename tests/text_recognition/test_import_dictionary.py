@@ -107,3 +107,11 @@ def test_a_lossy_variant_is_judged_by_text_agreement(made: Path) -> None:
     assert "fp16: passed: text agreement 1.0000, CER 0.0000 (budget >= 0.95)" in result.output
     manifest = json.loads((made / "repo" / "rec" / "1" / "manifest.json").read_text())
     assert manifest["variants"]["fp16"]["metrics"]["text_agreement"] == pytest.approx(2 / 3)  # against the targets
+
+
+def test_a_classifier_labels_file_with_a_blank_line_inside_is_refused_not_shifted(made: Path) -> None:
+    (made / "names.txt").write_text("a\n \nb\n\n", encoding="utf-8")  # before: the space line was dropped silently
+    result = CliRunner().invoke(main, ["import", str(made / "rec.onnx"), "--name", "names", "--labels-file",
+                                       str(made / "names.txt"), "--repository", str(made / "repo")])  # fmt: skip
+    assert result.exit_code == 2
+    assert "line 2 is empty or white space" in result.output and "--task text-recognition" in result.output

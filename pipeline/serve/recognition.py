@@ -5,8 +5,9 @@ each picture's text and confidence by default, as a detector answers boxes when 
 decoding (`pipeline/runtime/ctc.py`: greedy, repeats merged, blank dropped; the confidence the mean
 probability of the characters kept, 0 for no text) turns the raw output into
 
-- KServe V2: two outputs, `text` BYTES [batch] and `confidence` FP32 [batch]; the raw output is
-  answered too when the request names it in `outputs` (a request naming outputs gets those alone);
+- KServe V2: two outputs, `text` BYTES [batch] and `confidence` FP32 [batch] (listed first in the
+  model's metadata); the raw output is answered too when the request names it in `outputs` (a
+  request naming outputs gets those alone);
 - TF Serving `:predict`: `{"predictions": [{"text": ..., "confidence": ...}, ...]}` in row form,
   `{"outputs": {"text": [...], "confidence": [...]}}` in columnar form.
 
@@ -23,6 +24,7 @@ import numpy as np
 from pipeline.artifact.manifest import Manifest
 from pipeline.runtime.ctc import characters, greedy
 from pipeline.serve.errors import RequestError
+from pipeline.serve.protocols.datatypes import IOSpec
 
 OUTPUTS = ("text", "confidence")  # what a recognizer answers by default, in order
 
@@ -42,6 +44,10 @@ class Recognizer:
             return None
         table = characters(manifest.labels, manifest.ctc.blank, manifest.ctc.space)
         return cls(manifest.outputs[0].name, tuple(table), manifest.ctc.blank)
+
+    def specs(self) -> list[IOSpec]:
+        """The outputs a recognizer answers beside its own, as model metadata lists them."""
+        return [IOSpec("text", "BYTES", (-1,)), IOSpec("confidence", "FP32", (-1,))]
 
     def read(self, scores: np.ndarray) -> dict[str, np.ndarray]:
         """`text` (object array of str [batch]) and `confidence` (float32 [batch]) of the raw output."""

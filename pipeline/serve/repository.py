@@ -96,7 +96,7 @@ class LoadedVersion:
         """Take what the manifest says about answering requests (read again when the manifest changes)."""
         self.images, self.task, self.detector = answers.images, answers.task, answers.detector
         self.text, self.recognizer = answers.text, answers.recognizer
-        self.__dict__.pop("io", None)  # the text input is part of what the protocols see
+        self.__dict__.pop("io", None)  # the text input and a recognizer's outputs are part of what protocols see
 
     @property
     def variant(self) -> str:
@@ -111,7 +111,8 @@ class LoadedVersion:
         """Name, version and tensor specs: what the protocols see of this version."""
         text = self.text.spec()
         inputs = [text, *self.session.inputs] if text is not None else self.session.inputs
-        return ModelIO(self.name, self.version, inputs, self.session.outputs)
+        read = self.recognizer.specs() if self.recognizer is not None else []  # a recognizer's text outputs
+        return ModelIO(self.name, self.version, inputs, [*read, *self.session.outputs])
 
 
 def version_number(text: str) -> int | None:

@@ -106,3 +106,13 @@ def test_the_manifest_holds_a_dictionary_that_makes_the_output_classes() -> None
         Manifest.from_dict(manifest(["a", "b"], 3, None))
     with pytest.raises(ArtifactError, match="labels: class names must be distinct"):
         Manifest.from_dict(manifest(["a", "a"], 2, None, task="classification"))
+
+
+def test_classifying_an_output_of_rank_three_is_refused_before_the_model_runs() -> None:
+    from pipeline.serve.errors import RequestError
+    from pipeline.serve.protocols.classify import check_scores
+    from pipeline.serve.protocols.datatypes import IOSpec
+
+    check_scores(IOSpec("logits", "FP32", (-1, 10)), classify=True, probabilities=False)
+    with pytest.raises(RequestError, match=r"'probs' is FP32\[-1, -1, 7\]: one prediction per position"):
+        check_scores(IOSpec("probs", "FP32", (-1, -1, 7)), classify=True, probabilities=False)

@@ -94,6 +94,13 @@ def test_pictures_sent_encoded_are_read_as_the_reference_reads_them(made: dict, 
     assert [p["text"] for p in predictions] == want and all(set(p) == {"text", "confidence"} for p in predictions)
 
 
+def test_model_metadata_lists_the_text_outputs_first(server: Server) -> None:
+    outputs = httpx.get(f"{server.url}/v2/models/ppocr", timeout=30).json()["outputs"]
+    assert [(o["name"], o["datatype"], o["shape"]) for o in outputs] == [
+        ("text", "BYTES", [-1]), ("confidence", "FP32", [-1]), (OUTPUT, "FP32", [-1, -1, 6625])
+    ]  # fmt: skip
+
+
 def test_the_classification_extension_on_the_sequence_output_is_refused(made: dict, server: Server) -> None:
     batch = rendered.tensor(made["pictures"][:1])
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(batch.shape), "data": batch.ravel().tolist()}],
@@ -102,7 +109,7 @@ def test_the_classification_extension_on_the_sequence_output_is_refused(made: di
     assert answer.status_code == 400
     assert "is FP32[-1, -1, 6625]: one prediction per position, not one [batch, classes] row" in answer.json()["error"]
     tf = httpx.post(f"{server.url}/v1/models/ppocr:classify", json={"examples": batch.tolist()}, timeout=120)
-    assert tf.status_code == 400 and "would rank positions x classes as one row" in tf.json()["error"]
+    assert tf.status_code == 400 and "use :predict" in tf.json()["error"]  # where the texts are answered
 
 
 def test_predict_prints_the_texts(made: dict) -> None:

@@ -108,7 +108,9 @@ def _task_budget(
       RelativeError(0.01), which needs no units;
     - embedding: MinCosine(cosine, default 0.99), the minimum over rows;
     - detection: BoxAgreement(0.9), decoding with the artifact's `detection` settings (defaults when None);
-    - tensor: TensorAgreement (cosine for unit-vector outputs, else relative error 0.01, by output).
+    - tensor: TensorAgreement (cosine for unit-vector outputs, else relative error 0.01, by output);
+    - text-recognition: TextAgreement(0.95), texts read as the parent reads them, or MetricDrop(drop) of
+      text agreement on the targets when `drop` is given and the evaluation set has them.
     """
     if task not in TASKS:
         raise InputError(f"task {task!r} has no budget; tasks are {', '.join(TASKS)}")

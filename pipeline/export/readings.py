@@ -22,7 +22,7 @@ from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError
 from pipeline.export.conventions import LETTERBOX_PAD, Found
-from pipeline.export.recognizer import paddle_task, recognizer
+from pipeline.export.recognizer import paddle_dictionary, paddle_task, recognizer
 from pipeline.export.tasks import DEFAULT_TASK, LABELLED, TEXT, choose_task, fit_problem, labels_problem
 from pipeline.runtime.detection import head_problem
 from pipeline.runtime.images import image_input, record_image_option
@@ -86,7 +86,9 @@ def decide(
     if labels:
         chosen = labels
         read["labels"] = Reading(value=len(labels), source="--labels")
-    elif found.labels is not None and choice.task in (*LABELLED, TEXT):
+    elif choice.task == TEXT:
+        chosen = paddle_dictionary(found, read, notes)
+    elif found.labels is not None and choice.task in LABELLED:
         chosen = found.labels
         read["labels"] = Reading(value=len(found.labels), source=found.sources["labels"])
     elif found.labels is not None:

@@ -6,7 +6,8 @@ blank (pipeline/runtime/ctc.py). Where the dictionary comes from, flags first:
 - `--labels-file FILE` with `--task text-recognition`: one entry per line, kept verbatim (only the
   line break is removed): an empty line, a space or an ideographic space (U+3000) is an entry
   like any other, and dropping one would shift every class after it;
-- PaddleOCR's `metadata_props['character']` (pipeline/export/conventions.py): its lines. A model
+- PaddleOCR's `metadata_props['character']` (pipeline/export/conventions.py): its lines, every one
+  kept (an empty or a repeated line too, as PaddleOCR's own decoder keeps them). A model
   whose first output is [batch, positions, classes] with classes = lines + 1 or + 2 is taken as a
   recognizer without `--task` (a Paddle classifier's [batch, classes] output is not).
 
@@ -62,11 +63,21 @@ def convention(entries: int, classes: int | str) -> Ctc | None:
 
 def paddle_task(found: Found, outputs: list[TensorSpec]) -> tuple[str, str] | None:
     """(text-recognition, source) when PaddleOCR's `character` names the classes of a recognizer's output."""
-    if found.convention != "Paddle" or found.labels is None or fit_problem(TEXT, outputs):
+    if found.dictionary is None or fit_problem(TEXT, outputs):
         return None
-    if convention(len(found.labels), outputs[0].shape[2]) is None:
+    if convention(len(found.dictionary), outputs[0].shape[2]) is None:
         return None
-    return TEXT, f"{found.sources['labels']}: a dictionary for output {outputs[0].name!r}'s classes"
+    return TEXT, f"{found.sources['dictionary']}: a dictionary for output {outputs[0].name!r}'s classes"
+
+
+def paddle_dictionary(found: Found, read: dict[str, Reading], notes: list[str]) -> list[str]:
+    """A recognizer's dictionary from PaddleOCR's `character`, every line kept; the note that set its lines
+    aside as class names (an empty or repeated line) is dropped: as a dictionary they are fine."""
+    if found.dictionary is None:
+        return []
+    read["labels"] = Reading(value=len(found.dictionary), source=found.sources["dictionary"])
+    notes[:] = [n for n in notes if not n.startswith("metadata_props['character'] ignored")]
+    return found.dictionary
 
 
 def recognizer(

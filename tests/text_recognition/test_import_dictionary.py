@@ -115,3 +115,19 @@ def test_a_classifier_labels_file_with_a_blank_line_inside_is_refused_not_shifte
                                        str(made / "names.txt"), "--repository", str(made / "repo")])  # fmt: skip
     assert result.exit_code == 2
     assert "line 2 is empty or white space" in result.output and "--task text-recognition" in result.output
+
+
+def test_a_paddle_dictionary_with_an_empty_and_a_repeated_line_keeps_every_line(tmp_path: Path) -> None:
+    recognizer(tmp_path / "rec.onnx")
+    model = onnx.load(tmp_path / "rec.onnx")
+    helper.set_model_props(model, {"character": "a\n\nb\na\nc\n"})  # 5 lines: blank + 5 + space = 7 classes
+    onnx.save(model, tmp_path / "paddle.onnx")
+    result = CliRunner().invoke(main, ["import", str(tmp_path / "paddle.onnx"), "--name", "paddle",
+                                       "--repository", str(tmp_path / "repo")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "task: text-recognition (metadata_props['character'] (Paddle): a dictionary for output 'probs'" in (
+        result.output
+    )
+    assert "ignored" not in result.output  # as class names the lines would be set aside; as a dictionary, kept
+    manifest = json.loads((tmp_path / "repo" / "paddle" / "1" / "manifest.json").read_text())
+    assert manifest["labels"] == ["a", "", "b", "a", "c"] and manifest["ctc"] == {"blank": 0, "space": True}

@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline.core.errors import InputError
 from pipeline.data.csvfile import read_csv
+from pipeline.data.text import TextBase
 from pipeline.recipe.schema import BUILTIN_DATASETS, REGRESSION_DATASETS, Recipe
 from pipeline.runtime.images import digits_record
 
@@ -43,6 +44,7 @@ class RawData:
     # text: the tokenizer's attention mask [n, T] (1 real token, 0 padding) and its limits (pipeline/data/text.py)
     mask: np.ndarray | None = None
     text: dict[str, int] | None = None  # {"padding_id", "vocab_size", "max_length"}
+    base: TextBase | None = None  # text: the tokenizer and the model directory's digest as the texts were tokenized
 
 
 def read_source(recipe: Recipe) -> RawData:
@@ -281,7 +283,7 @@ def _text(path: Path, recipe: Recipe) -> RawData:
     tokens = tokenize(texts, model_dir, spec.max_length)
     y, names = _classes(np.asarray(labels))
     limits = {"padding_id": tokens.padding_id, "vocab_size": tokens.vocab_size, "max_length": tokens.max_length}
-    return RawData(tokens.ids, y, names, "text", mask=tokens.mask, text=limits)
+    return RawData(tokens.ids, y, names, "text", mask=tokens.mask, text=limits, base=tokens.base)
 
 
 def _check(raw: RawData, source: str, task: str) -> None:

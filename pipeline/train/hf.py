@@ -9,7 +9,7 @@ DIR is replaced by a new one.
 With a `lora:` section the base weights are frozen and PEFT adds rank-r adapters to the named
 modules; the classifier head trains whole (it is new). The module's state is then what trains
 (adapters and head): checkpoints and `checkpoint/model.safetensors` hold that alone, a few MB,
-and the base comes back from DIR, whose digest the train record keeps (`base_digest`). Before
+and the base comes back from DIR, whose digest the train record keeps (`pipeline.data.text.base_digest`). Before
 export the adapters are merged into the base weights (`merged`), so model.onnx is a plain
 transformers graph that every later stage handles unchanged.
 """
@@ -17,7 +17,6 @@ transformers graph that every later stage handles unchanged.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -29,9 +28,6 @@ from torch import nn
 from pipeline.core.errors import InputError
 from pipeline.data import DataInfo
 from pipeline.recipe.architectures import LoraSpec
-
-# What makes a transformers directory the model it is: its config, weights and tokenizer files.
-BASE_FILES = ("config.json", "*.safetensors", "*.bin", "tokenizer.json", "tokenizer_config.json")
 
 
 class TextClassifier(nn.Module):
@@ -140,18 +136,6 @@ def require_hf(package: str) -> None:
         raise InputError(
             f"model.arch hf needs {package}, which is not installed; install pipe's hf profile: pip install '.[hf]'"
         )
-
-
-def base_digest(model_dir: Path) -> str:
-    """sha256 over the directory's config, weight and tokenizer files (names and bytes): what LoRA builds on."""
-    digest = hashlib.sha256()
-    files = sorted({p for pattern in BASE_FILES for p in model_dir.glob(pattern) if p.is_file()})
-    for path in files:
-        digest.update(path.name.encode() + b"\0")
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
 
 
 @contextlib.contextmanager

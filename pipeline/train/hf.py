@@ -83,24 +83,27 @@ def build_text_classifier(model_dir: Path, info: DataInfo, lora: LoraSpec | None
     require_hf("transformers")
     from transformers import AutoModelForSequenceClassification
 
+    from pipeline.runtime.pretrained import is_head, load_pretrained
+
     labels = info.labels
     with _transformers_quiet():
-        try:
-            net = AutoModelForSequenceClassification.from_pretrained(
-                model_dir,
-                num_labels=len(labels),
-                id2label=dict(enumerate(labels)),
-                label2id={name: i for i, name in enumerate(labels)},
-                ignore_mismatched_sizes=True,  # a head for other classes is replaced by a new one
-                attn_implementation="eager",  # plain MatMul + Softmax: what every exporter and runtime takes
-            )
-        except (OSError, ValueError, KeyError) as exc:
-            raise InputError(
-                f"{model_dir} does not load as a transformers sequence classifier: {_first(exc)}"
-            ) from None
+        net, missing = load_pretrained(
+            AutoModelForSequenceClassification,
+            model_dir,
+            num_labels=len(labels),
+            id2label=dict(enumerate(labels)),
+            label2id={name: i for i, name in enumerate(labels)},
+            ignore_mismatched_sizes=True,  # a head for other classes is replaced by a new one
+            attn_implementation="eager",  # plain MatMul + Softmax: what every exporter and runtime takes
+        )
     net.train()
     if lora is None:
         return TextClassifier(net, lora=False)
+    if random := [k for k in missing if not is_head(k)]:  # LoRA freezes the base: these would stay random
+        raise InputError(
+            f"{model_dir}: {len(random)} base weight(s) are not in its checkpoint ({', '.join(random[:4])}), and "
+            "lora: freezes the base, so they would stay random; pass a directory whose weights are complete"
+        )
     return TextClassifier(_with_adapters(net, lora, model_dir), lora=True)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.artifact.manifest import label_problem
 from pipeline.core.errors import InputError
 from pipeline.data.csvfile import read_csv
 from pipeline.data.text import TextBase
@@ -293,3 +294,9 @@ def _check(raw: RawData, source: str, task: str) -> None:
         raise InputError(f"{source}: features hold NaN or infinite values; clean or impute them first")
     if task == "classification" and len(raw.labels) < 2:
         raise InputError(f"{source}: only {len(raw.labels)} class found ({raw.labels}); a classifier needs 2 or more")
+    # The manifest refuses these class names: refused here, before a version is trained that no later stage opens
+    if problem := next(filter(None, map(label_problem, raw.labels)), None):
+        raise InputError(f"{source}: {problem}; fix the label in the data")
+    if len(set(raw.labels)) != len(raw.labels):
+        repeated = sorted({n for n in raw.labels if raw.labels.count(n) > 1})
+        raise InputError(f"{source}: class names {repeated[:5]} are given more than once; each class needs its own")

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipeline.core.errors import InputError
+from pipeline.data.lines import MAX_LINE_CHARS, bounded_lines
 
 if TYPE_CHECKING:
     from pipeline.artifact.tokens import TokenizerSource
@@ -60,15 +61,18 @@ class Tokenized:
     base: TextBase  # the tokenizer that made the ids, and the directory's digest when it did
 
 
-def read_texts(path: Path, text_column: str, label_column: str) -> tuple[list[str], list[str]]:
-    """The texts and their labels (as written) from a .csv or .jsonl file, in file order."""
+def read_texts(
+    path: Path, text_column: str, label_column: str, max_line: int = MAX_LINE_CHARS
+) -> tuple[list[str], list[str]]:
+    """The texts and their labels (as written) from a .csv or .jsonl file, in file order; `max_line`: the
+    longest line read, in characters (a longer one is refused, not read whole)."""
     suffix = path.suffix.lower()
     if suffix not in TEXT_SUFFIXES:
         raise InputError(
             f"{path}: source 'text' reads {' or '.join(TEXT_SUFFIXES)} files (a header row and one text per row, or "
             f"one JSON object per line); got {suffix or 'no suffix'!r}"
         )
-    rows = _csv_rows(path) if suffix == ".csv" else _jsonl_rows(path)
+    rows = _csv_rows(path, max_line) if suffix == ".csv" else _jsonl_rows(path, max_line)
     texts, labels = [], []
     for line, row in rows:
         for column in (text_column, label_column):
@@ -89,28 +93,32 @@ def read_texts(path: Path, text_column: str, label_column: str) -> tuple[list[st
     return texts, labels
 
 
-def _csv_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
+def _csv_rows(path: Path, max_line: int) -> list[tuple[int, dict[str, object]]]:
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
+            reader = csv.DictReader(bounded_lines(f, path, max_line))
             return [(reader.line_num, dict(row)) for row in reader]
     except (UnicodeDecodeError, csv.Error) as exc:
         raise InputError(f"{path} is not a readable UTF-8 CSV file ({exc})") from None
 
 
-def _jsonl_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
-    rows = []
+def _jsonl_rows(path: Path, max_line: int) -> list[tuple[int, dict[str, object]]]:
     try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
+        with open(path, encoding="utf-8-sig") as f:
+            lines = list(bounded_lines(f, path, max_line))
     except UnicodeDecodeError as exc:
         raise InputError(f"{path} is not UTF-8 text ({exc})") from None
+    rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except ValueError as exc:
-            raise InputError(f"{path} line {number} is not JSON ({exc}); write one JSON object per line") from None
+        except (ValueError, RecursionError) as exc:  # also a 5,000-digit integer, and nesting past the parser's
+            raise InputError(
+                f"{path} line {number} is not JSON this reader takes ({str(exc)[:120]}); write one JSON object per "
+                "line, numbers of at most 4,300 digits, nested no deeper than a few hundred levels"
+            ) from None
         if not isinstance(row, dict):
             raise InputError(f"{path} line {number} holds a JSON {type(row).__name__}, not an object of columns")
         rows.append((number, row))

@@ -134,7 +134,7 @@ class TokenizerSource:
 
     directory: Path
     files: tuple[str, ...]  # which of SOURCE_FILES it holds (tokenizer.json always)
-    vocab_size: int  # ids it can produce, added tokens included
+    vocab_size: int  # its largest id + 1, added tokens included: every id it can make is below it
     padding_id: int | None  # its pad token's id
     max_length: int | None  # its model_max_length, when it states a real one
     truncation_side: Side
@@ -175,19 +175,33 @@ def read_tokenizer(directory: Path) -> TokenizerSource:
     max_length = config.get("model_max_length")
     if not (isinstance(max_length, int | float) and 1 <= max_length < SANE_MAX_LENGTH):
         max_length = (tokenizer.truncation or {}).get("max_length")
+    specials = tokenizer.post_processor.num_special_tokens_to_add(False) if tokenizer.post_processor else 0
+    if max_length and max_length <= specials:  # truncation would leave no room for a single token of text
+        raise InputError(
+            f"{directory}: model_max_length {max_length} leaves no room for text: the tokenizer adds {specials} "
+            f"special token(s) to every text, so every text would be refused; set model_max_length in "
+            f"tokenizer_config.json above {specials} (the model's max_position_embeddings, usually)"
+        )
     sides = {key: config.get(key, "right") for key in ("truncation_side", "padding_side")}
     if bad := {k: v for k, v in sides.items() if v not in ("right", "left")}:
         raise InputError(f"{directory / 'tokenizer_config.json'}: {bad} must be 'right' or 'left'")
     return TokenizerSource(
         directory=directory,
         files=tuple(contents),
-        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+        vocab_size=_id_count(tokenizer),
         padding_id=padding_id,
         max_length=int(max_length) if max_length else None,
         truncation_side=sides["truncation_side"],
         padding_side=sides["padding_side"],
         contents=contents,
     )
+
+
+def _id_count(tokenizer: Any) -> int:
+    """The largest id the tokenizer can make, plus one: a vocabulary of 100 entries may hold id 5,000, and
+    counting the entries would let ids past an embedding table through."""
+    ids = tokenizer.get_vocab(with_added_tokens=True).values()
+    return max(max(ids, default=-1) + 1, tokenizer.get_vocab_size(with_added_tokens=True))
 
 
 def hf_limits(model_dir: Path, input_names: list[str], tokenizer: TokenizerSource | None) -> TokenLimits:

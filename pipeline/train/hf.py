@@ -119,6 +119,13 @@ def _with_adapters(net: nn.Module, lora: LoraSpec, model_dir: Path) -> nn.Module
         target_modules=list(lora.target_modules),
     )
     linear = sorted({name.rsplit(".", 1)[-1] for name, m in net.named_modules() if isinstance(m, nn.Linear)})
+    names = [name for name, _ in net.named_modules()]
+    # PEFT's rule for a list: a module is targeted when its name is the entry or ends in "." + the entry
+    unmatched = [t for t in lora.target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if unmatched:  # PEFT refuses only a list of which nothing matches; one typo beside a match trained silently
+        raise InputError(
+            f"lora.target_modules {unmatched} do not name modules of {model_dir}; its linear layers are named {linear}"
+        )
     try:
         with warnings.catch_warnings():
             # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`; nothing pipe can change

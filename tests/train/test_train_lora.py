@@ -155,6 +155,9 @@ def test_bad_lora_settings_are_refused_by_name(project: Path) -> None:
     recipe = load_recipe(write_recipe(project, "quer", lora={"target_modules": ["quer"]}))
     with pytest.raises(InputError, match=r"lora.target_modules \['quer'\] do not name modules.*'query'"):
         check_model_fits(recipe, load_splits(recipe))
+    beside = load_recipe(write_recipe(project, "beside", lora={"target_modules": ["query", "valeu"]}))
+    with pytest.raises(InputError, match=r"lora.target_modules \['valeu'\] do not name modules.*'value'"):
+        check_model_fits(beside, load_splits(beside))  # before: trained with adapters on query alone
 
 
 def test_text_data_from_jsonl_is_tokenized_as_the_model_takes_it(project: Path, tmp_path: Path) -> None:

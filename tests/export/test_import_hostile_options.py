@@ -1,0 +1,74 @@
+"""Hostile values in what `pipe import` reads beside the model: --image-preprocessing and a tokenizer.
+
+Before: a 5,000-digit integer or nesting past the parser's depth in --image-preprocessing was exit 3;
+`scale: 1e308` gave an exit-1 table of NaN; the unknown-key list left out mean, std, layout and input;
+a tokenizer whose ids run past the embedding was imported (its entries were counted, not its largest
+id); a model_max_length below the special tokens made every text refused later.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.artifact.tensors import TensorSpec
+from pipeline.artifact.tokens import hf_limits, read_tokenizer
+from pipeline.core.errors import InputError
+from pipeline.runtime.images import record_image_option
+from tests.text_models import save_tokenizer
+
+
+def image_input() -> list[TensorSpec]:
+    return [TensorSpec("x", "float32", ["batch", 3, 32, 32], "NCHW")]
+
+
+@pytest.mark.parametrize(
+    ("text", "refusal"),
+    [
+        ('{"mode": "RGB", "size": [32, 32], "scale": ' + "9" * 5000 + "}", "is not valid JSON .*Exceeds the limit"),
+        ("[" * 100_000 + "]" * 100_000, "is not valid JSON .*recursion"),
+        ('{"mode": "RGB", "size": [32, 32], "scale": 1e308}', r"scale 1e\+308 is not a number in \(0, 1e\+06\]"),
+        ('{"mode": "RGB", "size": [32, 32], "scale": ' + "9" * 400 + "}", "scale 9999.* is not a number in"),
+        ('{"mode": "RGB", "size": [32, 32], "mean": [1e300], "std": [1]}', r"\|mean\| <= 1e\+06"),
+        ('{"mode": "RGB", "size": [32, 32], "mean": [0], "std": [1e-300]}', r"1e-06 <= std"),
+        (
+            '{"mode": "RGB", "size": [32, 32], "sclae": 1}',
+            r"unknown key\(s\) \['sclae'\]; valid keys are mode, size, resize_short, crop, letterbox, resize, scale, "
+            "mean, std, layout, input",
+        ),
+    ],
+)
+def test_hostile_image_preprocessing_is_one_line(text: str, refusal: str) -> None:
+    with pytest.raises(InputError, match=refusal):
+        record_image_option(text, image_input())
+
+
+def test_the_keys_beside_the_record_are_taken() -> None:
+    inputs = image_input()
+    record_image_option('{"mode": "RGB", "size": [32, 32], "mean": [0.5], "std": [0.25], "input": "x"}', inputs)
+    assert inputs[0].preprocessing["mean"] == [0.5] and inputs[0].preprocessing["image"]["size"] == [32, 32]
+
+
+BERT_INPUTS = ["input_ids", "attention_mask"]
+
+
+def test_a_tokenizer_making_ids_past_the_embedding_is_refused_though_its_entries_fit(tmp_path: Path) -> None:
+    save_tokenizer(tmp_path)
+    path = tmp_path / "tokenizer.json"
+    data = json.loads(path.read_text())
+    data["model"]["vocab"]["zebra"] = 5000  # 121 entries, the largest id 5,000
+    path.write_text(json.dumps(data))
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 128}))
+    source = read_tokenizer(tmp_path)
+    assert source.vocab_size == 5001 and source.tokenizer().encode("zebra").ids == [2, 5000, 3]
+    with pytest.raises(InputError, match="makes 5001 ids but the model embeds 128"):
+        hf_limits(tmp_path, BERT_INPUTS, source)
+
+
+def test_a_model_max_length_leaving_no_room_for_text_is_refused(tmp_path: Path) -> None:
+    save_tokenizer(tmp_path, max_length=2)  # [CLS] and [SEP] fill it
+    with pytest.raises(InputError, match="model_max_length 2 leaves no room for text: the tokenizer adds 2 special"):
+        read_tokenizer(tmp_path)
+    assert read_tokenizer(save_tokenizer(tmp_path / "three", max_length=3)).max_length == 3

@@ -37,12 +37,13 @@ from pipeline.core.fsutil import sha256_file
 from pipeline.data.picture_folder import DEFAULT_LIMIT
 from pipeline.export.conventions import Found, read_conventions
 from pipeline.export.evaldata import EvalData, read_eval_data
-from pipeline.export.graph import check_specs, external_files, graph_specs, load_graph
+from pipeline.export.graph import check_specs, graph_specs, load_graph
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
 from pipeline.export.readings import Readings, decide
 from pipeline.export.shapes import GENERATED_BATCH, Probe, choose_sizes, generated_inputs, write_dims
 from pipeline.export.token_graph import TokenModel, TokenOptions, token_model
+from pipeline.runtime.external_data import external_files
 from pipeline.runtime.runners import Runner, ort_runner, run_chunked
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.choose import GateSettings, hop_policy

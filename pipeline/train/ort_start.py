@@ -28,6 +28,7 @@ from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.errors import InputError
 from pipeline.data import Split, Splits
 from pipeline.recipe.schema import Recipe
+from pipeline.runtime.external_data import external_files
 
 MAX_IR_VERSION = 10
 FLOAT_TYPES = (1, 10, 11, 16)  # onnx TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16: what a gradient can update
@@ -149,12 +150,29 @@ def _from_artifact(recipe: Recipe, splits: Splits, path: Path) -> Start:
         )
     _check_data_fits(m.inputs[0], splits, root)
     splits = in_parent_classes(splits, list(m.labels), m.outputs[0].shape[-1], root)
-    graph = onnx.load(parent.path(MODEL_FILE))
+    graph = _parent_graph(parent)
     graph.ir_version = min(graph.ir_version, MAX_IR_VERSION)
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(graph, path)
     trainable = choose(candidate_parameters(path), recipe.train.trainable, str(root))
     return Start(path, trainable, list(m.inputs), list(m.outputs), list(m.labels), splits, parent)
+
+
+def _parent_graph(parent: Artifact) -> Any:
+    """The parent's model.onnx with its weights, its external data read only from files of the parent: a
+    location outside the version directory (`../../../../etc/passwd`) or a file the manifest does not list
+    (so not verified) is refused by name before anything is read."""
+    import onnx
+
+    graph = onnx.load(parent.path(MODEL_FILE), load_external_data=False)
+    for location in external_files(graph, parent.root):
+        if location not in parent.manifest.files:
+            raise InputError(
+                f"{parent.root / MODEL_FILE} keeps weights in {location!r}, which its manifest does not list, so "
+                "they cannot be verified; re-export or re-import the parent"
+            )
+    onnx.load_external_data_for_model(graph, str(parent.root))
+    return graph
 
 
 def _check_data_fits(spec: TensorSpec, splits: Splits, root: Path) -> None:

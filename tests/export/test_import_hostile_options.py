@@ -72,3 +72,50 @@ def test_a_model_max_length_leaving_no_room_for_text_is_refused(tmp_path: Path) 
     with pytest.raises(InputError, match="model_max_length 2 leaves no room for text: the tokenizer adds 2 special"):
         read_tokenizer(tmp_path)
     assert read_tokenizer(save_tokenizer(tmp_path / "three", max_length=3)).max_length == 3
+
+
+def _linear_with(tmp_path: Path, props: list[tuple[str, str]], raw: dict[bytes, bytes] | None = None) -> Path:
+    """The conftest's linear model with these metadata_props; `raw` replaces bytes in the file as written."""
+    import onnx
+    from onnx import parser
+
+    from tests.conftest import LINEAR
+
+    model = parser.parse_model(LINEAR)
+    for key, value in props:
+        model.metadata_props.add(key=key, value=value)
+    data = model.SerializeToString()
+    for old, new in (raw or {}).items():
+        data = data.replace(old, new)
+    path = tmp_path / "linear.onnx"
+    path.write_bytes(data)
+    onnx.load(str(path))  # still a model protobuf parses
+    return path
+
+
+@pytest.mark.parametrize(
+    ("props", "raw", "note"),
+    [
+        ([("names", "{0: 'AAAA'}")], {b"AAAA": b"\xff\xfe\xfd\xfc"}, "metadata_props['names'] is not UTF-8 text"),
+        ([("author", "x"), ("author", "y")], None, "metadata_props['author'] appears more than once"),
+    ],
+)
+def test_metadata_that_cannot_be_read_is_a_note_not_a_failure(
+    tmp_path: Path, props: list[tuple[str, str]], raw: dict[bytes, bytes] | None, note: str
+) -> None:
+    """Before: a non-UTF-8 value was exit 3 (bytes where text was read), a repeated key failed the gate's
+    checker (exit 1) though the docs promise a note."""
+    from click.testing import CliRunner
+
+    from pipeline.artifact.directory import Artifact
+    from pipeline.cli import main
+    from pipeline.export.metadata import read_metadata
+
+    path = _linear_with(tmp_path, props, raw)
+    result = CliRunner().invoke(main, ["import", str(path), "--name", "lin", "--repository", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    assert f"note: {note}" in result.output
+    artifact = Artifact.load(tmp_path / "a" / "lin" / "1")
+    assert any(note in n for n in artifact.manifest.stages.import_.notes)
+    kept = read_metadata(artifact.path("model.onnx"))
+    assert all(isinstance(v, str) for v in kept.values()) and kept.get("author", "x") == "x"

@@ -70,6 +70,39 @@ def test_a_repository_other_than_the_parents_is_refused(
     assert "goes into the parent's model directory" in result.output and not (tmp_path / "elsewhere").exists()
 
 
+@pytest.mark.parametrize(("location", "refusal"), [
+    ("../../../../etc/passwd", "escapes the model's directory"),
+    ("stray.bin", "which its manifest does not list"),
+])  # fmt: skip
+def test_a_parent_whose_weights_point_outside_it_is_refused_by_name(
+    parent: tuple[Path, np.ndarray, np.ndarray], tmp_path: Path, location: str, refusal: str
+) -> None:
+    """A forged parent (its manifest re-hashed over the forged model.onnx): before, exit 3 reading the location."""
+    import shutil
+
+    import onnx
+
+    root, x, y = parent
+    forged = tmp_path / "artifacts" / "skclf" / "1"
+    shutil.copytree(root, forged)
+    model = onnx.load(forged / "model.onnx")
+    weight = model.graph.initializer[0]
+    weight.ClearField("raw_data")
+    weight.ClearField("float_data")
+    weight.data_location = onnx.TensorProto.EXTERNAL
+    weight.external_data.add(key="location", value=location)
+    onnx.save(model, forged / "model.onnx")
+    (forged / "stray.bin").write_bytes(b"\0" * 4096)
+    artifact = Artifact.load(forged, verify=False)
+    artifact.add_file("model.onnx")
+    artifact.save()
+    np.savez(tmp_path / "d.npz", X=x[:100], y=y[:100])
+    result = CliRunner().invoke(main, ["train", "--from", str(forged), "--data", str(tmp_path / "d.npz")])
+    assert result.exit_code == 2, result.output
+    assert refusal in result.output and repr(location) in result.output
+    assert sorted(p.name for p in forged.parent.iterdir()) == ["1"]  # no version left behind
+
+
 @pytest.mark.slow
 def test_a_model_tuned_on_two_classes_answers_their_labels_beside_its_parent(
     parent: tuple[Path, np.ndarray, np.ndarray], tmp_path: Path

@@ -119,3 +119,39 @@ def test_metadata_that_cannot_be_read_is_a_note_not_a_failure(
     assert any(note in n for n in artifact.manifest.stages.import_.notes)
     kept = read_metadata(artifact.path("model.onnx"))
     assert all(isinstance(v, str) for v in kept.values()) and kept.get("author", "x") == "x"
+
+
+POOL = """
+<ir_version: 8, opset_import: ["" : 18]>
+pool (float[N, 3, H, W] x) => (float[N, 3] y)
+{
+    p = GlobalAveragePool(x)
+    y = Flatten(p)
+}
+"""
+
+
+def test_pictures_too_large_for_the_gates_batch_are_refused_naming_their_size(tmp_path: Path) -> None:
+    """Before: `imgsz 4096` with 2 pictures made the gate allocate 4 GB for batch 16, then name --input-shape.
+    Here 2 pictures at 1700x1700 (33 MiB each, 529 MiB at batch 16) stand for it."""
+    import onnx
+    from click.testing import CliRunner
+    from onnx import parser
+    from PIL import Image
+
+    from pipeline.cli import main
+
+    onnx.save(parser.parse_model(POOL), tmp_path / "pool.onnx")
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    for i in range(2):
+        Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(pictures / f"{i}.png")
+    record = '{"mode": "RGB", "size": [1700, 1700]}'
+    result = CliRunner().invoke(main, ["import", str(tmp_path / "pool.onnx"), "--name", "pool", "--eval-data",
+                                       str(pictures), "--image-preprocessing", record,
+                                       "--repository", str(tmp_path / "a")])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    said = "one sample (x [3, 1700, 1700] float32) takes 33 MiB, and the parity gate runs batches of 16"
+    assert said in result.output
+    assert "the picture size comes from --image-preprocessing" in result.output and "--input-shape" not in result.output
+    assert not (tmp_path / "a").exists()

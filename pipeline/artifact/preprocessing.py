@@ -97,7 +97,7 @@ def parse_image_record(record: Any, where: str) -> ImageRecord:
     if resize not in RESIZE_FILTERS:
         problems.append(f"resize {resize!r} is not one of {', '.join(RESIZE_FILTERS)}")
     if not (_number(scale) and 0 < scale <= MAX_FACTOR):
-        problems.append(f"scale {scale!r:.40} is not a number in (0, {MAX_FACTOR:g}] (1/255 maps pixels to 0..1)")
+        problems.append(f"scale {scale!r:.40} is not a number > 0 and <= {MAX_FACTOR:g} (1/255 maps pixels to 0..1)")
     size, crop = _pair(record, "size", problems), _pair(record, "crop", problems)
     short = record.get("resize_short")
     if short is not None and not (type(short) is int and 0 < short <= MAX_SIDE):

@@ -62,6 +62,12 @@ def read_conventions(model: onnx.ModelProto) -> Found:
     props: dict[str, str] = {}
     found = Found()
     for prop in model.metadata_props:
+        if not isinstance(prop.key, str) or not isinstance(prop.value, str):  # protobuf hands bad UTF-8 as bytes
+            shown = prop.key if isinstance(prop.key, str) else prop.key.decode("utf-8", "replace")
+            found.notes.append(
+                f"metadata_props[{_key(shown)}] is not UTF-8 text; ignored, and left out of the imported model.onnx"
+            )
+            continue
         if prop.key in props:
             found.notes.append(f"metadata_props[{_key(prop.key)}] appears more than once; the first value is read")
             continue

@@ -47,7 +47,7 @@ from pipeline.recipe.schema import EdgeSpec
 from pipeline.runtime.runners import ort_runner
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
 from pipeline.stagekit.opening import Opened, made_from_model_fresh, open_for_model
-from pipeline.verify.choose import GateSettings, hop_policy
+from pipeline.verify.choose import GateSettings, hop_policy, refuse_unread_budgets
 
 
 @dataclass
@@ -69,6 +69,7 @@ def edge_artifact(
     plan = plan_edge(opened, overrides, progress)
     has_target = plan.evaluation.target is not None
     gate = GateSettings.read(settings.model_dump())
+    refuse_unread_budgets("edge", plan.precisions, gate)
     policies = {p: hop_policy("edge", p, manifest.task, has_target, gate, manifest.detection) for p in plan.precisions}
     progress(
         f"[edge] {artifact.root}: converting with onnx2tf ({', '.join(plan.precisions)}; layout {settings.layout})"

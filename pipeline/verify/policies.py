@@ -2,10 +2,10 @@
 
 A lossless hop (torch -> ONNX, an import, a graph-only optimization, fp32 TFLite) is held to
 `Exact`: each output's values within atol x the output's scale + rtol x |value|, but for at most
-1 in 10,000 of them and none beyond 10x, and the task metric within a small tolerance. A lossy hop
-(int8, fp16 on every target) is held to a budget against its parent, over the evaluation split: `MetricDrop` (the task metric over
-the evaluation split may drop by at most so much), `Top1Agreement` (classifiers pick the same
-class), `MinCosine` (embeddings point the same way), `RelativeError` (regression values stay
+1 in 10,000 of them and none beyond 10x, and the task metric within a small tolerance. A lossy
+hop (int8, fp16 on every target) is held to a budget against its parent, over the evaluation
+split: `MetricDrop` (the task metric may drop by at most so much), `Top1Agreement` (classifiers
+pick the same class), `MinCosine` (embeddings point the same way), `RelativeError` (regression values stay
 close as a whole), `BoxAgreement` (a detector finds the same boxes: decoded, then matched per
 class by IoU) and `TensorAgreement` (any other model, output by output: cosine for unit-vector
 outputs, relative error otherwise). `pipeline/verify/choose.py:hop_policy` picks the policy of a
@@ -98,7 +98,7 @@ class Exact(Policy):
     """
 
     name: ClassVar[str] = "exact"
-    atol: float = 1e-4  # per-value absolute difference allowed, in units of the output's scale (its largest |value|, >= 1)
+    atol: float = 1e-4  # a value's absolute difference allowed, in units of its output's scale (largest |value|, >= 1)
     rtol: float = 1e-3  # plus this fraction of the value's own magnitude
     metric: float = 1e-3  # |metric(candidate) - metric(reference)| allowed
     max_share: float = DEFAULT_MAX_SHARE  # of an output's values, at most this share may be out of tolerance

@@ -153,6 +153,7 @@ def _raise_on_failures(made: list[EdgeMade], tried: list[ConvertAttempt]) -> Non
     lines = "\n".join(f"{m.name}:\n{m.report.table(only_failures=True)}" for m in failed)
     if not any(a.used for a in tried):  # every onnx2tf setting was left: these are the first conversion's models
         lines += f"\nno onnx2tf setting gave models that pass; {attempts_text(tried)}"
+    lines += "".join(f"\nonnx2tf attempt {a.name!r}: {a.reason}" for a in tried if a.used and a.reason)
     raise CheckFailed(f"edge model(s) failed verification (recorded as failed, not shipped): "
                       f"{', '.join(m.name for m in failed)}\n{lines}")  # fmt: skip
 

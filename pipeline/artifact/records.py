@@ -178,6 +178,8 @@ class FixedDim:
     dim: str  # the dim's name in model.onnx (every input and output axis of that name took the size)
     size: int
     source: str  # where the size came from: "--input-shape", "the recorded image preprocessing (48x192)", ...
+    # the size is a guess: golden.npz's generated inputs of a model imported without --eval-data or --input-shape
+    guessed: bool = False
 
 
 @dataclass(kw_only=True)

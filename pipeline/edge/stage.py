@@ -43,6 +43,7 @@ from pipeline.edge.feeding import write_feeding
 from pipeline.edge.litert_gate import EdgeMade, Judged, LiteRTGate
 from pipeline.edge.plan import EdgePlan, plan_edge
 from pipeline.edge.recording import CONVERT_REPORTS, record_made, record_refused, write_convert_report
+from pipeline.edge.shapes import guessed_advice
 from pipeline.recipe.schema import EdgeSpec
 from pipeline.runtime.runners import ort_runner
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
@@ -83,6 +84,8 @@ def edge_artifact(
         except NotConverted as exc:
             kept = record_refused(write, settings, opened.parent, plan, exc)
             message = f"no onnx2tf setting tried converts the model; the last said: {exc}"
+            if advice := guessed_advice(plan.fixed, plan.spec.inputs):
+                message += f"\n{advice}"
             if kept:  # the copy kept in the artifact: the scratch directory it was written in goes away
                 message += f"\nonnx2tf's last log: {kept}; the attempts: {CONVERT_REPORTS[1]}"
             raise CheckFailed(message) from None
@@ -94,7 +97,7 @@ def edge_artifact(
         _check_on_device(judged.made, write.scratch, plan, opened, progress)
         record = record_made(settings, opened.parent, plan, judged.made, tried, written, opened.rewritten)
         artifact = write.commit([*written, *CONVERT_REPORTS], record)
-    _raise_on_failures(judged.made, tried)
+    _raise_on_failures(judged.made, tried, guessed_advice(plan.fixed, plan.spec.inputs))
     return EdgeOutcome(artifact, judged.made, [m.name for m in judged.made if not m.passed], notes)
 
 
@@ -145,8 +148,9 @@ def _device_golden(scratch: Path, plan: EdgePlan, artifact: Artifact) -> Path:
     return path
 
 
-def _raise_on_failures(made: list[EdgeMade], tried: list[ConvertAttempt]) -> None:
-    """CheckFailed naming each model that failed (recorded as failed, not shipped) and its failed checks."""
+def _raise_on_failures(made: list[EdgeMade], tried: list[ConvertAttempt], advice: str | None) -> None:
+    """CheckFailed naming each model that failed (recorded as failed, not shipped) and its failed checks; `advice`:
+    the guessed sizes and the flag that gives the real ones."""
     failed = [m for m in made if not m.passed]
     if not failed:
         return
@@ -154,6 +158,7 @@ def _raise_on_failures(made: list[EdgeMade], tried: list[ConvertAttempt]) -> Non
     if not any(a.used for a in tried):  # every onnx2tf setting was left: these are the first conversion's models
         lines += f"\nno onnx2tf setting gave models that pass; {attempts_text(tried)}"
     lines += "".join(f"\nonnx2tf attempt {a.name!r}: {a.reason}" for a in tried if a.used and a.reason)
+    lines += f"\n{advice}" if advice else ""
     raise CheckFailed(f"edge model(s) failed verification (recorded as failed, not shipped): "
                       f"{', '.join(m.name for m in failed)}\n{lines}")  # fmt: skip
 

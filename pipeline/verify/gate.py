@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from pipeline.samples.evaluation import EvaluationSet
 
 LARGE_BATCH = 16  # the "larger N": big enough to catch an axis fixed at 1 or 2, cheap enough for CI
-EVERY_CASE = "every case"  # an element-wise (lossless) policy judges every case it sees
+# where a policy decides (`_budget_scope`): an element-wise (lossless) one on every case, a budget on the largest sample
+EVERY_CASE, SPLIT, GOLDEN, BATCHES = "every case", "the evaluation split", "the golden samples", "the batch cases"
 
 
 def verify(
@@ -94,13 +95,13 @@ def verify(
         except Exception as exc:  # a fixed axis makes the runtime refuse the batch: that is the finding
             report.rows.append(Row(label, "-", False, f"{candidate.runtime} refused the input: {first_line(exc)}"))
             continue
-        judge = scope in (EVERY_CASE, "the batch cases")
+        judge = scope in (EVERY_CASE, BATCHES)
         report.rows += compare(label, got, want, outputs, policy, candidate.name, judge=judge, scope=scope)
     if recorded is not None:
         label = "golden (recorded)"
         try:
             got = run_chunked(candidate.run, samples)
-            judge = scope in (EVERY_CASE, "the golden samples")
+            judge = scope in (EVERY_CASE, GOLDEN)
             report.rows += compare(label, got, recorded, outputs, policy, candidate.name, judge=judge, scope=scope)
         except Exception as exc:  # as above
             report.rows.append(Row(label, "-", False, f"{candidate.runtime} refused the input: {first_line(exc)}"))
@@ -117,8 +118,8 @@ def _budget_scope(policy: Policy, has_split: bool, has_recorded: bool) -> str:
     if not policy.over_split:
         return EVERY_CASE
     if has_split:
-        return "the evaluation split"
-    return "the golden samples" if has_recorded else "the batch cases"
+        return SPLIT
+    return GOLDEN if has_recorded else BATCHES
 
 
 def structural_checks(path: Path, scratch: Path | None = None) -> list[Row]:

@@ -1,22 +1,25 @@
 """`pipe export ARTIFACT --target edge`: TFLite models of model.onnx, each proven on a real LiteRT interpreter.
 
-Steps: read the recipe's `edge:` section as it is now (command-line values on top; an imported
-artifact uses the defaults); fix every free dim but the batch at a size the artifact knows
-(pipeline/edge/shapes.py); convert a copy of model.onnx with onnx2tf in a scratch directory,
-trying known-good onnx2tf settings in turn until one's fp32 passes the gate (pipeline/edge/attempts.py;
+Steps: read the recipe's `edge:` section as it is now (a settings file's and the command line's values
+on top; an imported artifact starts from the defaults); fix every free dim but the batch at a size the
+artifact knows (pipeline/edge/shapes.py); convert a copy of model.onnx with onnx2tf in a scratch
+directory, trying known-good onnx2tf settings in turn until one's fp32 passes the gate, or fails it on
+accuracy rather than conversion (pipeline/edge/attempts.py;
 pipeline/edge/convert.py: fp32, fp16, and int8 calibrated on real training samples, int8 I/O
 for pictures and float I/O otherwise); judge each .tflite with the verifier on the LiteRT
-interpreter against model.onnx:
-fp32 and fp16 element by element (`atol`, `atol_fp16`), int8 by the task's budget (the
-metric's drop on the test split, or agreement / cosine / relative error without labels), NaN/Inf
-always, the batch at 1, 2 and 16; an fp16 model also by fp16's range (pipeline/edge/fp16range.py).
+interpreter against model.onnx (docs/gates.md):
+fp32 as a lossless hop (each value within `atol` x its output's scale + `rtol`, but for a documented
+few), fp16 and int8 by the task's budget over the evaluation split (the metric's drop on the test
+split, or agreement / cosine / relative error / boxes without labels), NaN/Inf always, the batch at
+1, 2 and 16; an fp16 model also by fp16's range (pipeline/edge/fp16range.py).
 Each .tflite carries its feeding description as TFLite metadata, and `edge/feeding.json` and
 `edge/labels.txt` lie beside them (pipeline/edge/feeding.py); each is then run by the stand-alone
 runner on the device-like runtime, fed from that JSON (pipeline/edge/device.py), its rows joining
 the gate's. Then, under the artifact's lock, move them into `edge/` and record each as a
 `tflite-<precision>` variant with what a device program needs (layout, dtypes, shapes,
 quantization) and its status. Any failure, a conversion onnx2tf refuses included, is recorded and
-exits 1; the other variants stay as they were.
+exits 1; the other variants stay as they were. A size guessed for a free dim (pipeline/edge/shapes.py)
+is said in a note and in every failure, with the --input-shape that gives the real one.
 
 The seams, one module each: what to make and at which shapes (pipeline/edge/plan.py), the gate on
 LiteRT (pipeline/edge/litert_gate.py), what is recorded (pipeline/edge/recording.py); this module

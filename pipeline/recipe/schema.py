@@ -173,7 +173,8 @@ class EdgeSpec(Gate):
     enabled: bool = True  # `pipe run` makes the edge models
     precisions: list[Literal["fp32", "fp16", "int8"]] = ["fp32", "fp16", "int8"]
     layout: Literal["nhwc", "nchw"] = "nhwc"  # image inputs: NHWC for devices, or keep the server's NCHW
-    # fp32 TFLite against model.onnx, per element (plus rtol * |ref|); `atol_fp32`, its name before, is read too
+    # fp32 TFLite against model.onnx: a value's tolerance in units of its output's scale (plus rtol * |ref|;
+    # docs/gates.md); `atol_fp32`, its name before, is read too
     atol: float = Field(1e-4, gt=0, validation_alias=AliasChoices("atol", "atol_fp32"))
     calibration_samples: int = Field(256, gt=0)  # real training samples full-integer int8 calibrates on
     # free non-batch dims fixed for devices, as `--input-shape NAME:d0,d1,...` gives them ({} = from the artifact)

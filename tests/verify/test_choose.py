@@ -126,3 +126,13 @@ def test_the_card_says_what_a_detector_and_a_tensor_model_were_held_to() -> None
     assert describe(TensorAgreement().to_dict()) == (
         "per output: cosine >= 0.99 (unit-vector rows) or relative error <= 0.01"
     )
+
+
+def test_a_record_written_before_the_share_rule_reads_as_its_stage_judged_it() -> None:
+    # an edge record of fp16 held by element (atol_fp16) reads as today's budget; the key is ignored, not an error
+    assert describe_held("edge", "fp16", "classification", True, {"atol_fp16": 0.01}) == MetricDrop(0.015)
+    assert describe(Exact().to_dict()) == (
+        "exact: |diff| <= 0.0001·scale + 0.001·|ref| but for 0.0001 of the values (none past 10x), metric within 0.001"
+    )
+    old = {"policy": "exact", "atol": 1e-4, "rtol": 1e-3, "metric": 1e-3}  # every value was held then
+    assert describe(old) == "exact: |diff| <= 0.0001 + 0.001·|ref|, metric within 0.001"

@@ -164,7 +164,8 @@ def test_house_prices_pass_the_device_at_fp32_and_fp16_is_refused_naming_the_con
         "fp16 range target_mean: constant 'target_mean' (used by node 'add_mean') holds 206,070"
     )
     table = result.output[result.output.index("tflite-fp16:\ncheck") :]  # the failure table
-    assert table.splitlines()[1].startswith("fp16 range") and "target_mean" in table.splitlines()[1]  # the cause first
+    first = table.splitlines()[2]  # after the model's name and the table's head: the cause first
+    assert first.startswith("fp16 range") and "target_mean" in first
     assert "evaluation split" in table  # then its symptom: fp16's budget (relative error) over the split
     (device,) = [line for line in table.splitlines() if line.startswith("device ")]  # the device's row, listed
     assert " FAIL " in device and "crashed (SIGABRT) running model.fp16.tflite; last output: " in device

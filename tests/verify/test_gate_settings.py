@@ -105,3 +105,14 @@ def test_a_settings_file_is_validated_whole_and_layered_under_the_flags(tmp_path
         with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")) as caught:
             read_settings(settings(tmp_path, text), "edge")
         assert caught.value.exit_code == 2  # type: ignore[attr-defined]
+
+
+def test_optimize_reads_its_section_of_the_settings_file_under_its_flags(imported: Path, tmp_path: Path) -> None:
+    # the file's budget reaches the chooser, which refuses it for this model (no targets to measure a drop on)
+    file = settings(tmp_path, "optimize: {max_accuracy_drop: 0.1}\n")
+    done = invoke("optimize", imported, "--settings", file)
+    assert done.exit_code == 2 and "max_accuracy_drop 0.1 cannot be measured: the evaluation set has no targets" in (
+        done.output
+    ), done.output
+    done = invoke("optimize", imported, "--settings", file, "--max-accuracy-drop", "0.2")  # the flag over the file
+    assert done.exit_code == 2 and "max_accuracy_drop 0.2 cannot be measured" in done.output, done.output

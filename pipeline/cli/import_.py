@@ -5,9 +5,11 @@ Named `import_` because `import` is a Python keyword."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
+from pipeline.cli.gate_options import BUDGET_FLAGS, gate_flags, gate_options, refuse
 from pipeline.cli.group import main
 from pipeline.cli.params import FRACTION, REPOSITORY, Whole
 
@@ -69,6 +71,7 @@ from pipeline.cli.params import FRACTION, REPOSITORY, Whole
               help="A token model: the vocabulary size (ids below it). Default: read from the graph.")  # fmt: skip
 @click.option("--padding-id", type=Whole(0, 1 << 31), default=None, help="A token model: the id padding a row.")
 @click.option("--max-length", type=Whole(1, 1 << 24), default=None, help="A token model: its longest sequence.")
+@gate_options("a --settings file's import section")
 def import_cmd(
     model: str,
     name: str,
@@ -89,6 +92,8 @@ def import_cmd(
     vocab_size: int | None,
     padding_id: int | None,
     max_length: int | None,
+    settings_file: str | None,
+    **options: Any,
 ) -> None:
     """Make an artifact from an ONNX MODEL produced elsewhere (JAX, TensorFlow, Paddle, Ultralytics, ...) or
     from a local transformers model directory (save_pretrained output; --task classification or embedding)."""
@@ -99,10 +104,16 @@ def import_cmd(
     from pipeline.export.importer import import_onnx
     from pipeline.export.token_graph import TokenOptions
     from pipeline.samples.evaluation import GENERATED_NOTE
+    from pipeline.stagekit.settings_file import layered
 
+    flags = gate_flags(options)
+    refuse(flags, BUDGET_FLAGS, "a budget of lossy candidates (fp16, int8); pipe import makes only the lossless "
+           "model.onnx, held to --atol, --rtol, --metric-tolerance, --max-out-of-tolerance (lossy budgets are "
+           "pipe optimize's and pipe export --target edge's)")  # fmt: skip
+    gate = layered(settings_file, "import", flags)
     path = Path(model)
     if is_transformers_dir(path):
-        _import_transformers(path, name, out_root, task, pooling, normalize, tokenizer_dir)
+        _import_transformers(path, name, out_root, task, pooling, normalize, tokenizer_dir, gate)
         return
     if path.is_dir() or path.suffix.lower() == ".json":
         raise not_a_model(path)
@@ -112,7 +123,7 @@ def import_cmd(
     detection = {"confidence": confidence, "iou": iou, "max_detections": max_detections}
     tokens = TokenOptions(vocab_size, padding_id, max_length, Path(tokenizer_dir) if tokenizer_dir else None)
     artifact = import_onnx(Path(model), name, Path(out_root), evaluation, names, task, image_preprocessing,
-                           shapes, eval_limit, detection=detection, tokens=tokens)  # fmt: skip
+                           shapes, eval_limit, detection=detection, tokens=tokens, gate=gate)  # fmt: skip
     imported = artifact.manifest.stages.import_
     golden = imported.golden if imported else "?"
     click.echo(f"imported {model} -> {artifact.root} (golden outputs from {golden} inputs)")
@@ -146,7 +157,14 @@ def _labels(inline: str | None, file: Path | None, task: str | None) -> list[str
 
 
 def _import_transformers(
-    path: Path, name: str, repository: str, task: str | None, pooling: str, normalize: bool, tokenizer: str | None
+    path: Path,
+    name: str,
+    repository: str,
+    task: str | None,
+    pooling: str,
+    normalize: bool,
+    tokenizer: str | None,
+    gate: dict[str, Any],
 ) -> None:
     """`pipe import DIR` of a transformers model directory."""
     import time
@@ -158,7 +176,7 @@ def _import_transformers(
         raise InputError(f"{path} is a transformers model: say what it is for with --task classification or embedding")
     started = time.perf_counter()
     settings = HFSettings(task=task, pooling=pooling, normalize=normalize)
-    artifact = import_hf(path, name, Path(repository), settings, Path(tokenizer) if tokenizer else None)
+    artifact = import_hf(path, name, Path(repository), settings, Path(tokenizer) if tokenizer else None, gate=gate)
     imported = artifact.manifest.stages.import_
     click.echo(f"imported {path} -> {artifact.root} in {time.perf_counter() - started:.1f} s (transformers, {task})")
     for what, reading in imported.read.items() if imported else ():

@@ -21,7 +21,7 @@ import importlib.metadata
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +96,7 @@ class HFSettings:
     task: str = "embedding"  # classification (the logits) or embedding (the pooled last hidden state)
     pooling: str = "mean"  # embedding: mean over the attention mask, or the first (CLS) token
     normalize: bool = False  # embedding: L2-normalize each vector
+    gate: dict[str, Any] = field(default_factory=dict)  # the gate settings given: atol, rtol, metric_tolerance, ...
 
 
 def import_hf(
@@ -105,8 +106,13 @@ def import_hf(
     settings: HFSettings | None = None,
     tokenizer_dir: Path | None = None,
     progress: Any = print,
+    gate: dict[str, Any] | None = None,
 ) -> Artifact:
-    """Create `repository/<name>/<next version>/` from the transformers directory `source` and return it."""
+    """Create `repository/<name>/<next version>/` from the transformers directory `source` and return it.
+
+    `gate`: the import's gate settings given (atol, rtol, ...), recorded and read by `hop_policy`."""
+    if gate:
+        settings = replace(settings or HFSettings(), gate=dict(gate))
     settings = settings or HFSettings()
     source = Path(source)
     if problem := check_name(name):
@@ -259,7 +265,7 @@ def _build(
     run = ort_runner(path)
     spec = ModelSpec(inputs, outputs, settings.task)
     given = EvaluationSet.of(samples, source="tokenized sentences")
-    policy = hop_policy("import", "fp32", settings.task, False, GateSettings.read(vars(settings)))
+    policy = hop_policy("import", "fp32", settings.task, False, GateSettings.read(settings.gate))
     report = verify(path, reference, given, spec, policy, session=run.session)
     report.raise_on_failure(f"the ONNX export of {source}")
     save_golden(artifact, Golden(samples, reference(samples)))
@@ -276,6 +282,7 @@ def _build(
             "task": settings.task,
             **({"pooling": settings.pooling, "normalize": settings.normalize} if settings.task == "embedding" else {}),
             "exporter": result.exporter,
+            **settings.gate,
         },
         inputs={"source": digest},
         source=str(source),

@@ -72,6 +72,7 @@ def import_onnx(
     eval_limit: int = DEFAULT_LIMIT,
     detection: dict[str, Any] | None = None,
     tokens: TokenOptions | None = None,
+    gate: dict[str, Any] | None = None,
 ) -> Artifact:
     """Create `repository/<name>/<next version>/` from the ONNX file `source` and return it.
 
@@ -84,6 +85,8 @@ def import_onnx(
     takes the metadata's. `detection`: `confidence`, `iou` and `max_detections` given for a detector
     (None values: the defaults). `tokens`: `--vocab-size`, `--padding-id`, `--max-length`, `--tokenizer`
     for a token model (pipeline/export/token_graph.py); its limits are recorded on the token inputs.
+    `gate`: the import's gate settings given (`atol`, `rtol`, `metric_tolerance`, `max_out_of_tolerance`),
+    recorded with the settings and read by `hop_policy`.
     """
     source = Path(source)
     if problem := check_name(name):
@@ -117,6 +120,7 @@ def import_onnx(
             readings.labels = evaluation.labels
             readings.read["labels"] = Reading(value=len(evaluation.labels), source=f"--eval-data {eval_data} folders")
     settings: dict[str, object] = {"input_shapes": input_shapes} if input_shapes else {}
+    settings.update(gate or {})
     if tokens.given:
         settings["tokens"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(tokens).items() if v is not None}
     if (limits := text.limits) is not None:

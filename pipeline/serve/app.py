@@ -180,14 +180,20 @@ class ServeApp:
             parameters["labels"] = sorted(labels)  # the labels naming this version (pipe promote)
         if model.reload_error is not None:  # still serving what it had; its changed manifest was refused
             parameters["reload_error"] = model.reload_error
+        if (labels_error := repo.label_errors.get(name)) is not None:  # its labels file was refused
+            parameters["labels_error"] = labels_error
         if model.images.recorded:  # input name -> its recorded preprocessing (image inputs: how pictures feed them)
             parameters["preprocessing"] = model.images.recorded
         return json_response(v2.metadata(model.io, versions, parameters))
 
     async def model_ready(self, request: Request) -> Response:
-        self._repo().get(request.model_name, request.version, request.label)
+        repo = self._repo()
+        repo.get(request.model_name, request.version, request.label)
         self._check_serving()
-        return json_response({"name": request.model_name, "ready": True})
+        answer: dict[str, Any] = {"name": request.model_name, "ready": True}
+        if (labels_error := repo.label_errors.get(request.model_name or "")) is not None:
+            answer["labels_error"] = labels_error  # ready, on the labels read before the file was refused
+        return json_response(answer)
 
     # -- Triton's repository extension (read-only): config, statistics, index ---------------------
 

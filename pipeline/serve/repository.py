@@ -107,7 +107,8 @@ class LoadedVersion:
         """Name, version and tensor specs: what the protocols see of this version."""
         text = self.text.spec()
         inputs = [text, *self.session.inputs] if text is not None else self.session.inputs
-        return ModelIO(self.name, self.version, inputs, self.session.outputs)
+        max_rows = self.batcher.settings.max_batch_size if self.session.batchable else None
+        return ModelIO(self.name, self.version, inputs, self.session.outputs, max_rows)
 
 
 def version_number(text: str) -> int | None:

@@ -30,7 +30,7 @@ from pipeline.serve.config import ServeConfig
 from pipeline.serve.detections import OUTPUTS as DETECTIONS
 from pipeline.serve.detections import not_a_detector, placements_of
 from pipeline.serve.drain import CloseWhileDraining, Drain
-from pipeline.serve.errors import NotFound, RequestError
+from pipeline.serve.errors import NotFound, RequestError, Unavailable
 from pipeline.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
 from pipeline.serve.openapi import document
 from pipeline.serve.protocols import tfserving, v2
@@ -278,7 +278,7 @@ class ServeApp:
             rows = model.session.check_inputs(decoded.inputs)
             results = await model.batcher.infer(decoded.inputs, rows, arrived)
             if settings is not None:
-                results = await self._detections(model, decoded, results, settings)
+                results = await self._detections(model, decoded, results, settings, arrived)
             payload, out_headers = protocol.encode(model.io, decoded, {name: results[name] for name in wanted})
         except Exception:
             stats.failed()
@@ -287,14 +287,27 @@ class ServeApp:
         return 200, payload, out_headers
 
     async def _detections(
-        self, model: LoadedVersion, decoded: Decoded, results: dict[str, np.ndarray], settings: Detection
+        self,
+        model: LoadedVersion,
+        decoded: Decoded,
+        results: dict[str, np.ndarray],
+        settings: Detection,
+        arrived: float,
     ) -> dict[str, np.ndarray]:
         """`results` with the detections outputs (boxes, scores, classes, labels, count) beside the raw ones:
         the head decoded (in a worker thread: NMS over thousands of anchors takes milliseconds), each
-        picture's boxes mapped back to it."""
+        picture's boxes mapped back to it; within the request's --timeout (the decoding stops there, 503)."""
         assert model.detector is not None
         placements = placements_of(decoded.placements, list(model.session.input_by_name))
-        detected = await asyncio.to_thread(model.detector.detect, results[model.detector.output], placements, settings)
+        deadline = time.monotonic() + model.batcher.time_left(arrived)
+        head = results[model.detector.output]
+        try:
+            detected = await asyncio.to_thread(model.detector.detect, head, placements, settings, deadline)
+        except TimeoutError:
+            raise Unavailable(
+                f"decoding the detections did not finish within the {model.batcher.settings.timeout_s:g}s timeout; "
+                "ask for fewer boxes (a higher confidence, a lower iou, a smaller max_detections) or fewer pictures"
+            ) from None
         decoded.coordinates = detected.coordinates
         return {**results, **detected.arrays()}
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -87,7 +86,9 @@ def test_millions_of_bytes_elements_are_refused_before_decoding(server: Server) 
         time.sleep(0.2)  # a probe after the last answer
     print(f"15.7M BYTES elements to an FP32 model: binary {as_binary.status_code} in {binary_s:.2f} s, "
           f"JSON {as_json.status_code} in {json_s:.2f} s; {probe.report()}")  # fmt: skip
-    assert as_binary.status_code == 400 and "holds 15700000 rows, more than this model's max batch size" in as_binary.text
+    assert (
+        as_binary.status_code == 400 and "holds 15700000 rows, more than this model's max batch size" in as_binary.text
+    )
     assert as_json.status_code == 400 and "more than any request model 'mlp' takes can hold" in as_json.text
     assert probe.failed == [] and probe.worst_s < WORST_WAIT_S, probe.report()
 

@@ -112,3 +112,15 @@ def test_a_tokenizer_that_panics_is_a_400_naming_the_text(server: Server) -> Non
     assert answer.status_code == 400, answer.text
     assert "the tokenizer failed on text 1 (" in answer.json()["error"]
     assert fine.status_code == 200, fine.text  # the tokenizer still works after its panic
+
+
+def test_a_text_cut_inside_a_character_loses_the_character_not_the_request() -> None:
+    from pipeline.serve.errors import RequestError
+    from pipeline.serve.text import _text
+
+    right = ("a" + "é" * 10).encode()  # 21 bytes; 3 characters take at most 12 of them
+    assert _text(right, "text", 0, 3, left=False) == "a" + "é" * 5  # the 12th byte began a 6th é: dropped
+    left = ("é" * 10 + "a").encode()
+    assert _text(left, "text", 0, 3, left=True) == "é" * 5 + "a"  # the first byte kept was inside an é
+    with pytest.raises(RequestError, match="row 2: the text is not UTF-8"):
+        _text(b"\xff" + b"a" * 20, "text", 2, 3, left=False)

@@ -33,9 +33,10 @@ SCHEMA_VERSION = 2  # 2: typed stage records and variant records (1 held free-fo
 MANIFEST_NAME = "manifest.json"
 # What a model's outputs mean (docs/export.md, "Tasks"): classification ([batch, classes]), regression,
 # embedding, detection (the Ultralytics head: one [batch, 4+classes, anchors] output) and tensor (none of
-# those: each output judged as a tensor).
-TASKS = ("classification", "regression", "embedding", "detection", "tensor")
-Task = Literal["classification", "regression", "embedding", "detection", "tensor"]
+# those: each output judged as a tensor) and text-recognition (a CTC recognizer: one [batch, positions,
+# classes] output read as text with its dictionary, the `Ctc` record).
+TASKS = ("classification", "regression", "embedding", "detection", "tensor", "text-recognition")
+Task = Literal["classification", "regression", "embedding", "detection", "tensor", "text-recognition"]
 # A model name is a directory name in every repository and URL it reaches: one safe path segment.
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 NAME_RULE = "1-128 lowercase letters, digits, '.', '_' and '-', starting with a letter or digit"
@@ -84,7 +85,7 @@ def label_problem(label: str) -> str | None:
 def _check_labels(labels: list[str]) -> str | None:
     if problems := [p for p in map(label_problem, labels) if p]:
         return problems[0]
-    return "class names must be distinct" if len(set(labels)) != len(labels) else None
+    return None  # distinct, but for a recognizer's dictionary: `_task_contradictions`
 
 
 def _fraction(value: float) -> str | None:
@@ -105,6 +106,27 @@ class Detection:
     )  # NMS: drop a box overlapping a kept one of its class more
     max_detections: int = field(default=300, metadata={"check": positive})  # boxes kept per picture, best first
     stride: int | None = field(default=None, metadata={"omit_none": True, "check": positive})  # the head's largest
+
+
+def _blank(value: int) -> str | None:
+    return None if value == 0 else f"expected 0 (the blank is class 0, as in PaddleOCR), got {value}"
+
+
+@dataclass(frozen=True)
+class Ctc:
+    """How a CTC text recognizer's classes read as text (task `text-recognition`; pipeline/runtime/ctc.py):
+    the manifest's `labels` are its dictionary, one entry per class in order, without the blank.
+
+    PaddleOCR's convention: class 0 is the blank, then the dictionary's lines, then a space when the
+    model was trained with `use_space_char` (6,625 classes for the 6,623 lines of ppocr_keys_v1).
+    """
+
+    blank: int = field(default=0, metadata={"check": _blank})  # the blank's class
+    space: bool = False  # a space class follows the dictionary's last entry
+
+    def classes(self, dictionary: int) -> int:
+        """The classes a model with this convention and a `dictionary` of so many entries answers."""
+        return dictionary + 1 + int(self.space)
 
 
 @dataclass
@@ -147,6 +169,7 @@ class Manifest:
     outputs: list[TensorSpec]
     labels: list[str] = field(default_factory=list, metadata={"check": _check_labels})
     detection: Detection | None = field(default=None, metadata={"omit_none": True})  # task detection only
+    ctc: Ctc | None = field(default=None, metadata={"omit_none": True})  # task text-recognition only
     # a text model's tokenizer, carried in the version (pipeline/artifact/tokens.py); None: token ids only
     tokenizer: TokenizerRecord | None = field(default=None, metadata={"omit_none": True})
     lineage: Lineage = field(default_factory=Lineage)
@@ -245,8 +268,18 @@ def _task_contradictions(manifest: Manifest) -> list[str]:
         return ["detection: missing; a task 'detection' model records how its output becomes boxes"]
     if manifest.task != "detection" and manifest.detection is not None:
         return [f"detection: recorded for task {manifest.task!r}; it belongs to task 'detection' alone"]
+    if (manifest.task == "text-recognition") != (manifest.ctc is not None):
+        return ["ctc: a task 'text-recognition' model records how its classes read as text, and only it"]
+    if manifest.task != "text-recognition" and len(set(manifest.labels)) != len(manifest.labels):
+        return ["labels: class names must be distinct"]  # a recognizer's dictionary may repeat an entry
     if first is None or not manifest.labels:
         return []
+    if manifest.ctc is not None and len(first.shape) == 3 and isinstance(first.shape[2], int):
+        if (classes := manifest.ctc.classes(len(manifest.labels))) == first.shape[2]:
+            return []
+        space = " and a space" if manifest.ctc.space else ""
+        return [f"labels: a dictionary of {len(manifest.labels)} entries with the blank{space} makes {classes} "
+                f"classes, but output {first.name!r} has {first.shape[2]}"]  # fmt: skip
     if manifest.task == "classification" and first.shape and isinstance(first.shape[-1], int):
         classes = first.shape[-1]
     elif manifest.task == "detection" and len(first.shape) == 3 and isinstance(first.shape[1], int):
@@ -259,7 +292,7 @@ def _task_contradictions(manifest: Manifest) -> list[str]:
 
 
 _IDENTITY_FIELDS = (
-    "name", "version", "task", "inputs", "outputs", "labels", "detection", "tokenizer", "lineage", "created",
+    "name", "version", "task", "inputs", "outputs", "labels", "detection", "ctc", "tokenizer", "lineage", "created",
 )  # fmt: skip
 
 

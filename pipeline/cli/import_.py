@@ -30,13 +30,18 @@ from pipeline.cli.params import FRACTION, REPOSITORY, Whole
     help="At most this many pictures from an --eval-data folder (chosen with seed 0).",
 )
 @click.option("--labels", default=None, help="Class names, comma separated: --labels cat,dog.")
-@click.option("--labels-file", type=click.Path(), default=None, help="Class names, one per line.")
+@click.option(
+    "--labels-file",
+    type=click.Path(),
+    default=None,
+    help="Class names, one per line; with --task text-recognition the dictionary, every line kept.",
+)
 @click.option(
     "--task",
-    type=click.Choice(["classification", "regression", "embedding", "detection", "tensor"]),
+    type=click.Choice(["classification", "regression", "embedding", "detection", "text-recognition", "tensor"]),
     default=None,
-    help="What the outputs are. Default: the task the exporter recorded (Ultralytics), else classification "
-    "when the outputs fit a classifier, else tensor. See docs/export.md.",
+    help="What the outputs are. Default: the task the exporter recorded (Ultralytics; a PaddleOCR recognizer's "
+    "dictionary), else classification when the outputs fit a classifier, else tensor. See docs/export.md.",
 )
 @REPOSITORY
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
@@ -91,7 +96,7 @@ def import_cmd(
     from pipeline.artifact.golden import load_golden
     from pipeline.cli.artifact_views import reading_text
     from pipeline.export.hf import is_transformers_dir, not_a_model
-    from pipeline.export.importer import import_onnx, read_labels
+    from pipeline.export.importer import import_onnx
     from pipeline.export.token_graph import TokenOptions
     from pipeline.samples.evaluation import GENERATED_NOTE
 
@@ -102,7 +107,7 @@ def import_cmd(
     if path.is_dir() or path.suffix.lower() == ".json":
         raise not_a_model(path)
     shapes = parse_input_shapes(input_shapes)
-    names = read_labels(labels, Path(labels_file) if labels_file else None)
+    names = _labels(labels, Path(labels_file) if labels_file else None, task)
     evaluation = Path(eval_data) if eval_data else None
     detection = {"confidence": confidence, "iou": iou, "max_detections": max_detections}
     tokens = TokenOptions(vocab_size, padding_id, max_length, Path(tokenizer_dir) if tokenizer_dir else None)
@@ -124,6 +129,20 @@ def import_cmd(
     for spec in artifact.manifest.inputs:  # which sizes the free dims were run at
         shape = ", ".join(str(d) for d in spec.shape)
         click.echo(f"  golden {spec.name}: {list(arrays[spec.name].shape)} for [{shape}]")
+
+
+def _labels(inline: str | None, file: Path | None, task: str | None) -> list[str]:
+    """The labels flags: a recognizer's dictionary file read verbatim (its space lines are entries), else names."""
+    from pipeline.core.errors import InputError
+    from pipeline.export.importer import read_labels
+    from pipeline.export.recognizer import read_dictionary
+
+    if task != "text-recognition":
+        return read_labels(inline, file)
+    if inline:
+        raise InputError("--labels with --task text-recognition: give the dictionary with --labels-file FILE, one "
+                         "entry per line (a comma or a space is an entry too)")  # fmt: skip
+    return read_dictionary(file) if file is not None else []
 
 
 def _import_transformers(

@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.artifact.manifest import label_problem
 from pipeline.core.errors import InputError
 from pipeline.data.csvfile import read_csv
+from pipeline.data.text import TextBase
 from pipeline.recipe.schema import BUILTIN_DATASETS, REGRESSION_DATASETS, Recipe
 from pipeline.runtime.images import digits_record
 
@@ -43,6 +45,7 @@ class RawData:
     # text: the tokenizer's attention mask [n, T] (1 real token, 0 padding) and its limits (pipeline/data/text.py)
     mask: np.ndarray | None = None
     text: dict[str, int] | None = None  # {"padding_id", "vocab_size", "max_length"}
+    base: TextBase | None = None  # text: the tokenizer and the model directory's digest as the texts were tokenized
 
 
 def read_source(recipe: Recipe) -> RawData:
@@ -281,7 +284,7 @@ def _text(path: Path, recipe: Recipe) -> RawData:
     tokens = tokenize(texts, model_dir, spec.max_length)
     y, names = _classes(np.asarray(labels))
     limits = {"padding_id": tokens.padding_id, "vocab_size": tokens.vocab_size, "max_length": tokens.max_length}
-    return RawData(tokens.ids, y, names, "text", mask=tokens.mask, text=limits)
+    return RawData(tokens.ids, y, names, "text", mask=tokens.mask, text=limits, base=tokens.base)
 
 
 def _check(raw: RawData, source: str, task: str) -> None:
@@ -291,3 +294,9 @@ def _check(raw: RawData, source: str, task: str) -> None:
         raise InputError(f"{source}: features hold NaN or infinite values; clean or impute them first")
     if task == "classification" and len(raw.labels) < 2:
         raise InputError(f"{source}: only {len(raw.labels)} class found ({raw.labels}); a classifier needs 2 or more")
+    # The manifest refuses these class names: refused here, before a version is trained that no later stage opens
+    if problem := next(filter(None, map(label_problem, raw.labels)), None):
+        raise InputError(f"{source}: {problem}; fix the label in the data")
+    if len(set(raw.labels)) != len(raw.labels):
+        repeated = sorted({n for n in raw.labels if raw.labels.count(n) > 1})
+        raise InputError(f"{source}: class names {repeated[:5]} are given more than once; each class needs its own")

@@ -34,20 +34,22 @@ from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import ArtifactError, CheckFailed, InputError, first_line
 from pipeline.core.fsutil import sha256_file
-from pipeline.data.picture_folder import DEFAULT_LIMIT
+from pipeline.data.picture_folder import DEFAULT_LIMIT, MAX_BYTES
 from pipeline.export.conventions import Found, read_conventions
 from pipeline.export.evaldata import EvalData, read_eval_data
-from pipeline.export.graph import check_specs, external_files, graph_specs, load_graph
+from pipeline.export.graph import check_specs, graph_specs, load_graph
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
 from pipeline.export.readings import Readings, decide
+from pipeline.export.recognizer import target_classes
 from pipeline.export.shapes import GENERATED_BATCH, Probe, choose_sizes, generated_inputs, write_dims
 from pipeline.export.token_graph import TokenModel, TokenOptions, token_model
+from pipeline.runtime.external_data import external_files
 from pipeline.runtime.runners import Runner, ort_runner, run_chunked
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.choose import GateSettings, hop_policy
-from pipeline.verify.gate import verify
-from pipeline.verify.metrics import task_metric
+from pipeline.verify.gate import LARGE_BATCH, verify
+from pipeline.verify.metrics import task_metric, text_metrics
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -109,6 +111,8 @@ def import_onnx(
     evaluation = None
     if eval_data is not None:
         evaluation = read_eval_data(eval_data, inputs, readings.labels, readings.task, eval_limit)
+        if readings.ctc is not None:  # a recognizer's target texts, as class sequences
+            evaluation = target_classes(evaluation, readings.labels, readings.ctc, eval_data)
         if evaluation.labels != readings.labels:  # a model without labels takes its class folders' names
             readings.labels = evaluation.labels
             readings.read["labels"] = Reading(value=len(evaluation.labels), source=f"--eval-data {eval_data} folders")
@@ -133,6 +137,24 @@ def import_onnx(
             with contextlib.suppress(OSError):
                 directory.rmdir()
         raise
+
+
+def _refuse_heavy_batches(samples: Arrays, readings: Readings, eval_data: Path | None) -> None:
+    """The parity gate runs the samples at batch LARGE_BATCH (repeating them): refused before it allocates
+    more than MAX_BYTES, naming where the sample's size came from (an exporter's `imgsz 4096` made 192 MiB
+    pictures, 3 GiB a batch, and the failure then offered --input-shape for a dim that was not the problem)."""
+    per_sample = sum(array[:1].nbytes for array in samples.values())
+    if per_sample * LARGE_BATCH <= MAX_BYTES:
+        return
+    shapes = ", ".join(f"{name} {list(array.shape[1:])} {array.dtype}" for name, array in samples.items())
+    image = readings.read.get("image")
+    source = f"; the picture size comes from {image.source}" if image is not None else ""
+    raise InputError(
+        f"--eval-data {eval_data}: one sample ({shapes}) takes {per_sample / 2**20:,.0f} MiB, and the parity gate "
+        f"runs batches of {LARGE_BATCH} ({per_sample * LARGE_BATCH / 2**30:,.1f} GiB), past the "
+        f"{MAX_BYTES // 2**20} MiB pipe allows{source}; give the size the model was trained at with "
+        "--image-preprocessing (its size, crop or letterbox size), or smaller samples"
+    )
 
 
 @dataclass(frozen=True)
@@ -169,13 +191,15 @@ def _build(
         run = ort_runner(path)
     except ArtifactError as exc:  # the model does not load
         raise InputError(f"onnxruntime cannot load {source}: {first_line(exc.__cause__ or exc)}") from exc
+    batched = all(spec.shape and isinstance(spec.shape[0], str) for spec in [*inputs, *outputs])
     if evaluation is not None:
         samples, target = evaluation.inputs, evaluation.target
+        if batched:
+            _refuse_heavy_batches(samples, readings, eval_data)
     else:
         ranges = imported.text.ranges
         sizes = choose_sizes(inputs, _probe(run.session), str(source), readings.hints, ranges)
         samples, target = generated_inputs(inputs, sizes, GENERATED_BATCH, ranges=ranges), None
-    batched = all(spec.shape and isinstance(spec.shape[0], str) for spec in [*inputs, *outputs])
     try:  # a few hundred pictures: run in chunks, so a large model's activations stay bounded
         golden_out = run_chunked(run, samples, chunk=GOLDEN_CHUNK) if batched else run(samples)
     except Exception as exc:  # the model loads but does not run on inputs of its declared shape
@@ -197,6 +221,7 @@ def _build(
         outputs=outputs,
         labels=readings.labels,
         detection=readings.detection,
+        ctc=readings.ctc,
         lineage=Lineage(backend="import", dataset_fingerprint=evaluation.digest if evaluation else None),
     )
     artifact = Artifact(root, manifest)
@@ -294,9 +319,17 @@ def read_labels(inline: str | None, file: Path | None) -> list[str]:
             raise InputError(f"labels file {file} not found; pass a text file with one class name per line")
         try:
             text = file.read_text(encoding="utf-8").removeprefix("\ufeff")  # a byte-order mark some editors write
-            names = [line.strip() for line in text.splitlines() if line.strip()]
+            names = [line.strip() for line in text.splitlines()]
         except UnicodeDecodeError as exc:
             raise InputError(f"labels file {file} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        while names and not names[-1]:  # blank lines at the end name nothing
+            names.pop()
+        if "" in names:  # dropping it would shift every class after it by one
+            raise InputError(
+                f"labels file {file}, line {names.index('') + 1} is empty or white space; a class name is one line of "
+                "text, one per class in output order (a text recognizer's dictionary, whose space lines are entries, "
+                "imports with --task text-recognition)"
+            )
     else:
         names = [s.strip() for s in inline.split(",")] if inline else []
         if "" in names:
@@ -317,5 +350,7 @@ def _precision(outputs: list[TensorSpec]) -> str:
 
 
 def _metric(task: str, logits: np.ndarray, target: np.ndarray) -> dict[str, float]:
+    if task == "text-recognition":  # texts read exactly, and the character error rate
+        return text_metrics(logits, target)
     measured = task_metric(task, logits, target)
     return {measured[0]: measured[1]} if measured else {}

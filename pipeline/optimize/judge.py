@@ -33,6 +33,7 @@ from pipeline.verify.policies import (
     Policy,
     RelativeError,
     TensorAgreement,
+    TextAgreement,
     Top1Agreement,
     row_cosines,
 )
@@ -98,7 +99,7 @@ class Judge:
         if not (np.isfinite(got64).all()):
             return float("nan"), float("-inf"), f"{int((~np.isfinite(got64)).sum())} NaN/Inf outputs on the split"
         target = self.evaluation.target
-        if isinstance(policy, BoxAgreement | TensorAgreement):
+        if isinstance(policy, BoxAgreement | TensorAgreement | TextAgreement):
             return policy.statistic(got64, want64)
         if isinstance(policy, MetricDrop) and target is not None:
             measured_ref = task_metric(self.artifact.manifest.task, want64, target)

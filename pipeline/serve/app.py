@@ -38,6 +38,7 @@ from pipeline.serve.protocols.base import Decoded, Protocol
 from pipeline.serve.protocols.tfclassify import TFClassify
 from pipeline.serve.protocols.tfserving import TFServing
 from pipeline.serve.protocols.v2 import V2
+from pipeline.serve.recognition import OUTPUTS as TEXTS
 from pipeline.serve.repository import LoadedVersion, Repository, version_number
 from pipeline.serve.request_id import RequestId
 from pipeline.serve.responses import Response, error_body, error_response, json_response, send_response
@@ -279,6 +280,8 @@ class ServeApp:
             results = await model.batcher.infer(decoded.inputs, rows, arrived)
             if settings is not None:
                 results = await self._detections(model, decoded, results, settings, arrived)
+            if model.recognizer is not None and not set(wanted).isdisjoint(TEXTS):  # the output read as text
+                results = {**results, **model.recognizer.read(results[model.recognizer.output])}
             payload, out_headers = protocol.encode(model.io, decoded, {name: results[name] for name in wanted})
         except Exception:
             stats.failed()
@@ -339,10 +342,14 @@ class ServeApp:
 def _output_names(model: LoadedVersion, asked: list[str] | None, detections: bool = False) -> list[str]:
     """The outputs to answer with, in order: those asked for (each must exist), else every output; with
     detections, the detections outputs by default, and the raw ones by name too (a detections output's
-    name wins over a raw output of the same name)."""
+    name wins over a raw output of the same name); a text recognizer's `text` and `confidence` likewise."""
     valid = [s.name for s in model.session.outputs]
     if detections:
         valid = [*DETECTIONS, *(name for name in valid if name not in DETECTIONS)]
+    elif model.recognizer is not None:  # a recognizer answers text by default, its raw output by name
+        valid = [*TEXTS, *(name for name in valid if name not in TEXTS)]
+        if asked is None:
+            return list(TEXTS)
     if asked is None:
         return list(DETECTIONS) if detections else valid
     unknown = sorted(set(asked) - set(valid))

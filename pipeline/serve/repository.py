@@ -34,6 +34,7 @@ from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.images import ServedImages
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.protocols.base import ModelIO
+from pipeline.serve.recognition import Recognizer
 from pipeline.serve.session import ModelSession, SessionOptions
 from pipeline.serve.text import ServedText
 from pipeline.serve.variant_choice import Choice, NotExported, VariantRefused, choose
@@ -65,10 +66,12 @@ class Answers:
     task: str
     detector: Detector | None  # task detection only
     text: ServedText = field(default_factory=ServedText)  # a model with a tokenizer: how it takes text
+    recognizer: Recognizer | None = None  # task text-recognition only: how its output reads as text
 
     @classmethod
     def of(cls, manifest: Manifest, root: Path) -> Answers:
-        return cls(ServedImages.of(manifest), manifest.task, Detector.of(manifest), ServedText.of(root, manifest))
+        return cls(ServedImages.of(manifest), manifest.task, Detector.of(manifest), ServedText.of(root, manifest),
+                   Recognizer.of(manifest))  # fmt: skip
 
 
 @dataclass
@@ -87,12 +90,13 @@ class LoadedVersion:
     task: str = "classification"  # the manifest's task
     detector: Detector | None = None  # task detection: how the head output becomes boxes
     text: ServedText = field(default_factory=ServedText)  # a model with a tokenizer: how it takes text
+    recognizer: Recognizer | None = None  # task text-recognition: how its output reads as text
 
     def read(self, answers: Answers) -> None:
         """Take what the manifest says about answering requests (read again when the manifest changes)."""
         self.images, self.task, self.detector = answers.images, answers.task, answers.detector
-        self.text = answers.text
-        self.__dict__.pop("io", None)  # the text input is part of what the protocols see
+        self.text, self.recognizer = answers.text, answers.recognizer
+        self.__dict__.pop("io", None)  # the text input and a recognizer's outputs are part of what protocols see
 
     @property
     def variant(self) -> str:
@@ -107,8 +111,9 @@ class LoadedVersion:
         """Name, version and tensor specs: what the protocols see of this version."""
         text = self.text.spec()
         inputs = [text, *self.session.inputs] if text is not None else self.session.inputs
+        read = self.recognizer.specs() if self.recognizer is not None else []  # a recognizer's text outputs
         max_rows = self.batcher.settings.max_batch_size if self.session.batchable else None
-        return ModelIO(self.name, self.version, inputs, self.session.outputs, max_rows)
+        return ModelIO(self.name, self.version, inputs, [*read, *self.session.outputs], max_rows)
 
 
 def version_number(text: str) -> int | None:

@@ -38,6 +38,7 @@ from pipeline.verify.policies import (
     Policy,
     RelativeError,
     TensorAgreement,
+    TextAgreement,
     Top1Agreement,
 )
 
@@ -107,7 +108,9 @@ def _task_budget(
       RelativeError(0.01), which needs no units;
     - embedding: MinCosine(cosine, default 0.99), the minimum over rows;
     - detection: BoxAgreement(0.9), decoding with the artifact's `detection` settings (defaults when None);
-    - tensor: TensorAgreement (cosine for unit-vector outputs, else relative error 0.01, by output).
+    - tensor: TensorAgreement (cosine for unit-vector outputs, else relative error 0.01, by output);
+    - text-recognition: TextAgreement(0.95), texts read as the parent reads them, or MetricDrop(drop) of
+      text agreement on the targets when `drop` is given and the evaluation set has them.
     """
     if task not in TASKS:
         raise InputError(f"task {task!r} has no budget; tasks are {', '.join(TASKS)}")
@@ -121,6 +124,8 @@ def _task_budget(
         return BoxAgreement(confidence=d.confidence, iou=d.iou, max_detections=d.max_detections)
     if task == "tensor":
         return TensorAgreement(min_cosine=cosine)
+    if task == "text-recognition":  # texts read the same as the parent's; the drop of text agreement on targets
+        return TextAgreement() if drop is None or not has_target else MetricDrop(drop)
     return MinCosine(cosine)
 
 

@@ -346,3 +346,53 @@ def _within(policy: Policy, field: str, low: float, high: float) -> None:
     value = getattr(policy, field)
     if not low <= value <= high:
         raise InputError(f"{type(policy).__name__}.{field} is {value!r}; give a number from {low:g} to {high:g}")
+
+
+DEFAULT_MIN_TEXT_AGREEMENT = 0.95  # text recognizers: at most 1 text in 20 read otherwise (docs/optimize.md)
+
+
+@dataclass(frozen=True)
+class TextAgreement(Policy):
+    """Text recognizers (task text-recognition): both outputs read as text (greedy CTC decoding, blank 0;
+    pipeline/runtime/ctc.py) and compared text by text; the share read the same reaches `min_agreement`.
+
+    The budget is a share: a batch too small for it to allow one changed text (fewer than 1 / (1 -
+    min_agreement) texts: batch 1 and 2 of the gate) is allowed one, so a text the split's budget
+    accepts does not fail the one-sample batch it happens to sit in; `min_agreement` 1 allows none.
+    """
+
+    name: ClassVar[str] = "text agreement"
+    over_split: ClassVar[bool] = True
+    min_agreement: float = DEFAULT_MIN_TEXT_AGREEMENT
+
+    def __post_init__(self) -> None:
+        _within(self, "min_agreement", 0.0, 1.0)
+
+    def compare(self, got: np.ndarray, want: np.ndarray) -> Judgement:
+        if unmeasured := _unmeasured(self, want):
+            return unmeasured
+        if want.ndim != 3:
+            shape = list(want.shape)
+            return Judgement(False, f"the text agreement budget reads [batch, positions, classes], got {shape}")
+        figures = _texts(got, want)
+        allowed = max(int((1.0 - self.min_agreement) * figures.texts + SLACK), int(self.min_agreement < 1.0))
+        differ = figures.texts - figures.exact
+        detail = (f"texts equal {figures.exact} of {figures.texts} ({figures.agreement:.4f}), character error rate "
+                  f"{figures.cer:.4f}; budget >= {self.min_agreement:g}")  # fmt: skip
+        return Judgement(differ <= allowed, detail, *_figures(got, want))
+
+    def split_metric(self, got: np.ndarray, want: np.ndarray) -> tuple[str, float] | None:
+        return ("text_agreement", _texts(got, want).agreement) if want.ndim == 3 else None
+
+    def statistic(self, got: np.ndarray, want: np.ndarray) -> tuple[float, float, str]:
+        """(agreement, margin over the budget, one line) on one output: what `pipe optimize` ranks candidates by."""
+        figures = _texts(got, want)
+        detail = f"text agreement {figures.agreement:.4f}, CER {figures.cer:.4f} (budget >= {self.min_agreement:g})"
+        return figures.agreement, figures.agreement - self.min_agreement, detail
+
+
+def _texts(got: np.ndarray, want: np.ndarray) -> Any:
+    """The candidate's texts against the reference's (pipeline/runtime/ctc.py `TextFigures`)."""
+    from pipeline.runtime.ctc import greedy, text_figures
+
+    return text_figures([r.classes for r in greedy(got)], [r.classes for r in greedy(want)])

@@ -77,6 +77,7 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     running.stop()
 
 
+@pytest.mark.slow  # 15 s: the detector is exported with torch and imported first
 def test_the_server_answers_503_at_its_timeout_instead_of_decoding_on(quick: Server) -> None:
     noise = np.random.default_rng(0).uniform(0, 1, (48, 3, 320, 320)).astype(np.float32)
     parameters = {"detections": True, "confidence": 0, "iou": 1, "max_detections": 100_000}

@@ -124,3 +124,29 @@ def test_a_text_cut_inside_a_character_loses_the_character_not_the_request() -> 
     assert _text(left, "text", 0, 3, left=True) == "é" * 5 + "a"  # the first byte kept was inside an é
     with pytest.raises(RequestError, match="row 2: the text is not UTF-8"):
         _text(b"\xff" + b"a" * 20, "text", 2, 3, left=False)
+
+
+def test_json_bodies_are_counted_against_what_the_model_can_take() -> None:
+    from pipeline.artifact.tensors import TokenInput
+    from pipeline.serve.errors import RequestError
+    from pipeline.serve.protocols.base import ModelIO
+    from pipeline.serve.protocols.bounds import check_counts
+    from pipeline.serve.protocols.datatypes import IOSpec
+
+    def body(data: list, datatype: str = "FP32", pad: int = 0) -> bytes:
+        entry = {"name": "x", "datatype": datatype, "shape": [len(data)], "data": data}
+        return orjson.dumps({"inputs": [entry]}) + b" " * pad
+
+    table = ModelIO("table", 1, [IOSpec("x", "FP32", (-1, 4))], [], max_rows=64)
+    check_counts(body([[0.5] * 4] * 64, pad=300_000), table)  # the most it takes, padded past the bound: fine
+    with pytest.raises(RequestError, match=r"at least 100003 values, more than any request model 'table' takes"):
+        check_counts(body([0.5] * 100_000), table)
+    with pytest.raises(RequestError, match="about 100007 strings"):  # 300 KB of "", "", ...
+        check_counts(body([""] * 100_000, "BYTES"), table)
+    ragged = ModelIO("s", 1, [IOSpec("x", "BYTES", (-1, -1))], [], max_rows=64)
+    check_counts(body([["a"] * 1000] * 60, "BYTES"), ragged)  # a free dim: any number of strings
+    ids = IOSpec("input_ids", "INT64", (-1, -1), tokens=TokenInput(100, 16, 0, "ids"))
+    text = ModelIO("t", 1, [IOSpec("text", "BYTES", (-1,), tokenized_into=("input_ids",)), ids], [], max_rows=64)
+    check_counts(body(["a, b, c, " * 20_000] * 2, "BYTES"), text)  # texts hold commas: values are not counted
+    with pytest.raises(RequestError, match="strings"):
+        check_counts(body(["a"] * 100_000, "BYTES"), text)

@@ -9,7 +9,8 @@ loose upper bounds of a legitimate request's (SLACK values for names, datatypes,
 no request a model can take is refused here; the exact checks come after parsing.
 
 Commas are not counted for a model that takes strings (a text or a BYTES tensor holds any number of
-commas), nor values for a model with a free dim (a picture input [-1, 3, ?, ?] takes any size).
+commas), nor values for a model with a free dim (a picture input [-1, 3, ?, ?] takes any size), nor
+strings for one with a BYTES input with a free dim.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ def check_counts(raw_json: bytes, model: ModelIO) -> None:
     if len(raw_json) < CHECKED_FROM_BYTES or model.max_rows is None:
         return
     rows = model.max_rows
-    strings = SLACK + sum(rows * (STRINGS_PER_ROW + _bytes_per_row(s)) for s in model.inputs)
+    per_row_strings = [_bytes_per_row(s) for s in model.inputs]
+    if None in per_row_strings:  # a BYTES input with a free dim takes any number of strings
+        return
+    strings = SLACK + sum(rows * (STRINGS_PER_ROW + n) for n in per_row_strings if n is not None)
     found = (raw_json.count(b'"') - raw_json.count(b'\\"')) // 2
     if found > strings:
         raise _refused(f"about {found} strings", strings, model)
@@ -45,12 +49,13 @@ def check_counts(raw_json: bytes, model: ModelIO) -> None:
         raise _refused(f"at least {found} values", values, model)
 
 
-def _bytes_per_row(spec: IOSpec) -> int:
-    """Strings one row of a BYTES input holds (its non-batch dims; 1 for a text input)."""
+def _bytes_per_row(spec: IOSpec) -> int | None:
+    """Strings one row of a BYTES input holds (its non-batch dims; none beyond STRINGS_PER_ROW for a text
+    input or any other), or None when a dim is free (no bound)."""
     if spec.datatype != "BYTES" or spec.tokenized_into:
         return 0
     dims = spec.shape[1:]
-    return math.prod(dims) if all(d > 0 for d in dims) else 0
+    return math.prod(dims) if all(d > 0 for d in dims) else None
 
 
 def _values_per_row(spec: IOSpec) -> int | None:

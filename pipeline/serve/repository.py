@@ -112,7 +112,8 @@ class LoadedVersion:
         text = self.text.spec()
         inputs = [text, *self.session.inputs] if text is not None else self.session.inputs
         read = self.recognizer.specs() if self.recognizer is not None else []  # a recognizer's text outputs
-        return ModelIO(self.name, self.version, inputs, [*read, *self.session.outputs])
+        max_rows = self.batcher.settings.max_batch_size if self.session.batchable else None
+        return ModelIO(self.name, self.version, inputs, [*read, *self.session.outputs], max_rows)
 
 
 def version_number(text: str) -> int | None:
@@ -120,6 +121,19 @@ def version_number(text: str) -> int | None:
     longer than a version directory's name (int() refuses 4,300 digits or more)."""
     digits = text.lstrip("0")
     return int(text) if text.isascii() and text.isdigit() and len(digits) <= VERSION_DIGITS else None
+
+
+def _read_every_label_file(versions: dict[str, dict[int, Path]]) -> dict[str, dict[str, int] | ArtifactError]:
+    """Model -> its labels, or why its labels file was refused: one model's bad file never stops the
+    scan of the others (run in a worker thread)."""
+    read: dict[str, dict[str, int] | ArtifactError] = {}
+    for name, found in versions.items():
+        model_root = next(iter(found.values())).parent
+        try:
+            read[name] = read_labels(model_root)
+        except ArtifactError as exc:
+            read[name] = exc
+    return read
 
 
 def _stamp(root: Path) -> Stamp:
@@ -148,7 +162,7 @@ class Repository:
         self.strays: dict[Path, str] = {}  # directories holding a manifest that are not versions -> why
         self.labels: dict[str, dict[str, int]] = {}  # model -> its labels (labels.json) -> version
         self.held: dict[tuple[str, int], str] = {}  # versions found that the policy does not serve -> why
-        self._label_errors: dict[str, str] = {}  # model -> why its labels file was refused (logged once)
+        self.label_errors: dict[str, str] = {}  # model -> why its labels file was refused (logged once)
         self._watcher: asyncio.Task | None = None
         self._lock = asyncio.Lock()
 
@@ -178,11 +192,13 @@ class Repository:
         async with self._lock:
             found = await asyncio.to_thread(scan.find_versions, self.settings.paths)
             self._report_strays(found.strays)
+            # every labels file read in a worker thread: a file on a slow disk never holds the event loop
+            read = await asyncio.to_thread(_read_every_label_file, found.versions)
             served: dict[str, dict[int, LoadedVersion]] = {}
             held: dict[tuple[str, int], str] = {}
             for name, versions in sorted(found.versions.items()):
                 current = self.models.get(name, {})
-                labels = self._read_labels(name, next(iter(versions.values())).parent)
+                labels = self._take_labels(name, read[name])
                 keep: dict[int, LoadedVersion] = {}
                 for version in sorted(versions, reverse=True):
                     if self.settings.latest is not None and len(keep) >= self.settings.latest:
@@ -205,6 +221,7 @@ class Repository:
             self.models = served
             self.held = held
             self.labels = {name: self.labels[name] for name in found.versions if name in self.labels}
+            self.label_errors = {name: e for name, e in self.label_errors.items() if name in found.versions}
             self.failed = {k: f for k, f in self.failed.items() if k[1] in found.versions.get(k[0], {})}
             for old in dropped:  # unloaded, or replaced by a reload: answer what it accepted, then stop
                 if old.version not in served.get(old.name, {}):
@@ -212,20 +229,20 @@ class Repository:
                     self._metrics.loaded(old.name, "unloaded")
                 await old.batcher.close()
 
-    def _read_labels(self, name: str, model_root: Path) -> dict[str, int]:
-        """The model's labels; a malformed labels file keeps the labels read before (logged once)."""
-        try:
-            labels = read_labels(model_root)
-        except ArtifactError as exc:
-            if self._label_errors.get(name) != str(exc):
-                log.error("kept the labels of %s as they were: %s", name, exc)
-            self._label_errors[name] = str(exc)
+    def _take_labels(self, name: str, read: dict[str, int] | ArtifactError) -> dict[str, int]:
+        """The model's labels as read; a refused labels file keeps the labels read before (logged once, and
+        shown in the model's readiness and metadata until it is fixed)."""
+        if isinstance(read, ArtifactError):
+            if self.label_errors.get(name) != str(read):
+                log.error("kept the labels of %s as they were: %s", name, read)
+            self.label_errors[name] = str(read)
             return self.labels.get(name, {})
-        self._label_errors.pop(name, None)
-        if labels != self.labels.get(name, {}):
-            log.info("labels of %s: %s", name, labels or "none")
-        self.labels[name] = labels
-        return labels
+        if self.label_errors.pop(name, None) is not None:
+            log.info("the labels file of %s is readable again", name)
+        if read != self.labels.get(name, {}):
+            log.info("labels of %s: %s", name, read or "none")
+        self.labels[name] = read
+        return read
 
     def _report_strays(self, strays: dict[Path, str]) -> None:
         for path, reason in strays.items():

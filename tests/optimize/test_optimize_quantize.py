@@ -13,7 +13,8 @@ from pipeline.core.errors import InputError
 from pipeline.optimize.cache import QuantCache
 from pipeline.optimize.graph import optimize_graph, signature
 from pipeline.optimize.nodes import quantizable_nodes
-from pipeline.optimize.quantize import QuantSettings, quantize, weight_bytes
+from pipeline.optimize.quantize import QuantSettings, weight_bytes
+from pipeline.optimize.quantizers import quantize
 from tests.optimize.transform_models import cnn, cosine, digits, features, mlp, relative_error, run, tokens, transformer
 
 

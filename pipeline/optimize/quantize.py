@@ -32,6 +32,7 @@ from pipeline.core.errors import ArtifactError, InputError, PipelineError, first
 from pipeline.optimize.cache import Preprocessed, QuantCache
 from pipeline.optimize.calibration_feed import Progress, check_calibration
 from pipeline.optimize.graph import (
+    failing_nodes,
     keep_dim_names,
     keep_metadata,
     load,
@@ -41,7 +42,7 @@ from pipeline.optimize.graph import (
     strip_debug_info,
 )
 from pipeline.optimize.kind import Job, Kind, Made
-from pipeline.optimize.nodes import MODES, QUANT_OPS, name_nodes, quantizable_nodes, quantized_nodes
+from pipeline.optimize.nodes import MODES, QUANT_OPS, name_nodes, nodes_behind, quantizable_nodes, quantized_nodes
 from pipeline.recipe.schema import OptimizeSpec
 
 TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
@@ -207,7 +208,8 @@ class Quantizer(Kind[QuantSettings]):
         original = load(src)
         model = onnx.ModelProto.FromString(original.SerializeToString())
         named = name_nodes(model)
-        unknown = [n for n in settings.nodes_to_exclude if n not in {node.name for node in model.graph.node}]
+        names = {node.name for node in model.graph.node}
+        unknown = [n for n in settings.nodes_to_exclude if n not in names]
         if unknown:
             known = quantizable_nodes(src, settings.mode)
             raise InputError(
@@ -238,7 +240,7 @@ class Quantizer(Kind[QuantSettings]):
             ) from exc
         result = load(out)
         keep_dim_names(result, original)
-        _check_output(original, result, out, settings)
+        check_output(original, result, out, settings, names)
         keep_metadata(result, original)
         stripped = strip_debug_info(result)
         onnx.save(result, str(dst))
@@ -363,16 +365,23 @@ def _run_preprocess(named: Path, out: Path) -> Preprocessed:
     return Preprocessed(out, warnings)
 
 
-def _check_output(original: onnx.ModelProto, result: onnx.ModelProto, path: Path, settings: QuantSettings) -> None:
-    """Refuse a result that onnxruntime cannot load or that changes the model's signature."""
+def check_output(
+    original: onnx.ModelProto, result: onnx.ModelProto, path: Path, settings: QuantSettings, names: set[str]
+) -> None:
+    """Refuse a result that onnxruntime cannot load or that changes the model's signature, naming the nodes
+    of the source (`names`: the names nodes_to_exclude takes) that the node onnxruntime failed on stands for."""
     problems = [f"it changes the signature: {p}" for p in signature_changes(original, result)]
     error = loads_in_onnxruntime(path)
     problems += [f"onnxruntime cannot load it: {error}"] if error else []
-    if problems:
-        raise ArtifactError(
-            f"{settings.describe()} made a broken model ({'; '.join(problems)}); try other settings or "
-            "exclude the nodes named (nodes_to_exclude)"
-        )
+    if not problems:
+        return
+    blamed = sorted({name for node in failing_nodes(error) for name in nodes_behind(result, node, names)})
+    fix = (
+        f"exclude {', '.join(repr(n) for n in blamed)} (nodes_to_exclude) or try other settings"
+        if blamed
+        else "try other settings"
+    )
+    raise ArtifactError(f"{settings.describe()} made a broken model ({'; '.join(problems)}); {fix}")
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:

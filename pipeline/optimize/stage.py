@@ -27,7 +27,7 @@ from pipeline.artifact.directory import Artifact
 from pipeline.artifact.records import OptimizeRecord
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant, variant_file
-from pipeline.core.errors import CheckFailed, InputError, PipelineError
+from pipeline.core.errors import ArtifactError, CheckFailed, InputError, PipelineError
 from pipeline.optimize.judge import Judge, Verdict
 from pipeline.optimize.kind import Job, Kind, Made
 from pipeline.optimize.kinds import KINDS
@@ -171,10 +171,10 @@ def _make_variants(
         dst = job.scratch / variant_file(kind.name)
         try:
             made.append(kind.make(replace(job, dst=dst), config))
-        except InputError:  # bad usage (settings, missing samples): exit 2, as any other stage
-            raise
-        except PipelineError as exc:  # onnxruntime could not make or load it: this variant failed, the run goes on
-            dst.unlink(missing_ok=True)
+        except PipelineError as exc:
+            if isinstance(exc, InputError) and not isinstance(exc, ArtifactError):
+                raise  # bad usage (a setting, samples the kind needs): exit 2, as in any other stage
+            dst.unlink(missing_ok=True)  # onnxruntime could not make or load it: this variant failed, the run goes on
             made.append(_not_made(kind, config, exc))
             job.say(f"{kind.name}: FAILED, not made: {made[-1].verdict.detail}")
     return made

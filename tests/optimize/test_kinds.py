@@ -1,0 +1,42 @@
+"""Each variant kind is a unit: a new kind is one module and one line in KINDS, made, judged, timed and recorded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.artifact.directory import Artifact
+from pipeline.cli import main
+from pipeline.optimize import stage
+from pipeline.optimize.kinds import KINDS
+from tests.optimize.test_stage import imported
+from tests.optimize.throwaway_kind import COPY
+
+
+def test_every_kind_names_its_variant_precision_and_what_asks_for_it() -> None:
+    names = [kind.name for kind in KINDS]
+    assert names == ["opt", "int8-dynamic", "int8-static", "fp16", "int8"]
+    assert {kind.choice for kind in KINDS} == {None, "dynamic", "static", "fp16", "auto"}
+    assert [kind.precision for kind in KINDS] == ["fp32", "int8", "int8", "fp16", "int8"]
+
+
+def test_a_new_kind_is_one_module_and_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = imported(tmp_path, "lin")
+    monkeypatch.setattr(stage, "KINDS", [*KINDS, COPY])  # the one line: the kind added to the list
+
+    result = CliRunner().invoke(main, ["optimize", str(root), "--quantize", "dynamic", "--graph", "none"])
+
+    assert result.exit_code == 0, result.output
+    assert "[optimize] copy: " in result.output, result.output
+    manifest = Artifact.load(root).manifest  # loading verifies every listed file's hash
+    copy = manifest.variants["copy"]
+    assert copy.passed and copy.file == "variants/model.copy.onnx" and copy.file in manifest.files
+    assert copy.precision == "fp32" and copy.stage == "optimize" and copy.settings == {"debug_info": False}
+    assert copy.parent == manifest.files["model.onnx"].sha256 and "p50_ms_b1" in copy.latency  # timed beside fp32
+    assert manifest.stages.optimize is not None and manifest.stages.optimize.variants == ["int8-dynamic", "copy"]
+    report = json.loads((root / "reports" / "optimize.json").read_text())
+    assert [v["variant"] for v in report["variants"]] == ["int8-dynamic", "copy"]
+    assert "| copy | passed |" in (root / "reports" / "optimize.md").read_text()

@@ -9,6 +9,7 @@ import click
 
 from pipeline.cli.gate_options import gate_flags, gate_options
 from pipeline.cli.group import main
+from pipeline.recipe.defaults import SEARCH_SECONDS
 
 
 @main.command()
@@ -31,8 +32,12 @@ from pipeline.cli.group import main
 )
 @click.option("--slim/--no-slim", default=None, help="onnxslim after onnxruntime's passes for the opt variant.")
 @click.option("--max-exclusions", type=int, default=None, help="auto: nodes the search may leave in fp32.")
-@click.option("--search-seconds", type=float, default=None,
-              help="auto: start no new candidate after N seconds, keep the best so far [default: 120].")  # fmt: skip
+@click.option(
+    "--search-seconds",
+    type=float,
+    default=None,
+    help=f"auto: no new candidate after N seconds, the best so far kept [default: {SEARCH_SECONDS:g}].",
+)
 @click.option("--threads", type=int, default=None, help="Intra-op threads the variants are timed with.")
 @click.option("--strict/--no-strict", default=None, help="Exit 1 when a variant misses its budget [default: recipe].")
 @click.option("--recipe", type=click.Path(), default=None, help="Recipe to read optimize settings from.")

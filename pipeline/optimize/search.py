@@ -42,10 +42,10 @@ from pipeline.optimize.quantizers import quantize
 from pipeline.optimize.repair import Exclusion, repair
 from pipeline.optimize.speed import Timer, choose
 from pipeline.optimize.trial import NOISE, Trial, failed_verdict
+from pipeline.recipe.defaults import SEARCH_SECONDS
 
 REPAIR_FAMILIES = 3  # kinds of int8 (dynamic, static uint8, static int8) re-tried with each exclusion, each
 # with its closest settings: a node left in fp32 can turn one kind from a miss into a pass where another still misses
-SEARCH_SECONDS = 120.0  # the default budget of a search; what passed by then is kept
 Say = Callable[[str], None]
 
 

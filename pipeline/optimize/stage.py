@@ -1,15 +1,16 @@
 """`pipe optimize ARTIFACT`: graph-optimized and quantized variants of model.onnx, each judged against it.
 
 Steps: read the recipe's `optimize:` section as it is now (command-line values on top; an
-imported artifact has no recipe and uses the defaults); build every variant asked for into a
-scratch directory (`opt`: onnxruntime's portable passes and onnxslim; `int8-dynamic`,
-`int8-static`, `fp16`; `auto`: the budget search, kept as `int8`); judge each against
-model.onnx with the verifier (Exact for the lossless graph pass, the task's budget for the lossy
-ones); time all of them and model.onnx side by side in one run; then, under the artifact's lock,
-move them into place and record each variant (passed, or failed with the reason: never served
-by default), the stage record and reports/optimize.json + .md. A variant that misses its budget
-is still written, so the best effort is there to inspect; `strict` makes the command exit 1.
-The run's wall time and peak memory (the process's maximum resident set) are printed and reported.
+imported artifact has no recipe and uses the defaults); read calibration samples when a kind asked
+for calibrates; make each variant kind asked for (`kinds.KINDS`, in order: `opt`, `int8-dynamic`,
+`int8-static`, `fp16`, and `int8` for auto) into a scratch directory, each judged against
+model.onnx by its kind (the lossless policy for `opt`, the task's budget for the lossy ones); a
+kind that fails to make its file is its variant's failed record, and the others are still made;
+time all of them and model.onnx side by side in one run; then, under the artifact's lock, move them
+into place and record each variant (passed, or failed with the reason: never served by default),
+the stage record and reports/optimize.json + .md. A variant that misses its budget is still
+written, so the best effort is there to inspect; `strict` makes the command exit 1. The run's
+wall time and peak memory (the process's maximum resident set) are printed and reported.
 """
 
 from __future__ import annotations

@@ -40,3 +40,10 @@ def test_a_new_kind_is_one_module_and_one_line(tmp_path: Path, monkeypatch: pyte
     report = json.loads((root / "reports" / "optimize.json").read_text())
     assert [v["variant"] for v in report["variants"]] == ["int8-dynamic", "copy"]
     assert "| copy | passed |" in (root / "reports" / "optimize.md").read_text()
+
+
+def test_no_module_of_optimize_shares_a_name_with_a_package() -> None:
+    """`optimize/samples.py` and `optimize/report.py` once read as pipeline.samples and pipeline.report (issue 27)."""
+    package = Path(stage.__file__).parent
+    packages = {p.name for p in package.parent.iterdir() if (p / "__init__.py").is_file()}
+    assert not {p.stem for p in package.glob("*.py")} & packages

@@ -32,6 +32,7 @@ from pipeline.core.errors import ArtifactError, InputError, PipelineError, first
 from pipeline.optimize.cache import Preprocessed, QuantCache
 from pipeline.optimize.calibration_feed import Progress, check_calibration
 from pipeline.optimize.graph import (
+    error_line,
     failing_nodes,
     keep_dim_names,
     keep_metadata,
@@ -234,9 +235,10 @@ class Quantizer(Kind[QuantSettings]):
         except PipelineError:
             raise
         except Exception as exc:  # onnxruntime's tools raise bare Exception/ValueError/KeyError as they go
+            line = error_line(exc)
             raise ArtifactError(
                 f"onnxruntime could not quantize {source.name} ({settings.describe()}): "
-                f"{type(exc).__name__}: {first_line(exc)}; try other settings or exclude the failing node"
+                f"{type(exc).__name__}: {line}; {_fix(step.model, line, names)}"
             ) from exc
         result = load(out)
         keep_dim_names(result, original)
@@ -375,13 +377,16 @@ def check_output(
     problems += [f"onnxruntime cannot load it: {error}"] if error else []
     if not problems:
         return
-    blamed = sorted({name for node in failing_nodes(error) for name in nodes_behind(result, node, names)})
-    fix = (
-        f"exclude {', '.join(repr(n) for n in blamed)} (nodes_to_exclude) or try other settings"
-        if blamed
-        else "try other settings"
-    )
+    fix = _fix(result, error, names)
     raise ArtifactError(f"{settings.describe()} made a broken model ({'; '.join(problems)}); {fix}")
+
+
+def _fix(model: onnx.ModelProto, error: str, names: set[str]) -> str:
+    """The advice for an onnxruntime error about `model`: the source nodes (`names`) to exclude, when it names any."""
+    blamed = sorted({name for node in failing_nodes(error) for name in nodes_behind(model, node, names)})
+    if not blamed:
+        return "try other settings"
+    return f"exclude {', '.join(repr(n) for n in blamed)} (nodes_to_exclude) or try other settings"
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:

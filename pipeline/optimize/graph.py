@@ -136,11 +136,12 @@ def signature(model: onnx.ModelProto) -> dict[str, list[tuple[str, int, list[str
 def signature_changes(before: onnx.ModelProto, after: onnx.ModelProto) -> list[str]:
     """Every way `after` breaks the signature of `before`, as declared in the files.
 
-    Names, element types and ranks must stay, and every fixed dim. An input's free dim must stay free (a
-    batch frozen to 1 is a broken model that still loads); an output's free dim may be written fixed or as
-    an expression (shape inference derives `Divembedding_dim_1` as 384, a width as `floor((8210*...`):
-    what it computes is then held by running it (the gate compares every output at several batches), not
-    by its declaration. An unknown dim may become known.
+    Names, element types and ranks must stay. An input's fixed dims must stay, and its free dims stay free
+    (a batch frozen to 1 is a broken model that still loads). An output's dim may be written as the size
+    shape inference computes or as an expression (`Divembedding_dim_1` as 384, a recognizer's 40 or its
+    width as `floor((8210*...`): what it computes is held by running it (the gate compares every output
+    at several batches), not by its declaration; only a fixed size declared as another is refused. An
+    unknown dim may become known.
     """
     old, new = signature(before), signature(after)
     problems = []
@@ -164,9 +165,9 @@ def signature_changes(before: onnx.ModelProto, after: onnx.ModelProto) -> list[s
 def _dim_changed(before: str | int | None, after: str | int | None, is_input: bool) -> bool:
     if before is None:
         return False  # unknown: anything may be known now
-    if isinstance(before, int):
-        return after != before
-    return is_input and not isinstance(after, str)  # a free input dim stays free; a free output dim is run
+    if is_input:
+        return after != before if isinstance(before, int) else not isinstance(after, str)  # free stays free
+    return isinstance(before, int) and isinstance(after, int) and after != before  # else run, not declared
 
 
 def loads_in_onnxruntime(path: Path) -> str:
@@ -312,8 +313,8 @@ def keep_dim_names(model: onnx.ModelProto, original: onnx.ModelProto) -> None:
     free dim it can derive as an expression (a YOLO head's `anchors` becomes `(floor(height/2 - 1/2) ...)`)
     or, on an output, as the size it computes (`Divembedding_dim_1` -> 384): the same model under another
     declaration. An input's free dim is named back only when it is still free (one made fixed is left for
-    `signature_changes` to refuse); an output's free dim is always named back, and what it computes is held
-    by running it.
+    `signature_changes` to refuse); an output's free dim is always named back, and a fixed output size
+    written as an expression is written as the size again; what an output computes is held by running it.
     """
     for side in ("input", "output"):
         declared = {value.name: value for value in getattr(original.graph, side)}
@@ -325,10 +326,11 @@ def keep_dim_names(model: onnx.ModelProto, original: onnx.ModelProto) -> None:
             if len(dims) != len(old):
                 continue
             for dim, was in zip(dims, old, strict=True):
-                if not was.dim_param or dim.dim_param == was.dim_param:
-                    continue
-                if side == "output" or not dim.HasField("dim_value"):
-                    dim.dim_param = was.dim_param  # clears dim_value: one of the two
+                if was.dim_param and dim.dim_param != was.dim_param:
+                    if side == "output" or not dim.HasField("dim_value"):
+                        dim.dim_param = was.dim_param  # clears dim_value: one of the two
+                elif side == "output" and was.HasField("dim_value") and dim.dim_param:
+                    dim.dim_value = was.dim_value  # a fixed output size shape inference wrote as an expression
 
 
 def keep_metadata(model: onnx.ModelProto, original: onnx.ModelProto) -> None:

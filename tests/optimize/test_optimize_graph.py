@@ -121,6 +121,9 @@ def test_a_frozen_batch_or_renamed_output_is_a_signature_change() -> None:
     # a free output dim that shape inference wrote as its size or an expression: run, not refused (issue 28)
     assert signature_changes(model("N", "y", width="d"), model("N", "y", width="4")) == []
     assert signature_changes(model("N", "y", out_batch="n_out"), model("N", "y", out_batch="M")) == []
+    expression = model("N", "y")
+    expression.graph.output[0].type.tensor_type.shape.dim[1].dim_param = "floor((8210*floor(w/2)))"  # a fixed 4
+    assert signature_changes(model("N", "y"), expression) == []
 
 
 def test_metadata_props_survive(tmp_path: Path) -> None:

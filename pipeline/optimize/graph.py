@@ -1,6 +1,6 @@
 """Graph optimization: an ONNX file in, a smaller equivalent ONNX file out, and what changed.
 
-Two steps, each kept only when its result still loads and keeps the model's signature:
+Two steps, each kept only when its result passes onnx's checker, still loads and keeps the model's signature:
 1. onnxruntime's offline optimizer at level basic (constant folding, redundant node removal) or
    extended (also fusions such as Gelu, LayerNormalization, Attention, FusedConv), on the CPU
    provider. Never ORT_ENABLE_ALL: its layout transforms (NCHWc) are written for the CPU the file
@@ -245,6 +245,10 @@ def _checked(candidate: onnx.ModelProto, original: onnx.ModelProto, path: Path) 
     problems = signature_changes(original, candidate)
     if problems:
         return "it changed the signature: " + "; ".join(problems)
+    try:  # the gate's checker: onnxruntime's extended fusions can write an op the model's opset lacks
+        onnx.checker.check_model(str(path))
+    except (onnx.checker.ValidationError, ValueError, OSError) as exc:
+        return f"onnx's checker refuses its result: {error_line(exc)}"
     error = loads_in_onnxruntime(path)
     return f"onnxruntime cannot load its result: {error}" if error else ""
 

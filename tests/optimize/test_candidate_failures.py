@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.parser
 import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
@@ -99,3 +100,33 @@ def test_one_kind_that_fails_is_recorded_failed_and_the_others_are_kept(tmp_path
     record = manifest.stages.optimize
     assert record is not None and record.variants == ["opt", "int8-dynamic", "fp16", "int8"] and "fp16" in record.failed
     assert "| fp16 | failed |" in (root / "reports" / "optimize.md").read_text()
+
+
+LAYER_NORM_OPSET_12 = """
+<ir_version: 7, opset_import: ["" : 12]>
+ln (float[N, 8] x) => (float[N, 8] y)
+<float[8] gamma = {1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0}, float[8] beta = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0},
+ float two = {2.0}, float eps = {0.00001}>
+{
+  mean = ReduceMean <axes = [-1]> (x)
+  d = Sub(x, mean)
+  sq = Pow(d, two)
+  var = ReduceMean <axes = [-1]> (sq)
+  ve = Add(var, eps)
+  sd = Sqrt(ve)
+  n = Div(d, sd)
+  g = Mul(n, gamma)
+  y = Add(g, beta)
+}
+"""
+
+
+def test_a_fusion_the_models_opset_lacks_is_refused_at_optimize_with_the_level_that_works(tmp_path: Path) -> None:
+    """PP-OCRv4's recognizer (opset 12) at extended: onnxruntime fuses its layer norms into LayerNormalization,
+    an opset-17 op the checker refuses; the gate failed it after the fact, saying nothing of the level."""
+    src = tmp_path / "ln.onnx"
+    onnx.save(onnx.parser.parse_model(LAYER_NORM_OPSET_12), str(src))
+    with pytest.raises(ArtifactError, match=r"checker refuses its result: No Op registered for LayerNorm") as no:
+        optimize_graph(src, tmp_path / "extended.onnx", "extended")
+    assert "use level basic (--graph basic)" in str(no.value) and not (tmp_path / "extended.onnx").exists()
+    assert "LayerNormalization" not in optimize_graph(src, tmp_path / "basic.onnx", "basic").ops_after  # valid

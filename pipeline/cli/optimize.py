@@ -9,7 +9,7 @@ import click
 
 from pipeline.cli.gate_options import gate_flags, gate_options
 from pipeline.cli.group import main
-from pipeline.recipe.defaults import SEARCH_SECONDS
+from pipeline.recipe.defaults import MAX_EXCLUSIONS, SEARCH_SECONDS
 
 
 @main.command()
@@ -31,7 +31,12 @@ from pipeline.recipe.defaults import SEARCH_SECONDS
     help="Real training samples static int8 calibrates on.",
 )
 @click.option("--slim/--no-slim", default=None, help="onnxslim after onnxruntime's passes for the opt variant.")
-@click.option("--max-exclusions", type=int, default=None, help="auto: nodes the search may leave in fp32.")
+@click.option(
+    "--max-exclusions",
+    type=int,
+    default=None,
+    help=f"auto: nodes the search may leave in fp32 [default: {MAX_EXCLUSIONS}].",
+)
 @click.option(
     "--search-seconds",
     type=float,

@@ -42,7 +42,7 @@ from pipeline.optimize.quantizers import quantize
 from pipeline.optimize.repair import Exclusion, repair
 from pipeline.optimize.speed import Timer, choose
 from pipeline.optimize.trial import NOISE, Trial, failed_verdict
-from pipeline.recipe.defaults import SEARCH_SECONDS
+from pipeline.recipe.defaults import MAX_EXCLUSIONS, SEARCH_SECONDS
 
 REPAIR_FAMILIES = 3  # kinds of int8 (dynamic, static uint8, static int8) re-tried with each exclusion, each
 # with its closest settings: a node left in fp32 can turn one kind from a miss into a pass where another still misses
@@ -94,7 +94,7 @@ def auto_search(
     calibration: Mapping[str, np.ndarray] | None,
     judge: Callable[[Path], Verdict],
     samples: Mapping[str, np.ndarray],
-    max_exclusions: int = 8,
+    max_exclusions: int = MAX_EXCLUSIONS,
     threads: int = 1,
     progress: Say | None = None,
     seconds: float = 1.0,

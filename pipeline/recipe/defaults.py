@@ -7,3 +7,5 @@ from __future__ import annotations
 
 # optimize.search_seconds: the auto search starts no new candidate after this many seconds; the best so far is kept
 SEARCH_SECONDS = 120.0
+# optimize.max_exclusions: the nodes the auto search may leave in fp32 to meet the budget
+MAX_EXCLUSIONS = 8

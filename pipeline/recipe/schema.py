@@ -18,7 +18,7 @@ from pipeline.artifact.manifest import NAME as MODEL_NAME
 from pipeline.core.errors import RecipeError
 from pipeline.recipe.architectures import HFSpec, LoraSpec, ModelSpec
 from pipeline.recipe.budgets import BudgetSpec
-from pipeline.recipe.defaults import SEARCH_SECONDS
+from pipeline.recipe.defaults import MAX_EXCLUSIONS, SEARCH_SECONDS
 from pipeline.recipe.gates import Gate, LosslessGate
 from pipeline.recipe.strict import Strict
 
@@ -160,7 +160,7 @@ class OptimizeSpec(Gate):
     activation_type: Literal["uint8", "int8"] = "uint8"  # static: activations' int8 type
     calibration: Literal["minmax", "entropy", "percentile"] = "minmax"  # static: how activation ranges are set
     calibration_samples: int = Field(256, gt=0, le=100_000)  # real training samples the static ranges are measured on
-    max_exclusions: int = Field(8, ge=0, le=100_000)  # auto: nodes the search may leave in fp32
+    max_exclusions: int = Field(MAX_EXCLUSIONS, ge=0, le=100_000)  # auto: nodes the search may leave in fp32
     # auto: no new candidate is started after this many seconds; the best passed so far is kept
     search_seconds: float = Field(SEARCH_SECONDS, gt=0, le=86_400)
     threads: int = Field(1, gt=0, le=256)  # intra-op threads the variants are timed with (100,000 crashed libgomp)

@@ -6,6 +6,8 @@ config and a run hook). A kind is one module holding one subclass of `Kind`:
 - `name`, `precision`: the variant it makes (`int8-static` -> variants/model.int8-static.onnx, int8);
 - `asked(spec)`: whether the optimize section asks for it (by default `choice` in `--quantize`);
 - `calibrates(spec, real)`: whether it needs real samples to calibrate on (`Job.calibration`);
+- `parent`: the variant it is made from, when not model.onnx (made earlier in the same run, and
+  passed; else this kind is not made, and a note says why); it is still judged against model.onnx;
 - `config(spec, task)`: its own settings type, made from the section (defaults are declared once,
   in the recipe's `OptimizeSpec`; a kind keeps only what it uses);
 - `skip(source, config)`: why it does not apply to this graph ('' when it does: a note, no failure);
@@ -36,7 +38,7 @@ Say = Callable[[str], None]
 class Job:
     """What a kind is given to make its variant."""
 
-    source: Path  # model.onnx, never modified
+    source: Path  # what the kind is made from: model.onnx, or its parent variant's file; never modified
     dst: Path  # where the variant goes: the scratch directory's variants/model.<name>.onnx
     scratch: Path  # the stage's scratch directory (a kind makes its own sub-directory for intermediates)
     judge: Judge  # holds a file against model.onnx: lossy budget by default, `judge.lossless` for fp32 kinds
@@ -57,6 +59,7 @@ class Made:
     size: int | None = None  # bytes, once written
     note: str = ""  # what a reader must know beyond pass/fail (an int8 model smaller but not faster, and why)
     written: bool = True  # False: the kind failed before it had a file; recorded as failed, with why
+    parent: str | None = None  # sha256 of the file it was made from when not model.onnx (a parent variant's)
 
     @property
     def file(self) -> str:
@@ -69,6 +72,7 @@ class Kind(ABC, Generic[Config]):
     name: ClassVar[str]  # the variant name (a file name part: lowercase, digits, '-' and '_')
     precision: ClassVar[str]  # fp32 | fp16 | int8 | int4 ...
     choice: ClassVar[str | None] = None  # the `--quantize` value that asks for it; None: asked otherwise
+    parent: ClassVar[str | None] = None  # the variant it is made from; None: model.onnx
 
     def asked(self, spec: OptimizeSpec) -> bool:
         """Whether the optimize section asks for this variant."""

@@ -29,6 +29,7 @@ from pipeline.artifact.records import OptimizeRecord
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant, variant_file
 from pipeline.core.errors import ArtifactError, CheckFailed, InputError, PipelineError
+from pipeline.core.fsutil import sha256_file
 from pipeline.optimize.judge import Judge, Verdict
 from pipeline.optimize.kind import Job, Kind, Made
 from pipeline.optimize.kinds import KINDS
@@ -118,9 +119,9 @@ def optimize_artifact(
                     del fresh.manifest.variants[name]
             for m in made:
                 if m.written:
-                    fresh.add_variant(m.name, _variant(m, parent, fresh))
+                    fresh.add_variant(m.name, _variant(m, m.parent or parent, fresh))
                 else:  # failed before it had a file: recorded with why, nothing listed
-                    fresh.manifest.variants[m.name] = _variant(m, parent, fresh)
+                    fresh.manifest.variants[m.name] = _variant(m, m.parent or parent, fresh)
             if FP32 in fresh.manifest.variants:  # timed beside the variants: what `--variant best` compares
                 fresh.manifest.variants[FP32].latency = timed[FP32].to_dict()
             fresh.manifest.stages.optimize = OptimizeRecord(
@@ -165,18 +166,28 @@ def _make_variants(
         if not kind.asked(settings):
             continue
         config = kind.config(settings, task)
-        if why := kind.skip(job.source, config):
+        source, parent = job.source, None
+        if kind.parent is not None:  # made from a variant of this run: it must be there, and have passed
+            base = next((m for m in made if m.name == kind.parent and m.written and m.verdict.passed), None)
+            source = job.scratch / base.file if base is not None else source
+            parent = sha256_file(source) if base is not None else None
+        why = kind.skip(source, config) if kind.parent is None or parent is not None else (
+            f"{kind.name} not made: it is made from {kind.parent}, which this run did not make or which failed"
+        )  # fmt: skip
+        if why:
             notes.append(why)
             job.say(why)
             continue
         dst = job.scratch / variant_file(kind.name)
         try:
-            made.append(kind.make(replace(job, dst=dst), config))
+            made.append(kind.make(replace(job, source=source, dst=dst), config))
+            made[-1].parent = parent
         except PipelineError as exc:
             if isinstance(exc, InputError) and not isinstance(exc, ArtifactError):
                 raise  # bad usage (a setting, samples the kind needs): exit 2, as in any other stage
             dst.unlink(missing_ok=True)  # onnxruntime could not make or load it: this variant failed, the run goes on
             made.append(_not_made(kind, config, exc))
+            made[-1].parent = parent
             job.say(f"{kind.name}: FAILED, not made: {made[-1].verdict.detail}")
     return made
 

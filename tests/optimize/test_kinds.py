@@ -13,7 +13,7 @@ from pipeline.cli import main
 from pipeline.optimize import stage
 from pipeline.optimize.kinds import KINDS
 from tests.optimize.test_stage import imported
-from tests.optimize.throwaway_kind import COPY
+from tests.optimize.throwaway_kind import COPY, COPY_OF_OPT
 
 
 def test_every_kind_names_its_variant_precision_and_what_asks_for_it() -> None:
@@ -47,3 +47,25 @@ def test_no_module_of_optimize_shares_a_name_with_a_package() -> None:
     package = Path(stage.__file__).parent
     packages = {p.name for p in package.parent.iterdir() if (p / "__init__.py").is_file()}
     assert not {p.stem for p in package.glob("*.py")} & packages
+
+
+def test_a_kind_made_from_a_parent_variant_records_it_and_is_not_made_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = imported(tmp_path, "lin")
+    monkeypatch.setattr(stage, "KINDS", [*KINDS, COPY_OF_OPT])
+    args = ["optimize", str(root), "--quantize", "fp16"]
+
+    made = CliRunner().invoke(main, args)
+
+    assert made.exit_code == 0, made.output
+    manifest = Artifact.load(root).manifest
+    child, opt = manifest.variants["copy-of-opt"], manifest.variants["opt"]
+    assert child.passed and child.parent == manifest.files[opt.file].sha256 != manifest.files["model.onnx"].sha256
+    assert manifest.variants["fp16"].parent == manifest.files["model.onnx"].sha256
+
+    alone = CliRunner().invoke(main, [*args, "--graph", "none"])  # no opt this run: nothing to make it from
+
+    assert alone.exit_code == 0, alone.output
+    assert "copy-of-opt not made: it is made from opt, which this run did not make" in alone.output
+    assert "copy-of-opt" not in Artifact.load(root).manifest.variants  # the earlier one, stale, is removed

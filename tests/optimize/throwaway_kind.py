@@ -44,3 +44,12 @@ class Copy(Kind[CopySettings]):
 
 
 COPY = Copy()
+
+
+class CopyOfOpt(Copy):
+    """The same copy, made from the `opt` variant of the same run: a kind with a parent variant."""
+
+    name, parent = "copy-of-opt", "opt"
+
+
+COPY_OF_OPT = CopyOfOpt()

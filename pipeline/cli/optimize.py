@@ -9,12 +9,12 @@ import click
 
 from pipeline.cli.gate_options import gate_flags, gate_options
 from pipeline.cli.group import main
-from pipeline.recipe.defaults import MAX_EXCLUSIONS, SEARCH_SECONDS
+from pipeline.recipe.defaults import MAX_EXCLUSIONS, QUANTIZE_CHOICES, SEARCH_SECONDS
 
 
 @main.command()
 @click.argument("artifact", type=click.Path())
-@click.option("--quantize", "quantize", multiple=True, type=click.Choice(["dynamic", "static", "fp16", "auto"]),
+@click.option("--quantize", "quantize", multiple=True, type=click.Choice(QUANTIZE_CHOICES),
               help="Variants to make (repeatable) [default: the recipe's optimize.quantize].")  # fmt: skip
 @click.option("--graph", type=click.Choice(["none", "basic", "extended"]), default=None,
               help="onnxruntime offline level for variants/model.opt.onnx [default: recipe].")  # fmt: skip

@@ -9,3 +9,5 @@ from __future__ import annotations
 SEARCH_SECONDS = 120.0
 # optimize.max_exclusions: the nodes the auto search may leave in fp32 to meet the budget
 MAX_EXCLUSIONS = 8
+# optimize.quantize and `pipe optimize --quantize`: the choices, one per variant kind asked by it (optimize/kinds.py)
+QUANTIZE_CHOICES = ("dynamic", "static", "fp16", "auto")

@@ -18,7 +18,7 @@ from pipeline.artifact.manifest import NAME as MODEL_NAME
 from pipeline.core.errors import RecipeError
 from pipeline.recipe.architectures import HFSpec, LoraSpec, ModelSpec
 from pipeline.recipe.budgets import BudgetSpec
-from pipeline.recipe.defaults import MAX_EXCLUSIONS, SEARCH_SECONDS
+from pipeline.recipe.defaults import MAX_EXCLUSIONS, QUANTIZE_CHOICES, SEARCH_SECONDS
 from pipeline.recipe.gates import Gate, LosslessGate
 from pipeline.recipe.strict import Strict
 
@@ -154,7 +154,7 @@ class OptimizeSpec(Gate):
 
     graph: Literal["none", "basic", "extended"] = "extended"  # onnxruntime offline level for variants/model.opt.onnx
     slim: bool = True  # onnxslim after onnxruntime's passes
-    quantize: list[Literal["dynamic", "static", "fp16", "auto"]] = ["dynamic", "static"]  # auto: the budget search
+    quantize: list[Literal[QUANTIZE_CHOICES]] = ["dynamic", "static"]  # auto: the budget search
     per_channel: bool = False  # int8 weights: one scale per output channel instead of per tensor
     reduce_range: bool = False  # 7-bit weights, for CPUs without VNNI where 8-bit saturates
     activation_type: Literal["uint8", "int8"] = "uint8"  # static: activations' int8 type

@@ -12,6 +12,7 @@ from pipeline.artifact.directory import Artifact
 from pipeline.cli import main
 from pipeline.optimize import stage
 from pipeline.optimize.kinds import KINDS
+from pipeline.recipe.defaults import QUANTIZE_CHOICES
 from tests.optimize.test_stage import imported
 from tests.optimize.throwaway_kind import COPY, COPY_OF_OPT
 
@@ -19,8 +20,10 @@ from tests.optimize.throwaway_kind import COPY, COPY_OF_OPT
 def test_every_kind_names_its_variant_precision_and_what_asks_for_it() -> None:
     names = [kind.name for kind in KINDS]
     assert names == ["opt", "int8-dynamic", "int8-static", "fp16", "int8"]
-    assert {kind.choice for kind in KINDS} == {None, "dynamic", "static", "fp16", "auto"}
     assert [kind.precision for kind in KINDS] == ["fp32", "int8", "int8", "fp16", "int8"]
+    # each --quantize choice (the recipe's and the CLI's, one tuple) asks for exactly one kind, and back
+    choices = [kind.choice for kind in KINDS if kind.choice is not None]
+    assert sorted(choices) == sorted(QUANTIZE_CHOICES) and len(set(choices)) == len(choices)
 
 
 def test_a_new_kind_is_one_module_and_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

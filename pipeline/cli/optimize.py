@@ -9,11 +9,12 @@ import click
 
 from pipeline.cli.gate_options import gate_flags, gate_options
 from pipeline.cli.group import main
+from pipeline.recipe.defaults import MAX_EXCLUSIONS, QUANTIZE_CHOICES, SEARCH_SECONDS
 
 
 @main.command()
 @click.argument("artifact", type=click.Path())
-@click.option("--quantize", "quantize", multiple=True, type=click.Choice(["dynamic", "static", "fp16", "auto"]),
+@click.option("--quantize", "quantize", multiple=True, type=click.Choice(QUANTIZE_CHOICES),
               help="Variants to make (repeatable) [default: the recipe's optimize.quantize].")  # fmt: skip
 @click.option("--graph", type=click.Choice(["none", "basic", "extended"]), default=None,
               help="onnxruntime offline level for variants/model.opt.onnx [default: recipe].")  # fmt: skip
@@ -30,9 +31,18 @@ from pipeline.cli.group import main
     help="Real training samples static int8 calibrates on.",
 )
 @click.option("--slim/--no-slim", default=None, help="onnxslim after onnxruntime's passes for the opt variant.")
-@click.option("--max-exclusions", type=int, default=None, help="auto: nodes the search may leave in fp32.")
-@click.option("--search-seconds", type=float, default=None,
-              help="auto: start no new candidate after N seconds, keep the best so far [default: 120].")  # fmt: skip
+@click.option(
+    "--max-exclusions",
+    type=int,
+    default=None,
+    help=f"auto: nodes the search may leave in fp32 [default: {MAX_EXCLUSIONS}].",
+)
+@click.option(
+    "--search-seconds",
+    type=float,
+    default=None,
+    help=f"auto: no new candidate after N seconds, the best so far kept [default: {SEARCH_SECONDS:g}].",
+)
 @click.option("--threads", type=int, default=None, help="Intra-op threads the variants are timed with.")
 @click.option("--strict/--no-strict", default=None, help="Exit 1 when a variant misses its budget [default: recipe].")
 @click.option("--recipe", type=click.Path(), default=None, help="Recipe to read optimize settings from.")

@@ -21,6 +21,7 @@ from pipeline.artifact.directions import metric_drop
 from pipeline.artifact.directory import Artifact
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import ArtifactError
+from pipeline.optimize.graph import loads_in_onnxruntime
 from pipeline.runtime.runners import Candidate, Runner, ort_runner, run_chunked
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import structural_checks, verify
@@ -83,7 +84,8 @@ class Judge:
         try:
             runner = SplitMemo(ort_runner(candidate), e.data)
         except ArtifactError as exc:  # a file onnxruntime cannot load: the gate's table says so, nothing runs
-            report = GateReport([*structural_checks(candidate, scratch), Row("onnxruntime load", "-", False, str(exc))])
+            why = loads_in_onnxruntime(candidate) or str(exc)  # its node names whole (the session's line is cut)
+            report = GateReport([*structural_checks(candidate, scratch), Row("onnxruntime load", "-", False, why)])
             return Verdict(False, float("nan"), float("-inf"), _first_failure(report), report)
         subject = Candidate(runner, "ONNX", "onnxruntime", candidate)
         report = verify(subject, self.reference, e, m.spec, policy, scratch=scratch)

@@ -18,6 +18,7 @@ from pipeline.artifact.manifest import NAME as MODEL_NAME
 from pipeline.core.errors import RecipeError
 from pipeline.recipe.architectures import HFSpec, LoraSpec, ModelSpec
 from pipeline.recipe.budgets import BudgetSpec
+from pipeline.recipe.defaults import MAX_EXCLUSIONS, QUANTIZE_CHOICES, SEARCH_SECONDS
 from pipeline.recipe.gates import Gate, LosslessGate
 from pipeline.recipe.strict import Strict
 
@@ -153,15 +154,15 @@ class OptimizeSpec(Gate):
 
     graph: Literal["none", "basic", "extended"] = "extended"  # onnxruntime offline level for variants/model.opt.onnx
     slim: bool = True  # onnxslim after onnxruntime's passes
-    quantize: list[Literal["dynamic", "static", "fp16", "auto"]] = ["dynamic", "static"]  # auto: the budget search
+    quantize: list[Literal[QUANTIZE_CHOICES]] = ["dynamic", "static"]  # auto: the budget search
     per_channel: bool = False  # int8 weights: one scale per output channel instead of per tensor
     reduce_range: bool = False  # 7-bit weights, for CPUs without VNNI where 8-bit saturates
     activation_type: Literal["uint8", "int8"] = "uint8"  # static: activations' int8 type
     calibration: Literal["minmax", "entropy", "percentile"] = "minmax"  # static: how activation ranges are set
     calibration_samples: int = Field(256, gt=0, le=100_000)  # real training samples the static ranges are measured on
-    max_exclusions: int = Field(8, ge=0, le=100_000)  # auto: nodes the search may leave in fp32
+    max_exclusions: int = Field(MAX_EXCLUSIONS, ge=0, le=100_000)  # auto: nodes the search may leave in fp32
     # auto: no new candidate is started after this many seconds; the best passed so far is kept
-    search_seconds: float = Field(120.0, gt=0, le=86_400)
+    search_seconds: float = Field(SEARCH_SECONDS, gt=0, le=86_400)
     threads: int = Field(1, gt=0, le=256)  # intra-op threads the variants are timed with (100,000 crashed libgomp)
     strict: bool = False  # a variant that misses its budget fails the command (exit 1), not only its record
 

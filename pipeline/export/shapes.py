@@ -79,7 +79,7 @@ def write_dims(model: onnx.ModelProto, inputs: list[TensorSpec], outputs: list[T
 
 
 def _batch_dims(inputs: list[TensorSpec]) -> set[str]:
-    return {spec.shape[0] for spec in inputs if spec.shape and isinstance(spec.shape[0], str)}
+    return {s.shape[s.sample_axis] for s in inputs if s.shape and isinstance(s.shape[s.sample_axis], str)}
 
 
 def _spatial_axes(spec: TensorSpec) -> tuple[int, ...]:
@@ -115,7 +115,7 @@ def generated_inputs(
     arrays = {}
     for spec in specs:
         shape = [
-            d if isinstance(d, int) else batch if (i == 0 or d in batch_dims) else sizes.get(d, SEQUENCE_BASE)
+            d if isinstance(d, int) else batch if (i == spec.sample_axis or d in batch_dims) else sizes.get(d, SEQUENCE_BASE)
             for i, d in enumerate(spec.shape)
         ]
         if (values := np.prod(shape, dtype=object)) > MAX_GENERATED_VALUES:  # object: exact, no int64 overflow
@@ -135,6 +135,25 @@ def generated_inputs(
     return arrays
 
 
+def guessed_sizes(inputs: list[TensorSpec], sizes: dict[str, int], hints: dict[str, int] | None) -> list[str]:
+    """A note for each input whose generated size no graph, metadata or flag gave: the golden inputs, the gate
+    and a later `pipe export --target edge` (which fixes them) use it, so it is said, with the flag that gives it."""
+    notes = []
+    for spec in inputs:
+        guessed = [d for d in spec.shape if isinstance(d, str) and d in sizes and not (hints or {}).get(d)]
+        guessed = [d for d in guessed if not (_spatial_axes(spec) and image_record(spec))]
+        if not guessed:
+            continue
+        example = ",".join(str(d) if isinstance(d, int) else "<size>" if d in guessed else FREE for d in spec.shape)
+        shown = ", ".join(f"{d} {sizes[d]}" for d in guessed)
+        notes.append(
+            f"input {spec.name!r}: size guessed ({shown}: the first size the model runs at, not one it states); "
+            f"golden inputs, the gate and edge conversion use it. Give the real one with --input-shape "
+            f"{spec.name}:{example}"
+        )
+    return notes
+
+
 def choose_sizes(
     inputs: list[TensorSpec],
     probe: Probe,
@@ -152,7 +171,7 @@ def choose_sizes(
     bases: dict[str, int] = {}
     for spec in inputs:
         for axis, dim in enumerate(spec.shape):
-            if axis and isinstance(dim, str) and dim not in batch_dims:
+            if axis != spec.sample_axis and isinstance(dim, str) and dim not in batch_dims:
                 base = (hints or {}).get(dim) or _base(spec, axis)
                 bases[dim] = max(bases.get(dim, 0), base)
     if not bases:

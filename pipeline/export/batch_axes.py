@@ -119,7 +119,8 @@ def computed_outputs(
         if axis is not None and axis >= len(spec.shape):
             raise InputError(f"--batch-axis {spec.name}:{axis}: output {spec.name!r} computes {len(got)} dims {list(got)}")
         if axis:
-            how = "given" if spec.name in given else "the axis that follows the samples" if follows else "guessed"
+            how = ("given" if spec.name in given else "the axis that follows the samples" if follows
+                   else f"the first axis of the fixed batch's size {batch}; --batch-axis {spec.name}:AXIS gives another")
             notes.append(f"output {spec.name!r}: batch axis {axis} ({how})")
         taken.append(replace(spec, batch_axis=axis or None))
     return taken

@@ -70,7 +70,13 @@ def write_dims(model: onnx.ModelProto, inputs: list[TensorSpec], outputs: list[T
         spec = specs.get(value.name)
         if spec is None:  # an initializer listed as an input by an old IR version
             continue
-        for dim, wanted in zip(value.type.tensor_type.shape.dim, spec.shape, strict=True):
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) != len(spec.shape):  # an output taken as computed, of another rank than declared
+            del dims[:]
+            for _ in spec.shape:
+                dims.add()
+            changed = True
+        for dim, wanted in zip(dims, spec.shape, strict=True):
             if isinstance(wanted, int) and (not dim.HasField("dim_value") or dim.dim_value != wanted):
                 dim.dim_value, changed = wanted, True
             elif isinstance(wanted, str) and (not dim.HasField("dim_param") or dim.dim_param != wanted):

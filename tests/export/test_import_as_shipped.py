@@ -149,3 +149,44 @@ def test_silero_vad_is_served_without_sr_and_answers_like_the_original(
         assert "batching off (the batch is not the first axis of" in server.logs()
     finally:
         server.stop()
+
+
+def rendered_words(folder: Path, words: list[str]) -> Path:
+    """One picture per word, black text rendered on white at 64x160, as a scanned label would be."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    folder.mkdir(parents=True, exist_ok=True)
+    font = ImageFont.load_default(size=32)
+    for i, word in enumerate(words):
+        image = Image.new("RGB", (160, 64), (255, 255, 255))
+        ImageDraw.Draw(image).text((8, 12), word, fill=(0, 0, 0), font=font)
+        image.save(folder / f"{i:02d}.png")
+    return folder
+
+
+@pytest.mark.slow  # 8 s: 12 pictures through a 13 MB CNN+LSTM, one at a time
+def test_a_fixed_batch_recognizer_is_judged_on_every_picture_with_its_output_as_computed(tmp_path: Path) -> None:
+    """ddddocr's recognizer takes one picture a run ([1, 1, 64, width]) and declares its output [1, seqlen],
+    which is really [T, 1, 8210]: imported as shipped, all 12 pictures recorded and gated one at a time."""
+    source = corpus.path(corpus.DDDDOCR, "ddddocr/common_old.onnx")
+    words = ["hello", "world", "pipe", "onnx", "model", "test", "alpha", "delta", "gamma", "omega", "river", "stone"]
+    folder = rendered_words(tmp_path / "words", words)
+    args = ["import", str(source), "--name", "ocr", "--repository", str(tmp_path / "repo"), "--eval-data", str(folder),
+            "--image-preprocessing", '{"mode": "L", "size": [64, 160]}', "--task", "tensor"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "declared [1, 'seqlen'] but computes [20, 1, 8210]" in result.output
+    artifact = Artifact.load(tmp_path / "repo" / "ocr" / "1")
+    (output,) = artifact.manifest.outputs
+    assert output.shape == ["387_dim0", 1, 8210] and output.batch_axis == 1
+    golden = load_golden(artifact)
+    assert golden.inputs["input1"].shape == (12, 1, 64, 160)  # every picture, not one
+    assert golden.outputs["387"].shape == (12, 20, 8210)
+    record = artifact.manifest.stages.import_
+    assert record is not None and record.parity["rows"][-1]["check"] == "fixed batch 12"
+    session = create_session(source)
+    for i in (0, 7, 11):
+        (want,) = session.run(None, {"input1": golden.inputs["input1"][i : i + 1]})
+        np.testing.assert_allclose(golden.outputs["387"][i], want[:, 0], rtol=1e-5, atol=1e-5)
+    texts = {int(t) for t in golden.outputs["387"].argmax(-1).ravel()}
+    assert len(texts) > 5  # the recognizer reads characters, not one blank everywhere

@@ -80,6 +80,19 @@ def rotated_pages(root: Path) -> Path:
     return root
 
 
+def pages(root: Path) -> Path:
+    """A flat folder of upright pages of text (a detector's pictures: no classes)."""
+    rotated_pages(root / "all")
+    for i, page in enumerate(sorted((root / "all" / "0").glob("*.png"))):
+        page.rename(root / f"{i}.png")
+    for folder in sorted((root / "all").glob("*"), reverse=True):
+        for file in folder.glob("*"):
+            file.unlink()
+        folder.rmdir()
+    (root / "all").rmdir()
+    return root
+
+
 def text_lines(height: int, width: int, font: int, flipped: bool) -> Callable[[Path], Path]:
     """Text lines at width x height; with `flipped`, class folders 0 and 180 (upright, upside down)."""
 
@@ -153,7 +166,7 @@ MODELS = [
           "the import's own texts (transformers directory)"),
     Entry("ocr-det", corpus.RAPIDOCR, f"{OCR}/ch_PP-OCRv4_det_infer.onnx",
           ["--task", "tensor", "--image-preprocessing", json.dumps({"mode": "BGR", "size": [320, 320], **PADDLE_NORM})],
-          rotated_pages, "32 pages of rendered text"),
+          pages, "8 pages of rendered text"),
     Entry("ocr-cls", corpus.RAPIDOCR, f"{OCR}/ch_ppocr_mobile_v2.0_cls_infer.onnx",
           ["--labels", "0,180", "--image-preprocessing", json.dumps({"mode": "BGR", "size": [48, 192], **PADDLE_NORM})],
           text_lines(48, 192, 26, flipped=True), "32 rendered text lines, upright and upside down (labelled)"),
@@ -252,9 +265,9 @@ def main() -> None:
 
 
 def _host() -> str:
-    from pipeline.core.host import host_line
+    from pipeline.core.host import describe_host, host_line
 
-    return host_line()
+    return host_line(describe_host())
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ dims of all inputs are then one dim: named `batch` when the graph left them free
 graph gives (so generated inputs, the gate and Triton vary them together).
 
 Outputs: the model is run at one sample, two samples, and (when an input has another free dim) at
-half that size. The axis whose size follows the samples is the output's batch axis; with a fixed
+half that size. The axis of size 1 at one sample and 2 at two is the output's batch axis (the first
+axis when it is one of them); with a fixed
 batch (which cannot vary) it is `--batch-axis`, else the first axis of the batch's size. An output
 whose computed shape contradicts the declared one (another rank, another fixed size: ddddocr's
 recognizer declares [1, seqlen] and computes [T, 1, 8210]) is taken as computed: axes that follow a
@@ -90,19 +91,21 @@ def computed_outputs(
 ) -> list[TensorSpec]:  # fmt: skip
     """The outputs with their batch axes, and taken as computed where the graph declares otherwise."""
     count = len(next(iter(samples.values())))
-    fixed = any(isinstance(s.shape[s.sample_axis], int) for s in inputs if s.shape)
-    one = run({k: v[:1] for k, v in samples.items()})
-    two = run({k: v[np.arange(2) % count] for k, v in samples.items()}) if not fixed else None
-    half = _halved(run, samples, inputs)
     batch = next((s.shape[s.sample_axis] for s in inputs if s.shape), BATCH)
+    first = batch if isinstance(batch, int) else 1  # a fixed batch runs that many samples, no other count
+    one = run({k: v[:first] for k, v in samples.items()})
+    two = run({k: v[np.arange(2) % count] for k, v in samples.items()}) if first == 1 and batch != 1 else None
+    half = _halved(run, {k: v[:first] for k, v in samples.items()}, inputs)
     taken = []
     for spec in outputs:
         got = np.asarray(one[spec.name]).shape
-        follows = [i for i, n in enumerate(np.asarray(two[spec.name]).shape) if n != got[i]] if two else []
+        # the axis as long as the samples: 1 at one sample, 2 at two (an axis that merely grows is not it)
+        seen = np.asarray(two[spec.name]).shape if two else ()
+        follows = [i for i, n in enumerate(seen) if i < len(got) and (got[i], n) == (1, 2)] if len(seen) == len(got) else []
         varies = [i for i, n in enumerate(np.asarray(half[spec.name]).shape) if n != got[i]] if half else []
         axis = given.get(spec.name)
         if axis is None:
-            axis = follows[0] if follows else _fixed_axis(spec, got, batch, varies)
+            axis = (0 if 0 in follows else follows[0]) if follows else _fixed_axis(spec, got, batch, varies)
         declared = spec.shape
         contradicts = len(declared) != len(got) or any(
             isinstance(d, int) and d != n for d, n in zip(declared, got, strict=True)
@@ -114,7 +117,7 @@ def computed_outputs(
             notes.append(f"output {spec.name!r} is declared {declared} but computes {list(got)}: taken as computed, "
                          f"{shape}")  # fmt: skip
             spec = replace(spec, shape=shape)
-        elif axis is not None and axis < len(spec.shape) and isinstance(spec.shape[axis], str):
+        elif axis and axis < len(spec.shape) and isinstance(spec.shape[axis], str):  # a batch on another axis
             spec = replace(spec, shape=[batch if i == axis else d for i, d in enumerate(spec.shape)])
         if axis is not None and axis >= len(spec.shape):
             raise InputError(f"--batch-axis {spec.name}:{axis}: output {spec.name!r} computes {len(got)} dims {list(got)}")
@@ -137,9 +140,9 @@ def _fixed_axis(spec: TensorSpec, got: tuple[int, ...], batch: int | str, varies
 
 
 def _halved(run: Run, samples: Arrays, inputs: list[TensorSpec]) -> Arrays | None:
-    """The model at one sample with every other symbolic dim of its inputs halved; None when there are
+    """The model on `samples` with every other symbolic dim of its inputs halved; None when there are
     none, or it does not run there (the outputs' other axes are then taken as fixed)."""
-    one = {k: v[:1] for k, v in samples.items()}
+    one = dict(samples)
     cut = False
     for spec in inputs:
         for axis, dim in enumerate(spec.shape):

@@ -23,7 +23,7 @@ def identity(manifest: Manifest) -> dict[str, str]:
     """The metadata_props pipe writes: digest, name, version, task, labels and preprocessing per input, and
     the batch axes of tensors that do not keep the samples first (read back by `ort_runner`)."""
     axes = SampleAxes.of_specs(manifest.inputs, manifest.outputs)
-    moved = {METADATA_KEY: axes.metadata()} if axes.inputs or axes.outputs else {}
+    moved = {METADATA_KEY: axes.metadata()} if not axes.trivial else {}
     return {
         **moved,
         f"{PREFIX}identity_digest": manifest.identity_digest(),

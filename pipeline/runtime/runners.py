@@ -80,16 +80,8 @@ def ort_runner(model: str | Path | ort.InferenceSession, axes: SampleAxes | None
 
 
 def session_axes(session: ort.InferenceSession) -> SampleAxes:
-    """Where a loaded model keeps its samples: its metadata stamp, and the batch its inputs fix."""
-    metadata = session.get_modelmeta().custom_metadata_map
-    stamped = SampleAxes.read(metadata, None)
-    sizes = set()
-    for arg in session.get_inputs():
-        axis = stamped.inputs.get(arg.name, 0)
-        shape = arg.shape or []
-        sizes.add(shape[axis] if axis < len(shape) else None)
-    fixed = sizes.pop() if len(sizes) == 1 else None
-    return SampleAxes(stamped.inputs, stamped.outputs, fixed if isinstance(fixed, int) and fixed > 0 else None)
+    """Where a loaded model keeps its samples: the `pipe.sample_axes` stamp pipe import wrote (none: as is)."""
+    return SampleAxes.read(session.get_modelmeta().custom_metadata_map)
 
 
 def torch_runner(module: torch.nn.Module, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> Runner:

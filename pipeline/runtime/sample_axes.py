@@ -9,9 +9,11 @@ everywhere. Most models agree. Two kinds do not, and are run through `SampleAxes
 - a model whose batch is fixed (ddddocr's recognizer takes [1, 1, 64, width]): any number of samples
   is run `fixed` at a time, so the whole evaluation data is judged, not one picture.
 
-The import records the axes on the manifest's specs (`batch_axis`) and stamps them into the model's
-metadata_props (`pipe.sample_axes`), so `ort_runner` on any file made from the model reads them back
-(optimize's variants keep metadata_props). A model that needs neither has no stamp and runs as is.
+The import records the axes on the manifest's specs (`batch_axis`, a fixed batch as its int) and
+stamps them into the model's metadata_props (`pipe.sample_axes`), so `ort_runner` on any file made
+from the model reads them back (optimize's variants keep metadata_props). A model that needs neither
+has no stamp and runs as is; a fixed batch is never read off a graph that has no stamp, so a batch
+fixed by mistake at export still fails the gate's batch 2 and N.
 """
 
 from __future__ import annotations
@@ -58,16 +60,18 @@ class SampleAxes:
         )
 
     def metadata(self) -> str:
-        """The stamp in metadata_props: the moved axes only (a fixed batch is read from the graph)."""
-        return json.dumps({"inputs": self.inputs, "outputs": self.outputs}, sort_keys=True)
+        """The stamp in metadata_props. A fixed batch is stamped, never read off the graph: a batch fixed by
+        mistake at export must fail the gate's batch 2 and N, not be run a sample at a time."""
+        return json.dumps({"inputs": self.inputs, "outputs": self.outputs, "fixed": self.fixed}, sort_keys=True)
 
     @classmethod
-    def read(cls, metadata: dict[str, str], fixed: int | None) -> SampleAxes:
-        """The axes stamped in a model's metadata_props, and the fixed batch its graph declares."""
+    def read(cls, metadata: dict[str, str]) -> SampleAxes:
+        """The axes stamped in a model's metadata_props (none: the model takes pipe's arrays as they are)."""
         try:
             stamped = json.loads(metadata.get(METADATA_KEY) or "{}")
             inputs = {str(k): int(v) for k, v in stamped.get("inputs", {}).items()}
             outputs = {str(k): int(v) for k, v in stamped.get("outputs", {}).items()}
+            fixed = int(stamped["fixed"]) if stamped.get("fixed") else None
         except (ValueError, TypeError, AttributeError) as exc:
             raise InputError(f"metadata_props[{METADATA_KEY!r}] is not pipe's stamp ({exc}); re-import the model") from None
         return cls(inputs, outputs, fixed)

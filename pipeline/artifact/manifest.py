@@ -233,7 +233,8 @@ def _contradictions(manifest: Manifest) -> list[str]:
     for key, specs in (("inputs", manifest.inputs), ("outputs", manifest.outputs)):
         for i, spec in enumerate(specs):
             if spec.batch_axis is not None and spec.batch_axis >= max(len(spec.shape), 1):
-                problems.append(f"{key}[{i}].batch_axis: {spec.batch_axis}, but {spec.name!r} has {len(spec.shape)} dims")
+                dims = len(spec.shape)
+                problems.append(f"{key}[{i}].batch_axis: {spec.batch_axis}, but {spec.name!r} has {dims} dims")
     fed = {spec.name for spec in manifest.inputs}
     if clash := sorted(fed & {p.name for p in manifest.pinned or []}):
         problems.append(f"pinned: {clash[:3]} are also fed inputs; a pinned input is a constant of the model")

@@ -181,7 +181,8 @@ def image_record(spec: TensorSpec, where: str | None = None) -> ImageRecord | No
         raise InputError(f"{where} is recorded on {what}, whose dtype holds no pixels ({', '.join(IMAGE_DTYPES)} do)")
     channels, height, width = spec.shape[1:4] if spec.layout == "NCHW" else (spec.shape[3], *spec.shape[1:3])
     if isinstance(channels, int) and CHANNELS[parsed.mode] != channels:
-        raise InputError(f"{where}.mode is {parsed.mode!r}, but {what} takes {channels} channel(s) (L: 1, RGB or BGR: 3); "
+        raise InputError(f"{where}.mode is {parsed.mode!r}, but {what} takes {channels} channel(s) (L: 1, "
+                         "RGB or BGR: 3); "
                          "fix the mode")  # fmt: skip
     made = parsed.input_size
     if any(isinstance(d, int) and d != s for d, s in zip((height, width), made, strict=True)):

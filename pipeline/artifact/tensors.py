@@ -100,7 +100,9 @@ def _check_value(value: Any) -> str | None:
         if not flat:
             return None
         flat = flat[0]
-    return None if isinstance(flat, int | float | bool) else f"expected a number or nested lists of numbers, got {value!r:.60}"
+    if isinstance(flat, int | float | bool):
+        return None
+    return f"expected a number or nested lists of numbers, got {value!r:.60}"
 
 
 @dataclass(frozen=True)

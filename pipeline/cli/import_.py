@@ -98,8 +98,8 @@ def import_cmd(
     from pipeline.artifact.dims import parse_input_shapes
     from pipeline.artifact.golden import load_golden
     from pipeline.cli.artifact_views import reading_text
-    from pipeline.export.hf import is_transformers_dir, not_a_model
     from pipeline.export.batch_axes import parse_batch_axes
+    from pipeline.export.hf import is_transformers_dir, not_a_model
     from pipeline.export.importer import GraphOptions, import_onnx, read_labels
     from pipeline.export.pins import parse_input_values
     from pipeline.export.token_graph import TokenOptions

@@ -51,7 +51,8 @@ def declare_input_axes(
     """Set `batch_axis` on the inputs (given, or read from a dim's name) and make their batch dims one."""
     known = {s.name for s in [*inputs, *outputs]}
     if unknown := sorted(set(given) - known):
-        raise InputError(f"--batch-axis names {unknown}, which the model does not have; its tensors are {sorted(known)}")
+        raise InputError(f"--batch-axis names {unknown}, which the model does not have; its tensors are "
+                         f"{sorted(known)}")  # fmt: skip
     for spec in inputs:
         axis = given.get(spec.name)
         if axis is None:
@@ -101,7 +102,7 @@ def computed_outputs(
         got = np.asarray(one[spec.name]).shape
         # the axis as long as the samples: 1 at one sample, 2 at two (an axis that merely grows is not it)
         seen = np.asarray(two[spec.name]).shape if two else ()
-        follows = [i for i, n in enumerate(seen) if i < len(got) and (got[i], n) == (1, 2)] if len(seen) == len(got) else []
+        follows = [i for i, n in enumerate(seen) if (got[i], n) == (1, 2)] if len(seen) == len(got) else []
         varies = [i for i, n in enumerate(np.asarray(half[spec.name]).shape) if n != got[i]] if half else []
         axis = given.get(spec.name)
         if axis is None:
@@ -120,10 +121,16 @@ def computed_outputs(
         elif axis and axis < len(spec.shape) and isinstance(spec.shape[axis], str):  # a batch on another axis
             spec = replace(spec, shape=[batch if i == axis else d for i, d in enumerate(spec.shape)])
         if axis is not None and axis >= len(spec.shape):
-            raise InputError(f"--batch-axis {spec.name}:{axis}: output {spec.name!r} computes {len(got)} dims {list(got)}")
+            raise InputError(f"--batch-axis {spec.name}:{axis}: output {spec.name!r} computes {len(got)} dims "
+                             f"{list(got)}")  # fmt: skip
         if axis:
-            how = ("given" if spec.name in given else "the axis that follows the samples" if follows
-                   else f"the first axis of the fixed batch's size {batch}; --batch-axis {spec.name}:AXIS gives another")
+            how = (
+                "given"
+                if spec.name in given
+                else "the axis that follows the samples"
+                if follows
+                else f"the first axis of the fixed batch's size {batch}; --batch-axis {spec.name}:AXIS gives another"
+            )
             notes.append(f"output {spec.name!r}: batch axis {axis} ({how})")
         taken.append(replace(spec, batch_axis=axis or None))
     return taken

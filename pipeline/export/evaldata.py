@@ -1,7 +1,8 @@
 """`pipe import --eval-data`: the real inputs golden.npz, the evaluation split and the calibration samples
 of an imported model come from. Either an NPZ of arrays in the model's own units and layout (one per
 input name, the samples on each input's batch axis, which may be a fixed batch's: a model taking
-[1, 1, 64, W] is given [N, 1, 64, W] and run one sample at a time; optional `target`), or a folder of pictures converted with the recorded image preprocessing
+[1, 1, 64, W] is given [N, 1, 64, W] and run one sample at a time; optional `target`), or a folder
+of pictures converted with the recorded image preprocessing
 (`pipeline/data/picture_folder.py`).
 """
 

@@ -121,7 +121,11 @@ def generated_inputs(
     arrays = {}
     for spec in specs:
         shape = [
-            d if isinstance(d, int) else batch if (i == spec.sample_axis or d in batch_dims) else sizes.get(d, SEQUENCE_BASE)
+            d
+            if isinstance(d, int)
+            else batch
+            if (i == spec.sample_axis or d in batch_dims)
+            else sizes.get(d, SEQUENCE_BASE)
             for i, d in enumerate(spec.shape)
         ]
         if (values := np.prod(shape, dtype=object)) > MAX_GENERATED_VALUES:  # object: exact, no int64 overflow

@@ -73,7 +73,8 @@ class SampleAxes:
             outputs = {str(k): int(v) for k, v in stamped.get("outputs", {}).items()}
             fixed = int(stamped["fixed"]) if stamped.get("fixed") else None
         except (ValueError, TypeError, AttributeError) as exc:
-            raise InputError(f"metadata_props[{METADATA_KEY!r}] is not pipe's stamp ({exc}); re-import the model") from None
+            why = f"metadata_props[{METADATA_KEY!r}] is not pipe's stamp ({exc}); re-import the model"
+            raise InputError(why) from None
         return cls(inputs, outputs, fixed)
 
     def to_model(self, arrays: Arrays) -> Arrays:

@@ -108,12 +108,46 @@ def test_a_scalar_input_left_unpinned_is_refused_naming_the_flag(silero: Path, t
     assert "--input-value sr=VALUE" in result.output
 
 
-def test_a_pinned_value_the_input_cannot_take_is_refused(silero: Path, tmp_path: Path) -> None:
-    args = ["import", str(silero), "--name", "vad", "--repository", str(tmp_path), "--input-value", "sr=[16000, 8000]"]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 2
-    assert "shape [2]" in result.output and "declared []" in result.output
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--input-value", "sr=[16000, 8000]"], "a value of shape [2], but input 'sr' is declared []"),
+        (["--input-value", "sr=16000.5"], "input 'sr' is int64, which cannot hold it"),
+        (["--input-value", "rate=16000"], "the model has no input 'rate'; its inputs are ['input', 'sr', 'state']"),
+        (["--input-value", "sr"], "expected NAME=VALUE, e.g. --input-value sr=16000"),
+        (["--input-value", "sr=16000", "--batch-axis", "state:one"], "expected NAME:AXIS with AXIS a whole number"),
+        (["--input-value", "sr=16000", "--batch-axis", "state:3"], "'state' has 3 dims"),
+        (["--input-value", "sr=16000", "--batch-axis", "stat:1"], "--batch-axis names ['stat']"),
+    ],
+)
+def test_pins_and_batch_axes_the_model_cannot_take_are_refused(
+    silero: Path, tmp_path: Path, flags: list[str], said: str
+) -> None:
+    result = CliRunner().invoke(main, ["import", str(silero), "--name", "vad", "--repository", str(tmp_path), *flags])
+    assert result.exit_code == 2, result.output
+    assert said in result.output
     assert not (tmp_path / "vad").exists()
+
+
+def test_sample_axes_move_samples_to_the_batch_axis_and_split_a_fixed_batch() -> None:
+    from pipeline.runtime.sample_axes import SampleAxes
+
+    calls = []
+
+    def model(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:  # state [2, B, 3] -> out [B, 1], new [2, B, 3]
+        calls.append(arrays["state"].shape)
+        return {"out": arrays["state"].sum(axis=(0, 2))[:, None], "new": arrays["state"] * 2}
+
+    state = np.arange(5 * 2 * 3, dtype=np.float32).reshape(5, 2, 3)  # pipe's layout: samples first
+    got = SampleAxes({"state": 1}, {"new": 1}).wrap(model)
+    result = got({"state": state})
+    assert calls == [(2, 5, 3)]
+    np.testing.assert_array_equal(result["new"], state * 2)
+    np.testing.assert_array_equal(result["out"][:, 0], state.sum(axis=(1, 2)))
+    calls.clear()
+    one_at_a_time = SampleAxes({"state": 1}, {"new": 1}, fixed=1).wrap(model)
+    np.testing.assert_array_equal(one_at_a_time({"state": state})["new"], state * 2)
+    assert calls == [(2, 1, 3)] * 5
 
 
 @pytest.mark.slow  # starts a server process

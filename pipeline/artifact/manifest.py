@@ -23,7 +23,7 @@ from pipeline import __version__
 from pipeline.artifact.checks import one_of, positive, unprintable
 from pipeline.artifact.preprocessing import preprocessing_problems
 from pipeline.artifact.records import Stages
-from pipeline.artifact.tensors import TensorSpec
+from pipeline.artifact.tensors import PinnedInput, TensorSpec
 from pipeline.artifact.tokens import TokenizerRecord, tokenizer_problems
 from pipeline.artifact.variants import Variant, check_variant_name, variant_file
 from pipeline.core.errors import ArtifactError
@@ -168,6 +168,8 @@ class Manifest:
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     labels: list[str] = field(default_factory=list, metadata={"check": _check_labels})
+    # graph inputs given one value at import (`--input-value`), written into model.onnx as constants: not fed
+    pinned: list[PinnedInput] | None = field(default=None, metadata={"omit_none": True})
     detection: Detection | None = field(default=None, metadata={"omit_none": True})  # task detection only
     ctc: Ctc | None = field(default=None, metadata={"omit_none": True})  # task text-recognition only
     # a text model's tokenizer, carried in the version (pipeline/artifact/tokens.py); None: token ids only
@@ -251,6 +253,14 @@ def _contradictions(manifest: Manifest) -> list[str]:
             problems.append(f"{where}.file: {file!r} is not listed in files, so it cannot be verified")
         if variant.format != (fmt := file.rsplit(".", 1)[-1]):
             problems.append(f"{where}.format: {variant.format!r}, but {file!r} is in format {fmt!r}")
+    for key, specs in (("inputs", manifest.inputs), ("outputs", manifest.outputs)):
+        for i, spec in enumerate(specs):
+            if spec.batch_axis is not None and spec.batch_axis >= max(len(spec.shape), 1):
+                dims = len(spec.shape)
+                problems.append(f"{key}[{i}].batch_axis: {spec.batch_axis}, but {spec.name!r} has {dims} dims")
+    fed = {spec.name for spec in manifest.inputs}
+    if clash := sorted(fed & {p.name for p in manifest.pinned or []}):
+        problems.append(f"pinned: {clash[:3]} are also fed inputs; a pinned input is a constant of the model")
     for i, spec in enumerate(manifest.inputs):
         if spec.tokens is not None and not spec.dtype.startswith(("int", "uint")):
             problems.append(f"inputs[{i}].tokens: token ids are integers, but {spec.name!r} is {spec.dtype}")
@@ -292,7 +302,8 @@ def _task_contradictions(manifest: Manifest) -> list[str]:
 
 
 _IDENTITY_FIELDS = (
-    "name", "version", "task", "inputs", "outputs", "labels", "detection", "ctc", "tokenizer", "lineage", "created",
+    "name", "version", "task", "inputs", "outputs", "labels", "pinned", "detection", "ctc", "tokenizer", "lineage",
+    "created",
 )  # fmt: skip
 
 

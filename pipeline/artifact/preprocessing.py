@@ -10,7 +10,8 @@ predict` and `pipe import --eval-data DIR` feed pictures the way the model was t
 - `letterbox: {size: [H, W], pad: 114}`: resized to fit inside, aspect kept, the rest padded with
   the pixel value `pad`, the picture centered (Ultralytics' `LetterBox(auto=False, center=True)`).
 
-Beside the geometry: `mode` (`L` or `RGB`), `resize` (Pillow's filter for every resize), `scale`
+Beside the geometry: `mode` (`L`, `RGB`, or `BGR`: RGB with the channels reversed, what every Paddle
+and OpenCV-trained model takes), `resize` (Pillow's filter for every resize), `scale`
 (0..255 pixel x scale = the model's units). The manifest is refused on load when a record is bad,
 so every command (serve, predict, info, import) refuses it up front, with the key and the fix.
 Standard library only: the manifest imports it.
@@ -27,7 +28,8 @@ from pipeline.core.errors import InputError
 if TYPE_CHECKING:
     from pipeline.artifact.tensors import TensorSpec
 
-MODES = {1: "L", 3: "RGB"}  # channels -> the Pillow mode a picture is converted to
+MODES = ("L", "RGB", "BGR")  # the picture modes a record may name
+CHANNELS = {"L": 1, "RGB": 3, "BGR": 3}  # mode -> the channels it fills
 RESIZE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")  # Pillow's Resampling names
 KEYS = ("mode", "size", "resize_short", "crop", "letterbox", "resize", "scale")
 MAX_SIDE = 65_536  # pixels: a size past this is a typo, not a model
@@ -92,8 +94,8 @@ def parse_image_record(record: Any, where: str) -> ImageRecord:
         raise InputError(f"{where}: unknown key(s) {unknown}; valid keys are {', '.join(KEYS)}")
     problems = []
     mode, resize, scale = record.get("mode"), record.get("resize", "bilinear"), record.get("scale", 1 / 255)
-    if mode not in MODES.values():
-        problems.append(f"mode {mode!r} is not one of {', '.join(MODES.values())}")
+    if mode not in MODES:
+        problems.append(f"mode {mode!r} is not one of {', '.join(MODES)}")
     if resize not in RESIZE_FILTERS:
         problems.append(f"resize {resize!r} is not one of {', '.join(RESIZE_FILTERS)}")
     if not (_number(scale) and 0 < scale <= MAX_FACTOR):
@@ -180,8 +182,9 @@ def image_record(spec: TensorSpec, where: str | None = None) -> ImageRecord | No
     if spec.dtype not in IMAGE_DTYPES:
         raise InputError(f"{where} is recorded on {what}, whose dtype holds no pixels ({', '.join(IMAGE_DTYPES)} do)")
     channels, height, width = spec.shape[1:4] if spec.layout == "NCHW" else (spec.shape[3], *spec.shape[1:3])
-    if isinstance(channels, int) and MODES.get(channels) != parsed.mode:
-        raise InputError(f"{where}.mode is {parsed.mode!r}, but {what} takes {channels} channel(s) (L: 1, RGB: 3); "
+    if isinstance(channels, int) and CHANNELS[parsed.mode] != channels:
+        raise InputError(f"{where}.mode is {parsed.mode!r}, but {what} takes {channels} channel(s) (L: 1, "
+                         "RGB or BGR: 3); "
                          "fix the mode")  # fmt: skip
     made = parsed.input_size
     if any(isinstance(d, int) and d != s for d, s in zip((height, width), made, strict=True)):

@@ -49,6 +49,12 @@ from pipeline.cli.params import FRACTION, REPOSITORY, Whole
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
               help="Dims of input NAME (repeatable): an int fixes one, a name names one, ? or -1 leaves it free, "
               "e.g. x:1,3,48,192 for a model declaring [-1, 3, ?, ?]. See docs/export.md.")  # fmt: skip
+@click.option("--input-value", "input_values", multiple=True, metavar="NAME=VALUE",
+              help="Pin input NAME to one value (JSON: 16000, [1, 2]), written into the model as a constant: no hop "
+              "or client feeds it, e.g. sr=16000 for Silero VAD. Repeatable. See docs/export.md.")  # fmt: skip
+@click.option("--batch-axis", "batch_axes", multiple=True, metavar="NAME:AXIS",
+              help="The axis of tensor NAME that holds the samples, when not the first (state:1 for a state "
+              "[2, batch, 128]). Repeatable. Default: a dim named batch/N/batch_size. See docs/export.md.")  # fmt: skip
 @click.option(
     "--image-preprocessing",
     default=None,
@@ -82,6 +88,8 @@ def import_cmd(
     task: str | None,
     out_root: str,
     input_shapes: tuple[str, ...],
+    input_values: tuple[str, ...],
+    batch_axes: tuple[str, ...],
     image_preprocessing: str | None,
     confidence: float | None,
     iou: float | None,
@@ -100,8 +108,10 @@ def import_cmd(
     from pipeline.artifact.dims import parse_input_shapes
     from pipeline.artifact.golden import load_golden
     from pipeline.cli.artifact_views import reading_text
+    from pipeline.export.batch_axes import parse_batch_axes
     from pipeline.export.hf import is_transformers_dir, not_a_model
-    from pipeline.export.importer import import_onnx
+    from pipeline.export.importer import GraphOptions, import_onnx
+    from pipeline.export.pins import parse_input_values
     from pipeline.export.token_graph import TokenOptions
     from pipeline.samples.evaluation import GENERATED_NOTE
     from pipeline.stagekit.settings_file import layered
@@ -122,8 +132,9 @@ def import_cmd(
     evaluation = Path(eval_data) if eval_data else None
     detection = {"confidence": confidence, "iou": iou, "max_detections": max_detections}
     tokens = TokenOptions(vocab_size, padding_id, max_length, Path(tokenizer_dir) if tokenizer_dir else None)
+    graph = GraphOptions(parse_input_values(input_values), parse_batch_axes(batch_axes))
     artifact = import_onnx(Path(model), name, Path(out_root), evaluation, names, task, image_preprocessing,
-                           shapes, eval_limit, detection=detection, tokens=tokens, gate=gate)  # fmt: skip
+                           shapes, eval_limit, detection=detection, tokens=tokens, graph=graph, gate=gate)  # fmt: skip
     imported = artifact.manifest.stages.import_
     golden = imported.golden if imported else "?"
     click.echo(f"imported {model} -> {artifact.root} (golden outputs from {golden} inputs)")
@@ -140,6 +151,8 @@ def import_cmd(
     for spec in artifact.manifest.inputs:  # which sizes the free dims were run at
         shape = ", ".join(str(d) for d in spec.shape)
         click.echo(f"  golden {spec.name}: {list(arrays[spec.name].shape)} for [{shape}]")
+    for pin in artifact.manifest.pinned or []:
+        click.echo(f"  pinned {pin.name}: {pin.value} ({pin.dtype}{pin.shape}), written into the model")
 
 
 def _labels(inline: str | None, file: Path | None, task: str | None) -> list[str]:

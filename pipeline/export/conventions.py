@@ -11,6 +11,11 @@
 - PaddleOCR and PaddleClas: `character`, the labels, one per line (or a list literal); every line
   is also kept verbatim as a recognizer's dictionary (`dictionary`: empty and repeated entries are
   classes too; pipeline/export/recognizer.py decides whether the model is one).
+- PaddleOCR's text-direction classifier and text recognizer (a Paddle graph: producer PaddlePaddle or
+  paddle2onnx's `p2o.` dims; one input [?, 3, ?, ?]), which state no size: the size PaddleOCR itself
+  feeds them (its `cls_image_shape` [3, 48, 192] for a classifier with 2 outputs, `rec_img_shape`
+  [3, 48, 320] for a recognizer's [batch, T, classes] output) is the size golden inputs are made at,
+  said as a convention, not read.
 - Hugging Face (an optimum export, or a model whose config was copied in): `id2label`, JSON
   `{"0": "NEGATIVE", "1": "POSITIVE"}` -> labels.
 
@@ -83,7 +88,33 @@ def read_conventions(model: onnx.ModelProto) -> Found:
         _ultralytics(props, found)
     _other_labels(props, found)
     _dictionary(props, found)
+    _paddleocr(model, found)
     return found
+
+
+PADDLEOCR_SIZES = {"cls": [48, 192], "rec": [48, 320]}  # PaddleOCR's cls_image_shape and rec_img_shape (H, W)
+
+
+def _paddleocr(model: onnx.ModelProto, found: Found) -> None:
+    """The input size PaddleOCR feeds its direction classifier and recognizer, which their graphs leave free."""
+    if found.image_size is not None:
+        return
+    weights = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in weights]
+    dims = [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in [*inputs, *model.graph.output]]
+    paddle = model.producer_name == "PaddlePaddle" or any(str(d).startswith("p2o.") for ds in dims for d in ds)
+    if not paddle or len(inputs) != 1 or len(model.graph.output) != 1:
+        return
+    image, out = dims[0], dims[1]
+    if len(image) != 4 or image[1] != 3 or any(isinstance(d, int) and d > 0 for d in image[2:]):
+        return
+    kind = "cls" if len(out) == 2 and out[1] == 2 else "rec" if len(out) == 3 else None
+    if kind is None:
+        return
+    found.image_size = PADDLEOCR_SIZES[kind]
+    what = {"cls": "cls_image_shape, a text-direction classifier", "rec": "rec_img_shape, a text recognizer"}[kind]
+    found.sources["image_size"] = f"PaddleOCR's {what} (a convention: the graph states no size)"
+    found.convention = found.convention or "PaddleOCR"
 
 
 def _ultralytics(props: dict[str, str], found: Found) -> None:

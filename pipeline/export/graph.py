@@ -72,6 +72,7 @@ def check_specs(source: Path, inputs: list[TensorSpec], outputs: list[TensorSpec
         )
     if scalars := [spec.name for spec in inputs if not spec.shape]:
         raise InputError(
-            f"{source}: inputs {scalars} are scalars (rank 0); every input needs a leading sample axis. "
-            "Re-export the model with inputs shaped [batch, ...]"
+            f"{source}: inputs {scalars} are scalars (rank 0), which no sample axis can carry. A setting the model "
+            f"always gets (a sample rate, a flag) is pinned at import: --input-value {scalars[0]}=VALUE; "
+            "else re-export the model with inputs shaped [batch, ...]"
         )

@@ -14,13 +14,18 @@ import onnx
 
 from pipeline import __version__
 from pipeline.artifact.manifest import Manifest
+from pipeline.runtime.sample_axes import METADATA_KEY, SampleAxes
 
 PREFIX = "pipe."
 
 
 def identity(manifest: Manifest) -> dict[str, str]:
-    """The metadata_props pipe writes: digest, name, version, task, labels and preprocessing per input."""
+    """The metadata_props pipe writes: digest, name, version, task, labels and preprocessing per input, and
+    the batch axes of tensors that do not keep the samples first (read back by `ort_runner`)."""
+    axes = SampleAxes.of_specs(manifest.inputs, manifest.outputs)
+    moved = {METADATA_KEY: axes.metadata()} if not axes.trivial else {}
     return {
+        **moved,
         f"{PREFIX}identity_digest": manifest.identity_digest(),
         f"{PREFIX}name": manifest.name,
         f"{PREFIX}version": str(manifest.version),

@@ -137,6 +137,11 @@ class ImageInput:
         return self.record.mode
 
     @property
+    def pillow_mode(self) -> str:
+        """The Pillow mode a picture is decoded to: BGR is decoded as RGB, its channels reversed after."""
+        return "RGB" if self.mode == "BGR" else self.mode
+
+    @property
     def size(self) -> tuple[int, int]:
         """Height and width of the sample."""
         return self.record.input_size
@@ -174,7 +179,7 @@ class ImageInput:
         if geometry.offset != (0, 0) or geometry.resized != geometry.out:
             if self.record.letterbox is not None:
                 pad = self.record.letterbox.pad
-                canvas = Image.new(self.mode, geometry.out, pad if self.mode == "L" else (pad, pad, pad))
+                canvas = Image.new(self.pillow_mode, geometry.out, pad if self.mode == "L" else (pad, pad, pad))
                 canvas.paste(picture, geometry.offset)
                 picture = canvas
             else:
@@ -182,6 +187,8 @@ class ImageInput:
                 picture = picture.crop((left, top, left + geometry.out[0], top + geometry.out[1]))
         pixels = np.asarray(picture, dtype=np.float32)
         pixels = pixels[..., np.newaxis] if pixels.ndim == 2 else pixels  # [H, W, C]
+        if self.mode == "BGR":  # Paddle and OpenCV models: blue first
+            pixels = pixels[..., ::-1]
         if self.dtype == "uint8":
             values = pixels.astype(np.uint8)
         else:
@@ -266,7 +273,7 @@ def _decode(data: bytes | Path, source: str, image: ImageInput) -> tuple[Any, _G
                     f"{image.mode} (an alpha channel would be dropped; 16-bit pixels are past 0..255); send it "
                     f"as {', '.join(ACCEPTED_MODES)} (e.g. flatten it onto its background: img.convert('RGB'))"
                 )
-            return picture.convert(image.mode), geometry  # decodes the pixels
+            return picture.convert(image.pillow_mode), geometry  # decodes the pixels
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         # Pillow's message: "Image size (N pixels) exceeds limit of M pixels, ..." with its own M
         pixels = re.search(r"\((\d+) pixels\)", str(exc))

@@ -271,7 +271,7 @@ class Repository:
             "loaded %s v%d from %s (variant %s, %s) on %s; inputs %s; batching %s",
             name, version, root, choice.variant, choice.file, session.providers,
             ", ".join(s.describe() for s in session.inputs),
-            f"up to {self._batch_settings.max_batch_size} rows" if session.batchable else "off (fixed batch dim)",
+            f"up to {self._batch_settings.max_batch_size} rows" if session.batchable else session.batch_off,
         )  # fmt: skip
         return loaded
 

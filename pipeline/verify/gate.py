@@ -145,10 +145,13 @@ def structural_checks(path: Path, scratch: Path | None = None) -> list[Row]:
 def cases(samples: Arrays, inputs: list[TensorSpec], large: int = LARGE_BATCH) -> Iterator[tuple[str, Arrays]]:
     """The inputs the gate runs: batch 1, 2 and N, then each other symbolic axis at a second length.
 
-    Symbolic dims are those the specs name; a model declaring a fixed batch runs once, as given.
+    Symbolic dims are those the specs name; a model declaring a fixed batch runs once, as given. The
+    samples lead with their sample axis whatever the model's batch axis (`spec.sample_axis`: the
+    runner moves them there), so a model axis is found in a sample array one place on when it
+    precedes the batch axis.
     """
     count = len(next(iter(samples.values())))
-    if any(not spec.shape or isinstance(spec.shape[0], int) for spec in inputs):
+    if any(not spec.shape or isinstance(spec.shape[spec.sample_axis], int) for spec in inputs):
         # A declared fixed batch: other sizes are not valid inputs, so the samples run as they are.
         yield f"fixed batch {count}", samples
         return
@@ -156,12 +159,12 @@ def cases(samples: Arrays, inputs: list[TensorSpec], large: int = LARGE_BATCH) -
         # Fewer samples than the batch: repeat them; the point is the batch axis, not new data.
         index = np.arange(batch) % count
         yield f"batch {batch}", {k: v[index] for k, v in samples.items()}
-    batch_dims = {spec.shape[0] for spec in inputs}
+    batch_dims = {spec.shape[spec.sample_axis] for spec in inputs}
     for spec in inputs:
         for axis, dim in enumerate(spec.shape):
-            if axis == 0 or not isinstance(dim, str) or dim in batch_dims:  # a batch named on an inner axis too
+            if axis == spec.sample_axis or not isinstance(dim, str) or dim in batch_dims:  # a batch on another axis
                 continue  # the batch cases above vary it
-            length = samples[spec.name].shape[axis]
+            length = samples[spec.name].shape[_sample_view(spec, axis)]
             shorter = max(1, length // 2)
             if shorter == length:
                 continue
@@ -170,8 +173,14 @@ def cases(samples: Arrays, inputs: list[TensorSpec], large: int = LARGE_BATCH) -
             for other in inputs:
                 for ax, d in enumerate(other.shape):
                     if d == dim:
-                        batch[other.name] = np.take(batch[other.name], np.arange(shorter), axis=ax)
+                        view = _sample_view(other, ax)
+                        batch[other.name] = np.take(batch[other.name], np.arange(shorter), axis=view)
             yield f"batch 2, {dim} {shorter}", batch
+
+
+def _sample_view(spec: TensorSpec, axis: int) -> int:
+    """Where the model's `axis` of `spec` is in a sample-leading array: one on when it precedes the batch."""
+    return axis + 1 if axis < spec.sample_axis else axis
 
 
 def compare(

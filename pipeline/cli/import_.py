@@ -5,13 +5,16 @@ Named `import_` because `import` is a Python keyword."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from pipeline.cli.gate_options import BUDGET_FLAGS, gate_flags, gate_options, refuse
 from pipeline.cli.group import main
 from pipeline.cli.params import FRACTION, REPOSITORY, Whole
+
+if TYPE_CHECKING:
+    from pipeline.export.hf_texts import Texts
 
 
 @main.command("import")
@@ -22,14 +25,15 @@ from pipeline.cli.params import FRACTION, REPOSITORY, Whole
     type=click.Path(),
     default=None,
     help="Real inputs: an NPZ (one array per input name, optional 'target'), or a folder of pictures "
-    "(class sub-folders label them), converted with the image preprocessing. See docs/export.md.",
+    "(class sub-folders label them), converted with the image preprocessing; for a transformers directory a "
+    ".txt file, one text per line. See docs/export.md.",
 )
 @click.option(
     "--eval-limit",
     type=Whole(1, 1_000_000),  # the samples' 512 MiB cap lowers it further
     default=500,
     show_default=True,
-    help="At most this many pictures from an --eval-data folder (chosen with seed 0).",
+    help="At most this many pictures from an --eval-data folder (chosen with seed 0), or texts (the first).",
 )
 @click.option("--labels", default=None, help="Class names, comma separated: --labels cat,dog.")
 @click.option(
@@ -110,6 +114,7 @@ def import_cmd(
     from pipeline.cli.artifact_views import reading_text
     from pipeline.export.batch_axes import parse_batch_axes
     from pipeline.export.hf import is_transformers_dir, not_a_model
+    from pipeline.export.hf_texts import read_texts
     from pipeline.export.importer import GraphOptions, import_onnx
     from pipeline.export.pins import parse_input_values
     from pipeline.export.token_graph import TokenOptions
@@ -123,7 +128,8 @@ def import_cmd(
     gate = layered(settings_file, "import", flags)
     path = Path(model)
     if is_transformers_dir(path):
-        _import_transformers(path, name, out_root, task, pooling, normalize, tokenizer_dir, gate)
+        texts = read_texts(Path(eval_data), eval_limit) if eval_data else None
+        _import_transformers(path, name, out_root, task, pooling, normalize, tokenizer_dir, gate, texts)
         return
     if path.is_dir() or path.suffix.lower() == ".json":
         raise not_a_model(path)
@@ -178,8 +184,9 @@ def _import_transformers(
     normalize: bool,
     tokenizer: str | None,
     gate: dict[str, Any],
+    texts: Texts | None,
 ) -> None:
-    """`pipe import DIR` of a transformers model directory."""
+    """`pipe import DIR` of a transformers model directory (`texts`: its --eval-data, else built-in sentences)."""
     import time
 
     from pipeline.core.errors import InputError
@@ -189,7 +196,8 @@ def _import_transformers(
         raise InputError(f"{path} is a transformers model: say what it is for with --task classification or embedding")
     started = time.perf_counter()
     settings = HFSettings(task=task, pooling=pooling, normalize=normalize)
-    artifact = import_hf(path, name, Path(repository), settings, Path(tokenizer) if tokenizer else None, gate=gate)
+    tokenizer_path = Path(tokenizer) if tokenizer else None
+    artifact = import_hf(path, name, Path(repository), settings, tokenizer_path, gate=gate, texts=texts)
     imported = artifact.manifest.stages.import_
     click.echo(f"imported {path} -> {artifact.root} in {time.perf_counter() - started:.1f} s (transformers, {task})")
     for what, reading in imported.read.items() if imported else ():

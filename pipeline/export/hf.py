@@ -53,6 +53,8 @@ from pipeline.verify.gate import verify
 if TYPE_CHECKING:
     import torch
 
+    from pipeline.export.hf_texts import Texts
+
 HF_TASKS = ("classification", "embedding")
 POOLINGS = ("mean", "cls")
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -107,10 +109,12 @@ def import_hf(
     tokenizer_dir: Path | None = None,
     progress: Any = print,
     gate: dict[str, Any] | None = None,
+    texts: Texts | None = None,
 ) -> Artifact:
     """Create `repository/<name>/<next version>/` from the transformers directory `source` and return it.
 
-    `gate`: the import's gate settings given (atol, rtol, ...), recorded and read by `hop_policy`."""
+    `gate`: the import's gate settings given (atol, rtol, ...), recorded and read by `hop_policy`.
+    `texts`: the user's evaluation texts (`--eval-data`, hf_texts.py); None: the built-in SENTENCES, generated."""
     if gate:
         settings = replace(settings or HFSettings(), gate=dict(gate))
     settings = settings or HFSettings()
@@ -137,7 +141,7 @@ def import_hf(
     root = allocate_version(model_root)
     try:
         return _build(
-            root, source, module, inputs, outputs, labels, limits, tokenizer, settings, config, loaded_s, notes
+            root, source, module, inputs, outputs, labels, limits, tokenizer, settings, config, loaded_s, notes, texts
         )
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)  # nothing half-written
@@ -234,6 +238,7 @@ def _build(
     config: dict[str, Any],
     loaded_s: float,
     notes: list[str],
+    texts: Texts | None,
 ) -> Artifact:
     import torch
 
@@ -264,7 +269,12 @@ def _build(
     reference = torch_runner(module, inputs, outputs)
     run = ort_runner(path)
     spec = ModelSpec(inputs, outputs, settings.task)
-    given = EvaluationSet.of(samples, source="tokenized sentences")
+    if texts is not None:  # the user's texts: the gate, golden.npz and every later hop are judged on them
+        samples = encoder.encode(texts.texts)
+        if texts.skipped:
+            notes = [*notes, f"--eval-data {texts.path}: the first {len(texts.texts)} texts kept, {texts.skipped} "
+                             "past --eval-limit left out"]  # fmt: skip
+    given = EvaluationSet.of(samples, source=f"{len(samples[inputs[0].name])} tokenized texts")
     policy = hop_policy("import", "fp32", settings.task, False, GateSettings.read(settings.gate))
     report = verify(path, reference, given, spec, policy, session=run.session)
     report.raise_on_failure(f"the ONNX export of {source}")
@@ -284,13 +294,14 @@ def _build(
             "exporter": result.exporter,
             **settings.gate,
         },
-        inputs={"source": digest},
+        inputs={"source": digest, **({"eval_data": texts.digest} if texts is not None else {})},
         source=str(source),
         source_sha256=digest,
         producer=f"transformers {importlib.metadata.version('transformers')} ({config.get('model_type')})",
         ir_version=graph.ir_version,
         opset=default_opset(graph),
-        golden="generated",
+        golden="eval-data" if texts is not None else "generated",
+        eval_data=str(texts.path) if texts is not None else None,
         parity=report.to_dict(),
         convention="Hugging Face",
         read=read,

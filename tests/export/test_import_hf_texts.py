@@ -72,8 +72,8 @@ def test_eval_data_not_text_is_refused(tmp_path: Path) -> None:
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "bert"}')
     (tmp_path / "eval.npz").write_bytes(b"")
-    result = CliRunner().invoke(main, ["import", str(model), "--name", "x", "--task", "embedding",
-                                       "--eval-data", str(tmp_path / "eval.npz"), "--repository", str(tmp_path)])  # fmt: skip
+    flags = ["--eval-data", str(tmp_path / "eval.npz"), "--repository", str(tmp_path)]
+    result = CliRunner().invoke(main, ["import", str(model), "--name", "x", "--task", "embedding", *flags])
     assert result.exit_code == 2, result.output
     assert "a .npz file; a transformers model takes its evaluation data as texts" in result.output
     assert "one text per line" in result.output

@@ -34,7 +34,7 @@ def save_golden(artifact: Artifact, golden: Golden) -> None:
     if golden.target is not None:
         sizes.add(len(golden.target))
     if len(sizes) != 1:
-        raise ArtifactError(f"golden arrays disagree on the number of samples: {sorted(sizes)}")
+        raise ArtifactError(disagreement(golden))
     arrays = {f"in.{k}": v for k, v in golden.inputs.items()}
     arrays |= {f"out.{k}": v for k, v in golden.outputs.items()}
     if golden.target is not None:
@@ -42,6 +42,34 @@ def save_golden(artifact: Artifact, golden: Golden) -> None:
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **arrays)
     artifact.write_file(GOLDEN_NAME, buffer.getvalue())
+
+
+def disagreement(golden: Golden) -> str:
+    """Which golden arrays do not hold one row per sample along axis 0, their shapes, and the fix."""
+    counts = [len(a) for a in golden.inputs.values()]
+    samples = max(set(counts), key=counts.count) if counts else 0  # the inputs' count (the most common)
+    arrays = {**{f"input {k!r}": v for k, v in golden.inputs.items()},
+              **{f"output {k!r}": v for k, v in golden.outputs.items()},
+              **({"target": golden.target} if golden.target is not None else {})}  # fmt: skip
+    odd = []
+    for what, array in arrays.items():
+        if len(array) == samples:
+            continue
+        shape = list(np.shape(array))
+        axes = [axis for axis, size in enumerate(shape) if axis and size == samples]
+        name = what.split(" ", 1)[-1].strip("'")
+        fix = (
+            f"if its axis {axes[0]} holds the samples, declare it at import with --batch-axis {name}:{axes[0]}"
+            if axes
+            else "no axis of it grows with the samples: the model computes this shape whatever the batch"
+        )
+        odd.append(f"{what} has shape {shape} ({len(array)} along axis 0; {fix})")
+    return (
+        f"golden arrays disagree on the number of samples: the inputs hold {samples} sample(s), but "
+        + "; ".join(odd)
+        + f" (counts {sorted({len(a) for a in arrays.values()})}). golden.npz keeps every array's samples on "
+        "axis 0, and the shapes above are the ones the model computes (not the ones it declares)"
+    )
 
 
 def load_golden(artifact: Artifact) -> Golden:

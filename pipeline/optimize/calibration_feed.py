@@ -9,6 +9,11 @@ histograms merge across passes. Every calibrator also runs the model with every 
 as an output: a batch's activations all at once (a PP-OCRv4 recognizer at 48x320: about 0.2 GB a
 sample, 7.1 GB peak at 16 a pass). So a batch is as many samples as ACTIVATIONS holds, measured on
 one sample first (`activation_bytes`), and never more than BATCH.
+
+The samples come sample-leading (every array pipe passes leads with its samples); a model that keeps
+them elsewhere (`pipe.sample_axes`, pipeline/runtime/sample_axes.py: Silero VAD's state [2, batch, 128])
+is checked and fed in its own layout, each batch moved to the tensor's batch axis, and its batch size is
+read on that axis (or the stamp's fixed batch), never off axis 0.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from onnx import helper
 from onnxruntime.quantization import CalibrationDataReader
 
 from pipeline.core.errors import InputError, first_line
+from pipeline.runtime.sample_axes import SampleAxes
 from pipeline.runtime.session import create_session
 
 BATCH = 16  # calibration samples per session run and per calibration pass: bounded memory on large inputs
@@ -39,8 +45,16 @@ class SampleReader(CalibrationDataReader):
     onnxruntime's strided calibration calls `set_range` with batch indices, then reads that range.
     """
 
-    def __init__(self, arrays: dict[str, np.ndarray], batch: int, samples: int, progress: Progress | None) -> None:
+    def __init__(
+        self,
+        arrays: dict[str, np.ndarray],
+        batch: int,
+        samples: int,
+        progress: Progress | None,
+        axes: SampleAxes | None = None,
+    ) -> None:
         self.arrays, self.batch, self.samples, self.progress = arrays, batch, samples, progress
+        self.axes = axes or SampleAxes()  # each batch is fed in the model's layout
         self.start, self.stop = 0, samples
         self.stdout = sys.stdout  # the caller's: calibration runs with stdout muted, progress must still show
 
@@ -48,7 +62,7 @@ class SampleReader(CalibrationDataReader):
         if self.start >= self.stop:
             return None
         stop = min(self.start + self.batch, self.stop)
-        batch = {name: array[self.start : stop] for name, array in self.arrays.items()}
+        batch = self.axes.to_model({name: array[self.start : stop] for name, array in self.arrays.items()})
         self.start = stop
         if self.progress is not None:
             with contextlib.redirect_stdout(self.stdout):
@@ -71,8 +85,16 @@ def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [value for value in model.graph.input if value.name not in initializers]
 
 
-def _dims(value: onnx.ValueInfoProto) -> list[int | None]:
-    return [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+def _dims(value: onnx.ValueInfoProto, axes: SampleAxes | None = None) -> list[int | None]:
+    """The input's dims, its batch axis moved first (as pipe's sample-leading arrays hold it)."""
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+    axis = (axes or SampleAxes()).inputs.get(value.name, 0)
+    return [dims[axis], *dims[:axis], *dims[axis + 1 :]] if 0 < axis < len(dims) else dims
+
+
+def sample_axes(model: onnx.ModelProto) -> SampleAxes:
+    """The axes stamped in the model's metadata_props at import (none: every input leads with its samples)."""
+    return SampleAxes.read({prop.key: prop.value for prop in model.metadata_props})
 
 
 def sample_reader(
@@ -82,14 +104,19 @@ def sample_reader(
     progress: Progress | None,
     warnings: list[str],
     scratch: Path | None = None,
+    axes: SampleAxes | None = None,
 ) -> SampleReader:
-    """A reader of `samples` calibration samples for `model`: the batch its inputs fix, else as many a run as
-    ACTIVATIONS holds (measured on one sample when `scratch` is given), at most BATCH."""
-    fixed = {_dims(value)[0] for value in _graph_inputs(model) if _dims(value)} - {None}
+    """A reader of `samples` calibration samples for `model`: the batch its inputs fix (on each input's batch
+    axis, `axes`, else the model's stamp), else as many a run as ACTIVATIONS holds (measured on one sample when
+    `scratch` is given), at most BATCH."""
+    axes = axes if axes is not None else sample_axes(model)
+    fixed = {_dims(value, axes)[0] for value in _graph_inputs(model) if _dims(value)} - {None}
+    fixed = {axes.fixed} if axes.fixed else fixed
     batch = min(fixed) if fixed else BATCH
     if not fixed and scratch is not None and samples > 1:
         try:
-            each = activation_bytes(model, {name: array[:1] for name, array in calibration.items()}, scratch)
+            one = axes.to_model({name: array[:1] for name, array in calibration.items()})
+            each = activation_bytes(model, one, scratch)
         except InputError as exc:
             each = 0
             warnings.append(f"calibrated {BATCH} samples a pass, unmeasured: {exc}")
@@ -102,7 +129,7 @@ def sample_reader(
         raise InputError(f"the model takes batches of exactly {batch}; give at least {batch} calibration samples")
     if used < samples:
         warnings.append(f"calibrated on {used} of {samples} samples: the model takes batches of exactly {batch}")
-    return SampleReader(calibration, batch, used, progress)
+    return SampleReader(calibration, batch, used, progress, axes)
 
 
 def activation_bytes(model: onnx.ModelProto, sample: dict[str, np.ndarray], scratch: Path) -> int:
@@ -129,7 +156,9 @@ def activation_bytes(model: onnx.ModelProto, sample: dict[str, np.ndarray], scra
 
 
 def check_calibration(model: onnx.ModelProto, calibration: dict[str, np.ndarray]) -> int:
-    """The number of samples, after checking they fit the graph's inputs by name, dtype and fixed dims."""
+    """The number of samples, after checking they fit the graph's inputs by name, dtype and fixed dims (each
+    input's batch axis first, as the model's stamp says)."""
+    axes = sample_axes(model)
     inputs = {value.name: value for value in _graph_inputs(model)}
     if set(calibration) != set(inputs):
         raise InputError(
@@ -142,13 +171,13 @@ def check_calibration(model: onnx.ModelProto, calibration: dict[str, np.ndarray]
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
         if array.dtype != dtype:
             problems.append(f"{name} is {array.dtype} but the model takes {dtype} (cast it, e.g. .astype('{dtype}'))")
-        dims = _dims(value)
+        dims = _dims(value, axes)
         if array.ndim != len(dims) or any(
             d is not None and d != s for d, s in zip(dims[1:], array.shape[1:], strict=False)
         ):
             problems.append(
                 f"{name} has shape {list(array.shape)} but the model takes "
-                f"{[d if d is not None else '?' for d in dims]} (samples along axis 0, in the "
+                f"{[d if d is not None else '?' for d in dims]} (samples along axis 0, the rest in the "
                 "model's own layout)"
             )
         counts.add(len(array) if array.ndim else 0)

@@ -29,7 +29,8 @@ class StaticInt8(Quantizer):
         if settings.float_tail:  # named after pre-processing, which may fuse nodes
             step.tail = [name for name in decode_tail(step.model) if name not in step.excluded]
         calibration = dict(step.calibration or {})  # the frame refuses a calibrating kind without samples
-        reader = sample_reader(step.model, calibration, step.samples, step.progress, step.warnings, step.out.parent)
+        reader = sample_reader(step.model, calibration, step.samples, step.progress, step.warnings, step.out.parent,
+                               step.axes)  # fmt: skip
         step.used = reader.samples
         kept = cache.ranges(settings.calibration, step.source) if cache is not None else None
         calibrates = kept is None or not kept.is_file()

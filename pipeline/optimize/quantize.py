@@ -30,7 +30,7 @@ from onnxruntime.quantization import CalibrationMethod, QuantType, quant_pre_pro
 
 from pipeline.core.errors import ArtifactError, InputError, PipelineError, first_line
 from pipeline.optimize.cache import Preprocessed, QuantCache
-from pipeline.optimize.calibration_feed import Progress, check_calibration
+from pipeline.optimize.calibration_feed import Progress, check_calibration, sample_axes
 from pipeline.optimize.graph import (
     error_line,
     failing_nodes,
@@ -45,6 +45,7 @@ from pipeline.optimize.graph import (
 from pipeline.optimize.kind import Job, Kind, Made
 from pipeline.optimize.nodes import MODES, QUANT_OPS, name_nodes, nodes_behind, quantizable_nodes, quantized_nodes
 from pipeline.recipe.schema import OptimizeSpec
+from pipeline.runtime.sample_axes import SampleAxes
 
 TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
 METHODS = {
@@ -142,6 +143,7 @@ class Conversion:
     warnings: list[str] = field(default_factory=list)  # what convert did otherwise than asked
     tail: list[str] = field(default_factory=list)  # nodes convert left in fp32 beyond `excluded`
     used: int = 0  # calibration samples convert really used
+    axes: SampleAxes = field(default_factory=SampleAxes)  # the source's stamp: pre-processing may drop it
 
 
 class Quantizer(Kind[QuantSettings]):
@@ -229,7 +231,7 @@ class Quantizer(Kind[QuantSettings]):
                                                          cache)  # fmt: skip
         out = scratch / "quantized.onnx"  # dst is written only once it checks out
         step = Conversion(source, load(source), out, settings, excluded, calibration if samples else None, samples,
-                          progress, cache, warnings, used=samples)  # fmt: skip
+                          progress, cache, warnings, used=samples, axes=sample_axes(original))  # fmt: skip
         try:
             self.convert(step)
         except PipelineError:

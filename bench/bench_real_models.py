@@ -230,9 +230,9 @@ MODELS = [
         "ocr-rec",
         corpus.RAPIDOCR,
         f"{OCR}/ch_PP-OCRv4_rec_infer.onnx",
-        ["--task", "tensor", "--image-preprocessing", json.dumps({"mode": "BGR", "size": [48, 320], **PADDLE_NORM})],
+        ["--image-preprocessing", json.dumps({"mode": "BGR", "size": [48, 320], **PADDLE_NORM})],
         text_lines(48, 320, 28, flipped=False),
-        "16 rendered text lines",
+        "16 rendered text lines (a text recognizer, from its PaddleOCR dictionary)",
     ),
     Entry(
         "silero-vad",

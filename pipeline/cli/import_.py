@@ -5,6 +5,7 @@ Named `import_` because `import` is a Python keyword."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -33,10 +34,11 @@ from pipeline.cli.params import FRACTION, REPOSITORY, Whole
 @click.option("--labels-file", type=click.Path(), default=None, help="Class names, one per line.")
 @click.option(
     "--task",
-    type=click.Choice(["classification", "regression", "embedding", "detection", "tensor"]),
+    type=click.Choice(["classification", "regression", "embedding", "detection", "tensor", "text-generation"]),
     default=None,
     help="What the outputs are. Default: the task the exporter recorded (Ultralytics), else classification "
-    "when the outputs fit a classifier, else tensor. See docs/export.md.",
+    "when the outputs fit a classifier, else tensor; a transformers causal LM directory: text-generation. "
+    "See docs/export.md and docs/language-models.md.",
 )
 @REPOSITORY
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
@@ -133,15 +135,33 @@ def _import_transformers(
     import time
 
     from pipeline.core.errors import InputError
-    from pipeline.export.hf import HFSettings, import_hf
+    from pipeline.export.causal_lm import TASK, causal_architecture, import_causal_lm
+    from pipeline.export.hf import HFSettings, import_hf, read_config
 
-    if task is None:
-        raise InputError(f"{path} is a transformers model: say what it is for with --task classification or embedding")
     started = time.perf_counter()
+    architecture = causal_architecture(read_config(path))
+    if task in (None, TASK) and architecture is not None:
+        artifact = import_causal_lm(path, name, Path(repository), Path(tokenizer) if tokenizer else None)
+        _print_import(artifact, f"imported {path} -> {artifact.root} in {time.perf_counter() - started:.1f} s "
+                      f"(transformers {architecture}, {TASK})")  # fmt: skip
+        return
+    if task is None:
+        raise InputError(
+            f"{path} is a transformers model but not a causal LM (config.json architectures: "
+            f"{read_config(path).get('architectures')}): say what it is for with --task classification or embedding"
+        )
+    if task == TASK:
+        raise InputError(f"--task {TASK}: {path}/config.json names no *ForCausalLM or *LMHeadModel in architectures")
     settings = HFSettings(task=task, pooling=pooling, normalize=normalize)
     artifact = import_hf(path, name, Path(repository), settings, Path(tokenizer) if tokenizer else None)
+    _print_import(artifact, f"imported {path} -> {artifact.root} in {time.perf_counter() - started:.1f} s "
+                  f"(transformers, {task})")  # fmt: skip
+
+
+def _print_import(artifact: Any, headline: str) -> None:
+    """What a transformers import read and noted, under one headline."""
     imported = artifact.manifest.stages.import_
-    click.echo(f"imported {path} -> {artifact.root} in {time.perf_counter() - started:.1f} s (transformers, {task})")
+    click.echo(headline)
     for what, reading in imported.read.items() if imported else ():
         click.echo(f"  {what}: {reading.value} ({reading.source})")
     for note in imported.notes if imported else ():

@@ -128,7 +128,8 @@ def pretrain(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> tuple
     import torch
     from transformers import LlamaConfig
 
-    from pipeline.train.causal_lm import causal_lm_from, lm_loss, pack_text, perplexity
+    from pipeline.data.lm_tokens import pack_text
+    from pipeline.train.causal_lm import causal_lm_from, lm_loss, perplexity
 
     train_texts, val_texts = python_sources()
     base = work / "base"
@@ -202,9 +203,10 @@ def sft(args: argparse.Namespace, work: Path, base_model: Any, tokenizer: Any, o
     import torch
 
     from pipeline.data.instructions import read_conversations
+    from pipeline.data.lm_tokens import tokenize_conversations
     from pipeline.export.causal_lm import import_causal_lm
     from pipeline.recipe.architectures import LoraSpec
-    from pipeline.train.causal_lm import lm_loss, tokenize_conversations, with_lora
+    from pipeline.train.causal_lm import lm_loss, with_lora
 
     triples = facts()
     rows, held = [], []
@@ -282,7 +284,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--sft-steps", type=int, default=300)
     parser.add_argument("--sft-lr", type=float, default=2e-3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)  # 2 threads ran 5x slower on the 2 shared cores
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lm.json")
     args = parser.parse_args()
     import torch

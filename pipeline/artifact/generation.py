@@ -128,6 +128,30 @@ def template_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def generation_record(
+    cache: CacheLayout, source: GenerationSource, padding_id: int
+) -> tuple[Generation, dict[str, bytes]]:
+    """The manifest's `generation` for a graph with `cache`, and the files it names (version-relative path ->
+    bytes: the chat template, generation_config.json), which the caller writes and lists."""
+    files: dict[str, bytes] = {}
+    if source.chat_template is not None:
+        files[CHAT_TEMPLATE_FILE] = source.chat_template.encode("utf-8")
+    if source.generation_config is not None:
+        files[GENERATION_CONFIG_FILE] = source.generation_config.read_bytes()
+    record = Generation(
+        cache=cache,
+        eos_token_ids=source.eos_token_ids,
+        padding_id=padding_id,
+        bos_token_id=source.bos_token_id,
+        context_length=source.context_length,
+        chat_template=CHAT_TEMPLATE_FILE if source.chat_template is not None else None,
+        chat_template_sha256=template_sha256(source.chat_template) if source.chat_template is not None else None,
+        generation_config=GENERATION_CONFIG_FILE if source.generation_config is not None else None,
+        defaults=source.defaults,
+    )
+    return record, files
+
+
 def generation_problems(
     record: Generation | None, task: str, input_names: list[str], output_names: list[str], files: dict[str, Any]
 ) -> list[str]:

@@ -33,25 +33,22 @@ import onnx
 
 from pipeline.artifact.directory import Artifact, allocate_version
 from pipeline.artifact.generation import (
-    CHAT_TEMPLATE_FILE,
-    GENERATION_CONFIG_FILE,
     CacheLayout,
     Generation,
     GenerationSource,
+    generation_record,
     read_generation,
-    template_sha256,
 )
 from pipeline.artifact.golden import Golden, save_golden
 from pipeline.artifact.manifest import Lineage, Manifest, check_name
 from pipeline.artifact.records import ImportRecord, Reading
-from pipeline.artifact.tensors import TensorSpec
 from pipeline.artifact.tokens import TokenLimits, hf_limits, limits_reading, read_tokenizer, write_tokenizer
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError, first_line
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset
-from pipeline.runtime.generate import empty_past, greedy, positions, stitch
+from pipeline.runtime.generate import decoder_specs, first_step, greedy, stitch
 from pipeline.runtime.runners import ort_runner, torch_runner
 from pipeline.runtime.text import TextEncoder
 from pipeline.verify.gate import compare, structural_checks
@@ -214,29 +211,13 @@ def load_causal_lm(source: Path) -> torch.nn.Module:
     return model.float().eval()
 
 
-def decoder_specs(limits: TokenLimits, layout: CacheLayout, vocab: int) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """The graph's inputs and outputs as the manifest records them."""
-    cache_in = ["batch", layout.kv_heads, "past_sequence", layout.head_size]
-    cache_out = ["batch", layout.kv_heads, "total_sequence", layout.head_size]
-    inputs = [
-        TensorSpec("input_ids", "int64", ["batch", "sequence"], "NT"),
-        TensorSpec("attention_mask", "int64", ["batch", "total_sequence"], "NT"),
-        TensorSpec("position_ids", "int64", ["batch", "sequence"], "NT"),
-        *(TensorSpec(n, layout.dtype, list(cache_in)) for n in layout.past_names()),
-    ]
-    outputs = [
-        TensorSpec("logits", "float32", ["batch", "sequence", vocab]),
-        *(TensorSpec(n, layout.dtype, list(cache_out)) for n in layout.present_names()),
-    ]
-    return limits.apply(inputs), outputs
-
-
 def export_gated(
     model: torch.nn.Module, artifact: Artifact, limits: TokenLimits, source: GenerationSource, gate: DecoderGate
 ) -> tuple[ExportResult, GateReport, Golden]:
     """Export `model` to `artifact.root/model.onnx` with its cache, record the specs and the generation
     record in the manifest, stamp the identity, and judge the graph; the caller raises on the report."""
-    from pipeline.export.lm_module import CachedDecoder, cache_layout, export_decoder
+    from pipeline.export.lm_module import export_decoder
+    from pipeline.runtime.decoder import CachedDecoder, cache_layout
 
     manifest, root = artifact.manifest, artifact.root
     decoder = CachedDecoder(model).eval()
@@ -253,6 +234,35 @@ def export_gated(
     assert encoder is not None  # the tokenizer and the ids input were just recorded
     report, golden = decoder_gate(path, model, decoder, encoder, manifest, gate)
     return result, report, golden
+
+
+def export_trained(
+    model: torch.nn.Module, artifact: Artifact, candidate: Path, opset: int, gate: DecoderGate
+) -> tuple[ExportResult, GateReport]:
+    """`pipe export` of a causal LM trained here: `model` (the trained wrapper, adapters merged) to `candidate`
+    with the cache the manifest records, judged as an import is, plus the golden first step kept at training."""
+    from pipeline.artifact.golden import load_golden
+    from pipeline.export.lm_module import export_decoder
+    from pipeline.runtime.decoder import CachedDecoder, cache_layout
+
+    manifest = artifact.manifest
+    recorded = manifest.generation
+    net = getattr(model, "net", model)  # the transformers model inside pipe's training wrapper
+    decoder = CachedDecoder(net).eval()
+    if recorded is None or cache_layout(decoder) != recorded.cache:
+        raise InputError(
+            f"{artifact.root}: the trained model's KV cache is not the one its manifest records; re-train the model"
+        )
+    result = export_decoder(decoder, recorded.cache, candidate, opset)
+    encoder = TextEncoder.of(artifact.root, manifest)
+    if encoder is None:
+        raise InputError(f"{artifact.root}: a text-generation model carries its tokenizer, and this one has none")
+    report, _ = decoder_gate(candidate, net, decoder, encoder, manifest, gate)
+    golden = load_golden(artifact)
+    policy = Exact(gate.atol, gate.rtol)
+    report.rows += compare("golden (recorded)", ort_runner(candidate)(golden.inputs), golden.outputs,
+                           manifest.outputs, policy, "onnx")  # fmt: skip
+    return result, report
 
 
 def decoder_gate(
@@ -294,36 +304,15 @@ def decoder_gate(
 def prefill(encoder: TextEncoder, cache: CacheLayout, texts: list[str]) -> Arrays:
     """The first step's inputs for `texts`: left-padded ids and mask, positions, a zero-length past."""
     batch = encoder.encode(texts)
-    mask = batch["attention_mask"]
-    return {
-        "input_ids": batch["input_ids"],
-        "attention_mask": mask,
-        "position_ids": positions(mask),
-        **empty_past(cache, len(mask)),
-    }
+    return first_step(batch["input_ids"], batch["attention_mask"], cache)
 
 
 def _generation_record(artifact: Artifact, layout: CacheLayout, source: GenerationSource, padding: int) -> Generation:
-    """The manifest's `generation`, writing the chat template and generation_config.json into the version."""
-    template = None
-    if source.chat_template is not None:
-        artifact.write_file(CHAT_TEMPLATE_FILE, source.chat_template.encode("utf-8"))
-        template = CHAT_TEMPLATE_FILE
-    config = None
-    if source.generation_config is not None:
-        artifact.write_file(GENERATION_CONFIG_FILE, source.generation_config.read_bytes())
-        config = GENERATION_CONFIG_FILE
-    return Generation(
-        cache=layout,
-        eos_token_ids=source.eos_token_ids,
-        padding_id=padding,
-        bos_token_id=source.bos_token_id,
-        context_length=source.context_length,
-        chat_template=template,
-        chat_template_sha256=template_sha256(source.chat_template) if source.chat_template is not None else None,
-        generation_config=config,
-        defaults=source.defaults,
-    )
+    """The manifest's `generation`, its chat template and generation_config.json written into the version."""
+    record, files = generation_record(layout, source, padding)
+    for rel, data in files.items():
+        artifact.write_file(rel, data)
+    return record
 
 
 def _generation_reading(record: Generation) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.artifact.generation import CacheLayout
+from pipeline.artifact.tensors import TensorSpec
+from pipeline.artifact.tokens import TokenLimits
 from pipeline.core.arrays import Arrays
 from pipeline.runtime.runners import Runner
 
@@ -50,6 +52,29 @@ def positions(mask: np.ndarray) -> np.ndarray:
     (padding gets 1, as transformers fills it; the mask hides it anyway). mask [B, T] -> [B, T] int64."""
     pos = np.cumsum(mask, axis=1) - 1
     return np.where(mask == 0, 1, pos).astype(np.int64)
+
+
+def decoder_specs(limits: TokenLimits, layout: CacheLayout, vocab: int) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The graph's inputs and outputs as the manifest records them."""
+    cache_in = ["batch", layout.kv_heads, "past_sequence", layout.head_size]
+    cache_out = ["batch", layout.kv_heads, "total_sequence", layout.head_size]
+    inputs = [
+        TensorSpec("input_ids", "int64", ["batch", "sequence"], "NT"),
+        TensorSpec("attention_mask", "int64", ["batch", "total_sequence"], "NT"),
+        TensorSpec("position_ids", "int64", ["batch", "sequence"], "NT"),
+        *(TensorSpec(n, layout.dtype, list(cache_in)) for n in layout.past_names()),
+    ]
+    outputs = [
+        TensorSpec("logits", "float32", ["batch", "sequence", vocab]),
+        *(TensorSpec(n, layout.dtype, list(cache_out)) for n in layout.present_names()),
+    ]
+    return limits.apply(inputs), outputs
+
+
+def first_step(input_ids: np.ndarray, attention_mask: np.ndarray, cache: CacheLayout) -> Arrays:
+    """The first step's inputs for a left-padded prompt batch: ids, mask, positions, a zero-length past."""
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions(attention_mask),
+            **empty_past(cache, len(attention_mask))}  # fmt: skip
 
 
 def greedy(

@@ -35,7 +35,8 @@ BASE_FILES = ("config.json", "*.safetensors", "*.bin", "tokenizer.json", "tokeni
 
 
 class TextClassifier(nn.Module):
-    """A transformers sequence classifier called as pipe calls models: (input_ids, attention_mask) -> logits."""
+    """A transformers model called as pipe calls models: (input_ids, attention_mask) -> logits (a sequence
+    classifier's [B, classes], or a causal LM's [B, T, vocab]: pipeline/train/causal_lm.py)."""
 
     def __init__(self, net: nn.Module, lora: bool) -> None:
         super().__init__()

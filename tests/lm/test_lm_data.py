@@ -68,7 +68,7 @@ def test_bad_rows_are_refused_by_row(tmp_path: Path, rows: object, message: str)
 
 
 def test_the_loss_falls_on_the_answer_tokens_only(tokenizer: object) -> None:
-    from pipeline.train.causal_lm import IGNORE, tokenize_conversations
+    from pipeline.data.lm_tokens import IGNORE, tokenize_conversations
 
     conversations = [
         [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "Paris."}],
@@ -85,7 +85,7 @@ def test_the_loss_falls_on_the_answer_tokens_only(tokenizer: object) -> None:
 def test_a_tokenizer_without_a_chat_template_is_refused(tmp_path: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
-    from pipeline.train.causal_lm import tokenize_conversations
+    from pipeline.data.lm_tokens import tokenize_conversations
 
     bare = PreTrainedTokenizerFast.from_pretrained(save_bpe_tokenizer(tmp_path / "t", chat_template=None))
     with pytest.raises(InputError, match="needs the model's chat template"):
@@ -93,7 +93,7 @@ def test_a_tokenizer_without_a_chat_template_is_refused(tmp_path: Path) -> None:
 
 
 def test_plain_text_packs_into_labelled_blocks(tokenizer: object) -> None:
-    from pipeline.train.causal_lm import pack_text
+    from pipeline.data.lm_tokens import pack_text
 
     rows = pack_text(tokenizer, ["def add(a, b): return a + b"] * 10, block=16, eos_id=2)
     assert rows.ids.shape[1] == 16 and len(rows) >= 2

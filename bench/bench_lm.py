@@ -1,31 +1,34 @@
-"""A small Llama trained from scratch on this machine's Python sources, then taught new facts with LoRA SFT.
+"""A small Llama trained from scratch with `pipe train` on this machine's Python sources, then taught new
+facts by LoRA SFT on alpaca rows with `pipe train`, each exported with its KV cache by `pipe export`.
 
-    .venv/bin/python bench/bench_lm.py [--pretrain-seconds 240] [--sft-steps 300] [--out bench/results/lm.json]
+    .venv/bin/python bench/bench_lm.py [--epochs 6] [--sft-epochs 40] [--out bench/results/lm.json]
 
-1. **Pre-training from a config**: a byte-level BPE tokenizer (vocabulary 2048) is trained on the
-   standard library's `*.py` files (every tenth file held out), a Llama-shaped config (4 layers, hidden
-   128, 4 heads, 2 key/value heads) is random-initialized and trained on 128-token blocks for a fixed
-   time; the held-out perplexity is measured every 50 steps (the curve), against the uniform 2048.
+1. **Pre-training from a config**: a byte-level BPE tokenizer (vocabulary 1024) is trained on the
+   standard library's `*.py` files, and a directory holding it and a Llama-shaped `config.json` (4
+   layers, hidden 128, 4 heads, 2 key/value heads) and no weights is what the recipe's `model.path`
+   names: `pipe train` random-initializes it and trains on 128-token blocks of the first --corpus-kb of
+   those sources (`data.format: text`), the held-out perplexity measured every epoch (the curve,
+   against the uniform 1024). `pipe export` writes the KV-cache graph through the gate.
 2. **LoRA SFT on alpaca rows**: 30 invented facts (a country's capital, a river's sea, an inventor's
-   machine: names made up here, so the model cannot know them), each asked in 10 phrasings: 8 train
-   (240 alpaca rows), 2 held out. The chat template is applied and the loss falls on the answers only
-   (pipeline/train/causal_lm.py). Adapters on every linear layer, merged, saved with save_pretrained.
-3. **The merged model through `pipe import`**: exported with its KV cache and gated against transformers
-   (pipeline/export/causal_lm.py), then the questions answered by greedy generation of model.onnx in
-   onnxruntime (pipeline/runtime/generate.py), prompts rendered with the chat template: before SFT
-   (the base model) and after, on the train and the held-out phrasings.
+   machine: names made up here, so the model cannot know them), each asked in 10 phrasings: 8 go into
+   an alpaca file (240 rows), 2 are held out. The pre-trained model, saved as a transformers directory,
+   is fine-tuned by `pipe train` with a `lora:` section (adapters on every linear layer, the chat
+   template applied, the loss on the answers only), merged and exported by `pipe export`.
+3. **Answers**: each question, rendered with the chat template, answered by greedy generation of each
+   model.onnx in onnxruntime (pipeline/runtime/generate.py): the pre-trained model's and the SFT one's,
+   on the train and the held-out phrasings; an answer counts when it holds the invented name.
 
-The machine is shared (2 cores): the step counts and times are what this run got.
+The machine is shared (2 cores, load 8-10 while this was written): times are what this run got; one
+torch thread (two ran 5x slower under that load).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
+import shutil
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -33,13 +36,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
-    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
-)
+from benchkit import pipe  # noqa: E402
+
 BLOCK = 128
-VOCAB = 2048
 PHRASINGS = {
     "capital": [
         "What is the capital of {x}?",
@@ -100,94 +101,62 @@ def facts(count_per_kind: int = 10, seed: int = 7) -> list[tuple[str, str, str]]
     return made
 
 
-def python_sources() -> tuple[list[str], list[str]]:
-    """The standard library's top-level .py files: every tenth held out."""
-    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
-    texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
-    return [t for i, t in enumerate(texts) if i % 10], [t for i, t in enumerate(texts) if not i % 10]
-
-
-def save_tokenizer(directory: Path, texts: list[str]) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-    tok.train_from_iterator(texts, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   model_max_length=256)  # fmt: skip
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(directory)
-    return fast
-
-
-def pretrain(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> tuple[Any, Any]:
-    import torch
-    from transformers import LlamaConfig
-
-    from pipeline.data.lm_tokens import pack_text
-    from pipeline.train.causal_lm import causal_lm_from, lm_loss, perplexity
-
-    train_texts, val_texts = python_sources()
-    base = work / "base"
+def timed(*args: str) -> tuple[str, float]:
     started = time.perf_counter()
-    tokenizer = save_tokenizer(base, train_texts)
-    LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
-                eos_token_id=2).save_pretrained(base)  # fmt: skip  # a config, no weights: from scratch
-    torch.manual_seed(0)
-    model = causal_lm_from(base).train()
-    train = pack_text(tokenizer, train_texts, BLOCK, tokenizer.eos_token_id)
-    val = pack_text(tokenizer, val_texts, BLOCK, tokenizer.eos_token_id).take(slice(0, 64))
-    params = sum(p.numel() for p in model.parameters())
-    print(f"pretrain: {params / 1e6:.2f}M parameters, {len(train)} train blocks ({len(train) * BLOCK} tokens), "
-          f"{len(val)} held-out blocks; tokenizer in {time.perf_counter() - started:.1f} s", flush=True)  # fmt: skip
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-    curve = [{"step": 0, "seconds": 0.0, **perplexity(model, val)}]
-    print(f"  step 0: held-out perplexity {curve[0]['perplexity']:.1f} (uniform {VOCAB})", flush=True)
-    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
-    step, t0, seen = 0, time.perf_counter(), 0
-    while time.perf_counter() - t0 < args.pretrain_seconds:
-        idx = order[(step * 16) % len(train) :][:16].numpy()
-        part = train.take(idx)
-        ids, labels = torch.from_numpy(part.ids), torch.from_numpy(part.labels)
-        lr = args.lr * min(1.0, (step + 1) / 50)  # warmup
-        for group in opt.param_groups:
-            group["lr"] = lr
-        loss = lm_loss(model(input_ids=ids).logits, labels)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        step, seen = step + 1, seen + ids.numel()
-        if step % 50 == 0:
-            point = {"step": step, "seconds": round(time.perf_counter() - t0, 1), "train_loss": loss.item(),
-                     **perplexity(model, val)}  # fmt: skip
-            curve.append(point)
-            print(f"  step {step} ({point['seconds']:.0f} s): train loss {loss.item():.3f}, held-out perplexity "
-                  f"{point['perplexity']:.2f}", flush=True)  # fmt: skip
-    model.eval().save_pretrained(base)
-    out["pretrain"] = {"parameters": params, "steps": step, "tokens_seen": seen, "train_tokens": len(train) * BLOCK,
-                       "seconds": round(time.perf_counter() - t0, 1), "uniform_perplexity": VOCAB, "curve": curve,
-                       "final_perplexity": curve[-1]["perplexity"]}  # fmt: skip
-    return model, tokenizer
+    return pipe(*args), time.perf_counter() - started
 
 
-def answers_from_onnx(artifact: Any, questions: list[str], steps: int = 24) -> list[str]:
-    """Greedy answers from the artifact's model.onnx, prompts rendered with its chat template."""
+def pretrain(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> Path:
+    """The from-scratch recipe trained and exported; returns the version directory."""
+    from pipeline.data.make_lm import VOCAB, make_lm
+
+    make_lm(work, args.corpus_kb)  # work/python.txt, work/scratch/: a config and a tokenizer, no weights
+    corpus = (work / "python.txt").read_text(encoding="utf-8")
+    (work / "scratch.yaml").write_text(f"""name: python-llama
+task: text-generation
+model: {{arch: hf, path: scratch}}
+data: {{source: text, path: python.txt, format: text, max_length: {BLOCK}}}
+train: {{epochs: {args.epochs}, batch_size: 16, lr: 0.003, warmup_steps: 20, threads: {args.threads}, grad_clip: 1.0}}
+edge: {{enabled: false}}
+""")  # fmt: skip
+    shown, train_s = timed("train", str(work / "scratch.yaml"), "--out", str(work / "artifacts"))
+    print(shown.strip().splitlines()[0], flush=True)
+    root = work / "artifacts" / "python-llama" / "1"
+    report = json.loads((root / "reports" / "train.json").read_text())
+    _, export_s = timed("export", str(root))
+    manifest = json.loads((root / "manifest.json").read_text())
+    curve = [{"epoch": h["epoch"], "perplexity": h["perplexity"], "loss": h["loss"]} for h in report["history"]]
+    for point in curve:
+        print(f"  epoch {point['epoch']}: held-out perplexity {point['perplexity']:.2f} (uniform {VOCAB})", flush=True)
+    out["pretrain"] = {
+        "corpus_bytes": len(corpus.encode()), "parameters": report["parameters"]["total"], "steps": report["steps"],
+        "train_seconds": round(report["wall_s"], 1), "command_seconds": round(train_s, 1), "uniform_perplexity": VOCAB,
+        "curve": curve, "test": report["test"], "export_seconds": round(export_s, 1),
+        "export_gate": _gate(manifest["stages"]["export"]["parity"]["rows"]),
+    }  # fmt: skip
+    print(f"  test perplexity {report['test']['perplexity']:.2f}; export gate {out['pretrain']['export_gate']}")
+    return root
+
+
+def _gate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    logits = [r["max_abs"] or 0.0 for r in rows if r["check"].endswith("logits") or r["output"] == "logits"]
+    return {"passed": all(r["passed"] for r in rows), "checks": len(rows), "max_logit_abs": max(logits)}
+
+
+def answers_from_onnx(root: Path, questions: list[str], steps: int = 24) -> list[str]:
+    """Greedy answers from the version's model.onnx, prompts rendered with its chat template."""
     from transformers import PreTrainedTokenizerFast
 
+    from pipeline.artifact.directory import Artifact
     from pipeline.runtime.generate import greedy
     from pipeline.runtime.runners import ort_runner
     from pipeline.runtime.text import TextEncoder
 
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(artifact.root / "tokenizer")
+    artifact = Artifact.load(root)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(root / "tokenizer")
     g = artifact.manifest.generation
-    encoder = TextEncoder.of(artifact.root, artifact.manifest)
-    run = ort_runner(artifact.path("model.onnx"))
+    encoder = TextEncoder.of(root, artifact.manifest)
+    run = ort_runner(root / "model.onnx")
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
                                              add_generation_prompt=True) for q in questions]  # fmt: skip
     said = []
@@ -199,15 +168,22 @@ def answers_from_onnx(artifact: Any, questions: list[str], steps: int = 24) -> l
     return said
 
 
-def sft(args: argparse.Namespace, work: Path, base_model: Any, tokenizer: Any, out: dict[str, Any]) -> None:
-    import torch
+def as_transformers_dir(root: Path, target: Path) -> Path:
+    """The trained model of a version saved with save_pretrained beside its tokenizer: what LoRA builds on."""
+    from pipeline.artifact.directory import Artifact
+    from pipeline.train.restore import load_trained_model
 
-    from pipeline.data.instructions import read_conversations
-    from pipeline.data.lm_tokens import tokenize_conversations
-    from pipeline.export.causal_lm import import_causal_lm
-    from pipeline.recipe.architectures import LoraSpec
-    from pipeline.train.causal_lm import lm_loss, with_lora
+    model = load_trained_model(Artifact.load(root))
+    model.net.save_pretrained(target)
+    source = Path(json.loads((root / "manifest.json").read_text())["stages"]["train"]["recipe_path"])
+    base = (root / source).parent / "scratch"
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (base / name).is_file():
+            shutil.copyfile(base / name, target / name)
+    return target
 
+
+def sft(args: argparse.Namespace, work: Path, pretrained: Path, out: dict[str, Any]) -> None:
     triples = facts()
     rows, held = [], []
     for kind, x, y in triples:
@@ -215,91 +191,63 @@ def sft(args: argparse.Namespace, work: Path, base_model: Any, tokenizer: Any, o
         for i, phrasing in enumerate(PHRASINGS[kind]):
             row = {"instruction": phrasing.format(x=x), "input": "", "output": answer, "_answer": y}
             (held if i >= 8 else rows).append(row)
-    alpaca = work / "facts.json"
-    alpaca.write_text(json.dumps([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows], indent=1))
-    conversations = read_conversations(alpaca)  # the alpaca file as a user gives it
-    data = tokenize_conversations(tokenizer, conversations, max_length=96)
-    labelled = int((data.labels != -100).sum())
-    print(f"sft: {len(rows)} alpaca rows ({labelled} answer tokens of {int(data.mask.sum())}), {len(held)} held out",
-          flush=True)  # fmt: skip
-
-    repo = work / "artifacts"
-    before = import_causal_lm(work / "base", "base", repo, progress=lambda _: None)
-    said_before = answers_from_onnx(before, [r["instruction"] for r in rows + held])
-    lora = LoraSpec(rank=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                          "down_proj"])  # fmt: skip
-    model = with_lora(base_model, lora).train()
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.sft_lr)
-    gen = torch.Generator().manual_seed(0)
-    t0, losses = time.perf_counter(), []
-    for step in range(args.sft_steps):
-        idx = torch.randint(0, len(data), (16,), generator=gen).numpy()
-        part = data.take(idx)
-        ids, mask, labels = (torch.from_numpy(a) for a in (part.ids, part.mask, part.labels))
-        loss = lm_loss(model(input_ids=ids, attention_mask=mask).logits, labels)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        if (step + 1) % 50 == 0:
-            print(f"  sft step {step + 1}: answer loss {sum(losses[-50:]) / 50:.3f}", flush=True)
-    sft_s = time.perf_counter() - t0
-    merged = model.merge_and_unload().eval()
-    tuned_dir = work / "tuned"
-    merged.save_pretrained(tuned_dir)
-    tokenizer.save_pretrained(tuned_dir)
-    started = time.perf_counter()
-    after = import_causal_lm(tuned_dir, "tuned", repo, progress=lambda _: None)
-    import_s = time.perf_counter() - started
-    said_after = answers_from_onnx(after, [r["instruction"] for r in rows + held])
-    parity = after.manifest.stages.import_.parity["rows"]
+    (work / "facts.json").write_text(json.dumps([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]))
+    as_transformers_dir(pretrained, work / "pretrained")
+    (work / "sft.yaml").write_text(f"""name: python-llama-facts
+task: text-generation
+model: {{arch: hf, path: pretrained}}
+data: {{source: text, path: facts.json, format: alpaca, max_length: 96, val_fraction: 0.1, test_fraction: 0.1}}
+lora: {{rank: 16, alpha: 32, target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}}
+train: {{epochs: {args.sft_epochs}, batch_size: 16, lr: 0.003, warmup_steps: 10, threads: {args.threads}}}
+edge: {{enabled: false}}
+""")  # fmt: skip
+    questions = [r["instruction"] for r in rows + held]
+    said_before = answers_from_onnx(pretrained, questions)
+    _, train_s = timed("train", str(work / "sft.yaml"), "--out", str(work / "artifacts"))
+    root = work / "artifacts" / "python-llama-facts" / "1"
+    report = json.loads((root / "reports" / "train.json").read_text())
+    _, export_s = timed("export", str(root))
+    manifest = json.loads((root / "manifest.json").read_text())
+    said_after = answers_from_onnx(root, questions)
 
     def score(said: list[str], part: list[dict[str, str]], offset: int) -> float:
         return sum(r["_answer"] in said[offset + i] for i, r in enumerate(part)) / len(part)
 
     result = {
-        "rows": len(rows), "held_out": len(held), "trainable_parameters": trainable, "steps": args.sft_steps,
-        "seconds": round(sft_s, 1), "first_loss": losses[0], "last_loss": sum(losses[-20:]) / 20,
+        "rows": len(rows), "held_out": len(held), "parameters": report["parameters"], "steps": report["steps"],
+        "train_seconds": round(report["wall_s"], 1), "command_seconds": round(train_s, 1),
+        "curve": [{"epoch": h["epoch"], "perplexity": h["perplexity"]} for h in report["history"]],
+        "test": report["test"], "export_seconds": round(export_s, 1),
+        "export_gate": _gate(manifest["stages"]["export"]["parity"]["rows"]),
         "before": {"train": score(said_before, rows, 0), "held_out": score(said_before, held, len(rows))},
         "after": {"train": score(said_after, rows, 0), "held_out": score(said_after, held, len(rows))},
-        "examples": [{"question": r["instruction"], "before": said_before[i], "after": said_after[i]}
-                     for i, r in ((0, rows[0]), (len(rows), held[0]), (len(rows) + 1, held[1]))],
-        "import_seconds": round(import_s, 1),
-        "gate": {"passed": all(r["passed"] for r in parity),
-                 "max_logit_abs": max(r["max_abs"] or 0.0 for r in parity if r["check"].endswith("logits")),
-                 "greedy_cases": sorted({r["check"].rsplit(" ", 1)[0] for r in parity if "greedy" in r["check"]})},
+        "examples": [{"question": questions[i], "before": said_before[i], "after": said_after[i]}
+                     for i in (0, 9, len(rows), len(rows) + 1)],
     }  # fmt: skip
     out["sft"] = result
-    print(f"  answers with the right name: before {result['before']}, after {result['after']}", flush=True)
+    print(f"sft: {len(rows)} alpaca rows, {report['steps']} steps in {report['wall_s']:.0f} s; answer perplexity "
+          f"{result['curve'][0]['perplexity']:.1f} -> {result['curve'][-1]['perplexity']:.2f}", flush=True)  # fmt: skip
+    print(f"  answers holding the invented name: before {result['before']}, after {result['after']}", flush=True)
     for ex in result["examples"]:
         print(f"  {ex['question']!r}: before {ex['before']!r} -> after {ex['after']!r}", flush=True)
-    print(f"  gate of the merged export: passed {result['gate']['passed']}, logits within "
-          f"{result['gate']['max_logit_abs']:.2g}", flush=True)  # fmt: skip
+    print(f"  export gate {result['export_gate']}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pretrain-seconds", type=float, default=240)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--sft-steps", type=int, default=300)
-    parser.add_argument("--sft-lr", type=float, default=2e-3)
+    parser.add_argument("--corpus-kb", type=int, default=400)
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--sft-epochs", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1)  # 2 threads ran 5x slower on the 2 shared cores
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lm.json")
     args = parser.parse_args()
-    import torch
-
-    torch.set_num_threads(args.threads)
     out: dict[str, Any] = {"threads": args.threads}
     with tempfile.TemporaryDirectory() as tmp:
-        model, tokenizer = pretrain(args, Path(tmp), out)
-        sft(args, Path(tmp), model, tokenizer, out)
+        pretrained = pretrain(args, Path(tmp), out)
+        sft(args, Path(tmp), pretrained, out)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}; perplexity {out['pretrain']['curve'][0]['perplexity']:.0f} -> "
-          f"{out['pretrain']['final_perplexity']:.2f} (uniform {VOCAB}) in {out['pretrain']['seconds']:.0f} s",
-          flush=True)  # fmt: skip
-    assert math.isfinite(out["pretrain"]["final_perplexity"])
+    print(f"wrote {args.out}", flush=True)
 
 
 if __name__ == "__main__":

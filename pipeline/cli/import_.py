@@ -135,11 +135,11 @@ def _import_transformers(
     import time
 
     from pipeline.core.errors import InputError
-    from pipeline.export.causal_lm import TASK, causal_architecture, import_causal_lm
-    from pipeline.export.hf import HFSettings, import_hf, read_config
+    from pipeline.export.causal_lm import TASK, architecture_of, import_causal_lm
+    from pipeline.export.hf import HFSettings, import_hf
 
     started = time.perf_counter()
-    architecture = causal_architecture(read_config(path))
+    architecture = architecture_of(path)
     if task in (None, TASK) and architecture is not None:
         artifact = import_causal_lm(path, name, Path(repository), Path(tokenizer) if tokenizer else None)
         _print_import(artifact, f"imported {path} -> {artifact.root} in {time.perf_counter() - started:.1f} s "
@@ -147,8 +147,8 @@ def _import_transformers(
         return
     if task is None:
         raise InputError(
-            f"{path} is a transformers model but not a causal LM (config.json architectures: "
-            f"{read_config(path).get('architectures')}): say what it is for with --task classification or embedding"
+            f"{path} is a transformers model but not a causal LM (config.json architectures name no *ForCausalLM "
+            "or *LMHeadModel): say what it is for with --task classification or embedding"
         )
     if task == TASK:
         raise InputError(f"--task {TASK}: {path}/config.json names no *ForCausalLM or *LMHeadModel in architectures")

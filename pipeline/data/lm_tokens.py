@@ -45,7 +45,7 @@ def pack_text(tokenizer: Any, texts: list[str], block: int, eos_id: int | None) 
     """Texts tokenized (each followed by EOS when given) and cut into blocks of `block` tokens; the tail is dropped."""
     stream: list[int] = []
     for text in texts:
-        stream += tokenizer(text, add_special_tokens=False)["input_ids"]
+        stream += tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # longer than a row: packed
         if eos_id is not None:
             stream.append(eos_id)
     count = len(stream) // block

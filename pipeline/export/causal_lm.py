@@ -81,7 +81,20 @@ PROMPTS = (
 def causal_architecture(config: dict[str, Any]) -> str | None:
     """The causal LM class `config.json` names in `architectures` (e.g. `LlamaForCausalLM`), or None."""
     names = config.get("architectures") or []
+    names = names if isinstance(names, list) else []
     return next((n for n in names if isinstance(n, str) and n.endswith(CAUSAL_SUFFIXES)), None)
+
+
+def architecture_of(source: Path) -> str | None:
+    """The causal LM class a directory's config.json names, or None (also for a config that does not read:
+    the import that follows says what is wrong with it)."""
+    import json
+
+    try:
+        config = json.loads((Path(source) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return causal_architecture(config) if isinstance(config, dict) else None
 
 
 @dataclass(frozen=True)

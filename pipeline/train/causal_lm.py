@@ -14,6 +14,7 @@ torch and transformers are imported at the top: training loads this module, the 
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import torch
@@ -54,13 +55,19 @@ def causal_lm_from(model_dir: Path) -> torch.nn.Module:
     (training from scratch). Eager attention: what the export and the gate run."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from pipeline.train.hf import transformers_quiet
+
     if not (model_dir / "config.json").is_file():
         raise InputError(f"{model_dir} has no config.json: give a transformers directory (a config at least)")
     weights = [*model_dir.glob("*.safetensors"), *model_dir.glob("*.bin")]
-    if weights:
-        return AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager")
-    config = AutoConfig.from_pretrained(model_dir)
-    return AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    with transformers_quiet():  # no loading bars: pipe prints its own progress
+        try:
+            if weights:
+                return AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager")
+            config = AutoConfig.from_pretrained(model_dir)
+            return AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        except (OSError, ValueError, KeyError) as exc:
+            raise InputError(f"{model_dir} does not load as a transformers causal LM: {exc}"[:400]) from None
 
 
 def build_causal_lm(model_dir: Path, lora: LoraSpec | None) -> TextClassifier:
@@ -88,7 +95,10 @@ def with_lora(model: torch.nn.Module, lora: LoraSpec) -> torch.nn.Module:
         target_modules=list(lora.target_modules),
     )
     try:
-        return get_peft_model(model, config)
+        with warnings.catch_warnings():
+            # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`; nothing pipe can change
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            return get_peft_model(model, config)
     except ValueError as exc:
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise InputError(

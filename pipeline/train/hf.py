@@ -89,7 +89,7 @@ def build_text_classifier(model_dir: Path, info: DataInfo, lora: LoraSpec | None
     from transformers import AutoModelForSequenceClassification
 
     labels = info.labels
-    with _transformers_quiet():
+    with transformers_quiet():
         try:
             net = AutoModelForSequenceClassification.from_pretrained(
                 model_dir,
@@ -156,7 +156,7 @@ def base_digest(model_dir: Path) -> str:
 
 
 @contextlib.contextmanager
-def _transformers_quiet() -> Iterator[None]:
+def transformers_quiet() -> Iterator[None]:
     """transformers reports loading (progress bars, 'newly initialized' head weights) at INFO and WARNING;
     the head is new on purpose, and pipe prints its own progress. Restored afterwards."""
     from transformers.utils import logging as hf_logging

@@ -22,7 +22,7 @@ from pathlib import Path
 VOCAB = 1024
 CHAT_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
-    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
 )
 
 

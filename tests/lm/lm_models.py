@@ -19,7 +19,7 @@ LINES = [
 SPECIALS = ["<pad>", "<s>", "</s>"]  # ids 0, 1, 2
 CHAT_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
-    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
 )
 VOCAB = 320  # the model's rows; the tokenizer makes at most 300 ids
 

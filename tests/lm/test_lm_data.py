@@ -78,7 +78,7 @@ def test_the_loss_falls_on_the_answer_tokens_only(tokenizer: object) -> None:
     assert rows.mask[1].sum() < rows.mask[0].sum() and rows.mask[1, -1] == 0  # right-padded, padding masked
     for i, answer in enumerate(["Paris.", "4, 5, 6"]):
         labelled = rows.labels[i][rows.labels[i] != IGNORE]
-        assert tokenizer.decode(labelled) == f"{answer}</s>\n"  # the answer and the turn's end, nothing else
+        assert tokenizer.decode(labelled) == f" {answer}</s>\n"  # the answer and the turn's end, nothing else
         assert (rows.labels[i][rows.mask[i] == 0] == IGNORE).all()
 
 

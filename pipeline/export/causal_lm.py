@@ -46,6 +46,7 @@ from pipeline.artifact.tokens import TokenLimits, hf_limits, limits_reading, rea
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError, first_line
+from pipeline.export.graph import external_files
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset
 from pipeline.runtime.generate import decoder_specs, first_step, greedy, stitch
@@ -187,6 +188,8 @@ def import_causal_lm(
             read=read,
             notes=[f"loaded in {loaded_s:.1f} s, exported and gated in {export_s:.1f} s ({result.exporter})"],
         )
+        for rel in external_files(graph, root):  # a model past 2 GB: its weights beside the graph, hashed
+            artifact.add_file(rel)
         artifact.add_variant(
             FP32,
             Variant(

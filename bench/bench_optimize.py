@@ -149,7 +149,8 @@ def matmul_share(model: Path, samples: dict[str, np.ndarray], batch: int, work: 
 def dynamic_sweep(name: str, root: Path, work: Path, seconds: float, repeats: int, out: Out) -> dict[str, Any]:
     from pipeline.artifact.directory import Artifact
     from pipeline.optimize.judge import Judge
-    from pipeline.optimize.quantize import QuantSettings, quantize
+    from pipeline.optimize.quantize import QuantSettings
+    from pipeline.optimize.quantizers import quantize
     from pipeline.recipe.file import load_recipe
     from pipeline.runtime.latency import measure
     from pipeline.samples.evaluation import evaluation_set
@@ -343,7 +344,7 @@ def sensitive(mlp_root: Path, work: Path, out: Out) -> dict[str, Any]:
             f"{v['detail']}; speed vs fp32 b1 {v['speedup_b1']:.2f}x, b32 {v['speedup_b32']:.2f}x"
         )
     from pipeline.optimize.graph import op_counts
-    from pipeline.optimize.quantize import QUANT_OPS, quantizable_nodes
+    from pipeline.optimize.nodes import QUANT_OPS, quantizable_nodes
 
     candidates = quantizable_nodes(run["root"] / "model.onnx", "dynamic")
     kept = run["root"] / auto["file"]

@@ -55,6 +55,10 @@ RAPIDOCR = Wheel("rapidocr-onnxruntime", "1.4.4", "971d7d5f223a7a808662229df1ef6
 # Silero VAD v5: stateful voice activity (input [batch, 576], state [2, batch, 128], sr a scalar).
 SILERO_VAD = Wheel("silero-vad", "5.1.2", "93b41953d7774b165407fda6b533c119c5803864e367d5034dc626c82cfdf661",
                    "Silero VAD v5, stateful, scalar sample-rate input")
+# ddddocr's CNN+LSTM text recognizer (common_old.onnx: a fixed batch of 1, [1, 1, 64, image_width], whose
+# output declared [1, seqlen] computes [T, 1, 8210]) and a YOLOX-style detector with a fixed [1, 3, 416, 416].
+DDDDOCR = Wheel("ddddocr", "1.6.1", "c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935",
+                "CNN+LSTM text recognizer and detector, fixed batch 1")
 # Google's Magika content-type classifier (int inputs: bytes of a file's beginning, middle and end).
 MAGIKA = Wheel("magika", "0.5.1", "a4d1f64f71460f335841c13c3d16cfc2cb21e839c1898a1ae9bd5adc8d66cb2b",
                "Magika file content-type classifier")

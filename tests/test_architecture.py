@@ -45,6 +45,7 @@ def test_contracts_hold_on_the_real_tree() -> None:
 
 LAYERS = "commands on stages, every stage alone, shared packages below, the spine at the"  # lint-imports wraps the rest
 ARTIFACT_LAYERS = "the artifact's modules in layers: the directory on the manifest"  # wrapped after
+OPTIMIZE_LAYERS = "optimize's modules in layers: the stage on the kinds"  # wrapped after
 FRAMEWORKS = "pipe serve and the artifact never import a training or conversion framework"
 
 
@@ -119,6 +120,26 @@ def layered(module: str, line: str, importer: str, imported: str) -> tuple[str, 
             ARTIFACT_LAYERS,
             "pipeline.artifact.tokens is not allowed to import pipeline.artifact.directory",
         ),
+        # a cycle inside optimize: repair reaching up to the search it serves, a trial to the search (issue 27)
+        (
+            "optimize/repair.py",
+            "from pipeline.optimize.search import Search",
+            OPTIMIZE_LAYERS,
+            "pipeline.optimize.repair is not allowed to import pipeline.optimize.search",
+        ),
+        (
+            "optimize/trial.py",
+            "def _later():\n    from pipeline.optimize.speed import Timer",
+            OPTIMIZE_LAYERS,
+            "pipeline.optimize.trial is not allowed to import pipeline.optimize.speed",
+        ),
+        # the unit every kind is, reaching up to the list of kinds
+        (
+            "optimize/kind.py",
+            "from pipeline.optimize.kinds import KINDS",
+            OPTIMIZE_LAYERS,
+            "pipeline.optimize.kind is not allowed to import pipeline.optimize.kinds",
+        ),
         # a stage importing the command that runs the chain
         (
             "report/__init__.py",
@@ -180,6 +201,6 @@ def test_every_command_is_in_the_module_named_for_it() -> None:
     where = {name: command.callback.__module__ for name, command in main.commands.items()}
     expected = {name: f"pipeline.cli.{name}_" if keyword.iskeyword(name) else f"pipeline.cli.{name}" for name in where}
     assert where == expected
-    helpers = {"__init__", "group", "params", "artifact_views"}
+    helpers = {"__init__", "group", "params", "gate_options", "artifact_views"}
     modules = {p.stem for p in (ROOT / "pipeline" / "cli").glob("*.py")} - helpers
     assert modules == {m.rsplit(".", 1)[1] for m in where.values()}, "a module of pipeline/cli/ holds no command"

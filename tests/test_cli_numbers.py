@@ -26,6 +26,8 @@ COMMANDS = {  # command line before the option; the artifact paths need not exis
     "export": ["export", "missing"],
     "serve": ["serve", "missing"],
     "predict": ["predict", "missing", "--input", "missing.npz"],
+    "optimize": ["optimize", "missing"],
+    "import": ["import", "missing.onnx", "--name", "x"],
 }
 CASES = [
     ("check", "--latency-seconds", [NAN, INF, "0", NEG, HUGE]),
@@ -36,6 +38,11 @@ CASES = [
     ("export", "--opset", ["0", NEG, DIGITS]),
     ("export", "--atol", [NAN, INF, NEG]),
     ("export", "--rtol", [NAN, INF, NEG]),
+    ("export", "--metric-tolerance", [NAN, INF, NEG]),
+    ("export", "--max-out-of-tolerance", [NAN, INF, NEG, "1.5"]),
+    ("import", "--atol", [NAN, INF, NEG]),
+    ("optimize", "--max-accuracy-drop", [NAN, INF, NEG]),  # the gate's flags, the same on every hop
+    ("optimize", "--min-cosine", [NAN, INF, "0", NEG, "1.5"]),
     ("serve", "--port", ["70000", DIGITS, NAN]),
     ("serve", "--workers", ["100000", DIGITS]),
     ("serve", "--timeout", [NAN, INF, HUGE]),
@@ -65,8 +72,6 @@ def test_a_bad_number_is_exit_2_naming_the_option(command: str, option: str, val
 
 
 OPTIMIZE = [  # judged by the recipe schema (one line naming the flag and the key), so a real artifact is opened
-    ("--max-accuracy-drop", [NAN, INF, NEG]),
-    ("--min-cosine", [NAN, INF, "0", NEG, "1.5"]),
     ("--calibration-samples", ["0", NEG, "100000000"]),
     ("--max-exclusions", [NEG, "100000000"]),
     ("--threads", ["0", NEG, "100000"]),

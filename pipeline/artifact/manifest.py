@@ -24,7 +24,7 @@ from pipeline.artifact.checks import one_of, positive, unprintable
 from pipeline.artifact.generation import Generation, generation_problems
 from pipeline.artifact.preprocessing import preprocessing_problems
 from pipeline.artifact.records import Stages
-from pipeline.artifact.tensors import TensorSpec
+from pipeline.artifact.tensors import PinnedInput, TensorSpec
 from pipeline.artifact.tokens import TokenizerRecord, tokenizer_problems
 from pipeline.artifact.variants import Variant, check_variant_name, variant_file
 from pipeline.core.errors import ArtifactError
@@ -34,10 +34,13 @@ SCHEMA_VERSION = 2  # 2: typed stage records and variant records (1 held free-fo
 MANIFEST_NAME = "manifest.json"
 # What a model's outputs mean (docs/export.md, "Tasks"): classification ([batch, classes]), regression,
 # embedding, detection (the Ultralytics head: one [batch, 4+classes, anchors] output), tensor (none of
-# those: each output judged as a tensor) and text-generation (a causal LM: logits [batch, sequence, vocab]
-# and its KV cache, docs/language-models.md).
-TASKS = ("classification", "regression", "embedding", "detection", "tensor", "text-generation")
-Task = Literal["classification", "regression", "embedding", "detection", "tensor", "text-generation"]
+# those: each output judged as a tensor), text-recognition (a CTC recognizer: one [batch, positions,
+# classes] output read as text with its dictionary, the `Ctc` record) and text-generation (a causal LM:
+# logits [batch, sequence, vocab] and its KV cache, docs/language-models.md).
+TASKS = ("classification", "regression", "embedding", "detection", "tensor", "text-recognition", "text-generation")
+Task = Literal[
+    "classification", "regression", "embedding", "detection", "tensor", "text-recognition", "text-generation"
+]
 # A model name is a directory name in every repository and URL it reaches: one safe path segment.
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 NAME_RULE = "1-128 lowercase letters, digits, '.', '_' and '-', starting with a letter or digit"
@@ -86,7 +89,7 @@ def label_problem(label: str) -> str | None:
 def _check_labels(labels: list[str]) -> str | None:
     if problems := [p for p in map(label_problem, labels) if p]:
         return problems[0]
-    return "class names must be distinct" if len(set(labels)) != len(labels) else None
+    return None  # distinct, but for a recognizer's dictionary: `_task_contradictions`
 
 
 def _fraction(value: float) -> str | None:
@@ -107,6 +110,27 @@ class Detection:
     )  # NMS: drop a box overlapping a kept one of its class more
     max_detections: int = field(default=300, metadata={"check": positive})  # boxes kept per picture, best first
     stride: int | None = field(default=None, metadata={"omit_none": True, "check": positive})  # the head's largest
+
+
+def _blank(value: int) -> str | None:
+    return None if value == 0 else f"expected 0 (the blank is class 0, as in PaddleOCR), got {value}"
+
+
+@dataclass(frozen=True)
+class Ctc:
+    """How a CTC text recognizer's classes read as text (task `text-recognition`; pipeline/runtime/ctc.py):
+    the manifest's `labels` are its dictionary, one entry per class in order, without the blank.
+
+    PaddleOCR's convention: class 0 is the blank, then the dictionary's lines, then a space when the
+    model was trained with `use_space_char` (6,625 classes for the 6,623 lines of ppocr_keys_v1).
+    """
+
+    blank: int = field(default=0, metadata={"check": _blank})  # the blank's class
+    space: bool = False  # a space class follows the dictionary's last entry
+
+    def classes(self, dictionary: int) -> int:
+        """The classes a model with this convention and a `dictionary` of so many entries answers."""
+        return dictionary + 1 + int(self.space)
 
 
 @dataclass
@@ -148,7 +172,10 @@ class Manifest:
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     labels: list[str] = field(default_factory=list, metadata={"check": _check_labels})
+    # graph inputs given one value at import (`--input-value`), written into model.onnx as constants: not fed
+    pinned: list[PinnedInput] | None = field(default=None, metadata={"omit_none": True})
     detection: Detection | None = field(default=None, metadata={"omit_none": True})  # task detection only
+    ctc: Ctc | None = field(default=None, metadata={"omit_none": True})  # task text-recognition only
     # a text model's tokenizer, carried in the version (pipeline/artifact/tokens.py); None: token ids only
     tokenizer: TokenizerRecord | None = field(default=None, metadata={"omit_none": True})
     # a text-generation model's KV cache layout, EOS ids and chat template (pipeline/artifact/generation.py)
@@ -232,6 +259,14 @@ def _contradictions(manifest: Manifest) -> list[str]:
             problems.append(f"{where}.file: {file!r} is not listed in files, so it cannot be verified")
         if variant.format != (fmt := file.rsplit(".", 1)[-1]):
             problems.append(f"{where}.format: {variant.format!r}, but {file!r} is in format {fmt!r}")
+    for key, specs in (("inputs", manifest.inputs), ("outputs", manifest.outputs)):
+        for i, spec in enumerate(specs):
+            if spec.batch_axis is not None and spec.batch_axis >= max(len(spec.shape), 1):
+                dims = len(spec.shape)
+                problems.append(f"{key}[{i}].batch_axis: {spec.batch_axis}, but {spec.name!r} has {dims} dims")
+    fed = {spec.name for spec in manifest.inputs}
+    if clash := sorted(fed & {p.name for p in manifest.pinned or []}):
+        problems.append(f"pinned: {clash[:3]} are also fed inputs; a pinned input is a constant of the model")
     for i, spec in enumerate(manifest.inputs):
         if spec.tokens is not None and not spec.dtype.startswith(("int", "uint")):
             problems.append(f"inputs[{i}].tokens: token ids are integers, but {spec.name!r} is {spec.dtype}")
@@ -256,8 +291,18 @@ def _task_contradictions(manifest: Manifest) -> list[str]:
         return ["detection: missing; a task 'detection' model records how its output becomes boxes"]
     if manifest.task != "detection" and manifest.detection is not None:
         return [f"detection: recorded for task {manifest.task!r}; it belongs to task 'detection' alone"]
+    if (manifest.task == "text-recognition") != (manifest.ctc is not None):
+        return ["ctc: a task 'text-recognition' model records how its classes read as text, and only it"]
+    if manifest.task != "text-recognition" and len(set(manifest.labels)) != len(manifest.labels):
+        return ["labels: class names must be distinct"]  # a recognizer's dictionary may repeat an entry
     if first is None or not manifest.labels:
         return []
+    if manifest.ctc is not None and len(first.shape) == 3 and isinstance(first.shape[2], int):
+        if (classes := manifest.ctc.classes(len(manifest.labels))) == first.shape[2]:
+            return []
+        space = " and a space" if manifest.ctc.space else ""
+        return [f"labels: a dictionary of {len(manifest.labels)} entries with the blank{space} makes {classes} "
+                f"classes, but output {first.name!r} has {first.shape[2]}"]  # fmt: skip
     if manifest.task == "classification" and first.shape and isinstance(first.shape[-1], int):
         classes = first.shape[-1]
     elif manifest.task == "detection" and len(first.shape) == 3 and isinstance(first.shape[1], int):
@@ -270,7 +315,8 @@ def _task_contradictions(manifest: Manifest) -> list[str]:
 
 
 _IDENTITY_FIELDS = (
-    "name", "version", "task", "inputs", "outputs", "labels", "detection", "tokenizer", "generation", "lineage",
+    "name", "version", "task", "inputs", "outputs", "labels", "pinned", "detection", "ctc", "tokenizer", "generation",
+    "lineage",
     "created",
 )  # fmt: skip
 

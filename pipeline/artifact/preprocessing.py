@@ -10,7 +10,8 @@ predict` and `pipe import --eval-data DIR` feed pictures the way the model was t
 - `letterbox: {size: [H, W], pad: 114}`: resized to fit inside, aspect kept, the rest padded with
   the pixel value `pad`, the picture centered (Ultralytics' `LetterBox(auto=False, center=True)`).
 
-Beside the geometry: `mode` (`L` or `RGB`), `resize` (Pillow's filter for every resize), `scale`
+Beside the geometry: `mode` (`L`, `RGB`, or `BGR`: RGB with the channels reversed, what every Paddle
+and OpenCV-trained model takes), `resize` (Pillow's filter for every resize), `scale`
 (0..255 pixel x scale = the model's units). The manifest is refused on load when a record is bad,
 so every command (serve, predict, info, import) refuses it up front, with the key and the fix.
 Standard library only: the manifest imports it.
@@ -27,10 +28,13 @@ from pipeline.core.errors import InputError
 if TYPE_CHECKING:
     from pipeline.artifact.tensors import TensorSpec
 
-MODES = {1: "L", 3: "RGB"}  # channels -> the Pillow mode a picture is converted to
+MODES = ("L", "RGB", "BGR")  # the picture modes a record may name
+CHANNELS = {"L": 1, "RGB": 3, "BGR": 3}  # mode -> the channels it fills
 RESIZE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")  # Pillow's Resampling names
 KEYS = ("mode", "size", "resize_short", "crop", "letterbox", "resize", "scale")
 MAX_SIDE = 65_536  # pixels: a size past this is a typo, not a model
+# scale, |mean| and std past this (std: below 1/this) overflow float32 on a 0..255 pixel: a typo, not a model
+MAX_FACTOR = 1e6
 IMAGE_DTYPES = ("float32", "float16", "float64", "uint8")
 GEOMETRY_HELP = (
     "size: [H, W] (stretch), resize_short: N with crop: [H, W] (aspect kept, center crop; ImageNet: 256 and "
@@ -90,12 +94,12 @@ def parse_image_record(record: Any, where: str) -> ImageRecord:
         raise InputError(f"{where}: unknown key(s) {unknown}; valid keys are {', '.join(KEYS)}")
     problems = []
     mode, resize, scale = record.get("mode"), record.get("resize", "bilinear"), record.get("scale", 1 / 255)
-    if mode not in MODES.values():
-        problems.append(f"mode {mode!r} is not one of {', '.join(MODES.values())}")
+    if mode not in MODES:
+        problems.append(f"mode {mode!r} is not one of {', '.join(MODES)}")
     if resize not in RESIZE_FILTERS:
         problems.append(f"resize {resize!r} is not one of {', '.join(RESIZE_FILTERS)}")
-    if not (_number(scale) and scale > 0):
-        problems.append(f"scale {scale!r} is not a number > 0 (1/255 maps pixels to 0..1)")
+    if not (_number(scale) and 0 < scale <= MAX_FACTOR):
+        problems.append(f"scale {scale!r:.40} is not a number > 0 and <= {MAX_FACTOR:g} (1/255 maps pixels to 0..1)")
     size, crop = _pair(record, "size", problems), _pair(record, "crop", problems)
     short = record.get("resize_short")
     if short is not None and not (type(short) is int and 0 < short <= MAX_SIDE):
@@ -178,8 +182,9 @@ def image_record(spec: TensorSpec, where: str | None = None) -> ImageRecord | No
     if spec.dtype not in IMAGE_DTYPES:
         raise InputError(f"{where} is recorded on {what}, whose dtype holds no pixels ({', '.join(IMAGE_DTYPES)} do)")
     channels, height, width = spec.shape[1:4] if spec.layout == "NCHW" else (spec.shape[3], *spec.shape[1:3])
-    if isinstance(channels, int) and MODES.get(channels) != parsed.mode:
-        raise InputError(f"{where}.mode is {parsed.mode!r}, but {what} takes {channels} channel(s) (L: 1, RGB: 3); "
+    if isinstance(channels, int) and CHANNELS[parsed.mode] != channels:
+        raise InputError(f"{where}.mode is {parsed.mode!r}, but {what} takes {channels} channel(s) (L: 1, "
+                         "RGB or BGR: 3); "
                          "fix the mode")  # fmt: skip
     made = parsed.input_size
     if any(isinstance(d, int) and d != s for d, s in zip((height, width), made, strict=True)):
@@ -199,12 +204,14 @@ def normalization(spec: TensorSpec, channels: int) -> tuple[tuple[float, ...] | 
     mean = [mean] if _number(mean) else mean
     std = [std] if _number(std) else std
     ok = all(
-        isinstance(v, list) and len(v) in (1, channels) and all(_number(x) for x in v) for v in (mean, std)
-    ) and all(x > 0 for x in std)
+        isinstance(v, list) and len(v) in (1, channels) and all(_number(x) and abs(x) <= MAX_FACTOR for x in v)
+        for v in (mean, std)
+    ) and all(x >= 1 / MAX_FACTOR for x in std)
     if not ok:
         raise InputError(
-            f"input {spec.name!r}'s preprocessing mean {pre.get('mean')} / std {pre.get('std')} does not fit "
-            f"{channels} channel(s) (one number per channel, or one for all; std > 0); fix the manifest"
+            f"input {spec.name!r}'s preprocessing mean {pre.get('mean')!s:.80} / std {pre.get('std')!s:.80} does "
+            f"not fit {channels} channel(s) (one number per channel, or one for all; |mean| <= {MAX_FACTOR:g}, "
+            f"{1 / MAX_FACTOR:g} <= std <= {MAX_FACTOR:g}); fix the manifest"
         )
     return tuple(float(x) for x in mean), tuple(float(x) for x in std)
 
@@ -221,4 +228,10 @@ def preprocessing_problems(inputs: list[TensorSpec]) -> list[str]:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float (an int too large for a float is not one)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False

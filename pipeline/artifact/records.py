@@ -178,6 +178,8 @@ class FixedDim:
     dim: str  # the dim's name in model.onnx (every input and output axis of that name took the size)
     size: int
     source: str  # where the size came from: "--input-shape", "the recorded image preprocessing (48x192)", ...
+    # the size is a guess: golden.npz's generated inputs of a model imported without --eval-data or --input-shape
+    guessed: bool = False
 
 
 @dataclass(kw_only=True)
@@ -188,7 +190,7 @@ class ConvertAttempt:
     options: dict[str, Any] = field(default_factory=dict)  # onnx2tf.convert keyword arguments on top of pipe's own
     slim: bool = True  # the graph went through onnxslim first (and onnx2tf's own onnxsim was off)
     used: bool = False  # its models are the ones recorded
-    reason: str = ""  # why it was left: onnx2tf's reason, or the gate's first failure on LiteRT
+    reason: str = ""  # why it was left (onnx2tf's reason, the gate's conversion fault), or why the search stopped at it
     seconds: float = 0.0
 
 

@@ -38,6 +38,10 @@ def _check_shape(shape: list[int | str]) -> str | None:
     return f"dims must be sizes >= 0 or non-empty names, got {bad[:3]}" if bad else None
 
 
+def _check_axis(axis: int | None) -> str | None:
+    return None if axis is None or axis >= 0 else f"expected an axis >= 0, got {axis}"
+
+
 def _check_categories(categories: list[str] | None) -> str | None:
     if categories is None:
         return None
@@ -79,3 +83,34 @@ class TensorSpec:
     preprocessing: dict[str, Any] = field(default_factory=dict)  # e.g. {"mean": [...], "std": [...]}
     features: list[Feature] | None = field(default=None, metadata={"omit_none": True})  # [batch, F]: F columns
     tokens: TokenInput | None = field(default=None, metadata={"omit_none": True})  # token-id inputs only
+    # the axis that holds the samples when it is not the first (Silero VAD's state [2, batch, 128]: 1);
+    # pipe's own arrays (golden.npz, evaluation splits) lead with the samples and are moved to it at the
+    # runtime's door (pipeline/runtime/sample_axes.py); None: axis 0
+    batch_axis: int | None = field(default=None, metadata={"omit_none": True, "check": _check_axis})
+
+    @property
+    def sample_axis(self) -> int:
+        """The axis of this tensor that holds the samples (0 unless `batch_axis` says otherwise)."""
+        return self.batch_axis or 0
+
+
+def _check_value(value: Any) -> str | None:
+    flat = value
+    while isinstance(flat, list):
+        if not flat:
+            return None
+        flat = flat[0]
+    if isinstance(flat, int | float | bool):
+        return None
+    return f"expected a number or nested lists of numbers, got {value!r:.60}"
+
+
+@dataclass(frozen=True)
+class PinnedInput:
+    """A graph input given one value at import (`--input-value sr=16000`) and written into model.onnx as
+    a constant: no hop and no client feeds it; the server accepts it only with this value."""
+
+    name: str = field(metadata={"check": tensor_name_problem})
+    dtype: str = field(metadata={"check": one_of(DTYPES)})
+    shape: list[int]  # the value's dims ([] for a scalar)
+    value: Any = field(metadata={"check": _check_value})  # the value as JSON: a number, or nested lists

@@ -15,16 +15,17 @@ Three things, one concept (a model fed token sequences):
   max length, token-type count), made from a tokenizer and a transformers `config.json` or from the
   command line, applied to the specs and read back from them.
 
-`read_tokenizer` reads a transformers directory's tokenizer (`tokenizers` imported inside: no torch,
-no transformers); `write_tokenizer` copies it into a version directory and gives its record and the
-files to list. The standard library at import time: the manifest imports this module.
+`read_tokenizer` reads a transformers directory's tokenizer once, keeping its files' bytes
+(`tokenizers` imported inside: no torch, no transformers); `write_tokenizer` writes those bytes into a
+version directory and gives its record and the files to list: what is written is what was read and
+used, even if the directory's files change in between (a LoRA run tokenizes at its start and writes
+the tokenizer at its end). The standard library at import time: the manifest imports this module.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -133,11 +134,19 @@ class TokenizerSource:
 
     directory: Path
     files: tuple[str, ...]  # which of SOURCE_FILES it holds (tokenizer.json always)
-    vocab_size: int  # ids it can produce, added tokens included
+    vocab_size: int  # its largest id + 1, added tokens included: every id it can make is below it
     padding_id: int | None  # its pad token's id
     max_length: int | None  # its model_max_length, when it states a real one
     truncation_side: Side
     padding_side: Side
+    # each file's bytes as read: what tokenizes (`tokenizer()`) and what `write_tokenizer` writes
+    contents: dict[str, bytes] = field(default_factory=dict, repr=False, compare=False)
+
+    def tokenizer(self) -> Any:
+        """A `tokenizers.Tokenizer` made from the bytes read, not from the directory as it is now."""
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_str(self.contents["tokenizer.json"].decode("utf-8"))
 
 
 def read_tokenizer(directory: Path) -> TokenizerSource:
@@ -152,11 +161,12 @@ def read_tokenizer(directory: Path) -> TokenizerSource:
             f"{directory} holds no tokenizer.json: pipe reads fast tokenizers (save the tokenizer with "
             "save_pretrained from a transformers fast tokenizer, or pass the directory that holds tokenizer.json)"
         )
+    contents = {name: (directory / name).read_bytes() for name in SOURCE_FILES if (directory / name).is_file()}
     try:
-        tokenizer = Tokenizer.from_file(str(path))
+        tokenizer = Tokenizer.from_str(contents["tokenizer.json"].decode("utf-8"))
     except Exception as exc:  # the tokenizers library raises a bare Exception for a bad file
         raise InputError(f"{path} is not a tokenizers file: {str(exc).splitlines()[0][:200]}") from None
-    config = _json_object(directory / "tokenizer_config.json")
+    config = _json_object(directory / "tokenizer_config.json", contents.get("tokenizer_config.json"))
     pad = config.get("pad_token")
     pad = pad.get("content") if isinstance(pad, dict) else pad
     padding_id = tokenizer.token_to_id(pad) if isinstance(pad, str) else None
@@ -165,18 +175,33 @@ def read_tokenizer(directory: Path) -> TokenizerSource:
     max_length = config.get("model_max_length")
     if not (isinstance(max_length, int | float) and 1 <= max_length < SANE_MAX_LENGTH):
         max_length = (tokenizer.truncation or {}).get("max_length")
+    specials = tokenizer.post_processor.num_special_tokens_to_add(False) if tokenizer.post_processor else 0
+    if max_length and max_length <= specials:  # truncation would leave no room for a single token of text
+        raise InputError(
+            f"{directory}: model_max_length {max_length} leaves no room for text: the tokenizer adds {specials} "
+            f"special token(s) to every text, so every text would be refused; set model_max_length in "
+            f"tokenizer_config.json above {specials} (the model's max_position_embeddings, usually)"
+        )
     sides = {key: config.get(key, "right") for key in ("truncation_side", "padding_side")}
     if bad := {k: v for k, v in sides.items() if v not in ("right", "left")}:
         raise InputError(f"{directory / 'tokenizer_config.json'}: {bad} must be 'right' or 'left'")
     return TokenizerSource(
         directory=directory,
-        files=tuple(name for name in SOURCE_FILES if (directory / name).is_file()),
-        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+        files=tuple(contents),
+        vocab_size=_id_count(tokenizer),
         padding_id=padding_id,
         max_length=int(max_length) if max_length else None,
         truncation_side=sides["truncation_side"],
         padding_side=sides["padding_side"],
+        contents=contents,
     )
+
+
+def _id_count(tokenizer: Any) -> int:
+    """The largest id the tokenizer can make, plus one: a vocabulary of 100 entries may hold id 5,000, and
+    counting the entries would let ids past an embedding table through."""
+    ids = tokenizer.get_vocab(with_added_tokens=True).values()
+    return max(max(ids, default=-1) + 1, tokenizer.get_vocab_size(with_added_tokens=True))
 
 
 def hf_limits(model_dir: Path, input_names: list[str], tokenizer: TokenizerSource | None) -> TokenLimits:
@@ -207,12 +232,12 @@ def hf_limits(model_dir: Path, input_names: list[str], tokenizer: TokenizerSourc
 
 
 def write_tokenizer(version: Path, source: TokenizerSource) -> tuple[TokenizerRecord, list[str]]:
-    """Copy `source`'s files into `version/tokenizer/`; the record for the manifest's `tokenizer` and the
-    files written (relative to `version`), which the caller lists under `files` (hashed like every file)."""
+    """Write `source`'s files, as they were read, into `version/tokenizer/`; the record for the manifest's
+    `tokenizer` and the files written (relative to `version`), which the caller lists under `files`."""
     target = Path(version) / TOKENIZER_DIR
     target.mkdir(parents=True, exist_ok=True)
     for name in source.files:
-        shutil.copyfile(source.directory / name, target / name)
+        (target / name).write_bytes(source.contents[name])
     record = TokenizerRecord(
         file=TOKENIZER_FILE,
         config=TOKENIZER_CONFIG if "tokenizer_config.json" in source.files else None,
@@ -246,13 +271,13 @@ def tokenizer_problems(record: TokenizerRecord | None, specs: list[TensorSpec], 
     return problems
 
 
-def _json_object(path: Path) -> dict[str, Any]:
-    """A JSON object file, {} when absent; InputError when it is not one."""
-    if not path.is_file():
+def _json_object(path: Path, content: bytes | None = None) -> dict[str, Any]:
+    """A JSON object file (or `content`, its bytes as read before), {} when absent; InputError when it is not one."""
+    if content is None and not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        data = json.loads((content if content is not None else path.read_bytes()).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InputError(f"{path} is not JSON: {str(exc)[:200]}") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object, got {type(data).__name__}")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
+from pipeline.cli.gate_options import BUDGET_FLAGS, GATE_FLAGS, gate_flags, gate_options, refuse
 from pipeline.cli.group import main
-from pipeline.cli.params import TOLERANCE, Whole
+from pipeline.cli.params import Whole
 
 
 @main.command()
@@ -34,8 +36,7 @@ from pipeline.cli.params import TOLERANCE, Whole
     default=None,
     help="dynamo falls back to torchscript and logs why [default: the recipe's export.dynamo]",
 )
-@click.option("--atol", type=TOLERANCE, default=None, help="Parity: max abs difference [default: recipe export.atol]")
-@click.option("--rtol", type=TOLERANCE, default=None, help="Parity: relative difference [default: recipe export.rtol]")
+@gate_options("the recipe's export or edge section")
 @click.option("--recipe", type=click.Path(), default=None,
               help="Recipe to read export settings from [default: the one it was trained from].")  # fmt: skip
 @click.option("--out", type=click.Path(), default=None, help="Triton: the model repository directory to write into.")
@@ -51,18 +52,21 @@ def export(
     input_shapes: tuple[str, ...],
     opset: int | None,
     exporter: str | None,
-    atol: float | None,
-    rtol: float | None,
     recipe: str | None,
     out: str | None,
     max_batch_size: int,
     instance_kind: str | None,
+    settings_file: str | None,
+    **options: Any,
 ) -> None:
     """Export a trained ARTIFACT to ONNX through the parity gate (exit 1 when it drifts).
 
-    Settings come from the recipe's export section as it is now; --opset, --exporter, --atol and
-    --rtol override it for this run.
+    Settings come from the recipe's export section as it is now (or edge's, with --target edge), then a
+    --settings file's, then the flags for this run.
     """
+    from pipeline.stagekit.settings_file import layered
+
+    gate = gate_flags(options)
     if input_shapes and target != "edge":
         from pipeline.core.errors import InputError
 
@@ -72,11 +76,8 @@ def export(
         from pipeline.edge.stage import edge_artifact
 
         shapes = parse_input_shapes(input_shapes) or None
-        overrides = {
-            "precisions": list(precisions) or None,
-            "layout": layout and layout.lower(),
-            "input_shapes": shapes,
-        }
+        flags = {"precisions": list(precisions) or None, "layout": layout and layout.lower(), "input_shapes": shapes}
+        overrides = layered(settings_file, "edge", {**flags, **gate})
         outcome = edge_artifact(artifact, overrides, Path(recipe) if recipe else None, progress=click.echo)
         for note in outcome.notes:
             click.secho(f"note: {note}", err=True, fg="yellow")
@@ -88,6 +89,12 @@ def export(
         from pipeline.core.errors import InputError
         from pipeline.export.triton import write_repository
 
+        untaken = {**GATE_FLAGS, "settings": "--settings"}
+        refuse(
+            {**gate, "settings": settings_file},
+            untaken,
+            "--target triton copies model.onnx into a model repository and judges nothing; leave it out",
+        )
         if out is None:
             raise InputError("--target triton writes a model repository: pass --out DIR (e.g. --out triton-models)")
         model_dir = write_repository(
@@ -98,8 +105,10 @@ def export(
     from pipeline.artifact.variants import MODEL_FILE
     from pipeline.export.stage import export_artifact
 
+    refuse(gate, BUDGET_FLAGS, "a budget of lossy candidates (fp16, int8); pipe export --target server makes only "
+           "the lossless model.onnx, held to --atol, --rtol, --metric-tolerance, --max-out-of-tolerance")  # fmt: skip
     dynamo = None if exporter is None else exporter == "dynamo"
-    overrides = {"opset": opset, "dynamo": dynamo, "atol": atol, "rtol": rtol}
+    overrides = layered(settings_file, "export", {"opset": opset, "dynamo": dynamo, **gate})
     outcome = export_artifact(artifact, overrides, Path(recipe) if recipe else None, progress=lambda _: None)
     for note in outcome.notes:
         click.secho(f"note: {note}", err=True, fg="yellow")

@@ -82,6 +82,7 @@ def train(
         if backend == "torch":
             raise InputError("--from continues an ONNX model, which only --backend ort trains; leave --backend out")
         source = recipe_from_artifact(from_artifact, recipe, data_file, list(trainable))
+        out_root = str(_parent_repository(source.model.artifact, out_root))
     elif recipe is None:
         raise InputError("pipe train needs a RECIPE (models/NAME.yaml), or --from ARTIFACT to continue a model")
     elif trainable or data_file:
@@ -100,3 +101,20 @@ def train(
         click.echo(f"trained {root}")
         if not quiet:  # --quiet prints the version's path alone, for scripts
             click.echo(f"curves: tensorboard --logdir {root.parent}  (this run: {root / TENSORBOARD_DIR})")
+
+
+def _parent_repository(parent: str, out_root: str) -> Path:
+    """--from: the repository holding the parent's model directory, where the new version goes; a
+    --repository given for another one is refused (the version belongs beside its parent)."""
+    from click.core import ParameterSource
+
+    from pipeline.core.errors import InputError
+
+    repository = Path(parent).parent.parent  # <repository>/<name>/<version>, resolved by recipe_from_artifact
+    given = click.get_current_context().get_parameter_source("out_root")
+    if given is not ParameterSource.DEFAULT and Path(out_root).resolve() != repository:
+        raise InputError(
+            f"--repository {out_root}: with --from, the new version goes into the parent's model directory "
+            f"({Path(parent).parent}); leave --repository out, or pass {repository}"
+        )
+    return repository

@@ -17,7 +17,9 @@ column and the fix:
   half the rows is an identifier (`patient_id`) or free text, not a category: one-hot encoded, it
   teaches the model nothing that carries to a new row, and every new row would be refused. It is
   refused with the fix, `data.exclude_columns` (or naming it in `data.categorical_columns` keeps it);
-- each used column has a name of its own in the header.
+- each used column has a name of its own in the header;
+- no line is longer than 16 Mi characters (`pipeline/data/lines.py`: read no further than that), and
+  no cell longer than the csv module's field limit (131,072 characters).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.core.errors import InputError
+from pipeline.data.lines import MAX_LINE_CHARS, bounded_lines
 
 DELIMITERS = (",", ";", "\t", "|")
 SAMPLE_BYTES = 64 * 1024  # what the sniffer reads
@@ -62,13 +65,17 @@ def read_csv(
     delimiter: str | None = None,
     categorical: list[str] | None = None,
     exclude: list[str] | None = None,
+    max_line: int = MAX_LINE_CHARS,
 ) -> Table:
-    """Read `path` (UTF-8, a header row) into features and labels; every problem is an InputError."""
+    """Read `path` (UTF-8, a header row) into features and labels; every problem is an InputError.
+
+    `max_line`: the longest line read, in characters (a longer one is refused, not read whole).
+    """
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
             delimiter = delimiter or sniff_delimiter(f.read(SAMPLE_BYTES))
             f.seek(0)
-            reader = csv.reader(f, delimiter=delimiter)
+            reader = csv.reader(bounded_lines(f, path, max_line), delimiter=delimiter)
             rows = [(reader.line_num, row) for row in reader if any(cell.strip() for cell in row)]  # blank lines
     except UnicodeDecodeError as exc:
         raise InputError(f"{path} is not UTF-8 text ({exc}); save the CSV as UTF-8") from None

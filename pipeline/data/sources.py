@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.artifact.manifest import label_problem
 from pipeline.core.errors import InputError
 from pipeline.data.csvfile import read_csv
+from pipeline.data.text import TextBase
 from pipeline.recipe.schema import BUILTIN_DATASETS, REGRESSION_DATASETS, Recipe
 from pipeline.runtime.images import digits_record
 
@@ -43,6 +45,7 @@ class RawData:
     # text: the tokenizer's attention mask [n, T] (1 real token, 0 padding) and its limits (pipeline/data/text.py)
     mask: np.ndarray | None = None
     text: dict[str, Any] | None = None  # {"padding_id", "vocab_size", "max_length"}; lm: "format" too
+    base: TextBase | None = None  # text: the tokenizer and the model directory's digest as the texts were tokenized
 
 
 def read_source(recipe: Recipe) -> RawData:
@@ -283,7 +286,7 @@ def _text(path: Path, recipe: Recipe) -> RawData:
     tokens = tokenize(texts, model_dir, spec.max_length)
     y, names = _classes(np.asarray(labels))
     limits = {"padding_id": tokens.padding_id, "vocab_size": tokens.vocab_size, "max_length": tokens.max_length}
-    return RawData(tokens.ids, y, names, "text", mask=tokens.mask, text=limits)
+    return RawData(tokens.ids, y, names, "text", mask=tokens.mask, text=limits, base=tokens.base)
 
 
 def _lm(path: Path, recipe: Recipe) -> RawData:
@@ -292,6 +295,7 @@ def _lm(path: Path, recipe: Recipe) -> RawData:
     from pipeline.artifact.generation import read_generation
     from pipeline.artifact.tokens import hf_limits, read_tokenizer
     from pipeline.data.lm_tokens import lm_rows
+    from pipeline.data.text import TextBase, base_digest
 
     model_dir = recipe.model_dir()
     if model_dir is None or not model_dir.is_dir():
@@ -300,7 +304,8 @@ def _lm(path: Path, recipe: Recipe) -> RawData:
             "model.path at a directory with config.json and a tokenizer (and weights, to fine-tune)"
         )
     rows, fmt = lm_rows(path, recipe.data.format, model_dir, recipe.data.max_length)
-    limits = hf_limits(model_dir, ["input_ids", "attention_mask"], read_tokenizer(model_dir))
+    source = read_tokenizer(model_dir)
+    limits = hf_limits(model_dir, ["input_ids", "attention_mask"], source)
     if rows.ids.max() >= limits.vocab_size:
         raise InputError(
             f"{model_dir}: the tokenizer made id {int(rows.ids.max())} but the model embeds {limits.vocab_size} ids "
@@ -309,7 +314,8 @@ def _lm(path: Path, recipe: Recipe) -> RawData:
     text = {"vocab_size": limits.vocab_size, "max_length": limits.max_length or rows.ids.shape[1], "format": fmt}
     eos = read_generation(model_dir).eos_token_ids  # refused here, before training, when the model names none
     text["padding_id"] = limits.padding_id if limits.padding_id is not None else eos[0]  # transformers' choice
-    return RawData(rows.ids, rows.labels, [], "lm", mask=rows.mask, text=text)  # type: ignore[arg-type]
+    base = TextBase(source, base_digest(model_dir, source.contents))  # what LoRA builds on, as it was read
+    return RawData(rows.ids, rows.labels, [], "lm", mask=rows.mask, text=text, base=base)
 
 
 def _check(raw: RawData, source: str, task: str) -> None:
@@ -319,3 +325,9 @@ def _check(raw: RawData, source: str, task: str) -> None:
         raise InputError(f"{source}: features hold NaN or infinite values; clean or impute them first")
     if task == "classification" and len(raw.labels) < 2:
         raise InputError(f"{source}: only {len(raw.labels)} class found ({raw.labels}); a classifier needs 2 or more")
+    # The manifest refuses these class names: refused here, before a version is trained that no later stage opens
+    if problem := next(filter(None, map(label_problem, raw.labels)), None):
+        raise InputError(f"{source}: {problem}; fix the label in the data")
+    if len(set(raw.labels)) != len(raw.labels):
+        repeated = sorted({n for n in raw.labels if raw.labels.count(n) > 1})
+        raise InputError(f"{source}: class names {repeated[:5]} are given more than once; each class needs its own")

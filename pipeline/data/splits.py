@@ -17,6 +17,7 @@ import numpy as np
 from pipeline.core.errors import InputError
 from pipeline.data.sources import RawData, read_source
 from pipeline.data.summary import summarize
+from pipeline.data.text import TextBase
 from pipeline.recipe.schema import Recipe
 
 TEXT_IDS, TEXT_MASK = "input_ids", "attention_mask"  # a text model's inputs, named as transformers names them
@@ -99,6 +100,7 @@ class Splits:
     info: DataInfo
     fingerprint: str  # sha256 of the whole dataset's content (features and labels), before splitting
     summary: list[str] = field(default_factory=list)  # what was read, for the user (pipeline/data/summary.py)
+    base: TextBase | None = None  # text: the tokenizer the ids were made with, and the model directory's digest
 
 
 def load_splits(recipe: Recipe) -> Splits:
@@ -143,7 +145,7 @@ def load_splits(recipe: Recipe) -> Splits:
 
     source = str(recipe.data.path or recipe.data.source)
     summary = summarize(raw, source, recipe.task)
-    return Splits(take(train_idx), take(val_idx), take(test_idx), info, fingerprint(raw), summary)
+    return Splits(take(train_idx), take(val_idx), take(test_idx), info, fingerprint(raw), summary, raw.base)
 
 
 def split_indices(n: int, val_fraction: float, test_fraction: float, seed: int) -> tuple[np.ndarray, ...]:

@@ -9,22 +9,43 @@ server tokenizes with), truncated by it to `max_length` tokens on its truncation
 limit when unset: its `max_position_embeddings` and the tokenizer's `model_max_length`), and padded
 with the tokenizer's padding id to the longest row on its padding side. Each problem names the file
 and the line.
+
+The tokenizer is read once, here, and the directory's digest (`base_digest`) taken with its bytes:
+the version written at the end of training carries that tokenizer and that digest (`TextBase`), not
+the directory as it is by then, so a tokenizer swapped during a run cannot pair with the ids trained on.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipeline.core.errors import InputError
+from pipeline.data.lines import MAX_LINE_CHARS, bounded_lines
+
+if TYPE_CHECKING:
+    from pipeline.artifact.tokens import TokenizerSource
 
 TEXT_SUFFIXES = (".csv", ".jsonl")
 DEFAULT_TEXT_COLUMN = "text"
 DEFAULT_LABEL_COLUMN = "label"
+# What makes a transformers directory the model it is: its config, weights and tokenizer files.
+BASE_FILES = ("config.json", "*.safetensors", "*.bin", "tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True)
+class TextBase:
+    """The transformers directory the texts were tokenized with, as it was then: its tokenizer (the
+    bytes read, which the version carries) and its digest (the train record's `base_model`)."""
+
+    tokenizer: TokenizerSource
+    digest: str
 
 
 @dataclass
@@ -37,17 +58,21 @@ class Tokenized:
     vocab_size: int  # ids the model embeds (config.json vocab_size): every id is below it
     max_length: int  # the longest row the model takes (what serving truncates to)
     truncated: int  # rows cut to max_length
+    base: TextBase  # the tokenizer that made the ids, and the directory's digest when it did
 
 
-def read_texts(path: Path, text_column: str, label_column: str) -> tuple[list[str], list[str]]:
-    """The texts and their labels (as written) from a .csv or .jsonl file, in file order."""
+def read_texts(
+    path: Path, text_column: str, label_column: str, max_line: int = MAX_LINE_CHARS
+) -> tuple[list[str], list[str]]:
+    """The texts and their labels (as written) from a .csv or .jsonl file, in file order; `max_line`: the
+    longest line read, in characters (a longer one is refused, not read whole)."""
     suffix = path.suffix.lower()
     if suffix not in TEXT_SUFFIXES:
         raise InputError(
             f"{path}: source 'text' reads {' or '.join(TEXT_SUFFIXES)} files (a header row and one text per row, or "
             f"one JSON object per line); got {suffix or 'no suffix'!r}"
         )
-    rows = _csv_rows(path) if suffix == ".csv" else _jsonl_rows(path)
+    rows = _csv_rows(path, max_line) if suffix == ".csv" else _jsonl_rows(path, max_line)
     texts, labels = [], []
     for line, row in rows:
         for column in (text_column, label_column):
@@ -68,28 +93,32 @@ def read_texts(path: Path, text_column: str, label_column: str) -> tuple[list[st
     return texts, labels
 
 
-def _csv_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
+def _csv_rows(path: Path, max_line: int) -> list[tuple[int, dict[str, object]]]:
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
+            reader = csv.DictReader(bounded_lines(f, path, max_line))
             return [(reader.line_num, dict(row)) for row in reader]
     except (UnicodeDecodeError, csv.Error) as exc:
         raise InputError(f"{path} is not a readable UTF-8 CSV file ({exc})") from None
 
 
-def _jsonl_rows(path: Path) -> list[tuple[int, dict[str, object]]]:
-    rows = []
+def _jsonl_rows(path: Path, max_line: int) -> list[tuple[int, dict[str, object]]]:
     try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
+        with open(path, encoding="utf-8-sig") as f:
+            lines = list(bounded_lines(f, path, max_line))
     except UnicodeDecodeError as exc:
         raise InputError(f"{path} is not UTF-8 text ({exc})") from None
+    rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except ValueError as exc:
-            raise InputError(f"{path} line {number} is not JSON ({exc}); write one JSON object per line") from None
+        except (ValueError, RecursionError) as exc:  # also a 5,000-digit integer, and nesting past the parser's
+            raise InputError(
+                f"{path} line {number} is not JSON this reader takes ({str(exc)[:120]}); write one JSON object per "
+                "line, numbers of at most 4,300 digits, nested no deeper than a few hundred levels"
+            ) from None
         if not isinstance(row, dict):
             raise InputError(f"{path} line {number} holds a JSON {type(row).__name__}, not an object of columns")
         rows.append((number, row))
@@ -121,9 +150,7 @@ def tokenize(texts: list[str], model_dir: Path, max_length: int | None) -> Token
     cut = max_length or longest
     if cut is None:
         raise InputError(f"{model_dir} states no maximum length; set data.max_length")
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer = source.tokenizer()  # the bytes read above, whatever the directory holds by now
     tokenizer.no_padding()  # padded below, to the longest row of the whole set
     # truncation by the tokenizer itself keeps the special tokens its post-processor adds ([CLS] ... [SEP])
     tokenizer.enable_truncation(cut, direction=source.truncation_side)
@@ -142,4 +169,25 @@ def tokenize(texts: list[str], model_dir: Path, max_length: int | None) -> Token
             f"{model_dir}: the tokenizer made id {int(ids.max())} but the model embeds {limits.vocab_size} ids "
             "(config.json vocab_size): the tokenizer is not the model's"
         )
-    return Tokenized(ids, mask, limits.padding_id, limits.vocab_size, cut, truncated)
+    base = TextBase(source, base_digest(model_dir, source.contents))
+    return Tokenized(ids, mask, limits.padding_id, limits.vocab_size, cut, truncated, base)
+
+
+def base_digest(model_dir: Path, read: dict[str, bytes] | None = None) -> str:
+    """sha256 over the directory's config, weight and tokenizer files (names and bytes): what LoRA builds on.
+
+    `read`: files already read (the tokenizer's, by name), hashed as they were read.
+    """
+    read = read or {}
+    digest = hashlib.sha256()
+    files = sorted({p for pattern in BASE_FILES for p in model_dir.glob(pattern) if p.is_file()} |
+                   {model_dir / name for name in read if name in BASE_FILES})  # fmt: skip
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        if path.name in read:
+            digest.update(read[path.name])
+            continue
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()

@@ -10,9 +10,13 @@ TensorFlow's Select op `FlexErf` no device interpreter loads it.
 hands each conversion to the caller's `judge`, the gate on LiteRT (pipeline/edge/litert_gate.py),
 whose judgement says why the attempt is left (`failure`) or None; the first it accepts is used, and
 its judgement is what `convert_in_turn` returns.
-An attempt is left when onnx2tf fails, LiteRT cannot load what it wrote, or its fp32 model (the
-conversion's own correctness, which other settings may fix) fails the gate; a precision's own
-loss (fp16, int8) is not a reason to convert again. Every attempt is recorded (`ConvertAttempt`) with why it was left.
+An attempt is left when onnx2tf fails, LiteRT cannot load what it wrote, or its fp32 model fails the
+gate the way a conversion fails (an input refused, a wrong shape, NaN, values wrong wholesale: the
+conversion's own correctness, which other settings may fix). A verdict about accuracy (a few values
+past atol, the metric a little off) stops the search: the attempt is used, its models recorded as the
+gate judged them, and the judgement's `stopped` says why no other setting was tried. A precision's own
+loss (fp16, int8) is not a reason to convert again either. Every attempt is recorded (`ConvertAttempt`)
+with why it was left, or why the search stopped at it.
 
 When every attempt converted but none passed, the first conversion's judgement is returned (and
 recorded as failed by the stage); when none converted, `NotConverted` is raised with the last
@@ -48,6 +52,11 @@ class Judgement(Protocol):
     @property
     def failure(self) -> str | None:
         """Why the attempt is left, or None to use it."""
+        ...
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the search stops at an attempt it uses though its models failed (accuracy, not conversion)."""
         ...
 
 
@@ -149,6 +158,9 @@ def convert_in_turn(
         why = judged.failure
         if why is None:
             record.used = True
+            record.reason = judged.stopped or ""
+            if record.reason:
+                say(f"onnx2tf attempt {n}: {record.reason[:300]}")
             return judged, tried
         record.reason = why
         first = first if first is not None else judged
@@ -165,7 +177,7 @@ def attempts_text(tried: list[ConvertAttempt]) -> str:
     """The attempts, one line each, for an error message and the CLI."""
     lines = [f"onnx2tf attempts ({len(tried)}):"]
     for n, a in enumerate(tried, 1):
-        state = "used" if a.used else f"left: {a.reason}"
+        state = ("used" + (f"; {a.reason}" if a.reason else "")) if a.used else f"left: {a.reason}"
         lines.append(f"  {n}. {a.name} ({a.seconds:.1f} s): {state}"[:400])
     return "\n".join(lines)
 
@@ -183,7 +195,7 @@ def attempts_markdown(tried: list[ConvertAttempt], fixed: list[dict[str, Any]]) 
               "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for n, a in enumerate(tried, 1):
         options = ", ".join(sorted(a.options)) or "defaults"
-        outcome = "used" if a.used else f"left: {a.reason}"
+        outcome = ("used" + (f"; {a.reason}" if a.reason else "")) if a.used else f"left: {a.reason}"
         lines.append(f"| {n} | {_cell(a.name)} ({_cell(options)}) | {'yes' if a.slim else 'no'} | {a.seconds} | "
                      f"{_cell(outcome)} |")  # fmt: skip
     return "\n".join(lines) + "\n"

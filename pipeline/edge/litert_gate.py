@@ -4,8 +4,13 @@
 judging it stamps each model's feeding description as TFLite metadata (the file shipped is the
 file verified); then it runs each on the LiteRT interpreter through the verifier, with the policy
 of its precision (fp16 also by fp16's range, pipeline/edge/fp16range.py). Its `Judged` says whether
-the attempt is kept: it is left when its fp32 model fails (a conversion's own fault, which other
-onnx2tf settings may fix), never for a precision's own loss.
+the attempt is kept: it is left only when its fp32 model fails the way a conversion fails
+(`conversion_fault`: an input refused, a shape or an output wrong or missing, NaN/Inf, or values
+wrong wholesale, more than 1% of an output's), which other onnx2tf settings may fix. A verdict
+about accuracy (a few values out of tolerance, the task metric off by a little) is kept, said in
+the record (`stopped`), and fails the stage: another onnx2tf setting converts the same graph to the
+same float32 arithmetic, and one value over atol once sent onnx2tf through four more attempts
+(21 minutes). A precision's own loss (fp16, int8) never leaves an attempt.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from pipeline.edge.plan import EdgePlan
 from pipeline.runtime.runners import ort_runner, tflite_candidate
 from pipeline.stagekit.contract import Progress
 from pipeline.verify.gate import verify
-from pipeline.verify.policies import Policy
+from pipeline.verify.policies import DEFAULT_HARD, Policy
 from pipeline.verify.report import GateReport
+
+WHOLESALE = 0.01  # a lossless output with more than this share of values far out of tolerance was converted wrong
 
 
 @dataclass
@@ -54,9 +61,24 @@ class Judged:
 
     @property
     def failure(self) -> str | None:
-        """Why the attempt is left (its fp32 model fails the gate), or None to keep it."""
+        """Why the attempt is left (its fp32 model fails as a conversion fails), or None to keep it."""
+        fp32 = self._fp32_failed()
+        if fp32 is None or (fault := conversion_fault(fp32.report)) is None:
+            return None
+        return f"{fp32.name}: {fault}"
+
+    @property
+    def stopped(self) -> str | None:
+        """Why no other onnx2tf setting is tried though the fp32 model failed (its verdict is about accuracy)."""
+        fp32 = self._fp32_failed()
+        if fp32 is None or conversion_fault(fp32.report) is not None:
+            return None
+        return (f"kept, no other onnx2tf setting tried: {fp32.name} failed on accuracy, not conversion "
+                f"({first_failure(fp32.report)})")  # fmt: skip
+
+    def _fp32_failed(self) -> EdgeMade | None:
         fp32 = next((m for m in self.made if m.converted.precision == "fp32"), None)
-        return None if fp32 is None or fp32.report.passed else f"{fp32.name}: {first_failure(fp32.report)}"
+        return None if fp32 is None or fp32.report.passed else fp32
 
 
 @dataclass
@@ -90,6 +112,21 @@ class LiteRTGate:
         size = c.path.stat().st_size
         self.progress(f"[edge] {name}: converted in {c.seconds:.1f} s, {size} bytes; {policy.name}: {status}")
         return EdgeMade(name, c, report, report.passed, policy)
+
+
+def conversion_fault(report: GateReport) -> str | None:
+    """The first failed row of a lossless model's `report` that a conversion's fault explains, or None when every
+    failure is about accuracy (values near their reference but past a tolerance, the metric a little off).
+
+    A conversion's fault: a check that compared no values (an input refused, a shape or an output wrong or
+    missing, a load or structural check), NaN/Inf, or values wrong wholesale: more than `WHOLESALE` of an
+    output's out of tolerance and some far out, past the policy's hard bound (a transposed axis, a broken op)."""
+    for row in report.failures:
+        measured = row.share is not None or (row.check.startswith("metric") and row.detail.startswith("reference "))
+        wholesale = (row.share or 0.0) > WHOLESALE and (row.worst or 0.0) > DEFAULT_HARD
+        if not measured or "NaN/Inf" in row.detail or wholesale:
+            return f"{row.check} {row.output}: {row.detail}".strip()
+    return None
 
 
 def first_failure(report: GateReport) -> str:

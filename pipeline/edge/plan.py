@@ -19,7 +19,7 @@ from pipeline.artifact.records import FixedDim
 from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import InputError
 from pipeline.edge.convert import EdgeSettings
-from pipeline.edge.shapes import device_specs, fitted_evaluation, is_picture
+from pipeline.edge.shapes import device_specs, fitted_evaluation, guessed_advice, is_picture
 from pipeline.recipe.schema import EdgeSpec
 from pipeline.samples.calibration import calibration_set, has_real_samples
 from pipeline.samples.evaluation import EvaluationSet
@@ -56,7 +56,10 @@ def plan_edge(opened: Opened[EdgeSpec], overrides: Overrides | None, progress: P
     inputs, outputs, fixed = device_specs(artifact.manifest, opened.evaluation.samples, settings.input_shapes)
     evaluation, resampled = fitted_evaluation(opened.evaluation, inputs)
     for f in fixed:
-        progress(f"[edge] {f.input} axis {f.axis} ({f.dim}) fixed at {f.size}: from {f.source}")
+        progress(f"[edge] {f.input} axis {f.axis} ({f.dim}) fixed at {f.size}" + (f", {f.source}" if f.guessed else
+                                                                                  f": from {f.source}"))  # fmt: skip
+    if advice := guessed_advice(fixed, inputs):
+        notes.append(advice)
     int8_io = "integer" if all(is_picture(s) for s in inputs) else "float"  # q = pixel - 128 style only for pictures
     if "int8" in precisions and int8_io == "float" and all(np.dtype(s.dtype).kind == "f" for s in inputs):
         notes.append("int8 has float inputs and outputs (weights and activations int8 inside): the inputs are not "

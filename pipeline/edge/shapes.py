@@ -8,7 +8,10 @@ before conversion, at a size the artifact knows, in this order:
 1. `--input-shape NAME:d0,d1,...` (the recipe's `edge.input_shapes`), the syntax of `pipe import`;
 2. the recorded image preprocessing (the size pictures are made: a crop, a letterbox, a stretch);
 3. the image size the exporter recorded (Ultralytics' `imgsz`, read at import);
-4. the golden inputs' shape (the size the model was judged at when it was made or imported);
+4. the golden inputs' shape (the size the model was judged at when it was made or imported): a
+   guess when they were generated (a model imported without --eval-data or --input-shape, whose
+   free dims the importer filled), said as one (`FixedDim.guessed`) in the progress, the record
+   and every failure, with the flag that gives the real size (`guessed_advice`);
 5. a token input's recorded `max_length`.
 
 The batch (an input's leading free dim, and every axis sharing its name) stays free: onnx2tf keeps
@@ -37,6 +40,25 @@ from pipeline.core.errors import InputError
 from pipeline.samples.evaluation import EvaluationSet
 
 IMAGE_LAYOUTS = ("NCHW", "NHWC")
+GUESSED = "guessed"  # how a FixedDim's source begins when nothing real gave the size
+
+
+def guessed_advice(fixed: list[FixedDim], inputs: list[TensorSpec]) -> str | None:
+    """One line naming the guessed sizes and the `--input-shape` that gives the real ones; None when none was
+    guessed. Every failure of an edge run at a guessed size carries it."""
+    guessed = [f for f in fixed if f.guessed]
+    if not guessed:
+        return None
+    shapes = {s.name: s.shape for s in inputs}
+    sizes = ", ".join(f"{f.input} axis {f.axis} ({f.dim}) = {f.size}" for f in guessed)
+    flags = []
+    for name in dict.fromkeys(f.input for f in guessed):
+        at = {f.axis: f.dim for f in guessed if f.input == name}
+        dims = ["?" if a == 0 else (f"<{at[a]}>" if a in at else str(d)) for a, d in enumerate(shapes.get(name, []))]
+        flags.append(f"--input-shape {name}:{','.join(dims)}")
+    return (f"the edge models were made at a guessed size ({sizes}: golden.npz's generated inputs, the model was "
+            f"imported without --eval-data); give the size the model takes with {' '.join(flags)} (each <dim> its "
+            "real size), here or at pipe import")  # fmt: skip
 
 
 def spatial_axes(spec: TensorSpec) -> tuple[int, ...]:
@@ -73,7 +95,8 @@ def device_specs(
             if dim not in chosen:
                 chosen[dim] = _known_size(manifest, spec, axis, samples)
             size, source = chosen[dim]
-            fixed.append(FixedDim(input=spec.name, axis=axis, dim=dim, size=size, source=source))
+            guessed = source.startswith(GUESSED)
+            fixed.append(FixedDim(input=spec.name, axis=axis, dim=dim, size=size, source=source, guessed=guessed))
     for spec in [*inputs, *outputs]:
         spec.shape = [chosen[d][0] if isinstance(d, str) and d in chosen else d for d in spec.shape]
     return inputs, outputs, fixed
@@ -92,6 +115,9 @@ def _known_size(manifest: Manifest, spec: TensorSpec, axis: int, samples: Arrays
             return int(reading.value[side]), f"the recorded image size: {reading.source}"
     if spec.name in samples and samples[spec.name].ndim == len(spec.shape):
         shape = list(samples[spec.name].shape)
+        imported = manifest.stages.import_
+        if imported is not None and imported.judged_on_generated:
+            return int(shape[axis]), f"{GUESSED}: golden.npz's generated inputs (in.{spec.name} is {shape})"
         return int(shape[axis]), f"golden.npz's inputs (in.{spec.name} is {shape})"
     if spec.tokens is not None and spec.tokens.max_length:
         return spec.tokens.max_length, f"the recorded max_length of {spec.name!r}"

@@ -1,22 +1,25 @@
 """`pipe export ARTIFACT --target edge`: TFLite models of model.onnx, each proven on a real LiteRT interpreter.
 
-Steps: read the recipe's `edge:` section as it is now (command-line values on top; an imported
-artifact uses the defaults); fix every free dim but the batch at a size the artifact knows
-(pipeline/edge/shapes.py); convert a copy of model.onnx with onnx2tf in a scratch directory,
-trying known-good onnx2tf settings in turn until one's fp32 passes the gate (pipeline/edge/attempts.py;
+Steps: read the recipe's `edge:` section as it is now (a settings file's and the command line's values
+on top; an imported artifact starts from the defaults); fix every free dim but the batch at a size the
+artifact knows (pipeline/edge/shapes.py); convert a copy of model.onnx with onnx2tf in a scratch
+directory, trying known-good onnx2tf settings in turn until one's fp32 passes the gate, or fails it on
+accuracy rather than conversion (pipeline/edge/attempts.py;
 pipeline/edge/convert.py: fp32, fp16, and int8 calibrated on real training samples, int8 I/O
 for pictures and float I/O otherwise); judge each .tflite with the verifier on the LiteRT
-interpreter against model.onnx:
-fp32 and fp16 element by element (`atol`, `atol_fp16`), int8 by the task's budget (the
-metric's drop on the test split, or agreement / cosine / relative error without labels), NaN/Inf
-always, the batch at 1, 2 and 16; an fp16 model also by fp16's range (pipeline/edge/fp16range.py).
+interpreter against model.onnx (docs/gates.md):
+fp32 as a lossless hop (each value within `atol` x its output's scale + `rtol`, but for a documented
+few), fp16 and int8 by the task's budget over the evaluation split (the metric's drop on the test
+split, or agreement / cosine / relative error / boxes without labels), NaN/Inf always, the batch at
+1, 2 and 16; an fp16 model also by fp16's range (pipeline/edge/fp16range.py).
 Each .tflite carries its feeding description as TFLite metadata, and `edge/feeding.json` and
 `edge/labels.txt` lie beside them (pipeline/edge/feeding.py); each is then run by the stand-alone
 runner on the device-like runtime, fed from that JSON (pipeline/edge/device.py), its rows joining
 the gate's. Then, under the artifact's lock, move them into `edge/` and record each as a
 `tflite-<precision>` variant with what a device program needs (layout, dtypes, shapes,
 quantization) and its status. Any failure, a conversion onnx2tf refuses included, is recorded and
-exits 1; the other variants stay as they were.
+exits 1; the other variants stay as they were. A size guessed for a free dim (pipeline/edge/shapes.py)
+is said in a note and in every failure, with the --input-shape that gives the real one.
 
 The seams, one module each: what to make and at which shapes (pipeline/edge/plan.py), the gate on
 LiteRT (pipeline/edge/litert_gate.py), what is recorded (pipeline/edge/recording.py); this module
@@ -43,11 +46,12 @@ from pipeline.edge.feeding import write_feeding
 from pipeline.edge.litert_gate import EdgeMade, Judged, LiteRTGate
 from pipeline.edge.plan import EdgePlan, plan_edge
 from pipeline.edge.recording import CONVERT_REPORTS, record_made, record_refused, write_convert_report
+from pipeline.edge.shapes import guessed_advice
 from pipeline.recipe.schema import EdgeSpec
 from pipeline.runtime.runners import ort_runner
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
 from pipeline.stagekit.opening import Opened, made_from_model_fresh, open_for_model
-from pipeline.verify.choose import GateSettings, hop_policy
+from pipeline.verify.choose import GateSettings, hop_policy, refuse_unread_budgets
 
 
 @dataclass
@@ -69,6 +73,7 @@ def edge_artifact(
     plan = plan_edge(opened, overrides, progress)
     has_target = plan.evaluation.target is not None
     gate = GateSettings.read(settings.model_dump())
+    refuse_unread_budgets("edge", plan.precisions, gate)
     policies = {p: hop_policy("edge", p, manifest.task, has_target, gate, manifest.detection) for p in plan.precisions}
     progress(
         f"[edge] {artifact.root}: converting with onnx2tf ({', '.join(plan.precisions)}; layout {settings.layout})"
@@ -82,6 +87,8 @@ def edge_artifact(
         except NotConverted as exc:
             kept = record_refused(write, settings, opened.parent, plan, exc)
             message = f"no onnx2tf setting tried converts the model; the last said: {exc}"
+            if advice := guessed_advice(plan.fixed, plan.spec.inputs):
+                message += f"\n{advice}"
             if kept:  # the copy kept in the artifact: the scratch directory it was written in goes away
                 message += f"\nonnx2tf's last log: {kept}; the attempts: {CONVERT_REPORTS[1]}"
             raise CheckFailed(message) from None
@@ -93,7 +100,7 @@ def edge_artifact(
         _check_on_device(judged.made, write.scratch, plan, opened, progress)
         record = record_made(settings, opened.parent, plan, judged.made, tried, written, opened.rewritten)
         artifact = write.commit([*written, *CONVERT_REPORTS], record)
-    _raise_on_failures(judged.made, tried)
+    _raise_on_failures(judged.made, tried, guessed_advice(plan.fixed, plan.spec.inputs))
     return EdgeOutcome(artifact, judged.made, [m.name for m in judged.made if not m.passed], notes)
 
 
@@ -144,14 +151,17 @@ def _device_golden(scratch: Path, plan: EdgePlan, artifact: Artifact) -> Path:
     return path
 
 
-def _raise_on_failures(made: list[EdgeMade], tried: list[ConvertAttempt]) -> None:
-    """CheckFailed naming each model that failed (recorded as failed, not shipped) and its failed checks."""
+def _raise_on_failures(made: list[EdgeMade], tried: list[ConvertAttempt], advice: str | None) -> None:
+    """CheckFailed naming each model that failed (recorded as failed, not shipped) and its failed checks; `advice`:
+    the guessed sizes and the flag that gives the real ones."""
     failed = [m for m in made if not m.passed]
     if not failed:
         return
     lines = "\n".join(f"{m.name}:\n{m.report.table(only_failures=True)}" for m in failed)
     if not any(a.used for a in tried):  # every onnx2tf setting was left: these are the first conversion's models
         lines += f"\nno onnx2tf setting gave models that pass; {attempts_text(tried)}"
+    lines += "".join(f"\nonnx2tf attempt {a.name!r}: {a.reason}" for a in tried if a.used and a.reason)
+    lines += f"\n{advice}" if advice else ""
     raise CheckFailed(f"edge model(s) failed verification (recorded as failed, not shipped): "
                       f"{', '.join(m.name for m in failed)}\n{lines}")  # fmt: skip
 

@@ -46,7 +46,6 @@ from pipeline.artifact.tokens import TokenLimits, hf_limits, limits_reading, rea
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError, first_line
-from pipeline.export.graph import external_files
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset
 from pipeline.runtime.generate import decoder_specs, first_step, greedy, stitch
@@ -188,7 +187,7 @@ def import_causal_lm(
             read=read,
             notes=[f"loaded in {loaded_s:.1f} s, exported and gated in {export_s:.1f} s ({result.exporter})"],
         )
-        for rel in external_files(graph, root):  # a model past 2 GB: its weights beside the graph, hashed
+        for rel in external_files(graph):  # a model past 2 GB: its weights beside the graph, hashed
             artifact.add_file(rel)
         artifact.add_variant(
             FP32,
@@ -209,6 +208,13 @@ def import_causal_lm(
             with contextlib.suppress(OSError):
                 directory.rmdir()
         raise
+
+
+def external_files(graph: onnx.ModelProto) -> list[str]:
+    """The external data files the exported graph's weights are in (relative to its directory)."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    return sorted({ExternalDataInfo(t).location for t in graph.graph.initializer if uses_external_data(t)})
 
 
 def load_causal_lm(source: Path) -> torch.nn.Module:

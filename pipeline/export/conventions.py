@@ -8,7 +8,14 @@
   `classify` -> classification); and, for every task but classify, its letterbox preprocessing:
   resize to fit keeping the aspect, pad with 114, scale 1/255, RGB, NCHW. `description`, `date`,
   `version`, `license`, `docs`, `batch`, `args` and `channels` are kept and shown, not read.
-- PaddleOCR and PaddleClas: `character`, the labels, one per line (or a list literal).
+- PaddleOCR and PaddleClas: `character`, the labels, one per line (or a list literal); every line
+  is also kept verbatim as a recognizer's dictionary (`dictionary`: empty and repeated entries are
+  classes too; pipeline/export/recognizer.py decides whether the model is one).
+- PaddleOCR's text-direction classifier and text recognizer (a Paddle graph: producer PaddlePaddle or
+  paddle2onnx's `p2o.` dims; one input [?, 3, ?, ?]), which state no size: the size PaddleOCR itself
+  feeds them (its `cls_image_shape` [3, 48, 192] for a classifier with 2 outputs, `rec_img_shape`
+  [3, 48, 320] for a recognizer's [batch, T, classes] output) is the size golden inputs are made at,
+  said as a convention, not read.
 - Hugging Face (an optimum export, or a model whose config was copied in): `id2label`, JSON
   `{"0": "NEGATIVE", "1": "POSITIVE"}` -> labels.
 
@@ -47,6 +54,7 @@ class Found:
     convention: str | None = None  # Ultralytics | Paddle | Hugging Face
     task: str | None = None  # a pipe task
     labels: list[str] | None = None
+    dictionary: list[str] | None = None  # PaddleOCR's `character` lines verbatim, for a text recognizer
     image_size: list[int] | None = None  # [height, width]
     stride: int | None = None
     letterbox: bool = False  # Ultralytics' letterbox preprocessing applies to the image input
@@ -59,6 +67,12 @@ def read_conventions(model: onnx.ModelProto) -> Found:
     props: dict[str, str] = {}
     found = Found()
     for prop in model.metadata_props:
+        if not isinstance(prop.key, str) or not isinstance(prop.value, str):  # protobuf hands bad UTF-8 as bytes
+            shown = prop.key if isinstance(prop.key, str) else prop.key.decode("utf-8", "replace")
+            found.notes.append(
+                f"metadata_props[{_key(shown)}] is not UTF-8 text; ignored, and left out of the imported model.onnx"
+            )
+            continue
         if prop.key in props:
             found.notes.append(f"metadata_props[{_key(prop.key)}] appears more than once; the first value is read")
             continue
@@ -73,7 +87,34 @@ def read_conventions(model: onnx.ModelProto) -> Found:
         found.convention = "Ultralytics"
         _ultralytics(props, found)
     _other_labels(props, found)
+    _dictionary(props, found)
+    _paddleocr(model, found)
     return found
+
+
+PADDLEOCR_SIZES = {"cls": [48, 192], "rec": [48, 320]}  # PaddleOCR's cls_image_shape and rec_img_shape (H, W)
+
+
+def _paddleocr(model: onnx.ModelProto, found: Found) -> None:
+    """The input size PaddleOCR feeds its direction classifier and recognizer, which their graphs leave free."""
+    if found.image_size is not None:
+        return
+    weights = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in weights]
+    dims = [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in [*inputs, *model.graph.output]]
+    paddle = model.producer_name == "PaddlePaddle" or any(str(d).startswith("p2o.") for ds in dims for d in ds)
+    if not paddle or len(inputs) != 1 or len(model.graph.output) != 1:
+        return
+    image, out = dims[0], dims[1]
+    if len(image) != 4 or image[1] != 3 or any(isinstance(d, int) and d > 0 for d in image[2:]):
+        return
+    kind = "cls" if len(out) == 2 and out[1] == 2 else "rec" if len(out) == 3 else None
+    if kind is None:
+        return
+    found.image_size = PADDLEOCR_SIZES[kind]
+    what = {"cls": "cls_image_shape, a text-direction classifier", "rec": "rec_img_shape, a text recognizer"}[kind]
+    found.sources["image_size"] = f"PaddleOCR's {what} (a convention: the graph states no size)"
+    found.convention = found.convention or "PaddleOCR"
 
 
 def _ultralytics(props: dict[str, str], found: Found) -> None:
@@ -116,6 +157,19 @@ def _other_labels(props: dict[str, str], found: Found) -> None:
         if (labels := _labels(props, key, found, parse)) is not None:
             found.labels, found.sources["labels"] = labels, f"metadata_props[{key!r}] ({convention})"
             found.convention = found.convention or convention
+
+
+def _dictionary(props: dict[str, str], found: Found) -> None:
+    """PaddleOCR's `character` as a recognizer's dictionary: every line, verbatim (an empty or a repeated line
+    is a class of its own, where class names must be distinct and not empty); not when a line holds a
+    control character, or past the bounds labels are read to."""
+    text = props.get("character")
+    if text is None or len(text) > MAX_PARSED or text.strip().startswith("["):
+        return
+    entries = _characters(text)
+    if entries and len(entries) <= MAX_LABELS and not any(map(label_problem, entries)):
+        found.dictionary = entries
+        found.sources["dictionary"] = "metadata_props['character'] (Paddle)"
 
 
 def _parsed(props: dict[str, str], key: str, found: Found, parse: Any) -> Any:

@@ -1,6 +1,8 @@
 """`pipe import --eval-data`: the real inputs golden.npz, the evaluation split and the calibration samples
-of an imported model come from. Either an NPZ of arrays in the model's own units (one per input
-name, optional `target`), or a folder of pictures converted with the recorded image preprocessing
+of an imported model come from. Either an NPZ of arrays in the model's own units and layout (one per
+input name, the samples on each input's batch axis, which may be a fixed batch's: a model taking
+[1, 1, 64, W] is given [N, 1, 64, W] and run one sample at a time; optional `target`), or a folder
+of pictures converted with the recorded image preprocessing
 (`pipeline/data/picture_folder.py`).
 """
 
@@ -19,6 +21,7 @@ from pipeline.core.fsutil import sha256_file
 from pipeline.data.picture_folder import DEFAULT_LIMIT, read_picture_folder
 from pipeline.data.sources import load_npz
 from pipeline.runtime.images import image_input
+from pipeline.runtime.sample_axes import sample_leading
 
 
 @dataclass
@@ -55,9 +58,6 @@ def _pictures(folder: Path, specs: list[TensorSpec], labels: list[str], task: st
         image = image_input(None, specs[0])
     except InputError as exc:
         raise InputError(f"--eval-data {folder} is a folder of pictures, but {exc}") from None
-    batch = specs[0].shape[0]
-    if isinstance(batch, int):  # a model that fixes its batch runs golden.npz as one batch of that size
-        limit = min(limit, batch)
     read = read_picture_folder(folder, image, labels, limit, labelled=task == "classification")
     record = PictureFolder(found=read.found, used=len(read), limit=read.limit, classes=read.classes)
     return EvalData({specs[0].name: read.inputs}, read.target, read.digest, read.labels, record)
@@ -75,15 +75,15 @@ def read_npz(path: Path, specs: list[TensorSpec]) -> tuple[Arrays, np.ndarray | 
         raise InputError(f"{path} lacks arrays for model inputs {missing}; it has {sorted(arrays)}")
     inputs = {}
     for spec in specs:
-        array = arrays[spec.name]
-        fixed = [(i, d) for i, d in enumerate(spec.shape) if isinstance(d, int)]
+        array = arrays[spec.name]  # in the model's own layout: the samples on the input's batch axis
+        fixed = [(i, d) for i, d in enumerate(spec.shape) if isinstance(d, int) and i != spec.sample_axis]
         if array.ndim != len(spec.shape) or any(array.shape[i] != d for i, d in fixed):
             raise InputError(f"{path}: {spec.name!r} has shape {list(array.shape)}, the model expects {spec.shape}")
         if not array.ndim:
             raise InputError(f"{path}: {spec.name!r} is a scalar; golden data needs a leading sample axis")
         if not np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
             raise InputError(f"{path}: {spec.name!r} is {array.dtype}, the model expects {spec.dtype}")
-        inputs[spec.name] = array.astype(spec.dtype)
+        inputs[spec.name] = sample_leading(spec, array.astype(spec.dtype))  # pipe's arrays lead with the samples
     counts = {len(a) for a in inputs.values()}
     target = arrays.get("target")
     if target is not None:

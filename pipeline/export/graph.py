@@ -1,12 +1,12 @@
-"""A foreign ONNX file as pipe reads it: the graph without its weights, its external data files (none
-outside the model's directory), and its inputs and outputs as the manifest's specs.
+"""A foreign ONNX file as pipe reads it: the graph without its weights, and its inputs and outputs as
+the manifest's specs (its external data files: pipeline/runtime/external_data.py).
 
 Shared by `pipe import` (importer.py) and `pipe export --target triton` (triton.py).
 """
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -30,40 +30,6 @@ def load_graph(path: Path) -> onnx.ModelProto:
         what = "is empty" if path.stat().st_size == 0 else "holds no graph (another protobuf message, not a model)"
         raise InputError(f"{path} {what}: it is not an ONNX model; pass a .onnx file written by an ONNX exporter")
     return model
-
-
-def external_files(model: onnx.ModelProto, model_dir: Path) -> list[str]:
-    """Relative locations of the external data files, refusing any outside the model's directory."""
-    locations = set()
-    for tensor in _all_tensors(model.graph):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            entry = {e.key: e.value for e in tensor.external_data}
-            locations.add(entry.get("location", ""))
-    real_dir = model_dir.resolve()
-    for location in sorted(locations):
-        rel = PurePosixPath(location)
-        full = (model_dir / location).resolve()
-        if not location or rel.is_absolute() or ".." in rel.parts or real_dir not in full.parents:
-            raise InputError(
-                f"external data location {location!r} escapes the model's directory {model_dir}; "
-                "refusing to read it. Keep the weights file beside the model and re-save it with a relative location"
-            )
-        if not full.is_file():
-            raise InputError(f"external data file {location!r} is missing from {model_dir}; copy it beside the model")
-    return sorted(locations)
-
-
-def _all_tensors(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
-    tensors = list(graph.initializer)
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                tensors.append(attr.t)
-            if attr.type == onnx.AttributeProto.GRAPH:
-                tensors += _all_tensors(attr.g)
-            for sub in attr.graphs:
-                tensors += _all_tensors(sub)
-    return tensors
 
 
 def graph_specs(model: onnx.ModelProto) -> tuple[list[TensorSpec], list[TensorSpec]]:
@@ -106,6 +72,7 @@ def check_specs(source: Path, inputs: list[TensorSpec], outputs: list[TensorSpec
         )
     if scalars := [spec.name for spec in inputs if not spec.shape]:
         raise InputError(
-            f"{source}: inputs {scalars} are scalars (rank 0); every input needs a leading sample axis. "
-            "Re-export the model with inputs shaped [batch, ...]"
+            f"{source}: inputs {scalars} are scalars (rank 0), which no sample axis can carry. A setting the model "
+            f"always gets (a sample rate, a flag) is pinned at import: --input-value {scalars[0]}=VALUE; "
+            "else re-export the model with inputs shaped [batch, ...]"
         )

@@ -21,7 +21,7 @@ import importlib.metadata
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,7 @@ from pipeline.artifact.tokens import (
     write_tokenizer,
 )
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
-from pipeline.core.errors import InputError, first_line
+from pipeline.core.errors import InputError
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset
 from pipeline.runtime.runners import ort_runner, torch_runner
@@ -96,6 +96,7 @@ class HFSettings:
     task: str = "embedding"  # classification (the logits) or embedding (the pooled last hidden state)
     pooling: str = "mean"  # embedding: mean over the attention mask, or the first (CLS) token
     normalize: bool = False  # embedding: L2-normalize each vector
+    gate: dict[str, Any] = field(default_factory=dict)  # the gate settings given: atol, rtol, metric_tolerance, ...
 
 
 def import_hf(
@@ -105,8 +106,13 @@ def import_hf(
     settings: HFSettings | None = None,
     tokenizer_dir: Path | None = None,
     progress: Any = print,
+    gate: dict[str, Any] | None = None,
 ) -> Artifact:
-    """Create `repository/<name>/<next version>/` from the transformers directory `source` and return it."""
+    """Create `repository/<name>/<next version>/` from the transformers directory `source` and return it.
+
+    `gate`: the import's gate settings given (atol, rtol, ...), recorded and read by `hop_policy`."""
+    if gate:
+        settings = replace(settings or HFSettings(), gate=dict(gate))
     settings = settings or HFSettings()
     source = Path(source)
     if problem := check_name(name):
@@ -118,7 +124,7 @@ def import_hf(
     config = read_config(source)
     tokenizer = read_tokenizer(tokenizer_dir or source)
     started = time.perf_counter()
-    module, names, config_obj = _load(source, settings)
+    module, names, config_obj, notes = _load(source, settings)
     loaded_s = time.perf_counter() - started
     limits = hf_limits(source, names, tokenizer)
     inputs = limits.apply([TensorSpec(n, "int64", ["batch", "sequence"], "NT") for n in names])
@@ -130,7 +136,9 @@ def import_hf(
     made = [d for d in (model_root, model_root.parent) if not d.exists()]
     root = allocate_version(model_root)
     try:
-        return _build(root, source, module, inputs, outputs, labels, limits, tokenizer, settings, config, loaded_s)
+        return _build(
+            root, source, module, inputs, outputs, labels, limits, tokenizer, settings, config, loaded_s, notes
+        )
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)  # nothing half-written
         for directory in made:
@@ -159,8 +167,9 @@ def read_config(source: Path) -> dict[str, Any]:
     return config
 
 
-def _load(source: Path, settings: HFSettings) -> tuple[torch.nn.Module, list[str], Any]:
-    """The transformers model in torch, wrapped to return the task's output, and its input names in order."""
+def _load(source: Path, settings: HFSettings) -> tuple[torch.nn.Module, list[str], Any, list[str]]:
+    """The transformers model in torch, wrapped to return the task's output, its input names in order, and
+    notes (which weights start random: a base model imported as a classifier gets a random head)."""
     import inspect
 
     try:
@@ -174,10 +183,12 @@ def _load(source: Path, settings: HFSettings) -> tuple[torch.nn.Module, list[str
     auto = (
         transformers.AutoModelForSequenceClassification if settings.task == "classification" else transformers.AutoModel
     )
-    try:
-        model = auto.from_pretrained(str(source)).eval()
-    except (ValueError, OSError, KeyError) as exc:
-        raise InputError(f"transformers cannot load {source} as {auto.__name__}: {first_line(exc)}") from None
+    from pipeline.runtime.pretrained import load_pretrained, random_note
+
+    with _quiet(transformers):
+        model, missing = load_pretrained(auto, source)
+    model.eval()
+    notes = [random_note(missing, len(model.state_dict()))] if missing else []
     taken = inspect.signature(model.forward).parameters
     words = {"ids": "input_ids", "mask": "attention_mask", "type_ids": "token_type_ids"}
     names = [words[role] for role in ROLE_ORDER if words[role] in taken]
@@ -185,7 +196,18 @@ def _load(source: Path, settings: HFSettings) -> tuple[torch.nn.Module, list[str
         raise InputError(f"{type(model).__name__} takes no input_ids; pipe imports text models fed token ids")
     from pipeline.export.hf_module import TaskHead
 
-    return TaskHead(model, names, settings.task, settings.pooling, settings.normalize), names, model.config
+    return TaskHead(model, names, settings.task, settings.pooling, settings.normalize), names, model.config, notes
+
+
+@contextlib.contextmanager
+def _quiet(transformers: Any) -> Any:
+    """transformers prints a load report of missing weights; pipe says it itself (a note). Restored afterwards."""
+    level = transformers.utils.logging.get_verbosity()
+    transformers.utils.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers.utils.logging.set_verbosity(level)
 
 
 def _labels(config: Any) -> list[str]:
@@ -211,6 +233,7 @@ def _build(
     settings: HFSettings,
     config: dict[str, Any],
     loaded_s: float,
+    notes: list[str],
 ) -> Artifact:
     import torch
 
@@ -242,7 +265,7 @@ def _build(
     run = ort_runner(path)
     spec = ModelSpec(inputs, outputs, settings.task)
     given = EvaluationSet.of(samples, source="tokenized sentences")
-    policy = hop_policy("import", "fp32", settings.task, False, GateSettings.read(vars(settings)))
+    policy = hop_policy("import", "fp32", settings.task, False, GateSettings.read(settings.gate))
     report = verify(path, reference, given, spec, policy, session=run.session)
     report.raise_on_failure(f"the ONNX export of {source}")
     save_golden(artifact, Golden(samples, reference(samples)))
@@ -259,6 +282,7 @@ def _build(
             "task": settings.task,
             **({"pooling": settings.pooling, "normalize": settings.normalize} if settings.task == "embedding" else {}),
             "exporter": result.exporter,
+            **settings.gate,
         },
         inputs={"source": digest},
         source=str(source),
@@ -270,7 +294,7 @@ def _build(
         parity=report.to_dict(),
         convention="Hugging Face",
         read=read,
-        notes=[f"loaded in {loaded_s:.1f} s, exported in {export_s:.1f} s ({result.exporter})"],
+        notes=[*notes, f"loaded in {loaded_s:.1f} s, exported in {export_s:.1f} s ({result.exporter})"],
     )
     artifact.add_variant(
         FP32,

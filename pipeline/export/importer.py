@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,26 +28,31 @@ from pipeline.artifact.directory import Artifact, allocate_version
 from pipeline.artifact.golden import Golden, save_golden
 from pipeline.artifact.manifest import TASKS, Lineage, Manifest, ModelSpec, check_name, label_problem
 from pipeline.artifact.records import ImportRecord, Reading
-from pipeline.artifact.tensors import TensorSpec
+from pipeline.artifact.tensors import PinnedInput, TensorSpec
 from pipeline.artifact.tokens import limits_reading, write_tokenizer
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import ArtifactError, CheckFailed, InputError, first_line
 from pipeline.core.fsutil import sha256_file
-from pipeline.data.picture_folder import DEFAULT_LIMIT
+from pipeline.data.picture_folder import DEFAULT_LIMIT, MAX_BYTES
+from pipeline.export.batch_axes import computed_outputs, declare_input_axes
 from pipeline.export.conventions import Found, read_conventions
 from pipeline.export.evaldata import EvalData, read_eval_data
-from pipeline.export.graph import check_specs, external_files, graph_specs, load_graph
+from pipeline.export.graph import check_specs, graph_specs, load_graph
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
+from pipeline.export.pins import pin_inputs
 from pipeline.export.readings import Readings, decide
-from pipeline.export.shapes import GENERATED_BATCH, Probe, choose_sizes, generated_inputs, write_dims
+from pipeline.export.recognizer import target_classes
+from pipeline.export.shapes import GENERATED_BATCH, Probe, choose_sizes, generated_inputs, guessed_sizes, write_dims
 from pipeline.export.token_graph import TokenModel, TokenOptions, token_model
-from pipeline.runtime.runners import Runner, ort_runner, run_chunked
+from pipeline.runtime.external_data import external_files
+from pipeline.runtime.runners import Candidate, OrtRunner, Runner, ort_runner, run_chunked
+from pipeline.runtime.sample_axes import SampleAxes, sample_leading
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.choose import GateSettings, hop_policy
-from pipeline.verify.gate import verify
-from pipeline.verify.metrics import task_metric
+from pipeline.verify.gate import LARGE_BATCH, verify
+from pipeline.verify.metrics import task_metric, text_metrics
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -56,6 +61,14 @@ VARY_ADVICE = (
     "onnxruntime refused an input size above: a dim the graph declares free that the model cannot vary "
     "is fixed with --input-shape NAME:d0,d1,... (an int per fixed dim, ? for one left free)"
 )
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    """How a graph as shipped is read: inputs pinned to one value, batch axes declared."""
+
+    values: dict[str, str] = field(default_factory=dict)  # --input-value NAME=VALUE (pins.py)
+    batch_axes: dict[str, int] = field(default_factory=dict)  # --batch-axis NAME:AXIS (batch_axes.py)
 
 
 def import_onnx(
@@ -70,6 +83,8 @@ def import_onnx(
     eval_limit: int = DEFAULT_LIMIT,
     detection: dict[str, Any] | None = None,
     tokens: TokenOptions | None = None,
+    gate: dict[str, Any] | None = None,
+    graph: GraphOptions | None = None,
 ) -> Artifact:
     """Create `repository/<name>/<next version>/` from the ONNX file `source` and return it.
 
@@ -82,6 +97,10 @@ def import_onnx(
     takes the metadata's. `detection`: `confidence`, `iou` and `max_detections` given for a detector
     (None values: the defaults). `tokens`: `--vocab-size`, `--padding-id`, `--max-length`, `--tokenizer`
     for a token model (pipeline/export/token_graph.py); its limits are recorded on the token inputs.
+    `gate`: the import's gate settings given (`atol`, `rtol`, `metric_tolerance`, `max_out_of_tolerance`),
+    recorded with the settings and read by `hop_policy`.
+    `graph`: `--input-value` (inputs pinned to a constant) and `--batch-axis` (pipeline/export/pins.py,
+    batch_axes.py).
     """
     source = Path(source)
     if problem := check_name(name):
@@ -96,10 +115,14 @@ def import_onnx(
             + opset_advice(gaps, declared, "re-export it at opset {opset} or later")
         )
     extra = external_files(model, source.parent)
+    graph = graph or GraphOptions()
+    pinned = pin_inputs(model, graph.values)  # before the specs: a pinned input is no longer one
     inputs, outputs = graph_specs(model)
     check_specs(source, inputs, outputs)
     if input_shapes:
         apply_input_shapes(input_shapes, inputs, outputs)
+    shape_notes: list[str] = []
+    declare_input_axes(inputs, outputs, graph.batch_axes, shape_notes)
     tokens = tokens or TokenOptions()
     text = token_model(model, inputs, tokens)
     if text.limits is not None:
@@ -109,10 +132,17 @@ def import_onnx(
     evaluation = None
     if eval_data is not None:
         evaluation = read_eval_data(eval_data, inputs, readings.labels, readings.task, eval_limit)
+        if readings.ctc is not None:  # a recognizer's target texts, as class sequences
+            evaluation = target_classes(evaluation, readings.labels, readings.ctc, eval_data)
         if evaluation.labels != readings.labels:  # a model without labels takes its class folders' names
             readings.labels = evaluation.labels
             readings.read["labels"] = Reading(value=len(evaluation.labels), source=f"--eval-data {eval_data} folders")
     settings: dict[str, object] = {"input_shapes": input_shapes} if input_shapes else {}
+    if graph.values:
+        settings["input_values"] = {p.name: p.value for p in pinned}
+    if graph.batch_axes:
+        settings["batch_axes"] = dict(graph.batch_axes)
+    settings.update(gate or {})
     if tokens.given:
         settings["tokens"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(tokens).items() if v is not None}
     if (limits := text.limits) is not None:
@@ -125,7 +155,7 @@ def import_onnx(
     made = [d for d in (model_root, model_root.parent) if not d.exists()]  # removed again if the import fails
     root = allocate_version(model_root)
     try:
-        imported = _Imported(source, model, extra, evaluation, eval_data, settings, text)
+        imported = _Imported(source, model, extra, evaluation, eval_data, settings, text, pinned, graph, shape_notes)
         return _build(root, imported, inputs, outputs, readings, found)
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)  # nothing half-written
@@ -133,6 +163,24 @@ def import_onnx(
             with contextlib.suppress(OSError):
                 directory.rmdir()
         raise
+
+
+def _refuse_heavy_batches(samples: Arrays, readings: Readings, eval_data: Path | None) -> None:
+    """The parity gate runs the samples at batch LARGE_BATCH (repeating them): refused before it allocates
+    more than MAX_BYTES, naming where the sample's size came from (an exporter's `imgsz 4096` made 192 MiB
+    pictures, 3 GiB a batch, and the failure then offered --input-shape for a dim that was not the problem)."""
+    per_sample = sum(array[:1].nbytes for array in samples.values())
+    if per_sample * LARGE_BATCH <= MAX_BYTES:
+        return
+    shapes = ", ".join(f"{name} {list(array.shape[1:])} {array.dtype}" for name, array in samples.items())
+    image = readings.read.get("image")
+    source = f"; the picture size comes from {image.source}" if image is not None else ""
+    raise InputError(
+        f"--eval-data {eval_data}: one sample ({shapes}) takes {per_sample / 2**20:,.0f} MiB, and the parity gate "
+        f"runs batches of {LARGE_BATCH} ({per_sample * LARGE_BATCH / 2**30:,.1f} GiB), past the "
+        f"{MAX_BYTES // 2**20} MiB pipe allows{source}; give the size the model was trained at with "
+        "--image-preprocessing (its size, crop or letterbox size), or smaller samples"
+    )
 
 
 @dataclass(frozen=True)
@@ -146,6 +194,9 @@ class _Imported:
     eval_data: Path | None
     settings: dict[str, object]
     text: TokenModel  # the token inputs: generated values' ranges, limits, the tokenizer to carry
+    pinned: list[PinnedInput]  # inputs written into the graph as constants
+    graph: GraphOptions
+    notes: list[str]  # what was read or guessed about the dims: batch axes, computed output shapes, sizes
 
 
 def _build(
@@ -158,7 +209,7 @@ def _build(
 ) -> Artifact:
     source, model, eval_data, evaluation = imported.source, imported.model, imported.eval_data, imported.evaluation
     task, path = readings.task, root / MODEL_FILE
-    if write_dims(model, inputs, outputs):  # free dims named, the user's dims fixed: the graph says what it holds
+    if write_dims(model, inputs, outputs) or imported.pinned:  # the graph says what it holds
         onnx.save(model, str(path))
     else:
         shutil.copyfile(source, path)
@@ -166,16 +217,32 @@ def _build(
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source.parent / rel, root / rel)
     try:
-        run = ort_runner(path)
+        loaded = ort_runner(path, SampleAxes())
     except ArtifactError as exc:  # the model does not load
         raise InputError(f"onnxruntime cannot load {source}: {first_line(exc.__cause__ or exc)}") from exc
     if evaluation is not None:
         samples, target = evaluation.inputs, evaluation.target
+        if all(spec.shape and isinstance(spec.shape[spec.sample_axis], str) for spec in inputs):
+            _refuse_heavy_batches(samples, readings, eval_data)
     else:
         ranges = imported.text.ranges
-        sizes = choose_sizes(inputs, _probe(run.session), str(source), readings.hints, ranges)
-        samples, target = generated_inputs(inputs, sizes, GENERATED_BATCH, ranges=ranges), None
-    batched = all(spec.shape and isinstance(spec.shape[0], str) for spec in [*inputs, *outputs])
+        sizes = choose_sizes(inputs, _probe(loaded.session), str(source), readings.hints, ranges)
+        imported.notes.extend(guessed_sizes(inputs, sizes, readings.hints))
+        generated = generated_inputs(inputs, sizes, GENERATED_BATCH, ranges=ranges)
+        samples, target = {s.name: sample_leading(s, generated[s.name]) for s in inputs}, None
+    feeding = SampleAxes.of_specs(inputs, [])
+    try:  # outputs as computed, and where their samples are
+        outputs[:] = computed_outputs(OrtRunner(loaded.session, feeding), samples, inputs, outputs,
+                                      imported.graph.batch_axes, imported.notes)  # fmt: skip
+        if write_dims(model, inputs, outputs):  # the outputs as computed, written where the graph declared others
+            onnx.save(model, str(path))
+            loaded = ort_runner(path, SampleAxes())
+    except InputError:
+        raise
+    except Exception as exc:  # the model loads but does not run on inputs of its declared shape
+        raise InputError(f"onnxruntime cannot run {source} on inputs shaped like its graph inputs: {exc}") from exc
+    run = OrtRunner(loaded.session, SampleAxes.of_specs(inputs, outputs))
+    batched = all(spec.shape and isinstance(spec.shape[spec.sample_axis], str) for spec in [*inputs, *outputs])
     try:  # a few hundred pictures: run in chunks, so a large model's activations stay bounded
         golden_out = run_chunked(run, samples, chunk=GOLDEN_CHUNK) if batched else run(samples)
     except Exception as exc:  # the model loads but does not run on inputs of its declared shape
@@ -196,7 +263,9 @@ def _build(
         inputs=inputs,
         outputs=outputs,
         labels=readings.labels,
+        pinned=imported.pinned or None,
         detection=readings.detection,
+        ctc=readings.ctc,
         lineage=Lineage(backend="import", dataset_fingerprint=evaluation.digest if evaluation else None),
     )
     artifact = Artifact(root, manifest)
@@ -208,7 +277,8 @@ def _build(
     reference = _one_at_a_time(run, inputs)
     given = EvaluationSet.of(samples, source="the import's samples")
     policy = hop_policy("import", "fp32", task, False, GateSettings.read(imported.settings))
-    report = verify(path, reference, given, ModelSpec(inputs, outputs, task), policy, session=run.session)
+    candidate = Candidate(run, "ONNX", "onnxruntime", path)  # fed as the specs say: batch axes, a fixed batch
+    report = verify(candidate, reference, given, ModelSpec(inputs, outputs, task), policy)
     try:
         report.raise_on_failure(f"imported model {source}")
     except CheckFailed as exc:
@@ -236,7 +306,7 @@ def _build(
         metadata=found.metadata,
         convention=found.convention,
         read=readings.read,
-        notes=readings.notes,
+        notes=[*readings.notes, *imported.notes],
     )
     artifact.add_variant(
         FP32,
@@ -273,7 +343,7 @@ def _probe(session: ort.InferenceSession) -> Probe:
 
 def _one_at_a_time(run: Runner, inputs: list[TensorSpec]) -> Runner:
     """Reference for the gate: each sample run alone, so a batched run must match per-sample runs."""
-    batched = all(spec.shape and isinstance(spec.shape[0], str) for spec in inputs)
+    batched = all(spec.shape and isinstance(spec.shape[spec.sample_axis], str) for spec in inputs)
 
     def reference(arrays: Arrays) -> Arrays:
         if not batched:
@@ -294,9 +364,17 @@ def read_labels(inline: str | None, file: Path | None) -> list[str]:
             raise InputError(f"labels file {file} not found; pass a text file with one class name per line")
         try:
             text = file.read_text(encoding="utf-8").removeprefix("\ufeff")  # a byte-order mark some editors write
-            names = [line.strip() for line in text.splitlines() if line.strip()]
+            names = [line.strip() for line in text.splitlines()]
         except UnicodeDecodeError as exc:
             raise InputError(f"labels file {file} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        while names and not names[-1]:  # blank lines at the end name nothing
+            names.pop()
+        if "" in names:  # dropping it would shift every class after it by one
+            raise InputError(
+                f"labels file {file}, line {names.index('') + 1} is empty or white space; a class name is one line of "
+                "text, one per class in output order (a text recognizer's dictionary, whose space lines are entries, "
+                "imports with --task text-recognition)"
+            )
     else:
         names = [s.strip() for s in inline.split(",")] if inline else []
         if "" in names:
@@ -317,5 +395,7 @@ def _precision(outputs: list[TensorSpec]) -> str:
 
 
 def _metric(task: str, logits: np.ndarray, target: np.ndarray) -> dict[str, float]:
+    if task == "text-recognition":  # texts read exactly, and the character error rate
+        return text_metrics(logits, target)
     measured = task_metric(task, logits, target)
     return {measured[0]: measured[1]} if measured else {}

@@ -16,13 +16,14 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline.artifact.manifest import Detection
+from pipeline.artifact.manifest import Ctc, Detection
 from pipeline.artifact.records import Reading
 from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError
 from pipeline.export.conventions import LETTERBOX_PAD, Found
-from pipeline.export.tasks import DEFAULT_TASK, LABELLED, choose_task, fit_problem, labels_problem
+from pipeline.export.recognizer import paddle_dictionary, paddle_task, recognizer
+from pipeline.export.tasks import DEFAULT_TASK, LABELLED, TEXT, choose_task, fit_problem, labels_problem
 from pipeline.runtime.detection import head_problem
 from pipeline.runtime.images import image_input, record_image_option
 
@@ -36,6 +37,7 @@ class Readings:
     task: str
     labels: list[str]
     detection: Detection | None
+    ctc: Ctc | None = None  # a text recognizer's dictionary convention (task text-recognition)
     hints: dict[str, int] = field(default_factory=dict)  # symbolic dim -> the first size generated inputs try
     read: dict[str, Reading] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -46,6 +48,10 @@ class Readings:
         if self.task == "detection" and (problem := head_problem(first.shape)):
             raise InputError(f"task detection: output {outputs[0].name!r} gives {problem}; the model is no detector "
                              "pipe can decode: pass --task tensor")  # fmt: skip
+        classes = self.ctc.classes(len(self.labels)) if self.ctc is not None else None
+        if classes is not None and first.ndim == 3 and first.shape[2] != classes:
+            raise InputError(f"task text-recognition: output {outputs[0].name!r} gives {first.shape[2]} classes, but "
+                             f"its dictionary makes {classes}; fix the graph's declared output shape")  # fmt: skip
         problem = labels_problem(self.task, self.labels, outputs, golden)
         if problem is None:
             return
@@ -70,8 +76,9 @@ def decide(
     notes = list(found.notes)
     read: dict[str, Reading] = {}
     hints = _image(found, inputs, image_preprocessing, read, notes)
-    choice = choose_task(task, (found.task, found.sources["task"]) if found.task else None, outputs)
-    if labels and task is None and choice.task not in LABELLED:  # labels name classes: the outputs hold none
+    metadata = (found.task, found.sources["task"]) if found.task else paddle_task(found, outputs)
+    choice = choose_task(task, metadata, outputs)
+    if labels and task is None and choice.task not in (*LABELLED, TEXT):  # labels name classes: the outputs hold none
         raise InputError(f"--labels given, but {fit_problem(DEFAULT_TASK, outputs)}; pass --task to say what it is")
     read["task"] = Reading(value=choice.task, source=choice.source)
     notes += choice.notes
@@ -79,6 +86,8 @@ def decide(
     if labels:
         chosen = labels
         read["labels"] = Reading(value=len(labels), source="--labels")
+    elif choice.task == TEXT:
+        chosen = paddle_dictionary(found, read, notes)
     elif found.labels is not None and choice.task in LABELLED:
         chosen = found.labels
         read["labels"] = Reading(value=len(found.labels), source=found.sources["labels"])
@@ -87,8 +96,12 @@ def decide(
     if found.stride is not None:
         read["stride"] = Reading(value=found.stride, source=found.sources["stride"])
     settings = _detection(choice.task, detection or {}, found, read)
-    order = ("task", "labels", "image_size", "image", "stride", "detection")
-    return Readings(choice.task, chosen, settings, hints, {k: read[k] for k in order if k in read}, notes)
+    ctc = None
+    if choice.task == TEXT:
+        source = read["labels"].source if "labels" in read else "the dictionary"
+        ctc = recognizer(chosen, source, outputs, read, notes)
+    order = ("task", "labels", "ctc", "image_size", "image", "stride", "detection")
+    return Readings(choice.task, chosen, settings, ctc, hints, {k: read[k] for k in order if k in read}, notes)
 
 
 def _detection(task: str, given: dict[str, Any], found: Found, read: dict[str, Reading]) -> Detection | None:

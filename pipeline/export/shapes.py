@@ -70,7 +70,13 @@ def write_dims(model: onnx.ModelProto, inputs: list[TensorSpec], outputs: list[T
         spec = specs.get(value.name)
         if spec is None:  # an initializer listed as an input by an old IR version
             continue
-        for dim, wanted in zip(value.type.tensor_type.shape.dim, spec.shape, strict=True):
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) != len(spec.shape):  # an output taken as computed, of another rank than declared
+            del dims[:]
+            for _ in spec.shape:
+                dims.add()
+            changed = True
+        for dim, wanted in zip(dims, spec.shape, strict=True):
             if isinstance(wanted, int) and (not dim.HasField("dim_value") or dim.dim_value != wanted):
                 dim.dim_value, changed = wanted, True
             elif isinstance(wanted, str) and (not dim.HasField("dim_param") or dim.dim_param != wanted):
@@ -79,7 +85,7 @@ def write_dims(model: onnx.ModelProto, inputs: list[TensorSpec], outputs: list[T
 
 
 def _batch_dims(inputs: list[TensorSpec]) -> set[str]:
-    return {spec.shape[0] for spec in inputs if spec.shape and isinstance(spec.shape[0], str)}
+    return {s.shape[s.sample_axis] for s in inputs if s.shape and isinstance(s.shape[s.sample_axis], str)}
 
 
 def _spatial_axes(spec: TensorSpec) -> tuple[int, ...]:
@@ -115,7 +121,11 @@ def generated_inputs(
     arrays = {}
     for spec in specs:
         shape = [
-            d if isinstance(d, int) else batch if (i == 0 or d in batch_dims) else sizes.get(d, SEQUENCE_BASE)
+            d
+            if isinstance(d, int)
+            else batch
+            if (i == spec.sample_axis or d in batch_dims)
+            else sizes.get(d, SEQUENCE_BASE)
             for i, d in enumerate(spec.shape)
         ]
         if (values := np.prod(shape, dtype=object)) > MAX_GENERATED_VALUES:  # object: exact, no int64 overflow
@@ -135,6 +145,43 @@ def generated_inputs(
     return arrays
 
 
+def guessed_sizes(inputs: list[TensorSpec], sizes: dict[str, int], hints: dict[str, int] | None) -> list[str]:
+    """A note for each input whose generated size no graph, metadata or flag gave: the golden inputs, the gate
+    and a later `pipe export --target edge` (which fixes them) use it, so it is said, with the flag that gives it."""
+    notes = []
+    for spec in inputs:
+        guessed = [d for d in spec.shape if isinstance(d, str) and d in sizes and not (hints or {}).get(d)]
+        guessed = [d for d in guessed if not (_spatial_axes(spec) and image_record(spec))]
+        if not guessed:
+            continue
+        example = ",".join(str(d) if isinstance(d, int) else "<size>" if d in guessed else FREE for d in spec.shape)
+        shown = ", ".join(f"{d} {sizes[d]}" for d in guessed)
+        notes.append(
+            f"input {spec.name!r}: size guessed ({shown}: the first size the model runs at, not one it states); "
+            f"golden inputs, the gate and edge conversion use it. Give the real one with --input-shape "
+            f"{spec.name}:{example}"
+        )
+    return notes
+
+
+def _batch_axis_advice(
+    inputs: list[TensorSpec], bases: dict[str, int], probe: Probe, ranges: dict[str, tuple[int, int]] | None
+) -> str | None:
+    """When the model runs only once an inner dim equals the batch (Silero VAD's state [2, batch, 128]), the
+    flag that declares that axis the batch; None when no single dim does it."""
+    for spec in inputs:
+        for axis, dim in enumerate(spec.shape):
+            if axis == spec.sample_axis or dim not in bases:
+                continue
+            sizes = {d: (1 if d == dim else base) for d, base in bases.items()}  # the probe runs one sample
+            if probe(generated_inputs(inputs, sizes, 1, ranges=ranges)) is None:
+                return (
+                    f"it runs when {spec.name!r} dim {axis} ({dim}) is the batch size: if that axis holds the samples, "
+                    f"declare it with --batch-axis {spec.name}:{axis}"
+                )
+    return None
+
+
 def choose_sizes(
     inputs: list[TensorSpec],
     probe: Probe,
@@ -152,7 +199,7 @@ def choose_sizes(
     bases: dict[str, int] = {}
     for spec in inputs:
         for axis, dim in enumerate(spec.shape):
-            if axis and isinstance(dim, str) and dim not in batch_dims:
+            if axis != spec.sample_axis and isinstance(dim, str) and dim not in batch_dims:
                 base = (hints or {}).get(dim) or _base(spec, axis)
                 bases[dim] = max(bases.get(dim, 0), base)
     if not bases:
@@ -173,6 +220,8 @@ def choose_sizes(
             "the generated ids run past: name the vocabulary with --vocab-size (token ids), or pass --eval-data "
             "with real inputs"
         )
+    if advice := _batch_axis_advice(inputs, bases, probe, ranges):
+        raise InputError(f"onnxruntime cannot run {source} on generated inputs: {reasons[0]}; {advice}")
     tried = ", ".join(f"{dim} {base}..{base << (LADDER_STEPS - 1)}" for dim, base in bases.items())
     spec = next(s for s in inputs if any(d in bases for d in s.shape))
     example = ",".join(str(d) if isinstance(d, int) else "<size>" if d in bases else FREE for d in spec.shape)

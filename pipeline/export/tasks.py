@@ -9,6 +9,8 @@ them, after `--input-shape`):
   fits too.
 - detection: exactly one output, [batch, 4 + classes, anchors] (the Ultralytics head exported
   without NMS), with at least one class.
+- text-recognition: a CTC recognizer, [batch, positions, classes] with a fixed class count (its
+  dictionary and convention: pipeline/export/recognizer.py).
 - regression, embedding, tensor: any outputs.
 
 A task given with `--task` that does not fit is refused with the reason. Without `--task`, the
@@ -28,9 +30,11 @@ from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError
 
 DEFAULT_TASK = "classification"
+TEXT = "text-recognition"
 CHOICES = (
     "tasks are classification (one [batch, classes] output), regression, embedding, detection (one "
-    "[batch, 4 + classes, anchors] output) and tensor (any outputs, each judged as a tensor)"
+    "[batch, 4 + classes, anchors] output), text-recognition (a CTC recognizer's [batch, positions, classes] "
+    "output) and tensor (any outputs, each judged as a tensor)"
 )
 LABELLED = ("classification", "detection")  # the tasks whose outputs hold classes that labels name
 
@@ -58,6 +62,8 @@ def fit_problem(task: str, outputs: list[TensorSpec]) -> str | None:
         if isinstance(classes, int) and classes < 2:
             return f"{where} holds {classes} class: a classifier's argmax needs at least 2 (a score is regression)"
         return None
+    if task == TEXT and (len(shape) != 3 or not isinstance(shape[2], int) or shape[2] < 2):
+        return f"{where} is not a CTC recognizer's [batch, positions, classes] with a fixed class count (at least 2)"
     if task == "detection":
         if len(outputs) != 1:
             return (

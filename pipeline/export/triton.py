@@ -25,8 +25,9 @@ from pipeline.artifact.tensors import TensorSpec
 from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.errors import ArtifactError, InputError
 from pipeline.core.fsutil import atomic_write_bytes
-from pipeline.export.graph import external_files, load_graph
+from pipeline.export.graph import load_graph
 from pipeline.export.metadata import identity
+from pipeline.runtime.external_data import external_files
 
 DEFAULT_MAX_BATCH = 64
 INSTANCE_KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU"}  # --instance-kind -> Triton's instance_group kind

@@ -1,6 +1,6 @@
 """Graph optimization: an ONNX file in, a smaller equivalent ONNX file out, and what changed.
 
-Two steps, each kept only when its result still loads and keeps the model's signature:
+Two steps, each kept only when its result passes onnx's checker, still loads and keeps the model's signature:
 1. onnxruntime's offline optimizer at level basic (constant folding, redundant node removal) or
    extended (also fusions such as Gelu, LayerNormalization, Attention, FusedConv), on the CPU
    provider. Never ORT_ENABLE_ALL: its layout transforms (NCHWc) are written for the CPU the file
@@ -8,13 +8,15 @@ Two steps, each kept only when its result still loads and keeps the model's sign
 2. onnxslim, which folds what is left (Conv+BN, Gemm, redundant Reshape/Transpose...). A failure
    here keeps the onnxruntime result and says so in the report; it is never silent.
 
-The signature is the contract every hop keeps: the same input and output names, element types, and
-the same dims, symbolic ones staying symbolic (a batch frozen to 1 is a broken model that still
-loads). A step that changes it is refused.
+The signature is the contract every hop keeps: the same input and output names, element types and
+ranks, fixed dims unchanged and free input dims staying free (a batch frozen to 1 is a broken model
+that still loads). A free output dim that shape inference wrote as its size or an expression is named
+back as declared; what it computes is held by the gate, which runs it. A step that breaks it is refused.
 """
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -132,7 +134,15 @@ def signature(model: onnx.ModelProto) -> dict[str, list[tuple[str, int, list[str
 
 
 def signature_changes(before: onnx.ModelProto, after: onnx.ModelProto) -> list[str]:
-    """Every way `after` breaks the signature of `before` (an unknown dim may become known)."""
+    """Every way `after` breaks the signature of `before`, as declared in the files.
+
+    Names, element types and ranks must stay. An input's fixed dims must stay, and its free dims stay free
+    (a batch frozen to 1 is a broken model that still loads). An output's dim may be written as the size
+    shape inference computes or as an expression (`Divembedding_dim_1` as 384, a recognizer's 40 or its
+    width as `floor((8210*...`): what it computes is held by running it (the gate compares every output
+    at several batches), not by its declaration; only a fixed size declared as another is refused. An
+    unknown dim may become known.
+    """
     old, new = signature(before), signature(after)
     problems = []
     for side in ("inputs", "outputs"):
@@ -145,21 +155,50 @@ def signature_changes(before: onnx.ModelProto, after: onnx.ModelProto) -> list[s
                     f"{name}: type {onnx.TensorProto.DataType.Name(type_a)} became "
                     f"{onnx.TensorProto.DataType.Name(type_b)}"
                 )
-            if len(dims_a) != len(dims_b) or any(a is not None and a != b for a, b in zip(dims_a, dims_b, strict=True)):
+            if len(dims_a) != len(dims_b) or any(
+                _dim_changed(a, b, side == "inputs") for a, b in zip(dims_a, dims_b, strict=True)
+            ):
                 problems.append(f"{name}: shape {dims_a} became {dims_b}")
     return problems
 
 
+def _dim_changed(before: str | int | None, after: str | int | None, is_input: bool) -> bool:
+    if before is None:
+        return False  # unknown: anything may be known now
+    if is_input:
+        return after != before if isinstance(before, int) else not isinstance(after, str)  # free stays free
+    return isinstance(before, int) and isinstance(after, int) and after != before  # else run, not declared
+
+
 def loads_in_onnxruntime(path: Path) -> str:
-    """'' when onnxruntime can load the model at `path` on CPU, else the first line of its error."""
+    """'' when onnxruntime can load the model at `path` on CPU, else the first line of its error (its node
+    names whole: see `error_line`)."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime's exception types share no base
-        return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        return error_line(exc)
     return ""
+
+
+# how onnxruntime names the node it failed on: `In Node, ("name", Op, ...` or `in node (name)`
+_NODE_IN_ERROR = re.compile(r'[Ii]n [Nn]ode,? \("([^"]*)"|[Ii]n [Nn]ode \(([^)]*)\)')
+LINE = 300  # characters of an error line kept, beyond the last node name it gives
+
+
+def error_line(exc: BaseException) -> str:
+    """An onnxruntime error's first line, cut after LINE characters but never inside a node name it gives."""
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    ends = [match.end() for match in _NODE_IN_ERROR.finditer(line)]
+    return line[: max(LINE, *ends)] if ends else line[:LINE]
+
+
+def failing_nodes(error: str) -> list[str]:
+    """The node names an onnxruntime error line gives, in order, each once."""
+    found = [a or b for a, b in _NODE_IN_ERROR.findall(error)]
+    return list(dict.fromkeys(name for name in found if name))
 
 
 def _diff(before: dict[str, int], after: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
@@ -196,18 +235,20 @@ def run_onnxruntime(src: Path, dst: Path, level: str) -> None:
     try:
         ort.InferenceSession(str(src), sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime's exception types share no base
-        raise ArtifactError(
-            f"{src}: onnxruntime cannot load the model to optimize it: "
-            f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]}"
-        ) from exc
+        raise ArtifactError(f"{src}: onnxruntime cannot load the model to optimize it: {error_line(exc)}") from exc
 
 
 def _checked(candidate: onnx.ModelProto, original: onnx.ModelProto, path: Path) -> str:
     """'' when `candidate`, saved at `path`, loads and keeps `original`'s signature; else why not."""
+    keep_dim_names(candidate, original)
     onnx.save(candidate, str(path))
     problems = signature_changes(original, candidate)
     if problems:
         return "it changed the signature: " + "; ".join(problems)
+    try:  # the gate's checker: onnxruntime's extended fusions can write an op the model's opset lacks
+        onnx.checker.check_model(str(path))
+    except (onnx.checker.ValidationError, ValueError, OSError) as exc:
+        return f"onnx's checker refuses its result: {error_line(exc)}"
     error = loads_in_onnxruntime(path)
     return f"onnxruntime cannot load its result: {error}" if error else ""
 
@@ -237,9 +278,10 @@ def optimize_graph(
         optimized = onnx.load(str(ort_path))
         problem = _checked(optimized, original, ort_path)
         if problem:
+            lower = "use level basic (--graph basic) or " if level != "basic" else ""
             raise ArtifactError(
                 f"{src}: onnxruntime's {level} optimization broke the model ({problem}); "
-                "use level basic or skip graph optimization"
+                f"{lower}skip graph optimization (--graph none)"
             )
         steps.append(_step("onnxruntime", ort.__version__, f"level={level}", original, optimized))
         if slim:
@@ -269,12 +311,14 @@ def _slim(model: onnx.ModelProto, original: onnx.ModelProto, path: Path) -> tupl
 
 
 def keep_dim_names(model: onnx.ModelProto, original: onnx.ModelProto) -> None:
-    """Give `model`'s inputs and outputs back the names of `original`'s free dims where a step renamed them.
+    """Give `model`'s inputs and outputs back the names of `original`'s free dims where a step rewrote them.
 
-    onnxruntime's quantization pre-processing runs symbolic shape inference, which writes a free dim it
-    can derive as an expression (a YOLO head's `anchors` becomes `(floor(height/2 - 1/2) ...)`): the
-    same free dim under another name, which `signature_changes` would refuse. Only a free dim becoming
-    another free (or unknown) dim is renamed back; a dim that became a fixed size is left for the check.
+    Shape inference (onnxruntime's quantization pre-processing, its offline optimizer, onnxslim) writes a
+    free dim it can derive as an expression (a YOLO head's `anchors` becomes `(floor(height/2 - 1/2) ...)`)
+    or, on an output, as the size it computes (`Divembedding_dim_1` -> 384): the same model under another
+    declaration. An input's free dim is named back only when it is still free (one made fixed is left for
+    `signature_changes` to refuse); an output's free dim is always named back, and a fixed output size
+    written as an expression is written as the size again; what an output computes is held by running it.
     """
     for side in ("input", "output"):
         declared = {value.name: value for value in getattr(original.graph, side)}
@@ -286,8 +330,11 @@ def keep_dim_names(model: onnx.ModelProto, original: onnx.ModelProto) -> None:
             if len(dims) != len(old):
                 continue
             for dim, was in zip(dims, old, strict=True):
-                if was.dim_param and not dim.HasField("dim_value") and dim.dim_param != was.dim_param:
-                    dim.dim_param = was.dim_param
+                if was.dim_param and dim.dim_param != was.dim_param:
+                    if side == "output" or not dim.HasField("dim_value"):
+                        dim.dim_param = was.dim_param  # clears dim_value: one of the two
+                elif side == "output" and was.HasField("dim_value") and dim.dim_param:
+                    dim.dim_value = was.dim_value  # a fixed output size shape inference wrote as an expression
 
 
 def keep_metadata(model: onnx.ModelProto, original: onnx.ModelProto) -> None:

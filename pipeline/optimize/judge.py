@@ -21,6 +21,7 @@ from pipeline.artifact.directions import metric_drop
 from pipeline.artifact.directory import Artifact
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import ArtifactError
+from pipeline.optimize.graph import loads_in_onnxruntime
 from pipeline.runtime.runners import Candidate, Runner, ort_runner, run_chunked
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.gate import structural_checks, verify
@@ -33,6 +34,7 @@ from pipeline.verify.policies import (
     Policy,
     RelativeError,
     TensorAgreement,
+    TextAgreement,
     Top1Agreement,
     row_cosines,
 )
@@ -82,7 +84,8 @@ class Judge:
         try:
             runner = SplitMemo(ort_runner(candidate), e.data)
         except ArtifactError as exc:  # a file onnxruntime cannot load: the gate's table says so, nothing runs
-            report = GateReport([*structural_checks(candidate, scratch), Row("onnxruntime load", "-", False, str(exc))])
+            why = loads_in_onnxruntime(candidate) or str(exc)  # its node names whole (the session's line is cut)
+            report = GateReport([*structural_checks(candidate, scratch), Row("onnxruntime load", "-", False, why)])
             return Verdict(False, float("nan"), float("-inf"), _first_failure(report), report)
         subject = Candidate(runner, "ONNX", "onnxruntime", candidate)
         report = verify(subject, self.reference, e, m.spec, policy, scratch=scratch)
@@ -98,7 +101,7 @@ class Judge:
         if not (np.isfinite(got64).all()):
             return float("nan"), float("-inf"), f"{int((~np.isfinite(got64)).sum())} NaN/Inf outputs on the split"
         target = self.evaluation.target
-        if isinstance(policy, BoxAgreement | TensorAgreement):
+        if isinstance(policy, BoxAgreement | TensorAgreement | TextAgreement):
             return policy.statistic(got64, want64)
         if isinstance(policy, MetricDrop) and target is not None:
             measured_ref = task_metric(self.artifact.manifest.task, want64, target)

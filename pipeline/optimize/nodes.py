@@ -158,3 +158,28 @@ def decode_tail(model: onnx.ModelProto) -> list[str]:
         below = (reaches[c] for output in node.output for c in consumers.get(output, ()))
         reaches[index] = node.op_type in WEIGHTED_OPS or any(below)
     return [node.name for node, weighted in zip(nodes, reaches, strict=True) if not weighted and node.name]
+
+
+def nodes_behind(model: onnx.ModelProto, node: str, names: set[str], hops: int = 3) -> list[str]:
+    """The nodes of `names` (a source graph's) that `node` of `model` (made from it) stands for: itself, the
+    longest source name it extends (`conv1_quant`, `conv1/MatMulAddFusion`), or else the source nodes that
+    read its outputs within `hops` nodes (a fused weight's DequantizeLinear feeding `conv1`). Sorted."""
+    if node in names:
+        return [node]
+    prefixes = [name for name in names if node.startswith(name) and node[len(name) : len(name) + 1] in ("_", "/", ".")]
+    if prefixes:
+        return [max(prefixes, key=len)]
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for candidate in model.graph.node:
+        for tensor in candidate.input:
+            consumers.setdefault(tensor, []).append(candidate)
+    frontier = [n for n in model.graph.node if n.name == node]
+    found: set[str] = set()
+    for _ in range(hops):
+        following = [c for n in frontier for out in n.output for c in consumers.get(out, ())]
+        for reader in following:
+            found.update(nodes_behind(model, reader.name, names, hops=0) if reader.name else [])
+        if found:
+            break
+        frontier = following
+    return sorted(found)

@@ -1,43 +1,39 @@
-"""Quantization: an fp32 ONNX file in, a dynamic int8, static int8 (QDQ) or fp16 ONNX file out.
+"""The quantization every quantizing kind shares: settings, the report, and the frame around a kind's conversion.
 
-All three go through onnxruntime's own tools (onnxruntime.quantization, and the fp16 converter of
-onnxruntime.transformers), so what is written is what onnxruntime runs. Static int8 fixes each
-activation's range from calibration samples: they must be real inputs in the layout the graph
-expects (the caller brings them; see calibration.py), never made-up ones.
-
-Exclusion works by node name (nodes.py names the unnamed ones and lists each mode's candidates):
-the model is first copied into scratch with those names. The model given is never modified.
+A quantizing kind (int8_dynamic.py, int8_static.py, fp16.py; `Quantizer` below) writes its file
+through one frame, whatever its conversion: the model is copied into scratch with every node named
+(nodes.py; the model given is never modified), the excluded nodes checked, calibration samples
+checked against the graph when the kind calibrates, onnxruntime's pre-processing run when the kind
+wants it, then the kind's own `convert` step, and the result refused when onnxruntime cannot load it
+or its signature changed (a symbolic dim that pre-processing renamed or fixed is put back first);
+metadata kept, exporter debug info dropped. All of it goes through onnxruntime's own tools, so what
+is written is what onnxruntime runs. `quantizers.py` finds the kind for a `QuantSettings.mode`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from abc import abstractmethod
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import onnx
 from onnx import helper
-from onnxruntime.quantization import (
-    CalibrationMethod,
-    QuantFormat,
-    QuantType,
-    quant_pre_process,
-    quantize_dynamic,
-    quantize_static,
-)
-from onnxruntime.transformers.float16 import convert_float_to_float16
+from onnxruntime.quantization import CalibrationMethod, QuantType, quant_pre_process
 
-from pipeline.core.errors import ArtifactError, InputError, first_line
+from pipeline.core.errors import ArtifactError, InputError, PipelineError, first_line
 from pipeline.optimize.cache import Preprocessed, QuantCache
+from pipeline.optimize.calibration_feed import Progress, check_calibration
 from pipeline.optimize.graph import (
+    error_line,
+    failing_nodes,
     keep_dim_names,
     keep_metadata,
     load,
@@ -46,16 +42,9 @@ from pipeline.optimize.graph import (
     signature_changes,
     strip_debug_info,
 )
-from pipeline.optimize.nodes import (
-    DYNAMIC_OP_TYPES,
-    MODES,
-    QUANT_OPS,
-    decode_tail,
-    name_nodes,
-    quantizable_nodes,
-    quantized_nodes,
-)
-from pipeline.optimize.samples import STRIDE, Progress, SampleReader, check_calibration, sample_reader
+from pipeline.optimize.kind import Job, Kind, Made
+from pipeline.optimize.nodes import MODES, QUANT_OPS, name_nodes, nodes_behind, quantizable_nodes, quantized_nodes
+from pipeline.recipe.schema import OptimizeSpec
 
 TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
 METHODS = {
@@ -137,107 +126,162 @@ class QuantReport:
         return asdict(self)
 
 
-def quantize(
-    src: Path,
-    dst: Path,
-    settings: QuantSettings,
-    calibration: dict[str, np.ndarray] | None = None,
-    scratch: Path | None = None,
-    progress: Progress | None = None,
-    cache: QuantCache | None = None,
-) -> QuantReport:
-    """Write a quantized copy of the model at `src` to `dst` as `settings` say, and report it.
+@dataclass
+class Conversion:
+    """What a quantizing kind's `convert` step is given, and what it says back (`warnings`, `tail`)."""
 
-    `calibration`: real inputs, one array per graph input with the samples along axis 0; required
-    for static mode. `scratch`: where the intermediate files go (a temporary directory beside
-    `dst` if not given). `progress(done, total)` is called per calibration batch, when calibration
-    runs. With `cache` (one per search), pre-processing runs once per graph and static mode reuses
-    the ranges an earlier call computed with the same method on the same graph.
-    """
-    if settings.mode == "static" and calibration is None:
-        raise InputError(
-            "static quantization needs calibration samples: pass real training inputs (one array "
-            "per model input), or use mode dynamic or fp16"
+    source: Path  # the graph to convert: named, and pre-processed when the kind pre-processes
+    model: onnx.ModelProto  # that graph, loaded
+    out: Path  # where `convert` writes the converted model
+    settings: QuantSettings
+    excluded: list[str]  # node names left in fp32, followed through pre-processing
+    calibration: Mapping[str, np.ndarray] | None  # checked against the graph; only for a kind that calibrates
+    samples: int  # how many calibration samples there are (0 without)
+    progress: Progress | None
+    cache: QuantCache | None  # one per search: pre-processing and calibrated ranges shared by its candidates
+    warnings: list[str] = field(default_factory=list)  # what convert did otherwise than asked
+    tail: list[str] = field(default_factory=list)  # nodes convert left in fp32 beyond `excluded`
+    used: int = 0  # calibration samples convert really used
+
+
+class Quantizer(Kind[QuantSettings]):
+    """A kind made by onnxruntime's quantization tools: its `mode`, whether it pre-processes and
+    calibrates, and its `convert` step; the frame (`quantize`) and the stage hook (`make`) are shared."""
+
+    mode: ClassVar[Literal["dynamic", "static", "fp16"]]  # QuantSettings.mode this kind converts
+    preprocess: ClassVar[bool] = True  # onnxruntime's pre-processing (shape inference, fusions) first
+    needs_samples: ClassVar[bool] = False  # calibrates on real samples: refused without them
+
+    def calibrates(self, spec: OptimizeSpec, real_samples: bool) -> bool:
+        return self.needs_samples
+
+    def config(self, spec: OptimizeSpec, task: str) -> QuantSettings:
+        """The section's settings; a detector's decode tail stays fp32 in static int8 (nodes.decode_tail)."""
+        return QuantSettings(
+            mode=self.mode,
+            per_channel=spec.per_channel,
+            reduce_range=spec.reduce_range,
+            activation_type=spec.activation_type,
+            calibration=spec.calibration,
+            float_tail=task == "detection" and self.needs_samples,
         )
-    if scratch is None:
-        with tempfile.TemporaryDirectory(prefix="pipe-quantize-", dir=Path(dst).parent) as tmp:
-            return quantize(src, dst, settings, calibration, Path(tmp), progress, cache)
-    original = load(src)
-    model = onnx.ModelProto.FromString(original.SerializeToString())
-    named = name_nodes(model)
-    unknown = [n for n in settings.nodes_to_exclude if n not in {node.name for node in model.graph.node}]
-    if unknown:
-        known = quantizable_nodes(src, settings.mode)
-        raise InputError(
-            f"nodes_to_exclude names nodes the model does not have: {unknown}; "
-            f"its {settings.mode} candidates are {known[:20]}{' ...' if len(known) > 20 else ''}"
-        )
-    samples = check_calibration(model, calibration) if calibration is not None and settings.mode == "static" else 0
-    scratch.mkdir(parents=True, exist_ok=True)
-    named_path = scratch / "named.onnx"
-    onnx.save(model, str(named_path))
-    warnings: list[str] = []
-    source, excluded, preprocessed = named_path, list(settings.nodes_to_exclude), False
-    if settings.preprocess and settings.mode != "fp16":
-        source, excluded, preprocessed = _preprocess(named_path, scratch / "preprocessed.onnx", excluded, warnings,
-                                                     cache)  # fmt: skip
-    quantized_from, out = load(source), scratch / "quantized.onnx"  # dst is written only once it checks out
-    tail = []
-    if settings.float_tail and settings.mode == "static":  # named after pre-processing, which may fuse nodes
-        tail = [name for name in decode_tail(quantized_from) if name not in excluded]
-    if settings.mode == "fp16":
-        result = convert_float_to_float16(quantized_from, keep_io_types=True, node_block_list=excluded or None)
-        _sort_topologically(result.graph)  # the converter appends the input casts last: the checker refuses that
-        onnx.save(result, str(out))
-    else:
-        reader = None
-        if calibration is not None and settings.mode == "static":
-            reader = sample_reader(quantized_from, calibration, samples, progress, warnings)
-            samples = reader.samples
-        _quantize_int8(source, out, settings, [*excluded, *tail], reader, cache)
+
+    @abstractmethod
+    def convert(self, step: Conversion) -> None:
+        """Write `step.model` converted as `step.settings` say to `step.out` (onnxruntime's tool for this mode)."""
+
+    def make(self, job: Job, config: QuantSettings) -> Made:
+        job.say(f"{self.name}: {config.describe()}")
+        work = job.scratch / f"{self.name}.work"
+        calibration = job.calibration.inputs if job.calibration is not None and self.needs_samples else None
+        report = self.quantize(job.source, job.dst, config, calibration, work, _calibrating(self.name, job.say))
+        verdict = job.judge(job.dst, None, job.scratch)
+        job.say(f"{self.name}: {'passed' if verdict.passed else 'FAILED'}: {verdict.detail}")
+        return Made(self.name, self.precision, config.to_dict(), verdict, report.to_dict())
+
+    def quantize(
+        self,
+        src: Path,
+        dst: Path,
+        settings: QuantSettings,
+        calibration: Mapping[str, np.ndarray] | None = None,
+        scratch: Path | None = None,
+        progress: Progress | None = None,
+        cache: QuantCache | None = None,
+    ) -> QuantReport:
+        """Write a quantized copy of the model at `src` to `dst` as `settings` say, and report it.
+
+        `calibration`: real inputs, one array per graph input with the samples along axis 0; required
+        by a kind that calibrates. `scratch`: where the intermediate files go (a temporary directory
+        beside `dst` if not given). `progress(done, total)` is called per calibration batch. With
+        `cache` (one per search), pre-processing runs once per graph and calibrated ranges are reused.
+        """
+        if settings.mode != self.mode:
+            raise InputError(f"{self.name} makes mode {self.mode!r}, not {settings.mode!r}; use quantizers.quantize")
+        if self.needs_samples and calibration is None:
+            raise InputError(
+                f"{settings.mode} quantization needs calibration samples: pass real training inputs (one array "
+                "per model input), or use mode dynamic or fp16"
+            )
+        if scratch is None:
+            with tempfile.TemporaryDirectory(prefix="pipe-quantize-", dir=Path(dst).parent) as tmp:
+                return self.quantize(src, dst, settings, calibration, Path(tmp), progress, cache)
+        original = load(src)
+        model = onnx.ModelProto.FromString(original.SerializeToString())
+        named = name_nodes(model)
+        names = {node.name for node in model.graph.node}
+        unknown = [n for n in settings.nodes_to_exclude if n not in names]
+        if unknown:
+            known = quantizable_nodes(src, settings.mode)
+            raise InputError(
+                f"nodes_to_exclude names nodes the model does not have: {unknown}; "
+                f"its {settings.mode} candidates are {known[:20]}{' ...' if len(known) > 20 else ''}"
+            )
+        samples = check_calibration(model, dict(calibration)) if calibration is not None and self.needs_samples else 0
+        scratch.mkdir(parents=True, exist_ok=True)
+        named_path = scratch / "named.onnx"
+        onnx.save(model, str(named_path))
+        del model
+        warnings: list[str] = []
+        source, excluded, preprocessed = named_path, list(settings.nodes_to_exclude), False
+        if settings.preprocess and self.preprocess:
+            source, excluded, preprocessed = _preprocess(named_path, scratch / "preprocessed.onnx", excluded, warnings,
+                                                         cache)  # fmt: skip
+        out = scratch / "quantized.onnx"  # dst is written only once it checks out
+        step = Conversion(source, load(source), out, settings, excluded, calibration if samples else None, samples,
+                          progress, cache, warnings, used=samples)  # fmt: skip
+        try:
+            self.convert(step)
+        except PipelineError:
+            raise
+        except Exception as exc:  # onnxruntime's tools raise bare Exception/ValueError/KeyError as they go
+            line = error_line(exc)
+            raise ArtifactError(
+                f"onnxruntime could not quantize {source.name} ({settings.describe()}): "
+                f"{type(exc).__name__}: {line}; {_fix(step.model, line, names)}"
+            ) from exc
         result = load(out)
-    keep_dim_names(result, original)
-    _check_output(original, result, out, settings)
-    keep_metadata(result, original)
-    stripped = strip_debug_info(result)
-    onnx.save(result, str(dst))
-    quantized, left_float = quantized_nodes(quantized_from, result, settings.mode, [*excluded, *tail])
-    return QuantReport(
-        settings.to_dict(),
-        settings.describe(),
-        preprocessed,
-        {op: n for op, n in op_counts(result).items() if op.split(".")[-1] in QUANT_OPS},
-        quantized,
-        left_float,
-        excluded,
-        named,
-        samples,
-        weight_bytes(original),
-        weight_bytes(result),
-        warnings,
-        stripped,
-        tail,
+        keep_dim_names(result, original)
+        check_output(original, result, out, settings, names)
+        keep_metadata(result, original)
+        stripped = strip_debug_info(result)
+        onnx.save(result, str(dst))
+        left_out = [*excluded, *step.tail]
+        quantized, left_float = quantized_nodes(step.model, result, settings.mode, left_out)
+        return QuantReport(
+            settings.to_dict(),
+            settings.describe(),
+            preprocessed,
+            {op: n for op, n in op_counts(result).items() if op.split(".")[-1] in QUANT_OPS},
+            quantized,
+            left_float,
+            excluded,
+            named,
+            step.used,
+            weight_bytes(original),
+            weight_bytes(result),
+            warnings,
+            stripped,
+            step.tail,
+        )
+
+
+def int8_options(settings: QuantSettings, excluded: list[str]) -> dict[str, object]:
+    """The keyword arguments onnxruntime's dynamic and static quantizers share."""
+    return dict(
+        per_channel=settings.per_channel,
+        reduce_range=settings.reduce_range,
+        weight_type=TYPES[settings.weight_type],
+        nodes_to_exclude=excluded or None,
     )
 
 
-def _sort_topologically(graph: onnx.GraphProto) -> None:
-    """Reorder `graph.node` so every node comes after the nodes producing its inputs (stable otherwise)."""
-    available = {t.name for t in graph.input} | {t.name for t in graph.initializer} | {""}
-    pending = list(range(len(graph.node)))
-    order: list[int] = []
-    while pending:
-        ready = [i for i in pending if all(name in available for name in graph.node[i].input)]
-        if not ready:  # a cycle, or an input from an outer scope: keep the rest as it was
-            order += pending
-            break
-        for i in ready:
-            available.update(graph.node[i].output)
-        order += ready
-        taken = set(ready)
-        pending = [i for i in pending if i not in taken]
-    copies = [onnx.NodeProto.FromString(graph.node[i].SerializeToString()) for i in order]
-    del graph.node[:]
-    graph.node.extend(copies)
+def _calibrating(name: str, say: Callable[[str], None]) -> Progress:
+    def progress(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 4) == 0:
+            say(f"{name}: calibrating {done}/{total} samples")
+
+    return progress
 
 
 class _PreprocessAdvice(logging.Filter):
@@ -253,64 +297,13 @@ class _PreprocessAdvice(logging.Filter):
 
 
 @contextlib.contextmanager
-def _quiet_advice() -> Iterator[None]:
+def quiet_advice() -> Iterator[None]:
     root, advice = logging.getLogger(), _PreprocessAdvice()
     root.addFilter(advice)
     try:
         yield
     finally:
         root.removeFilter(advice)
-
-
-def _quantize_int8(
-    source: Path,
-    dst: Path,
-    settings: QuantSettings,
-    excluded: list[str],
-    reader: SampleReader | None,
-    cache: QuantCache | None,
-) -> None:
-    """onnxruntime's dynamic or static (QDQ) quantizer; its chatter on stdout is kept off the terminal.
-
-    Dynamic mode is given DYNAMIC_OP_TYPES (never Conv). Static mode calibrates one batch per pass
-    (STRIDE), into `cache`'s file for this method and graph when given, or reads the ranges from it.
-    """
-    # dynamic mode rewrites a Gemm `g` as MatMul `g_MatMul` before it quantizes: exclude both names
-    renamed = [f"{n}_MatMul" for n in excluded] if settings.mode == "dynamic" else []
-    common = dict(
-        per_channel=settings.per_channel,
-        reduce_range=settings.reduce_range,
-        weight_type=TYPES[settings.weight_type],
-        nodes_to_exclude=excluded + renamed or None,
-    )
-    try:
-        with _quiet_advice():
-            if settings.mode == "dynamic":
-                quantize_dynamic(source, dst, op_types_to_quantize=list(DYNAMIC_OP_TYPES),
-                                 extra_options=dict(EXTRA_OPTIONS), **common)  # fmt: skip
-            elif reader is not None:  # quantize refused static mode without calibration samples
-                kept = cache.ranges(settings.calibration, source) if cache is not None else None
-                calibrates = kept is None or not kept.is_file()
-                with contextlib.redirect_stdout(io.StringIO()):  # the entropy/percentile calibrators print()
-                    quantize_static(
-                        source,
-                        dst,
-                        reader,
-                        quant_format=QuantFormat.QDQ,
-                        activation_type=TYPES[settings.activation_type],
-                        calibrate_method=METHODS[settings.calibration],
-                        extra_options={**EXTRA_OPTIONS, **STRIDE},
-                        calibration_cache_path=kept,
-                        **common,
-                    )
-                if calibrates and cache is not None:
-                    cache.computed.append(settings.calibration)
-    except Exception as exc:  # onnxruntime.quantization raises bare Exception/ValueError/KeyError as it goes
-        raise ArtifactError(
-            f"onnxruntime could not quantize {source.name} ({settings.describe()}): "
-            f"{type(exc).__name__}: {first_line(exc)}; try other settings or exclude the "
-            "failing node"
-        ) from exc
 
 
 @contextlib.contextmanager
@@ -374,16 +367,26 @@ def _run_preprocess(named: Path, out: Path) -> Preprocessed:
     return Preprocessed(out, warnings)
 
 
-def _check_output(original: onnx.ModelProto, result: onnx.ModelProto, path: Path, settings: QuantSettings) -> None:
-    """Refuse a result that onnxruntime cannot load or that changes the model's signature."""
+def check_output(
+    original: onnx.ModelProto, result: onnx.ModelProto, path: Path, settings: QuantSettings, names: set[str]
+) -> None:
+    """Refuse a result that onnxruntime cannot load or that changes the model's signature, naming the nodes
+    of the source (`names`: the names nodes_to_exclude takes) that the node onnxruntime failed on stands for."""
     problems = [f"it changes the signature: {p}" for p in signature_changes(original, result)]
     error = loads_in_onnxruntime(path)
     problems += [f"onnxruntime cannot load it: {error}"] if error else []
-    if problems:
-        raise ArtifactError(
-            f"{settings.describe()} made a broken model ({'; '.join(problems)}); try other settings or "
-            "exclude the nodes named (nodes_to_exclude)"
-        )
+    if not problems:
+        return
+    fix = _fix(result, error, names)
+    raise ArtifactError(f"{settings.describe()} made a broken model ({'; '.join(problems)}); {fix}")
+
+
+def _fix(model: onnx.ModelProto, error: str, names: set[str]) -> str:
+    """The advice for an onnxruntime error about `model`: the source nodes (`names`) to exclude, when it names any."""
+    blamed = sorted({name for node in failing_nodes(error) for name in nodes_behind(model, node, names)})
+    if not blamed:
+        return "try other settings"
+    return f"exclude {', '.join(repr(n) for n in blamed)} (nodes_to_exclude) or try other settings"
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:

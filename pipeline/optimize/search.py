@@ -37,56 +37,16 @@ from pipeline.optimize.judge import Verdict
 from pipeline.optimize.nodes import name_nodes
 from pipeline.optimize.plan import Family
 from pipeline.optimize.profile import compare_profiles
-from pipeline.optimize.quantize import QuantSettings, quantize
+from pipeline.optimize.quantize import QuantSettings
+from pipeline.optimize.quantizers import quantize
 from pipeline.optimize.repair import Exclusion, repair
-from pipeline.optimize.speed import NOISE, Timer, choose, speed_verdict
-from pipeline.verify.report import GateReport, Row
+from pipeline.optimize.speed import Timer, choose
+from pipeline.optimize.trial import NOISE, Trial, failed_verdict
+from pipeline.recipe.defaults import MAX_EXCLUSIONS, SEARCH_SECONDS
 
 REPAIR_FAMILIES = 3  # kinds of int8 (dynamic, static uint8, static int8) re-tried with each exclusion, each
 # with its closest settings: a node left in fp32 can turn one kind from a miss into a pass where another still misses
-SEARCH_SECONDS = 120.0  # the default budget of a search; what passed by then is kept
 Say = Callable[[str], None]
-
-
-@dataclass
-class Trial:
-    """One quantized model the search made and judged."""
-
-    name: str  # the settings in words, plus the nodes left in fp32
-    settings: QuantSettings
-    verdict: Verdict
-    path: Path  # the quantized file (absent when quantization itself failed: see verdict.detail)
-    size: int  # bytes; 0 when no file was made
-    excluded: tuple[str, ...] = ()  # nodes the search left in fp32 (beyond the settings' own)
-    latency: dict[str, float] | None = None  # Latency.to_dict(), timed beside fp32; None: not timed
-    fp32_latency: dict[str, float] | None = None  # the fp32 model timed in the same run
-    speedup: dict[int, float] = field(default_factory=dict)  # batch -> fp32 p50 / this trial's p50, same run
-    warnings: list[str] = field(default_factory=list)  # what quantize reported doing otherwise than asked
-
-    @property
-    def speed(self) -> str:
-        """faster, on par or slower than fp32 at the first batch timed (1, or a fixed batch); untimed."""
-        return speed_verdict(self.speedup[min(self.speedup)] if self.speedup else None)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "settings": self.settings.to_dict(),
-            "verdict": {
-                "passed": self.verdict.passed,
-                "figure": _finite(self.verdict.figure),
-                "margin": _finite(self.verdict.margin),
-                "detail": self.verdict.detail,
-            },
-            "file": self.path.name if self.size else None,
-            "size": self.size,
-            "excluded": list(self.excluded),
-            "latency": self.latency,
-            "fp32_latency": self.fp32_latency,
-            **{f"speedup_b{b}": ratio for b, ratio in self.speedup.items()},
-            "speed": self.speed,
-            "warnings": self.warnings,
-        }
 
 
 @dataclass
@@ -134,7 +94,7 @@ def auto_search(
     calibration: Mapping[str, np.ndarray] | None,
     judge: Callable[[Path], Verdict],
     samples: Mapping[str, np.ndarray],
-    max_exclusions: int = 8,
+    max_exclusions: int = MAX_EXCLUSIONS,
     threads: int = 1,
     progress: Say | None = None,
     seconds: float = 1.0,
@@ -179,7 +139,7 @@ def auto_search(
         # cannot hide a wide row, so what error is left is the activations', which leaving a node in fp32 repairs.
         ranked = sorted(made, key=lambda t: (t.verdict.margin, _ratio(t), t.settings.per_channel), reverse=True)
         others = _other_families(ranked)
-        repair(search, ranked[0], samples, max_exclusions, threads, others, out_of_time)
+        search.exclusions += repair(search, ranked[0], samples, max_exclusions, threads, others, out_of_time)
         timer.time([t for t in search.tried if t.verdict.passed and not t.speedup])
     search.prune()
     if untried:
@@ -269,6 +229,22 @@ class Search:
         self.notes: list[str] = []
         self.set_aside: list[tuple[Family, tuple[QuantSettings, ...]]] = []  # families not widened, what is left
 
+    def note(self, message: str) -> None:
+        """Record why the search went or stopped where it did (the report's notes), and say it."""
+        self.notes.append(message)
+        self.say(message)
+
+    def graph_of(self, trial: Trial) -> Path:
+        """The fp32 graph quantize made `trial` from (kept until pruned)."""
+        return self.sources[trial.path]
+
+    def name_in_source(self, node: str) -> str | None:
+        """`node`'s name in `src`: itself, or the longest `src` name it extends with "/" (a fusion's)."""
+        if node in self.names:
+            return node
+        prefixes = [name for name in self.names if node.startswith(f"{name}/")]
+        return max(prefixes, key=len) if prefixes else None
+
     def try_family(self, family: Family, timer: Timer, out_of_time: Callable[[], bool]) -> list[str]:
         """Try `family`'s candidates in order until one passes; time its first that runs at once and stop
         the family there when it is slower than fp32. Returns the candidates left untried for lack of time."""
@@ -335,7 +311,7 @@ class Search:
             report = quantize(self.src, path, settings, self.calibration if settings.mode == "static" else None,
                               scratch, progress=self._calibrating(number), cache=self.cache)  # fmt: skip
         except PipelineError as exc:  # e.g. static without calibration data, or onnxruntime refusing the graph
-            verdict = _failed(f"quantization failed: {exc}")
+            verdict = failed_verdict(f"quantization failed: {exc}")
         else:
             warnings = list(report.warnings)
             for warning in warnings:
@@ -345,7 +321,7 @@ class Search:
             verdict = self.judge(path)
             if not report.quantized:  # every candidate node excluded: an fp32 copy, not a quantized model
                 kept = len(report.left_float)
-                verdict = _failed(f"nothing left quantized ({kept} node(s) in fp32); {verdict.detail}")
+                verdict = failed_verdict(f"nothing left quantized ({kept} node(s) in fp32); {verdict.detail}")
         size = path.stat().st_size if path.exists() else 0
         trial = Trial(name, settings, verdict, path, size, excluded, warnings=warnings)
         self.say(f"[{number}] {name}: {'within budget' if verdict.passed else 'MISSED'}: {verdict.detail}")
@@ -367,17 +343,7 @@ class Search:
         return report
 
 
-def _failed(detail: str) -> Verdict:
-    """The verdict of a candidate that produced no model to judge."""
-    return Verdict(False, math.nan, -math.inf, detail, GateReport([Row("quantize", "-", False, detail)]))
-
-
 def _speed(trial: Trial) -> str:
     latency = trial.latency or {}
     p50s = [(key.removeprefix("p50_ms_b"), ms) for key, ms in latency.items() if key.startswith("p50_ms_b")]
     return ", ".join(f"p50 {ms:.3g} ms at batch {batch}" for batch, ms in p50s)
-
-
-def _finite(value: float) -> float | None:
-    """A figure for JSON: NaN and infinities (nothing measured) become null."""
-    return value if math.isfinite(value) else None

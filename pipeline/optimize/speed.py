@@ -17,29 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipeline.optimize.trial import Trial
 from pipeline.runtime.latency import affordable_batches, measure
 
-if TYPE_CHECKING:
-    from pipeline.optimize.search import Trial
-
-NOISE = 0.05  # ratios within 5% of 1 are "on par": side-by-side runs of one model differ by a few % on a busy machine
 GROUP = 2  # candidates per timing run beside fp32: at most 3 sessions resident while timing
 SPEED_BATCHES = (1, 32)  # batch 1 decides; 32 breaks ties where it is cheap to time
-
-
-def speed_verdict(speedup: float | None) -> str:
-    """faster, on par or slower than fp32, from the p50 ratio (fp32 / candidate); untimed without one."""
-    if speedup is None:
-        return "untimed"
-    if speedup >= 1 + NOISE:
-        return "faster"
-    if speedup <= 1 / (1 + NOISE):
-        return "slower"
-    return "on par"
 
 
 class Timer:

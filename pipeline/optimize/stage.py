@@ -1,26 +1,26 @@
 """`pipe optimize ARTIFACT`: graph-optimized and quantized variants of model.onnx, each judged against it.
 
 Steps: read the recipe's `optimize:` section as it is now (command-line values on top; an
-imported artifact has no recipe and uses the defaults); build every variant asked for into a
-scratch directory (`opt`: onnxruntime's portable passes and onnxslim; `int8-dynamic`,
-`int8-static`, `fp16`; `auto`: the budget search, kept as `int8`); judge each against
-model.onnx with the verifier (Exact for the lossless graph pass, the task's budget for the lossy
-ones); time all of them and model.onnx side by side in one run; then, under the artifact's lock,
-move them into place and record each variant (passed, or failed with the reason: never served
-by default), the stage record and reports/optimize.json + .md. A variant that misses its budget
-is still written, so the best effort is there to inspect; `strict` makes the command exit 1.
-The run's wall time and peak memory (the process's maximum resident set) are printed and reported.
+imported artifact has no recipe and uses the defaults); read calibration samples when a kind asked
+for calibrates; make each variant kind asked for (`kinds.KINDS`, in order: `opt`, `int8-dynamic`,
+`int8-static`, `fp16`, and `int8` for auto) into a scratch directory, each judged against
+model.onnx by its kind (the lossless policy for `opt`, the task's budget for the lossy ones); a
+kind that fails to make its file is its variant's failed record, and the others are still made;
+time all of them and model.onnx side by side in one run; then, under the artifact's lock, move them
+into place and record each variant (passed, or failed with the reason: never served by default),
+the stage record and reports/optimize.json + .md. A variant that misses its budget is still
+written, so the best effort is there to inspect; `strict` makes the command exit 1. The run's
+wall time and peak memory (the process's maximum resident set) are printed and reported.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import resource
-import shutil
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +28,19 @@ from pipeline.artifact.directory import Artifact
 from pipeline.artifact.records import OptimizeRecord
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant, variant_file
-from pipeline.core.errors import CheckFailed
-from pipeline.optimize.graph import optimize_graph
+from pipeline.core.errors import ArtifactError, CheckFailed, InputError, PipelineError
+from pipeline.core.fsutil import sha256_file
 from pipeline.optimize.judge import Judge, Verdict
-from pipeline.optimize.nodes import quantizable_nodes
-from pipeline.optimize.quantize import QuantSettings, quantize
-from pipeline.optimize.report import markdown
+from pipeline.optimize.kind import Job, Kind, Made
+from pipeline.optimize.kinds import KINDS
+from pipeline.optimize.optimize_md import markdown
 from pipeline.recipe.schema import OptimizeSpec
 from pipeline.runtime.latency import Latency, affordable_batches, measure
 from pipeline.samples.calibration import Calibration, calibration_set, has_real_samples
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
 from pipeline.stagekit.opening import made_from_model_fresh, open_for_model
 from pipeline.verify.choose import GateSettings, hop_policy
+from pipeline.verify.report import GateReport, Row
 
 REPORT_JSON, REPORT_MD = "reports/optimize.json", "reports/optimize.md"
 
@@ -47,27 +48,6 @@ REPORT_JSON, REPORT_MD = "reports/optimize.json", "reports/optimize.md"
 def _rewrites(rel: str) -> bool:
     """The files an optimize run writes anew: every ONNX variant and its reports."""
     return rel.startswith("variants/") or rel in (REPORT_JSON, REPORT_MD)
-
-
-MODES = {"dynamic": "int8-dynamic", "static": "int8-static", "fp16": "fp16", "auto": "int8"}  # mode -> variant
-
-
-@dataclass
-class Made:
-    """One variant built in the scratch directory and judged."""
-
-    name: str
-    precision: str
-    settings: dict[str, Any]
-    verdict: Verdict
-    details: dict[str, Any]  # what the transformation reports (graph passes, quantized nodes, the search)
-    latency: dict[str, float] = field(default_factory=dict)
-    size: int | None = None  # bytes, once written
-    note: str = ""  # what a reader must know beyond pass/fail (an int8 model smaller but not faster, and why)
-
-    @property
-    def file(self) -> str:
-        return variant_file(self.name)
 
 
 @dataclass
@@ -100,28 +80,28 @@ def optimize_artifact(
     bounds = ", ".join(f"{k} {v}" for k, v in policy.to_dict().items() if k != "policy")
     progress(f"[optimize] {artifact.root}: budget {policy.name} ({bounds}); evaluated on {evaluation.source}")
     judge = Judge(artifact, source, evaluation, policy, lossless)
-    # auto tries static candidates only with real samples to calibrate on; static itself insists on them
-    needs_calibration = "static" in settings.quantize or ("auto" in settings.quantize and has_real_samples(artifact))
+    kinds = KINDS
+    real = has_real_samples(artifact)
+    needs_calibration = any(k.asked(settings) and k.calibrates(settings, real) for k in kinds)
     calibration = calibration_set(artifact, recipe, settings.calibration_samples) if needs_calibration else None
-    if "auto" in settings.quantize and calibration is None:
-        progress("[optimize] auto: no real inputs to calibrate on (imported without --eval-data): dynamic only")
 
     with StageWrite(artifact.root, "optimize") as write:
         (write.scratch / "variants").mkdir()
-        made = _make_variants(source, write.scratch, settings, calibration, judge, progress, notes)
+        job = Job(source, write.scratch, write.scratch, judge, calibration, lambda line: progress(f"[optimize] {line}"))
+        made = _make_variants(kinds, job, settings, manifest.task, notes)
+        written = [m for m in made if m.written]
         batches = affordable_batches(source, evaluation.samples, threads=settings.threads)
-        progress(f"[optimize] timing model.onnx and {len(made)} variant(s) side by side at batch "
+        progress(f"[optimize] timing model.onnx and {len(written)} variant(s) side by side at batch "
                  f"{', '.join(map(str, batches))} ({settings.threads} thread)")  # fmt: skip
         timed = measure(
-            {FP32: source, **{m.name: write.scratch / m.file for m in made}},
+            {FP32: source, **{m.name: write.scratch / m.file for m in written}},
             evaluation.samples,
             batches=batches,
             threads=settings.threads,
             progress=progress,
         )
-        for m in made:
+        for m in written:
             m.latency = timed[m.name].to_dict()
-        for m in made:
             m.size = (write.scratch / m.file).stat().st_size
         summary = _summary(artifact, settings, policy.to_dict(), evaluation.source, calibration, made, timed[FP32])
         seconds, peak = time.perf_counter() - began, peak_rss()
@@ -130,7 +110,7 @@ def optimize_artifact(
         (write.scratch / "reports").mkdir()
         (write.scratch / REPORT_JSON).write_text(json.dumps(summary, indent=2) + "\n")
         (write.scratch / REPORT_MD).write_text(markdown(summary))
-        stale = [rel for rel in rewritten if rel not in {m.file for m in made} | {REPORT_JSON, REPORT_MD}]
+        stale = [rel for rel in rewritten if rel not in {m.file for m in written} | {REPORT_JSON, REPORT_MD}]
 
         def record(fresh: Artifact) -> None:
             for rel in stale:  # variants of an earlier run that this run did not make again
@@ -138,7 +118,10 @@ def optimize_artifact(
                 for name in [k for k, v in fresh.manifest.variants.items() if v.file == rel]:
                     del fresh.manifest.variants[name]
             for m in made:
-                fresh.add_variant(m.name, _variant(m, parent, fresh))
+                if m.written:
+                    fresh.add_variant(m.name, _variant(m, m.parent or parent, fresh))
+                else:  # failed before it had a file: recorded with why, nothing listed
+                    fresh.manifest.variants[m.name] = _variant(m, m.parent or parent, fresh)
             if FP32 in fresh.manifest.variants:  # timed beside the variants: what `--variant best` compares
                 fresh.manifest.variants[FP32].latency = timed[FP32].to_dict()
             fresh.manifest.stages.optimize = OptimizeRecord(
@@ -151,7 +134,7 @@ def optimize_artifact(
                 report=REPORT_JSON,
             )
 
-        artifact = write.commit([*[m.file for m in made], REPORT_JSON, REPORT_MD], record)
+        artifact = write.commit([*[m.file for m in written], REPORT_JSON, REPORT_MD], record)
     progress(f"[optimize] done in {seconds:.1f} s, peak memory {peak / 2**30:.2f} GiB (maximum resident set)")
     failed = [m.name for m in made if not m.verdict.passed]
     if failed and settings.strict:
@@ -170,104 +153,51 @@ def peak_rss() -> int:
 
 
 def _make_variants(
-    source: Path,
-    scratch: Path,
+    kinds: list[Kind],
+    job: Job,
     settings: OptimizeSpec,
-    calibration: Calibration | None,
-    judge: Judge,
-    say: Progress,
+    task: str,
     notes: list[str],
 ) -> list[Made]:
+    """Each kind the settings ask for, in the list's order. One that fails is that variant's failed record (no
+    file, the reason said), never the end of the run: every variant that passed is still written and recorded."""
     made = []
-    if settings.graph != "none":
-        say(f"[optimize] opt: onnxruntime {settings.graph} passes{' + onnxslim' if settings.slim else ''}")
-        report = optimize_graph(source, scratch / variant_file("opt"), settings.graph, settings.slim)
-        verdict = judge(scratch / variant_file("opt"), judge.lossless, scratch)
-        made.append(Made("opt", "fp32", {"graph": settings.graph, "slim": settings.slim}, verdict, report.to_dict()))
-        say(f"[optimize] opt: nodes {report.nodes_before} -> {report.nodes_after}; {verdict.detail}")
-    for mode in dict.fromkeys(settings.quantize):
-        name = MODES[mode]
-        dst = scratch / variant_file(name)
-        if mode == "auto":
-            made.append(_auto(source, dst, scratch, settings, calibration, judge, say))
+    for kind in kinds:
+        if not kind.asked(settings):
             continue
-        if mode == "dynamic" and not quantizable_nodes(source, "dynamic"):
-            notes.append(
-                f"{name} not made: the graph has no MatMul/Gemm/Gather with constant weights, and dynamic int8 never "
-                "quantizes Conv (onnxruntime's ConvInteger is slower than fp32); use --quantize static"
-            )
-            say(f"[optimize] {notes[-1]}")
+        config = kind.config(settings, task)
+        source, parent = job.source, None
+        if kind.parent is not None:  # made from a variant of this run: it must be there, and have passed
+            base = next((m for m in made if m.name == kind.parent and m.written and m.verdict.passed), None)
+            source = job.scratch / base.file if base is not None else source
+            parent = sha256_file(source) if base is not None else None
+        why = kind.skip(source, config) if kind.parent is None or parent is not None else (
+            f"{kind.name} not made: it is made from {kind.parent}, which this run did not make or which failed"
+        )  # fmt: skip
+        if why:
+            notes.append(why)
+            job.say(why)
             continue
-        quant = _quant_settings(mode, settings, judge.artifact.manifest.task)
-        say(f"[optimize] {name}: {quant.describe()}")
-        report = quantize(source, dst, quant, calibration.inputs if calibration else None, scratch,
-                          progress=_calibration_progress(name, say))  # fmt: skip
-        verdict = judge(dst, None, scratch)
-        precision = "fp16" if mode == "fp16" else "int8"
-        made.append(Made(name, precision, quant.to_dict(), verdict, report.to_dict()))
-        say(f"[optimize] {name}: {'passed' if verdict.passed else 'FAILED'}: {verdict.detail}")
+        dst = job.scratch / variant_file(kind.name)
+        try:
+            made.append(kind.make(replace(job, source=source, dst=dst), config))
+            made[-1].parent = parent
+        except PipelineError as exc:
+            if isinstance(exc, InputError) and not isinstance(exc, ArtifactError):
+                raise  # bad usage (a setting, samples the kind needs): exit 2, as in any other stage
+            dst.unlink(missing_ok=True)  # onnxruntime could not make or load it: this variant failed, the run goes on
+            made.append(_not_made(kind, config, exc))
+            made[-1].parent = parent
+            job.say(f"{kind.name}: FAILED, not made: {made[-1].verdict.detail}")
     return made
 
 
-def _auto(
-    source: Path,
-    dst: Path,
-    scratch: Path,
-    settings: OptimizeSpec,
-    calibration: Calibration | None,
-    judge: Judge,
-    say: Progress,
-) -> Made:
-    from pipeline.optimize.plan import plan_for
-    from pipeline.optimize.search import auto_search
-
-    plan = plan_for(source, calibration is not None, judge.artifact.manifest.task)
-    holds = ", ".join(f"{kind} {size / 2**20:.2f} MB" for kind, size in plan.weights.items() if size)
-    say(f"[optimize] auto: the graph's weights: {holds or 'none'}; families: "
-        f"{', '.join(f.name for f in plan.families)}")  # fmt: skip
-    for note in plan.notes:
-        say(f"[optimize] auto: {note}")
-    workdir = scratch / "search"
-    workdir.mkdir()
-    result = auto_search(
-        source,
-        workdir,
-        plan.families,
-        calibration.inputs if calibration else None,
-        lambda path: judge(path, None, workdir),
-        judge.evaluation.samples,
-        max_exclusions=settings.max_exclusions,
-        threads=settings.threads,
-        progress=lambda message: say(f"[optimize] auto: {message}"),
-        budget=settings.search_seconds,
-    )
-    shutil.copyfile(result.chosen.path, dst)
-    verdict = judge(dst, None, scratch)  # the kept file itself, judged once more with the full table
-    say(f"[optimize] int8 (auto): {result.chosen.settings.describe()}: {'passed' if verdict.passed else 'FAILED'}: "
-        f"{verdict.detail}")  # fmt: skip
-    details = {"plan": plan.to_dict(), "search": result.to_dict()}
-    note = result.why_not_faster if verdict.passed else ""
-    return Made("int8", "int8", result.chosen.settings.to_dict(), verdict, details, note=note)
-
-
-def _quant_settings(mode: str, settings: OptimizeSpec, task: str) -> QuantSettings:
-    """The recipe's settings for one mode; a detector's decode tail stays fp32 in static int8 (nodes.decode_tail)."""
-    return QuantSettings(
-        mode=mode,  # type: ignore[arg-type]
-        per_channel=settings.per_channel,
-        reduce_range=settings.reduce_range,
-        activation_type=settings.activation_type,
-        calibration=settings.calibration,
-        float_tail=task == "detection" and mode == "static",
-    )
-
-
-def _calibration_progress(name: str, say: Progress) -> Callable[[int, int], None]:
-    def progress(done: int, total: int) -> None:
-        if done == total or done % max(1, total // 4) == 0:
-            say(f"[optimize] {name}: calibrating {done}/{total} samples")
-
-    return progress
+def _not_made(kind: Kind, config: Any, exc: PipelineError) -> Made:
+    """The record of a kind that failed before it had a file to judge: failed, with why."""
+    detail = f"not made: {exc}"
+    verdict = Verdict(False, math.nan, -math.inf, detail, GateReport([Row("make", "-", False, detail)]))
+    settings = config.to_dict() if hasattr(config, "to_dict") else asdict(config)
+    return Made(kind.name, kind.precision, settings, verdict, {}, written=False)
 
 
 def _variant(m: Made, parent: str, artifact: Artifact) -> Variant:

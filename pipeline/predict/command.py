@@ -12,7 +12,8 @@ from pipeline.core.arrays import Arrays
 from pipeline.core.errors import ArtifactError, InputError
 from pipeline.predict.inputs import read_inputs, read_texts
 from pipeline.predict.model import choose_variant, load_runner
-from pipeline.predict.result import Detections, Prediction
+from pipeline.predict.result import Detections, Prediction, Texts
+from pipeline.runtime.ctc import characters, greedy
 from pipeline.runtime.detection import detect
 from pipeline.runtime.images import Placement
 
@@ -34,7 +35,7 @@ def predict_file(
     before anything runs. Bad input, an unknown variant, or a failed or stale one without
     `allow_failed` raise InputError (exit 2). A detector's output is decoded into boxes with the
     artifact's detection settings, or those `detection` gives (`confidence`, `iou`, `max_detections`),
-    in the picture's pixels when the input is a picture.
+    in the picture's pixels when the input is a picture. A text recognizer's output is read as text.
     """
     from pipeline.artifact.directory import Artifact, resolve_artifact
 
@@ -70,6 +71,7 @@ def predict_file(
         outputs=outputs,
         notes=notes,
         detections=_detections(artifact.manifest, outputs, placement, settings) if settings else None,
+        texts=_texts(artifact.manifest, outputs),
     )
 
 
@@ -98,3 +100,17 @@ def _detections(manifest: Manifest, outputs: Arrays, placement: Placement | None
     except ValueError as exc:  # a variant answering another shape than the manifest's head
         raise ArtifactError(f"output {name!r} is not a detection head's output: {exc}") from None
     return Detections(name, boxes, "picture" if placement is not None else "input", settings)
+
+
+def _texts(manifest: Manifest, outputs: Arrays) -> Texts | None:
+    """A text recognizer's output read as each sample's text and confidence; None for any other model."""
+    if manifest.ctc is None:
+        return None
+    name = manifest.outputs[0].name
+    name = name if name in outputs else next(iter(outputs))  # a runner naming outputs its own way
+    table = characters(manifest.labels, manifest.ctc.blank, manifest.ctc.space)
+    try:
+        reads = greedy(outputs[name], manifest.ctc.blank)
+    except ValueError as exc:  # a variant answering another shape than the manifest's
+        raise ArtifactError(f"output {name!r} is not a CTC recognizer's output: {exc}") from None
+    return Texts(name, [(r.text(table), r.confidence) for r in reads])

@@ -5,7 +5,8 @@ A classifier's first output ([batch, classes]) is turned into probabilities with
 its rows already are a distribution (non-negative, summing to 1: a model ending in Softmax), and
 each sample lists its k most likely classes by the manifest's labels (class indexes without them).
 A detector's head output is decoded (pipeline/runtime/detection.py) into each sample's boxes, with
-their scores and labels, in the picture's pixels when the input was a picture.
+their scores and labels, in the picture's pixels when the input was a picture. A text recognizer's
+output is read as each sample's text and confidence (pipeline/runtime/ctc.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ class Detections:
         return f"confidence > {s.confidence:g}, NMS IoU {s.iou:g}, at most {s.max_detections} per sample"
 
 
+@dataclass(frozen=True)
+class Texts:
+    """A text recognizer's output read: each sample's text and confidence (greedy CTC decoding)."""
+
+    output: str  # the output they were read from
+    read: list[tuple[str, float]]  # per sample: (text, mean probability of its characters)
+
+
 @dataclass
 class Prediction:
     """The outputs of one run of one variant, and what is needed to read them."""
@@ -49,6 +58,7 @@ class Prediction:
     outputs: Arrays
     notes: list[str] = field(default_factory=list)
     detections: Detections | None = None  # a detector's boxes
+    texts: Texts | None = None  # a text recognizer's texts
 
     @property
     def classifier_output(self) -> str | None:
@@ -88,8 +98,13 @@ class Prediction:
         if (found := self.detections) is not None:
             lines += self._boxes_text(found)
             shown = found.output
+        if (texts := self.texts) is not None:
+            lines += [f"sample {i}: {text!r}  confidence {score:.4f}" for i, (text, score) in enumerate(texts.read)]
+            shown = texts.output
         for name, array in self.outputs.items():
-            if name == shown and found is not None:
+            if name == shown and texts is not None:
+                lines.append(f"{name}: {array.dtype}{list(array.shape)}  (read above as text: greedy CTC decoding)")
+            elif name == shown and found is not None:
                 lines.append(f"{name}: {array.dtype}{list(array.shape)}  (decoded above: {found.describe()})")
             elif name != shown:
                 values = ", ".join(_short(v) for v in array.reshape(-1)[:FIRST_VALUES].tolist())
@@ -110,7 +125,8 @@ class Prediction:
 
     def to_json(self, k: int) -> str:
         """Machine-readable: the variant, top_k per sample (classifiers), detections per sample (detectors),
-        and every output in full, but for the head output detections were decoded from (dtype and shape).
+        texts per sample (recognizers: text and confidence), and every output in full, but for the output
+        detections or texts were read from (dtype and shape).
 
         Non-finite floats are written as null (JSON has no NaN).
         """
@@ -128,9 +144,12 @@ class Prediction:
             described["coordinates"] = found.coordinates
             s = found.settings
             described["detection"] = {"confidence": s.confidence, "iou": s.iou, "max_detections": s.max_detections}
+        if (texts := self.texts) is not None:
+            described["texts"] = [{"text": text, "confidence": score} for text, score in texts.read]
+        decoded = {found.output} if found is not None else {texts.output} if texts is not None else set()
         described["outputs"] = {
             name: {"dtype": str(a.dtype), "shape": list(a.shape)}
-            | ({} if found is not None and name == found.output else {"values": _json_values(a)})
+            | ({} if name in decoded else {"values": _json_values(a)})
             for name, a in self.outputs.items()
         }
         return json.dumps(described, indent=2)

@@ -19,7 +19,10 @@ def describe(policy: dict[str, Any]) -> str:
     name = policy.get("policy")
     if name == "exact":
         atol, rtol, metric = policy.get("atol"), policy.get("rtol"), policy.get("metric")
-        return f"exact: |diff| <= {atol:g} + {rtol:g}·|ref|, metric within {metric:g}"
+        if "max_share" not in policy:  # recorded before the share rule: every value was held, atol absolute
+            return f"exact: |diff| <= {atol:g} + {rtol:g}·|ref|, metric within {metric:g}"
+        return (f"exact: |diff| <= {atol:g}·scale + {rtol:g}·|ref| but for {policy['max_share']:g} of the values "
+                f"(none past {policy.get('hard', 10):g}x), metric within {metric:g}")  # fmt: skip
     if name == "metric drop":
         return f"metric drop <= {policy.get('max_drop'):g}"
     if name == "top-1 agreement":

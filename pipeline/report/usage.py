@@ -170,6 +170,10 @@ def _answer(artifact: Artifact, golden: Golden | None, batch: int) -> str:
     m = artifact.manifest
     outputs = ", ".join(f"{code(o.name)} {o.dtype} {shape(o.shape)}" for o in m.outputs)
     text = f"The answer holds {outputs} (the batch axis is {batch} here)."
+    if m.ctc is not None:  # a text recognizer answers its output read as text (docs/http-api.md, "Texts")
+        raw = code(m.outputs[0].name)
+        text = (f"The answer holds `text` BYTES and `confidence` FP32, one per sample (the batch axis is {batch} "
+                f"here): {raw} read as text; name {raw} in `outputs` for the raw scores.")  # fmt: skip
     if golden is not None and m.task == "classification" and m.labels:
         first = golden.outputs.get(m.outputs[0].name)
         if first is not None and len(first):

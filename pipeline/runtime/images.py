@@ -36,15 +36,23 @@ from typing import Any
 import numpy as np
 
 from pipeline.artifact.manifest import Manifest
-from pipeline.artifact.preprocessing import IMAGE_DTYPES, ImageRecord, image_record, normalization, parse_image_record
+from pipeline.artifact.preprocessing import (
+    IMAGE_DTYPES,
+    KEYS,
+    ImageRecord,
+    image_record,
+    normalization,
+    parse_image_record,
+)
 from pipeline.artifact.tensors import TensorSpec
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, first_line
 
 # Picture modes that convert faithfully to L or RGB. An alpha channel (RGBA, LA, PA, P with transparency)
 # is refused: converting drops it, so a digit drawn on a transparent canvas would silently become blank.
 # 16/32-bit modes (I;16, I, F) hold values past 0..255, which `scale` is not about.
 ACCEPTED_MODES = ("1", "L", "P", "RGB")
 FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF")  # what Pillow may decode: the common formats, nothing exotic
+OPTION_KEYS = (*KEYS, "mean", "std", "layout", "input")  # --image-preprocessing: the record and what goes beside it
 MAX_PIXELS = 50_000_000  # width x height decoded at most (a 20000x20000 PNG of zeros is a few KB: a bomb)
 RECORD_EXAMPLE = (
     '\'{"mode": "RGB", "resize_short": 256, "crop": [224, 224], "scale": 0.00392156862745098, '
@@ -129,6 +137,11 @@ class ImageInput:
         return self.record.mode
 
     @property
+    def pillow_mode(self) -> str:
+        """The Pillow mode a picture is decoded to: BGR is decoded as RGB, its channels reversed after."""
+        return "RGB" if self.mode == "BGR" else self.mode
+
+    @property
     def size(self) -> tuple[int, int]:
         """Height and width of the sample."""
         return self.record.input_size
@@ -166,7 +179,7 @@ class ImageInput:
         if geometry.offset != (0, 0) or geometry.resized != geometry.out:
             if self.record.letterbox is not None:
                 pad = self.record.letterbox.pad
-                canvas = Image.new(self.mode, geometry.out, pad if self.mode == "L" else (pad, pad, pad))
+                canvas = Image.new(self.pillow_mode, geometry.out, pad if self.mode == "L" else (pad, pad, pad))
                 canvas.paste(picture, geometry.offset)
                 picture = canvas
             else:
@@ -174,6 +187,8 @@ class ImageInput:
                 picture = picture.crop((left, top, left + geometry.out[0], top + geometry.out[1]))
         pixels = np.asarray(picture, dtype=np.float32)
         pixels = pixels[..., np.newaxis] if pixels.ndim == 2 else pixels  # [H, W, C]
+        if self.mode == "BGR":  # Paddle and OpenCV models: blue first
+            pixels = pixels[..., ::-1]
         if self.dtype == "uint8":
             values = pixels.astype(np.uint8)
         else:
@@ -258,7 +273,7 @@ def _decode(data: bytes | Path, source: str, image: ImageInput) -> tuple[Any, _G
                     f"{image.mode} (an alpha channel would be dropped; 16-bit pixels are past 0..255); send it "
                     f"as {', '.join(ACCEPTED_MODES)} (e.g. flatten it onto its background: img.convert('RGB'))"
                 )
-            return picture.convert(image.mode), geometry  # decodes the pixels
+            return picture.convert(image.pillow_mode), geometry  # decodes the pixels
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         # Pillow's message: "Image size (N pixels) exceeds limit of M pixels, ..." with its own M
         pixels = re.search(r"\((\d+) pixels\)", str(exc))
@@ -293,10 +308,12 @@ def record_image_option(text: str, inputs: list[TensorSpec]) -> None:
 
     try:
         given = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"--image-preprocessing is not valid JSON ({exc}): {text[:80]!r}") from None
+    except (ValueError, RecursionError) as exc:  # also a 5,000-digit integer, and nesting past the parser's depth
+        raise InputError(f"--image-preprocessing is not valid JSON ({first_line(exc, 120)}): {text[:80]!r}") from None
     if not isinstance(given, dict):
         raise InputError(f"--image-preprocessing must be a JSON object, got {text[:80]!r}")
+    if unknown := sorted(set(given) - set(OPTION_KEYS)):
+        raise InputError(f"--image-preprocessing: unknown key(s) {unknown}; valid keys are {', '.join(OPTION_KEYS)}")
     given = dict(given)
     name, layout = given.pop("input", None), given.pop("layout", None)
     outside = {k: given.pop(k) for k in ("mean", "std") if k in given}  # applied outside the model

@@ -21,6 +21,7 @@ import numpy as np
 
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import ArtifactError, InputError, first_line
+from pipeline.runtime.sample_axes import SampleAxes
 from pipeline.runtime.session import create_session
 
 if TYPE_CHECKING:
@@ -44,26 +45,43 @@ class Runner(Protocol):
 
 
 class OrtRunner:
-    """An onnxruntime session as a Runner; `providers` says where it really runs."""
+    """An onnxruntime session as a Runner; `providers` says where it really runs.
 
-    def __init__(self, session: ort.InferenceSession) -> None:
+    `axes`: how pipe's sample-leading arrays reach the model (pipeline/runtime/sample_axes.py); None
+    feeds them as they are, in the model's own layout (pipe predict's inputs are).
+    """
+
+    def __init__(self, session: ort.InferenceSession, axes: SampleAxes | None = None) -> None:
         self.session = session
         self.output_names = [o.name for o in session.get_outputs()]
         self.providers: list[str] = session.get_providers()
+        self.axes = axes
+        self._run = axes.wrap(self._raw) if axes is not None else self._raw
 
-    def __call__(self, inputs: Arrays, /) -> Arrays:
+    def _raw(self, inputs: Arrays) -> Arrays:
         return dict(zip(self.output_names, self.session.run(self.output_names, inputs), strict=True))
 
+    def __call__(self, inputs: Arrays, /) -> Arrays:
+        return self._run(inputs)
 
-def ort_runner(model: str | Path | ort.InferenceSession) -> OrtRunner:
-    """An OrtRunner for an ONNX file (CPU, one thread: the setting parity is defined on) or a session.
 
+def ort_runner(model: str | Path | ort.InferenceSession, axes: SampleAxes | None = None) -> OrtRunner:
+    """An OrtRunner for an ONNX file (CPU, one thread: the setting parity is defined on) or a session,
+    fed pipe's sample-leading arrays.
+
+    `axes`: where the model keeps its samples; None reads them from the model itself (its
+    `pipe.sample_axes` stamp and its declared batch: a fixed batch runs that many samples a call).
     Pass a session already held to avoid loading a large model twice. A file onnxruntime cannot
     load raises ArtifactError.
     """
     if isinstance(model, str | Path):
         model = create_session(model, "cpu", intra_op_threads=1, inter_op_threads=1)
-    return OrtRunner(model)
+    return OrtRunner(model, axes if axes is not None else session_axes(model))
+
+
+def session_axes(session: ort.InferenceSession) -> SampleAxes:
+    """Where a loaded model keeps its samples: the `pipe.sample_axes` stamp pipe import wrote (none: as is)."""
+    return SampleAxes.read(session.get_modelmeta().custom_metadata_map)
 
 
 def torch_runner(module: torch.nn.Module, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> Runner:

@@ -30,7 +30,7 @@ from pipeline.serve.config import ServeConfig
 from pipeline.serve.detections import OUTPUTS as DETECTIONS
 from pipeline.serve.detections import not_a_detector, placements_of
 from pipeline.serve.drain import CloseWhileDraining, Drain
-from pipeline.serve.errors import NotFound, RequestError
+from pipeline.serve.errors import NotFound, RequestError, Unavailable
 from pipeline.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
 from pipeline.serve.openapi import document
 from pipeline.serve.protocols import tfserving, v2
@@ -38,6 +38,7 @@ from pipeline.serve.protocols.base import Decoded, Protocol
 from pipeline.serve.protocols.tfclassify import TFClassify
 from pipeline.serve.protocols.tfserving import TFServing
 from pipeline.serve.protocols.v2 import V2
+from pipeline.serve.recognition import OUTPUTS as TEXTS
 from pipeline.serve.repository import LoadedVersion, Repository, version_number
 from pipeline.serve.request_id import RequestId
 from pipeline.serve.responses import Response, error_body, error_response, json_response, send_response
@@ -47,6 +48,10 @@ from pipeline.serve.timing import current_request
 log = logging.getLogger("pipe.serve")
 
 EXTENSIONS = ["binary_tensor_data", "classification"]  # the V2 extensions implemented here, by their Triton names
+# Bodies larger than this are decoded in the inference pool, off the event loop: parsing 64 MB of JSON
+# takes seconds that health probes and other requests must not wait; a small body decodes inline
+# (about 50 us for a 1x784 FP32 request) rather than pay a thread hand-off.
+INLINE_DECODE_BYTES = 256 * 1024
 _V2, _TF_SERVING, _TF_CLASSIFY = V2(), TFServing(), TFClassify()
 
 
@@ -180,14 +185,20 @@ class ServeApp:
             parameters["labels"] = sorted(labels)  # the labels naming this version (pipe promote)
         if model.reload_error is not None:  # still serving what it had; its changed manifest was refused
             parameters["reload_error"] = model.reload_error
+        if (labels_error := repo.label_errors.get(name)) is not None:  # its labels file was refused
+            parameters["labels_error"] = labels_error
         if model.images.recorded:  # input name -> its recorded preprocessing (image inputs: how pictures feed them)
             parameters["preprocessing"] = model.images.recorded
         return json_response(v2.metadata(model.io, versions, parameters))
 
     async def model_ready(self, request: Request) -> Response:
-        self._repo().get(request.model_name, request.version, request.label)
+        repo = self._repo()
+        repo.get(request.model_name, request.version, request.label)
         self._check_serving()
-        return json_response({"name": request.model_name, "ready": True})
+        answer: dict[str, Any] = {"name": request.model_name, "ready": True}
+        if (labels_error := repo.label_errors.get(request.model_name or "")) is not None:
+            answer["labels_error"] = labels_error  # ready, on the labels read before the file was refused
+        return json_response(answer)
 
     # -- Triton's repository extension (read-only): config, statistics, index ---------------------
 
@@ -248,21 +259,29 @@ class ServeApp:
             record.model, record.version = model.name, model.version
         started, arrived = time.perf_counter(), asyncio.get_running_loop().time()
         try:
-            decoded = protocol.decode(request.body, request.headers, model.io)
+            if len(request.body) > INLINE_DECODE_BYTES:  # parsed in the inference pool: the loop answers others
+                body, headers, io = request.body, request.headers, model.io
+                decode = lambda: protocol.decode(body, headers, io)  # noqa: E731
+                decoded = await model.batcher.prepare(decode, arrived, inference_pool=False)
+            else:
+                decoded = protocol.decode(request.body, request.headers, model.io)
             settings = None
             if decoded.detections is not None:
                 if model.detector is None:
                     raise not_a_detector(model.name, model.task)
                 settings = model.detector.settings_for(decoded.detections)
+            # texts first: strings sent under a token ids input are texts, not pictures
+            decoded.inputs = await model.text.converted(decoded.inputs, model.batcher, arrived)
             decoded.inputs, decoded.placements = await model.images.converted(
                 decoded.inputs, model.session.input_by_name, model.batcher, arrived
             )
-            decoded.inputs = model.text.converted(decoded.inputs, model.batcher.check_rows)
             wanted = _output_names(model, decoded.outputs, detections=settings is not None)
             rows = model.session.check_inputs(decoded.inputs)
             results = await model.batcher.infer(decoded.inputs, rows, arrived)
             if settings is not None:
-                results = await self._detections(model, decoded, results, settings)
+                results = await self._detections(model, decoded, results, settings, arrived)
+            if model.recognizer is not None and not set(wanted).isdisjoint(TEXTS):  # the output read as text
+                results = {**results, **model.recognizer.read(results[model.recognizer.output])}
             payload, out_headers = protocol.encode(model.io, decoded, {name: results[name] for name in wanted})
         except Exception:
             stats.failed()
@@ -271,14 +290,27 @@ class ServeApp:
         return 200, payload, out_headers
 
     async def _detections(
-        self, model: LoadedVersion, decoded: Decoded, results: dict[str, np.ndarray], settings: Detection
+        self,
+        model: LoadedVersion,
+        decoded: Decoded,
+        results: dict[str, np.ndarray],
+        settings: Detection,
+        arrived: float,
     ) -> dict[str, np.ndarray]:
         """`results` with the detections outputs (boxes, scores, classes, labels, count) beside the raw ones:
         the head decoded (in a worker thread: NMS over thousands of anchors takes milliseconds), each
-        picture's boxes mapped back to it."""
+        picture's boxes mapped back to it; within the request's --timeout (the decoding stops there, 503)."""
         assert model.detector is not None
         placements = placements_of(decoded.placements, list(model.session.input_by_name))
-        detected = await asyncio.to_thread(model.detector.detect, results[model.detector.output], placements, settings)
+        deadline = time.monotonic() + model.batcher.time_left(arrived)
+        head = results[model.detector.output]
+        try:
+            detected = await asyncio.to_thread(model.detector.detect, head, placements, settings, deadline)
+        except TimeoutError:
+            raise Unavailable(
+                f"decoding the detections did not finish within the {model.batcher.settings.timeout_s:g}s timeout; "
+                "ask for fewer boxes (a higher confidence, a lower iou, a smaller max_detections) or fewer pictures"
+            ) from None
         decoded.coordinates = detected.coordinates
         return {**results, **detected.arrays()}
 
@@ -310,10 +342,14 @@ class ServeApp:
 def _output_names(model: LoadedVersion, asked: list[str] | None, detections: bool = False) -> list[str]:
     """The outputs to answer with, in order: those asked for (each must exist), else every output; with
     detections, the detections outputs by default, and the raw ones by name too (a detections output's
-    name wins over a raw output of the same name)."""
+    name wins over a raw output of the same name); a text recognizer's `text` and `confidence` likewise."""
     valid = [s.name for s in model.session.outputs]
     if detections:
         valid = [*DETECTIONS, *(name for name in valid if name not in DETECTIONS)]
+    elif model.recognizer is not None:  # a recognizer answers text by default, its raw output by name
+        valid = [*TEXTS, *(name for name in valid if name not in TEXTS)]
+        if asked is None:
+            return list(TEXTS)
     if asked is None:
         return list(DETECTIONS) if detections else valid
     unknown = sorted(set(asked) - set(valid))

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -38,6 +39,7 @@ log = logging.getLogger("pipe.serve")
 
 Feeds = dict[str, np.ndarray]
 RunFn = Callable[[Feeds], Feeds]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,22 @@ class Batcher:
             yield
         finally:
             self._preparing -= 1
+
+    async def prepare(self, work: Callable[[], T], arrived: float, inference_pool: bool = True) -> T:
+        """Run a request's preparation (its texts tokenized, a large body decoded) in a worker thread, off the
+        event loop: counted against `max_queue` while it runs (`preparing`), and within the request's
+        `timeout_s` from `arrived` (past it, a 503; the work itself finishes in its thread). In the inference
+        pool by default (tokenizing is part of the model's work); `inference_pool=False`: asyncio's default
+        pool, for work that must not hold back batches already queued (decoding bodies)."""
+        with self.preparing():
+            left = self.time_left(arrived)
+            pool = self._executor if inference_pool else None
+            future = asyncio.get_running_loop().run_in_executor(pool, work)
+            try:
+                return await asyncio.wait_for(future, left)
+            except TimeoutError:
+                self._expire(None)
+                raise  # not reached: _expire raised the 503
 
     def time_left(self, arrived: float) -> float:
         """Seconds left of the request's `timeout_s` (loop time `arrived`); past it, a 503."""

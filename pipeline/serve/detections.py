@@ -125,9 +125,12 @@ class Detector:
         given = {key: getattr(ask, key) for key in SETTINGS if getattr(ask, key) is not None}
         return replace(self.settings, **given)
 
-    def detect(self, head: np.ndarray, placements: list[Placement] | None, settings: Detection) -> Detected:
-        """The head output's boxes, per picture, in the pictures' pixels when `placements` says where each lay."""
-        boxes = detect(head, settings.confidence, settings.iou, settings.max_detections, placements)
+    def detect(
+        self, head: np.ndarray, placements: list[Placement] | None, settings: Detection, deadline: float | None = None
+    ) -> Detected:
+        """The head output's boxes, per picture, in the pictures' pixels when `placements` says where each lay;
+        TimeoutError past `deadline` (time.monotonic())."""
+        boxes = detect(head, settings.confidence, settings.iou, settings.max_detections, placements, deadline)
         return Detected(boxes, self.labels, PICTURE if placements is not None else INPUT)
 
 

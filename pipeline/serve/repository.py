@@ -34,6 +34,7 @@ from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.images import ServedImages
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.protocols.base import ModelIO
+from pipeline.serve.recognition import Recognizer
 from pipeline.serve.session import ModelSession, SessionOptions
 from pipeline.serve.text import ServedText
 from pipeline.serve.variant_choice import Choice, NotExported, VariantRefused, choose
@@ -65,10 +66,12 @@ class Answers:
     task: str
     detector: Detector | None  # task detection only
     text: ServedText = field(default_factory=ServedText)  # a model with a tokenizer: how it takes text
+    recognizer: Recognizer | None = None  # task text-recognition only: how its output reads as text
 
     @classmethod
     def of(cls, manifest: Manifest, root: Path) -> Answers:
-        return cls(ServedImages.of(manifest), manifest.task, Detector.of(manifest), ServedText.of(root, manifest))
+        return cls(ServedImages.of(manifest), manifest.task, Detector.of(manifest), ServedText.of(root, manifest),
+                   Recognizer.of(manifest))  # fmt: skip
 
 
 @dataclass
@@ -87,12 +90,13 @@ class LoadedVersion:
     task: str = "classification"  # the manifest's task
     detector: Detector | None = None  # task detection: how the head output becomes boxes
     text: ServedText = field(default_factory=ServedText)  # a model with a tokenizer: how it takes text
+    recognizer: Recognizer | None = None  # task text-recognition: how its output reads as text
 
     def read(self, answers: Answers) -> None:
         """Take what the manifest says about answering requests (read again when the manifest changes)."""
         self.images, self.task, self.detector = answers.images, answers.task, answers.detector
-        self.text = answers.text
-        self.__dict__.pop("io", None)  # the text input is part of what the protocols see
+        self.text, self.recognizer = answers.text, answers.recognizer
+        self.__dict__.pop("io", None)  # the text input and a recognizer's outputs are part of what protocols see
 
     @property
     def variant(self) -> str:
@@ -107,7 +111,9 @@ class LoadedVersion:
         """Name, version and tensor specs: what the protocols see of this version."""
         text = self.text.spec()
         inputs = [text, *self.session.inputs] if text is not None else self.session.inputs
-        return ModelIO(self.name, self.version, inputs, self.session.outputs)
+        read = self.recognizer.specs() if self.recognizer is not None else []  # a recognizer's text outputs
+        max_rows = self.batcher.settings.max_batch_size if self.session.batchable else None
+        return ModelIO(self.name, self.version, inputs, [*read, *self.session.outputs], max_rows)
 
 
 def version_number(text: str) -> int | None:
@@ -115,6 +121,19 @@ def version_number(text: str) -> int | None:
     longer than a version directory's name (int() refuses 4,300 digits or more)."""
     digits = text.lstrip("0")
     return int(text) if text.isascii() and text.isdigit() and len(digits) <= VERSION_DIGITS else None
+
+
+def _read_every_label_file(versions: dict[str, dict[int, Path]]) -> dict[str, dict[str, int] | ArtifactError]:
+    """Model -> its labels, or why its labels file was refused: one model's bad file never stops the
+    scan of the others (run in a worker thread)."""
+    read: dict[str, dict[str, int] | ArtifactError] = {}
+    for name, found in versions.items():
+        model_root = next(iter(found.values())).parent
+        try:
+            read[name] = read_labels(model_root)
+        except ArtifactError as exc:
+            read[name] = exc
+    return read
 
 
 def _stamp(root: Path) -> Stamp:
@@ -143,7 +162,7 @@ class Repository:
         self.strays: dict[Path, str] = {}  # directories holding a manifest that are not versions -> why
         self.labels: dict[str, dict[str, int]] = {}  # model -> its labels (labels.json) -> version
         self.held: dict[tuple[str, int], str] = {}  # versions found that the policy does not serve -> why
-        self._label_errors: dict[str, str] = {}  # model -> why its labels file was refused (logged once)
+        self.label_errors: dict[str, str] = {}  # model -> why its labels file was refused (logged once)
         self._watcher: asyncio.Task | None = None
         self._lock = asyncio.Lock()
 
@@ -173,11 +192,13 @@ class Repository:
         async with self._lock:
             found = await asyncio.to_thread(scan.find_versions, self.settings.paths)
             self._report_strays(found.strays)
+            # every labels file read in a worker thread: a file on a slow disk never holds the event loop
+            read = await asyncio.to_thread(_read_every_label_file, found.versions)
             served: dict[str, dict[int, LoadedVersion]] = {}
             held: dict[tuple[str, int], str] = {}
             for name, versions in sorted(found.versions.items()):
                 current = self.models.get(name, {})
-                labels = self._read_labels(name, next(iter(versions.values())).parent)
+                labels = self._take_labels(name, read[name])
                 keep: dict[int, LoadedVersion] = {}
                 for version in sorted(versions, reverse=True):
                     if self.settings.latest is not None and len(keep) >= self.settings.latest:
@@ -200,6 +221,7 @@ class Repository:
             self.models = served
             self.held = held
             self.labels = {name: self.labels[name] for name in found.versions if name in self.labels}
+            self.label_errors = {name: e for name, e in self.label_errors.items() if name in found.versions}
             self.failed = {k: f for k, f in self.failed.items() if k[1] in found.versions.get(k[0], {})}
             for old in dropped:  # unloaded, or replaced by a reload: answer what it accepted, then stop
                 if old.version not in served.get(old.name, {}):
@@ -207,20 +229,20 @@ class Repository:
                     self._metrics.loaded(old.name, "unloaded")
                 await old.batcher.close()
 
-    def _read_labels(self, name: str, model_root: Path) -> dict[str, int]:
-        """The model's labels; a malformed labels file keeps the labels read before (logged once)."""
-        try:
-            labels = read_labels(model_root)
-        except ArtifactError as exc:
-            if self._label_errors.get(name) != str(exc):
-                log.error("kept the labels of %s as they were: %s", name, exc)
-            self._label_errors[name] = str(exc)
+    def _take_labels(self, name: str, read: dict[str, int] | ArtifactError) -> dict[str, int]:
+        """The model's labels as read; a refused labels file keeps the labels read before (logged once, and
+        shown in the model's readiness and metadata until it is fixed)."""
+        if isinstance(read, ArtifactError):
+            if self.label_errors.get(name) != str(read):
+                log.error("kept the labels of %s as they were: %s", name, read)
+            self.label_errors[name] = str(read)
             return self.labels.get(name, {})
-        self._label_errors.pop(name, None)
-        if labels != self.labels.get(name, {}):
-            log.info("labels of %s: %s", name, labels or "none")
-        self.labels[name] = labels
-        return labels
+        if self.label_errors.pop(name, None) is not None:
+            log.info("the labels file of %s is readable again", name)
+        if read != self.labels.get(name, {}):
+            log.info("labels of %s: %s", name, read or "none")
+        self.labels[name] = read
+        return read
 
     def _report_strays(self, strays: dict[Path, str]) -> None:
         for path, reason in strays.items():
@@ -249,7 +271,7 @@ class Repository:
             "loaded %s v%d from %s (variant %s, %s) on %s; inputs %s; batching %s",
             name, version, root, choice.variant, choice.file, session.providers,
             ", ".join(s.describe() for s in session.inputs),
-            f"up to {self._batch_settings.max_batch_size} rows" if session.batchable else "off (fixed batch dim)",
+            f"up to {self._batch_settings.max_batch_size} rows" if session.batchable else session.batch_off,
         )  # fmt: skip
         return loaded
 

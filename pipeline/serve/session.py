@@ -72,11 +72,17 @@ class ModelSession:
         if manifest is not None:  # what the model file does not say: class names, token limits
             self.inputs, self.outputs = _declared(self.inputs, self.outputs, manifest)
         self.input_by_name = {s.name: s for s in self.inputs}
+        # inputs pinned at import are constants of the model: a request may repeat the value, never change it
+        self.pinned = {p.name: np.asarray(p.value, p.dtype) for p in (manifest.pinned or [])} if manifest else {}
         # Only the inputs with categorical columns pay for their check, one vectorized test a request.
         self.categorical = {s.name: c for s in self.inputs if (c := _CategoryColumns.of(s.features)) is not None}
         # Batching concatenates requests along dim 0, so every input and output must have a dynamic
-        # first dim; a model with a fixed batch runs each request alone.
+        # first dim; a model with a fixed batch, or whose batch is another axis (a state [2, batch, 128]),
+        # runs each request alone.
         self.batchable = all(s.shape and s.shape[0] == -1 for s in (*self.inputs, *self.outputs))
+        moved = [s.name for s in (*manifest.inputs, *manifest.outputs) if s.batch_axis] if manifest else []
+        self.batch_off = f"off (the batch is not the first axis of {moved})" if moved else "off (fixed batch dim)"
+        self.batchable = self.batchable and not moved
         self.padding = _padding(self.inputs, self.outputs) if self.batchable else None
 
     def check_inputs(self, feeds: dict[str, np.ndarray]) -> int:
@@ -85,6 +91,8 @@ class ModelSession:
         BYTES inputs are decoded to `str` in place: onnxruntime turns a `bytes` object into its
         repr ("b'..'") instead of its content, so string tensors must arrive as UTF-8 text.
         """
+        for name in sorted(set(feeds) & set(self.pinned)):
+            self._pinned(name, feeds.pop(name))
         unknown = sorted(set(feeds) - set(self.input_by_name))
         missing = sorted(set(self.input_by_name) - set(feeds))
         if unknown or missing:
@@ -116,6 +124,16 @@ class ModelSession:
         if self.batchable and len(rows) > 1:
             raise RequestError(f"inputs disagree on the batch size (first dim): {sorted(rows)}")
         return rows.pop() if rows else 1
+
+    def _pinned(self, name: str, sent: np.ndarray) -> None:
+        """A pinned input sent anyway: the model's own value is accepted (and dropped), another refused."""
+        value = self.pinned[name]
+        if sent.shape != value.shape or not np.array_equal(sent.astype(value.dtype, copy=False), value):
+            shown = sent.tolist() if sent.size <= 8 else f"an array of shape {list(sent.shape)}"
+            raise RequestError(
+                f"input {name!r} is pinned to {value.tolist()} in this model (pipe import --input-value); the request "
+                f"sends {shown}: leave it out, or send {value.tolist()}"
+            )
 
     def run(self, feeds: dict[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """Run the model; `outputs` selects which (all when None)."""

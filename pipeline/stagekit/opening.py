@@ -9,8 +9,9 @@ The steps, the same for every such stage: resolve the path (a model directory me
 version); load the artifact with full verification except for the files this stage rewrites (an
 interrupted run of the same stage left them, and it replaces them); refuse a version without a
 model.onnx that passed its gate; refuse `--recipe` for an imported model (it has no recipe: its
-settings come from flags); read the stage's recipe section as it is now with the command line's values
-on top; and the evaluation set every candidate is judged on.
+settings come from flags and a `--settings` file, pipeline/stagekit/settings_file.py); read the
+stage's recipe section as it is now with the command line's values on top; and the evaluation set
+every candidate is judged on.
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ def open_for_model(
     if recipe_path is not None and manifest.stages.train is None:
         raise InputError(
             f"--recipe {recipe_path}: artifact {artifact.root} was imported, not trained from a recipe; "
-            f"give its {stage} settings on the command line ({flags})"
+            f"give its {stage} settings on the command line ({flags}) or in a settings file's {stage} section "
+            "(--settings FILE)"
         )
     recipe, notes = current_recipe(artifact, recipe_path) if manifest.stages.train else (None, [])
     settings = section_settings(recipe, stage, dict(overrides or {}))

@@ -21,13 +21,12 @@ from pipeline.artifact.golden import Golden, save_golden
 from pipeline.artifact.manifest import Lineage, Manifest
 from pipeline.artifact.records import CheckpointRecord, GoldenRecord, TrainRecord
 from pipeline.artifact.tensors import Feature, TensorSpec, TokenInput
-from pipeline.artifact.tokens import TokenLimits, read_tokenizer, write_tokenizer
+from pipeline.artifact.tokens import TokenLimits, write_tokenizer
 from pipeline.core.fsutil import atomic_path
 from pipeline.data import DataInfo, Splits
 from pipeline.data.splits import TEXT_IDS, TEXT_MASK
 from pipeline.recipe.schema import Recipe, recipe_location, stage_settings
 from pipeline.train.checkpoint import CHECKPOINT_DIR, FINAL_WEIGHTS
-from pipeline.train.hf import base_digest
 from pipeline.train.loop import FitResult
 from pipeline.train.objective import evaluate, kept_reason, objective_for
 from pipeline.train.zoo import build_model, inference_model
@@ -76,6 +75,7 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
         metrics=test,  # accuracy and loss; regression: mae, rmse, r2 (target units) and loss; lm: perplexity
     )
     artifact = Artifact(root, manifest)
+    base = splits.base  # a text model: the tokenizer the ids were made with, read when the run started
 
     if lm is not None:
         manifest.generation, manifest.tokenizer = lm.generation, lm.tokenizer
@@ -92,8 +92,8 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
         with torch.no_grad():
             outputs = model(*(t[:count] for t in test_x.values())).numpy()
         golden_inputs = {name: splits.test.inputs[name][:count] for name in info.input_names}
-        if model_dir is not None:  # a text model carries its tokenizer: pipe serve takes text with it
-            manifest.tokenizer, written = write_tokenizer(root, read_tokenizer(model_dir))
+        if base is not None:  # a text model carries its tokenizer: pipe serve takes text with it
+            manifest.tokenizer, written = write_tokenizer(root, base.tokenizer)
             for rel in written:
                 artifact.add_file(rel)
         golden_outputs = {manifest.outputs[0].name: outputs.astype(np.float32)}
@@ -126,7 +126,7 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
     manifest.stages.train = TrainRecord(
         settings=stage_settings(recipe, "train"),  # the sections as trained: enough to rebuild the model
         inputs={"recipe": recipe.digest, "data": splits.fingerprint}
-        | ({"base_model": base_digest(model_dir)} if model_dir is not None else {}),  # what the adapters build on
+        | ({"base_model": base.digest} if base is not None else {}),  # what the adapters build on, as tokenized
         recipe_path=recipe_location(Path(plan.recipe_path), root),  # where `pipe export` reads its section now
         data=info.to_dict(),  # the data-shape record build_model takes
         checkpoint=CheckpointRecord(

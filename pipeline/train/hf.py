@@ -9,7 +9,7 @@ DIR is replaced by a new one.
 With a `lora:` section the base weights are frozen and PEFT adds rank-r adapters to the named
 modules; the classifier head trains whole (it is new). The module's state is then what trains
 (adapters and head): checkpoints and `checkpoint/model.safetensors` hold that alone, a few MB,
-and the base comes back from DIR, whose digest the train record keeps (`base_digest`). Before
+and the base comes back from DIR, whose digest the train record keeps (`pipeline.data.text.base_digest`). Before
 export the adapters are merged into the base weights (`merged`), so model.onnx is a plain
 transformers graph that every later stage handles unchanged.
 """
@@ -17,7 +17,6 @@ transformers graph that every later stage handles unchanged.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -29,9 +28,6 @@ from torch import nn
 from pipeline.core.errors import InputError
 from pipeline.data import DataInfo
 from pipeline.recipe.architectures import LoraSpec
-
-# What makes a transformers directory the model it is: its config, weights and tokenizer files.
-BASE_FILES = ("config.json", "*.safetensors", "*.bin", "tokenizer.json", "tokenizer_config.json")
 
 
 class TextClassifier(nn.Module):
@@ -88,24 +84,27 @@ def build_text_classifier(model_dir: Path, info: DataInfo, lora: LoraSpec | None
     require_hf("transformers")
     from transformers import AutoModelForSequenceClassification
 
+    from pipeline.runtime.pretrained import is_head, load_pretrained
+
     labels = info.labels
     with transformers_quiet():
-        try:
-            net = AutoModelForSequenceClassification.from_pretrained(
-                model_dir,
-                num_labels=len(labels),
-                id2label=dict(enumerate(labels)),
-                label2id={name: i for i, name in enumerate(labels)},
-                ignore_mismatched_sizes=True,  # a head for other classes is replaced by a new one
-                attn_implementation="eager",  # plain MatMul + Softmax: what every exporter and runtime takes
-            )
-        except (OSError, ValueError, KeyError) as exc:
-            raise InputError(
-                f"{model_dir} does not load as a transformers sequence classifier: {_first(exc)}"
-            ) from None
+        net, missing = load_pretrained(
+            AutoModelForSequenceClassification,
+            model_dir,
+            num_labels=len(labels),
+            id2label=dict(enumerate(labels)),
+            label2id={name: i for i, name in enumerate(labels)},
+            ignore_mismatched_sizes=True,  # a head for other classes is replaced by a new one
+            attn_implementation="eager",  # plain MatMul + Softmax: what every exporter and runtime takes
+        )
     net.train()
     if lora is None:
         return TextClassifier(net, lora=False)
+    if random := [k for k in missing if not is_head(k)]:  # LoRA freezes the base: these would stay random
+        raise InputError(
+            f"{model_dir}: {len(random)} base weight(s) are not in its checkpoint ({', '.join(random[:4])}), and "
+            "lora: freezes the base, so they would stay random; pass a directory whose weights are complete"
+        )
     return TextClassifier(_with_adapters(net, lora, model_dir), lora=True)
 
 
@@ -121,6 +120,13 @@ def _with_adapters(net: nn.Module, lora: LoraSpec, model_dir: Path) -> nn.Module
         target_modules=list(lora.target_modules),
     )
     linear = sorted({name.rsplit(".", 1)[-1] for name, m in net.named_modules() if isinstance(m, nn.Linear)})
+    names = [name for name, _ in net.named_modules()]
+    # PEFT's rule for a list: a module is targeted when its name is the entry or ends in "." + the entry
+    unmatched = [t for t in lora.target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if unmatched:  # PEFT refuses only a list of which nothing matches; one typo beside a match trained silently
+        raise InputError(
+            f"lora.target_modules {unmatched} do not name modules of {model_dir}; its linear layers are named {linear}"
+        )
     try:
         with warnings.catch_warnings():
             # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`; nothing pipe can change
@@ -141,18 +147,6 @@ def require_hf(package: str) -> None:
         raise InputError(
             f"model.arch hf needs {package}, which is not installed; install pipe's hf profile: pip install '.[hf]'"
         )
-
-
-def base_digest(model_dir: Path) -> str:
-    """sha256 over the directory's config, weight and tokenizer files (names and bytes): what LoRA builds on."""
-    digest = hashlib.sha256()
-    files = sorted({p for pattern in BASE_FILES for p in model_dir.glob(pattern) if p.is_file()})
-    for path in files:
-        digest.update(path.name.encode() + b"\0")
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
 
 
 @contextlib.contextmanager

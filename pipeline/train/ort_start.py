@@ -6,7 +6,9 @@
   parameters (not its buffers: the normalization statistics stay fixed);
 - an existing artifact (`model.arch: onnx`, `pipe train --from ARTIFACT`): its model.onnx as it
   is, whatever framework made it; the parameters are the float initializers that match
-  `train.trainable` (glob patterns), all of them when it is empty.
+  `train.trainable` (glob patterns), all of them when it is empty. The data's classes become the
+  parent's: each is the parent's label of the same name, else (an integer) its class of that index,
+  so a model fine-tuned on digits 3 and 7 still answers "3" and "7" (`in_parent_classes`).
 
 Either way the model is written with IR version <= 10, the newest onnxruntime-training 1.19 loads.
 """
@@ -14,7 +16,7 @@ Either way the model is written with IR version <= 10, the newest onnxruntime-tr
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,9 @@ from pipeline.artifact.directory import Artifact, resolve_artifact
 from pipeline.artifact.tensors import TensorSpec
 from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.errors import InputError
-from pipeline.data import Splits
+from pipeline.data import Split, Splits
 from pipeline.recipe.schema import Recipe
+from pipeline.runtime.external_data import external_files
 
 MAX_IR_VERSION = 10
 FLOAT_TYPES = (1, 10, 11, 16)  # onnx TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16: what a gradient can update
@@ -33,13 +36,15 @@ FLOAT_TYPES = (1, 10, 11, 16)  # onnx TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT
 
 @dataclass
 class Start:
-    """The starting model written to `path`, the parameters to train, and its input and output."""
+    """The starting model written to `path`, the parameters to train, its input and output, and the data
+    it trains on, its targets numbered as the model's classes."""
 
     path: Path
     trainable: list[str]
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     labels: list[str]
+    splits: Splits
     parent: Artifact | None = None  # model.arch onnx: the artifact it continues
 
 
@@ -98,7 +103,7 @@ def _from_zoo(recipe: Recipe, splits: Splits, path: Path) -> Start:
             "train it with train.backend: torch"
         )
     trainable = choose(found, recipe.train.trainable, f"model arch {recipe.model.arch!r}")
-    return Start(path, trainable, inputs, outputs, info.labels)
+    return Start(path, trainable, inputs, outputs, info.labels, splits)
 
 
 def _export(
@@ -143,17 +148,35 @@ def _from_artifact(recipe: Recipe, splits: Splits, path: Path) -> Start:
             f"model.artifact {root} is a {m.task} model with {len(m.inputs)} input(s) and {len(m.outputs)} "
             "output(s); the ORT backend continues training classifiers with one input and one output of logits"
         )
-    _check_data_fits(m.inputs[0], m.outputs[0], splits, root)
-    graph = onnx.load(parent.path(MODEL_FILE))
+    _check_data_fits(m.inputs[0], splits, root)
+    splits = in_parent_classes(splits, list(m.labels), m.outputs[0].shape[-1], root)
+    graph = _parent_graph(parent)
     graph.ir_version = min(graph.ir_version, MAX_IR_VERSION)
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(graph, path)
     trainable = choose(candidate_parameters(path), recipe.train.trainable, str(root))
-    return Start(path, trainable, list(m.inputs), list(m.outputs), list(m.labels), parent)
+    return Start(path, trainable, list(m.inputs), list(m.outputs), list(m.labels), splits, parent)
 
 
-def _check_data_fits(spec: TensorSpec, output: TensorSpec, splits: Splits, root: Path) -> None:
-    """The data's samples fit the parent's input, and its classes its output."""
+def _parent_graph(parent: Artifact) -> Any:
+    """The parent's model.onnx with its weights, its external data read only from files of the parent: a
+    location outside the version directory (`../../../../etc/passwd`) or a file the manifest does not list
+    (so not verified) is refused by name before anything is read."""
+    import onnx
+
+    graph = onnx.load(parent.path(MODEL_FILE), load_external_data=False)
+    for location in external_files(graph, parent.root):
+        if location not in parent.manifest.files:
+            raise InputError(
+                f"{parent.root / MODEL_FILE} keeps weights in {location!r}, which its manifest does not list, so "
+                "they cannot be verified; re-export or re-import the parent"
+            )
+    onnx.load_external_data_for_model(graph, str(parent.root))
+    return graph
+
+
+def _check_data_fits(spec: TensorSpec, splits: Splits, root: Path) -> None:
+    """The data's samples fit the parent's input."""
     sample = splits.train.inputs[splits.info.input_name]
     fixed = [(i, d) for i, d in enumerate(spec.shape[1:]) if isinstance(d, int)]
     if len(sample.shape) - 1 != len(spec.shape) - 1 or any(sample.shape[1 + i] != d for i, d in fixed):
@@ -163,9 +186,36 @@ def _check_data_fits(spec: TensorSpec, output: TensorSpec, splits: Splits, root:
         )
     if spec.dtype != str(sample.dtype):
         raise InputError(f"the data is {sample.dtype}, but {root} takes {spec.dtype}; convert X to {spec.dtype}")
-    classes = output.shape[-1]
-    top = int(np.max(splits.train.target)) if len(splits.train) else 0
-    if isinstance(classes, int) and top >= classes:
-        raise InputError(
-            f"the data's labels go up to {top}, but {root} answers {classes} classes; label the data 0..{classes - 1}"
-        )
+
+
+def in_parent_classes(splits: Splits, labels: list[str], classes: int | str, root: Path) -> Splits:
+    """`splits` with each target a class index of the parent, which answers `classes` classes named `labels`.
+
+    The data's classes were numbered 0..k-1 in the order of their values (`y` of 3 and 7 became 0 and
+    1, named "3" and "7"); each is mapped back to the parent's class it names: the parent's label of
+    that name, else, when the name is an integer, the parent's class of that index. A class that
+    names neither is refused, with the parent's labels.
+    """
+    width = classes if isinstance(classes, int) else len(labels)
+    mapping = []
+    for name in splits.info.labels:
+        if name in labels:
+            mapping.append(labels.index(name))
+        elif name.lstrip("-").isdigit() and len(name) < 12 and 0 <= int(name) < width:
+            mapping.append(int(name))
+        else:
+            known = f"its labels are {labels[:20]}" + (f" ... ({len(labels)} in all)" if len(labels) > 20 else "")
+            raise InputError(
+                f"the data's class {name!r} is not a class of {root}: it answers {width} classes, "
+                f"{known if labels else 'unnamed'}; label the data with those names or with indices 0..{width - 1}"
+            )
+    table = np.asarray(mapping, dtype=np.int64)
+
+    def renumbered(split: Split) -> Split:
+        return Split(split.inputs, table[split.target])
+
+    names = list(labels) or [str(i) for i in range(width)]
+    info = replace(splits.info, labels=names, num_classes=width)
+    return replace(
+        splits, train=renumbered(splits.train), val=renumbered(splits.val), test=renumbered(splits.test), info=info
+    )

@@ -93,6 +93,7 @@ def train_ort(plan: Any, recipe: Recipe, splits: Splits, model_root: Path, *, re
         from pipeline.train.ort_start import start_model
 
         start = start_model(recipe, splits, root / START_MODEL)
+        splits = start.splits  # --from: the targets as the parent's class indices
     except BaseException:
         if not resume:  # nothing trained yet: leave no empty version (nor an empty model directory) behind
             shutil.rmtree(root, ignore_errors=True)
@@ -225,6 +226,11 @@ def recipe_from_artifact(parent: str, recipe_path: str | None, data_file: str | 
         if data_file is not None:
             raise InputError("--data and RECIPE both give the data; pass one (a recipe's data section, or --data)")
         base = load_recipe(recipe_path)
+        if base.name != manifest.name:  # the new version goes into the parent's model directory, under its name
+            raise InputError(
+                f"recipe {recipe_path} is named {base.name!r}, but --from {parent} continues {manifest.name!r} and "
+                f"puts the new version beside it ({root.parent}); set the recipe's name to {manifest.name!r}"
+            )
         raw = base.model_dump(mode="json")
         raw["model"] = {"arch": "onnx", "artifact": str(root)}
         raw["train"] = {**raw["train"], "backend": "ort", "trainable": trainable or raw["train"]["trainable"]}

@@ -66,7 +66,7 @@ def _check_base(artifact: Artifact, recipe: Any, recorded: str | None) -> None:
     model_dir = recipe.model_dir()
     if model_dir is None:
         return
-    from pipeline.train.hf import base_digest
+    from pipeline.data.text import base_digest
 
     if not model_dir.is_dir():
         raise ArtifactError(

@@ -334,7 +334,7 @@ def base_model_digest(recipe: Recipe) -> str | None:
     model_dir = recipe.model_dir()
     if model_dir is None:
         return None
-    from pipeline.train.hf import base_digest
+    from pipeline.data.text import base_digest
 
     return base_digest(model_dir)
 

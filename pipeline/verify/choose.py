@@ -6,10 +6,10 @@ asks `hop_policy` what its candidate is held to, from the hop, the candidate's p
 task, whether the evaluation set has targets, the hop's gate settings and the detector's record:
 
 - a lossless candidate (`fp32`: an export, an import, a graph-only optimization, fp32 TFLite) is
-  held to `Exact(atol, rtol, metric_tolerance)`;
-- edge's fp16 TFLite is held element by element too, at `atol_fp16`, with the task metric within
-  the hop's metric budget (docs/edge.md);
-- every other candidate (int8, optimize's fp16) is held to the task's budget (`_task_budget`):
+  held to `Exact(atol, rtol, metric_tolerance, max_out_of_tolerance)`: values within tolerance of
+  each output's scale, but for a documented few (policies.py);
+- every lossy candidate (fp16 and int8, on every target: optimize and edge alike) is held to the
+  task's budget over the evaluation split (`_task_budget`), never element by element:
   `min_cosine` for embeddings (and tensor models' unit-vector outputs), `max_accuracy_drop` for a
   task metric measured on targets, agreement, relative error or boxes otherwise.
 
@@ -38,6 +38,7 @@ from pipeline.verify.policies import (
     Policy,
     RelativeError,
     TensorAgreement,
+    TextAgreement,
     Top1Agreement,
 )
 
@@ -56,7 +57,7 @@ class GateSettings:
     atol: float = Exact.atol  # lossless: per-element absolute difference (edge's fp32: `atol_fp32` before)
     rtol: float = Exact.rtol  # lossless: plus this fraction of the reference's magnitude
     metric_tolerance: float = Exact.metric  # lossless: |metric(candidate) - metric(reference)|
-    atol_fp16: float = 1e-2  # edge's fp16 TFLite, element by element: fp16 weights round at about 1e-3 relative
+    max_out_of_tolerance: float = Exact.max_share  # lossless: the share of an output's values allowed out of tolerance
     max_accuracy_drop: float | None = None  # lossy: the task metric's drop in its units; None: the hop's default
     min_cosine: float | None = None  # lossy, embeddings and unit-vector tensors; None: 0.99
 
@@ -87,12 +88,10 @@ def hop_policy(
         raise InputError(f"no gate for hop {hop!r}; hops are {', '.join(HOPS)}")
     _refuse_unread(hop, precision, task, has_target, settings)
     if precision == LOSSLESS:
-        return Exact(settings.atol, settings.rtol, settings.metric_tolerance)
+        return Exact(settings.atol, settings.rtol, settings.metric_tolerance, settings.max_out_of_tolerance)
     drop = settings.max_accuracy_drop
     if drop is None and hop == "edge" and task == "classification" and has_target:
         drop = EDGE_CLASSIFIER_DROP
-    if hop == "edge" and precision == "fp16":  # None: regression's metric in target units is judged at rtol of its size
-        return Exact(atol=settings.atol_fp16, rtol=settings.rtol, metric=drop or 0.0)
     return _task_budget(task, has_target, drop, settings.min_cosine, detection)
 
 
@@ -107,7 +106,9 @@ def _task_budget(
       RelativeError(0.01), which needs no units;
     - embedding: MinCosine(cosine, default 0.99), the minimum over rows;
     - detection: BoxAgreement(0.9), decoding with the artifact's `detection` settings (defaults when None);
-    - tensor: TensorAgreement (cosine for unit-vector outputs, else relative error 0.01, by output).
+    - tensor: TensorAgreement (cosine for unit-vector outputs, else relative error 0.01, by output);
+    - text-recognition: TextAgreement(0.95), texts read as the parent reads them, or MetricDrop(drop) of
+      text agreement on the targets when `drop` is given and the evaluation set has them.
     """
     if task not in TASKS:
         raise InputError(f"task {task!r} has no budget; tasks are {', '.join(TASKS)}")
@@ -121,13 +122,14 @@ def _task_budget(
         return BoxAgreement(confidence=d.confidence, iou=d.iou, max_detections=d.max_detections)
     if task == "tensor":
         return TensorAgreement(min_cosine=cosine)
+    if task == "text-recognition":  # texts read the same as the parent's; the drop of text agreement on targets
+        return TextAgreement() if drop is None or not has_target else MetricDrop(drop)
     return MinCosine(cosine)
 
 
 def _refuse_unread(hop: Hop, precision: str, task: str, has_target: bool, settings: GateSettings) -> None:
     """A budget given for this hop that nothing would read on this artifact: refused, never ignored."""
-    lossy = precision != LOSSLESS and not (hop == "edge" and precision == "fp16")
-    if settings.min_cosine is not None and lossy and task not in COSINE_TASKS:
+    if settings.min_cosine is not None and precision != LOSSLESS and task not in COSINE_TASKS:
         raise InputError(
             f"min_cosine {settings.min_cosine:g} is the budget of embedding and tensor models; this is a {task} "
             f"model: give max_accuracy_drop (--max-accuracy-drop, the task metric's drop) instead"
@@ -148,6 +150,21 @@ def _refuse_unread(hop: Hop, precision: str, task: str, has_target: bool, settin
         raise InputError(
             f"max_accuracy_drop {drop:g} cannot be measured: the evaluation set has no targets (imported without "
             "labelled --eval-data); leave it unset, or re-import with labelled evaluation data"
+        )
+
+
+def refuse_unread_budgets(hop: Hop, precisions: list[str], settings: GateSettings) -> None:
+    """A lossy budget (max_accuracy_drop, min_cosine) given to a run that makes only lossless candidates: nothing
+    would read it, so it is refused (exit 2) naming the flag and what the run's candidates are held to."""
+    if any(p != LOSSLESS for p in precisions):
+        return
+    given = [flag for flag, value in (("--max-accuracy-drop", settings.max_accuracy_drop),
+                                      ("--min-cosine", settings.min_cosine)) if value is not None]  # fmt: skip
+    if given:
+        raise InputError(
+            f"{', '.join(given)}: a budget of lossy candidates (fp16, int8), and this {hop} run makes only "
+            f"{', '.join(precisions) or 'nothing'}, held to --atol, --rtol, --metric-tolerance; leave it out or ask "
+            "for a lossy precision"
         )
 
 

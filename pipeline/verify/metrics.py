@@ -1,4 +1,5 @@
-"""The task metric a gate measures over an evaluation split: accuracy for classifiers, MAE for regression.
+"""The task metric a gate measures over an evaluation split: accuracy for classifiers, MAE for regression,
+text agreement for text recognizers (with the character error rate beside it: `text_metrics`).
 
 Embeddings have no task metric here (no targets to score against); they are judged on their
 outputs (cosine similarity to the reference). `regression_metrics` gives the figures training
@@ -12,7 +13,8 @@ import numpy as np
 # Budgets compare float differences of ratios of counts: 1.0 - 0.99 is 0.010000000000000009, which
 # must meet a 0.01 budget (4 of 400 samples is exactly 1 point). Bounds are met within this slack.
 SLACK = 1e-9
-METRIC_TASKS = ("classification", "regression")  # the tasks with a task metric; the others are judged on outputs
+# the tasks with a task metric; the others are judged on outputs
+METRIC_TASKS = ("classification", "regression", "text-recognition")
 
 
 def task_metric(task: str, outputs: np.ndarray, target: np.ndarray) -> tuple[str, float] | None:
@@ -21,6 +23,8 @@ def task_metric(task: str, outputs: np.ndarray, target: np.ndarray) -> tuple[str
         return "accuracy", float((outputs.argmax(axis=-1) == target.reshape(-1)).mean())
     if task == "regression":
         return "mae", float(np.abs(outputs.reshape(len(target), -1) - target.reshape(len(target), -1)).mean())
+    if task == "text-recognition":
+        return "text_agreement", text_metrics(outputs, target)["text_agreement"]
     return None
 
 
@@ -37,3 +41,13 @@ def regression_metrics(predicted: np.ndarray, target: np.ndarray) -> dict[str, f
     ss_tot = float(((want - want.mean(axis=0)) ** 2).sum())
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
     return {"mae": float(np.abs(error).mean()), "rmse": float(np.sqrt((error**2).mean())), "r2": r2}
+
+
+def text_metrics(outputs: np.ndarray, target: np.ndarray) -> dict[str, float]:
+    """A CTC recognizer's texts (greedy decoding of its [n, positions, classes] output, blank 0) against
+    target class sequences ([n, length], padded with -1; pipeline/runtime/ctc.py `encode`): `text_agreement`,
+    the share of texts read exactly, and `cer`, the character error rate (edits over target characters)."""
+    from pipeline.runtime.ctc import greedy, sequences, text_figures
+
+    figures = text_figures([r.classes for r in greedy(outputs)], sequences(target))
+    return {"text_agreement": figures.agreement, "cer": figures.cer}

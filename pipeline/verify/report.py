@@ -18,6 +18,8 @@ class Row:
     detail: str = ""
     max_abs: float | None = None
     max_rel: float | None = None
+    share: float | None = None  # element-wise (lossless) rows: the share of the output's values out of tolerance
+    worst: float | None = None  # and the worst value's difference in multiples of its tolerance
 
 
 @dataclass
@@ -39,9 +41,10 @@ class GateReport:
     def table(self, only_failures: bool = False) -> str:
         """A fixed-width text table; the CLI prints it, CheckFailed carries it."""
         rows = self.failures if only_failures else self.rows
-        head = ("check", "output", "status", "max abs", "max rel", "detail")
+        head = ("check", "output", "status", "max abs", "max rel", "out of tol", "detail")
         body = [
-            (r.check, r.output, "ok" if r.passed else "FAIL", _num(r.max_abs), _num(r.max_rel), r.detail) for r in rows
+            (r.check, r.output, "ok" if r.passed else "FAIL", _num(r.max_abs), _num(r.max_rel), _num(r.share), r.detail)
+            for r in rows
         ]
         widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
         return "\n".join(
@@ -64,12 +67,14 @@ class GateReport:
         """The gate in a few numbers, for a variant record: passed, worst differences, checks run."""
         abs_diffs = [r.max_abs for r in self.rows if r.max_abs is not None]
         rel_diffs = [r.max_rel for r in self.rows if r.max_rel is not None]
+        shares = [r.share for r in self.rows if r.share is not None]
         return {
             "passed": self.passed,
             "checks": len(self.rows),
             "failed": len(self.failures),
             "max_abs": max(abs_diffs, default=None),
             "max_rel": max(rel_diffs, default=None),
+            "out_of_tolerance": max(shares, default=None),
         }
 
 

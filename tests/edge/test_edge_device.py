@@ -66,9 +66,9 @@ def test_a_runtime_that_crashes_is_reported_with_its_signal_and_its_last_lines(t
 
 def test_device_tolerance_keeps_the_policys_rtol_and_a_floor_on_atol() -> None:
     assert device_tolerance("fp32", Exact(1e-4, 1e-3)) == (1e-3, 1e-3)
-    assert device_tolerance("fp16", Exact(1e-2, 2e-3)) == (5e-2, 2e-3)
+    assert device_tolerance("fp16", MetricDrop(0.015)) is None  # lossy: judged by its budget on LiteRT
     assert device_tolerance("fp32", Exact(3e-3, 1e-3)) == (3e-3, 1e-3)  # a looser gate is kept
-    assert device_tolerance("int8", MetricDrop(0.015)) is None  # int8 must run and give finite outputs
+    assert device_tolerance("int8", MetricDrop(0.015)) is None  # lossy: it must run and give finite outputs
 
 
 def test_fp16_range_names_the_baked_in_constant_first_then_the_activations(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pipeline.artifact.tensors import TensorSpec, TokenInput
 from pipeline.cli import main
 from pipeline.core.errors import InputError
 from pipeline.edge.attempts import ATTEMPTS, ULTRALYTICS, attempts_for, attempts_markdown
-from pipeline.edge.shapes import device_specs, fitted_evaluation, is_picture
+from pipeline.edge.shapes import device_specs, fitted_evaluation, guessed_advice, is_picture
 from pipeline.samples.evaluation import EvaluationSet
 
 LETTERBOX = {"mode": "RGB", "letterbox": {"size": [48, 192], "pad": 114}, "resize": "bilinear", "scale": 1 / 255}
@@ -52,6 +52,24 @@ def test_the_recorded_image_size_wins_over_the_golden_inputs_and_input_shape_ove
     inputs, _, fixed = device_specs(m, golden, {"x": ["?", 3, 16, "?"]})
     assert inputs[0].shape == ["batch", 3, 16, 96]
     assert [(f.size, f.source) for f in fixed] == [(16, "--input-shape"), (96, "the recorded image size: imgsz")]
+
+
+def test_a_size_taken_from_generated_golden_inputs_is_said_to_be_guessed_with_the_flag_that_gives_it() -> None:
+    # a PaddleOCR direction classifier, [-1, 3, ?, ?], imported without flags: its golden inputs are 32x32 noise
+    m = manifest([image()])
+    m.stages.import_ = ImportRecord(source="cls.onnx", source_sha256="0", producer="p", ir_version=8, opset=17,
+                                    golden="generated")  # fmt: skip
+    inputs, _, fixed = device_specs(m, {"x": np.zeros((2, 3, 32, 32), np.float32)}, {})
+    assert [(f.size, f.guessed) for f in fixed] == [(32, True), (32, True)]
+    assert fixed[0].source == "guessed: golden.npz's generated inputs (in.x is [2, 3, 32, 32])"
+    advice = guessed_advice(fixed, inputs)
+    assert advice is not None and "made at a guessed size (x axis 2 (x_dim2) = 32, x axis 3 (x_dim3) = 32" in advice
+    assert "--input-shape x:?,3,<x_dim2>,<x_dim3>" in advice
+    given, _, fixed = device_specs(m, {"x": np.zeros((2, 3, 32, 32), np.float32)}, {"x": ["?", 3, 48, 192]})
+    assert not any(f.guessed for f in fixed) and guessed_advice(fixed, given) is None
+    m.stages.import_ = None  # a trained model's golden inputs are real: its size is known, not guessed
+    _, _, fixed = device_specs(m, {"x": np.zeros((2, 3, 32, 32), np.float32)}, {})
+    assert not any(f.guessed for f in fixed)
 
 
 def test_input_shape_errors_name_the_input_and_the_fix() -> None:

@@ -32,7 +32,7 @@ RECIPES: dict[str, dict[str, Any]] = {
         "model": {"arch": "moe", "d_model": 16, "heads": 2, "layers": 1, "max_len": 32, "experts": 4, "top_k": 2},
         "data": SEQUENCE,
     },
-    "broken": {"model": {"arch": "custom", "factory": "export_models:branching_digits"}, "data": DIGITS},
+    "broken": {"model": {"arch": "custom", "factory": "tests.export.export_models:branching_digits"}, "data": DIGITS},
 }
 
 

@@ -157,8 +157,9 @@ def test_a_model_no_classifier_has_the_outputs_of_becomes_tensor_with_a_note(tmp
     assert result.exit_code == 0, result.output
     m = imported(repo, "bare").manifest
     assert m.task == "tensor" and m.stages.import_.read["task"].source == "default: the outputs fit no task named"
-    (note,) = m.stages.import_.notes
+    note, guessed = m.stages.import_.notes
     assert note.startswith("task tensor: output 'output0' [batch, 7, anchors] is not a classifier's")
+    assert guessed.startswith("input 'images': size guessed (height 32, width 32")  # no imgsz: said (issue 28)
     assert "Pass --task to say what the model is" in note and f"note: {note}" in result.output
     # no imgsz: generated at the default spatial size
     assert load_golden(imported(repo, "bare")).inputs["images"].shape == (16, 3, 32, 32)
@@ -199,10 +200,11 @@ def test_a_paddle_classifier_takes_its_labels_from_character(tmp_path: Path) -> 
     assert result.exit_code == 0, result.output
     m = imported(repo, "five").manifest
     assert m.labels == [] and "labels" not in m.stages.import_.read
-    assert m.stages.import_.notes == [
+    assert m.stages.import_.notes[0] == (
         "metadata_props['character'] (Paddle) ignored: 5 labels given (['a', 'b', 'c', 'd', 'e']) but output "
         "'softmax_0.tmp_0' has 4 classes"
-    ]
+    )
+    assert m.stages.import_.notes[1].startswith("input 'x': size guessed")  # [-1, 3, -1, -1]: said (issue 28)
 
 
 def _metadata_model(tmp_path: Path, metadata: dict[str, str]) -> onnx.ModelProto:

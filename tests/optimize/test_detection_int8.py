@@ -16,7 +16,8 @@ from click.testing import CliRunner
 from pipeline.cli import main
 from pipeline.optimize.graph import signature
 from pipeline.optimize.nodes import decode_tail
-from pipeline.optimize.quantize import QuantSettings, quantize
+from pipeline.optimize.quantize import QuantSettings
+from pipeline.optimize.quantizers import quantize
 from pipeline.runtime.detection import compare_outputs
 from pipeline.runtime.runners import ort_runner
 from tests.export.real_models import SIZES, colour_detector, letterboxed, shapes_picture

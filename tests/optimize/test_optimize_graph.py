@@ -102,20 +102,28 @@ def test_a_step_that_freezes_the_batch_is_refused(models, tmp_path, monkeypatch)
     with pytest.raises(ArtifactError, match=r"onnxruntime's extended optimization broke the model .*use level basic"):
         optimize_graph(src, tmp_path / "opt2.onnx")
     assert not (tmp_path / "opt2.onnx").exists()
+    with pytest.raises(ArtifactError, match=r"onnxruntime's basic optimization broke the model") as refused:
+        optimize_graph(src, tmp_path / "opt3.onnx", level="basic")
+    assert "use level basic" not in str(refused.value) and "--graph none" in str(refused.value)  # not basic again
 
 
 def test_a_frozen_batch_or_renamed_output_is_a_signature_change() -> None:
-    def model(batch: str, output: str) -> onnx.ModelProto:
+    def model(batch: str, output: str, out_batch: str | None = None, width: str = "4") -> onnx.ModelProto:
+        out = out_batch or batch
         return onnx.parser.parse_model(
-            f"{HEADER}\ng (float[{batch}, 4] x) => (float[{batch}, 4] {output}) {{ {output} = Relu(x) }}"
+            f"{HEADER}\ng (float[{batch}, 4] x) => (float[{out}, {width}] {output}) {{ {output} = Relu(x) }}"
         )
 
     assert signature_changes(model("N", "y"), model("N", "y")) == []
-    assert signature_changes(model("N", "y"), model("1", "y")) == [
-        "x: shape ['N', 4] became [1, 4]",
-        "y: shape ['N', 4] became [1, 4]",
-    ]
+    assert signature_changes(model("N", "y"), model("1", "y")) == ["x: shape ['N', 4] became [1, 4]"]
     assert signature_changes(model("N", "y"), model("N", "z")) == ["outputs ['y'] became ['z']"]
+    assert signature_changes(model("N", "y"), model("N", "y", width="5")) == ["y: shape ['N', 4] became ['N', 5]"]
+    # a free output dim that shape inference wrote as its size or an expression: run, not refused (issue 28)
+    assert signature_changes(model("N", "y", width="d"), model("N", "y", width="4")) == []
+    assert signature_changes(model("N", "y", out_batch="n_out"), model("N", "y", out_batch="M")) == []
+    expression = model("N", "y")
+    expression.graph.output[0].type.tensor_type.shape.dim[1].dim_param = "floor((8210*floor(w/2)))"  # a fixed 4
+    assert signature_changes(model("N", "y"), expression) == []
 
 
 def test_metadata_props_survive(tmp_path: Path) -> None:

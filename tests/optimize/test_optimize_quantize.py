@@ -10,10 +10,13 @@ import onnx
 import pytest
 
 from pipeline.core.errors import InputError
+from pipeline.optimize import calibration_feed
 from pipeline.optimize.cache import QuantCache
+from pipeline.optimize.calibration_feed import activation_bytes
 from pipeline.optimize.graph import optimize_graph, signature
 from pipeline.optimize.nodes import quantizable_nodes
-from pipeline.optimize.quantize import QuantSettings, quantize, weight_bytes
+from pipeline.optimize.quantize import QuantSettings, weight_bytes
+from pipeline.optimize.quantizers import quantize
 from tests.optimize.transform_models import cnn, cosine, digits, features, mlp, relative_error, run, tokens, transformer
 
 
@@ -265,3 +268,18 @@ def test_refusals_name_the_value_and_the_fix(models, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="nodes_to_exclude must be a list of node names, got 'Conv_0'"):
         QuantSettings("dynamic", nodes_to_exclude="Conv_0")  # type: ignore[arg-type]
     assert not dst.exists()
+
+
+def test_a_calibration_pass_holds_no_more_activations_than_the_bound(models, tmp_path: Path, monkeypatch) -> None:
+    """A calibrator keeps every intermediate tensor of its batch: a batch is as many samples as ACTIVATIONS holds
+    (the PP-OCRv4 recognizer at 48x320: 192 MB a sample, 16 a pass peaked at 7.1 GiB; issue 28)."""
+    src = models["cnn"]
+    each = activation_bytes(onnx.load(str(src)), {"x": digits(1)["x"]}, tmp_path)
+    assert each > 8 * 8 * 4  # at least the 8x8 input's own conv maps
+    monkeypatch.setattr(calibration_feed, "ACTIVATIONS", 3 * each)  # three samples' worth a pass
+    seen: list[tuple[int, int]] = []
+    report = quantize(src, tmp_path / "qdq.onnx", QuantSettings("static"), digits(12),
+                      progress=lambda done, total: seen.append((done, total)))  # fmt: skip
+    assert seen[:2] == [(3, 12), (6, 12)] and seen[-1] == (12, 12)  # 3 a pass, every sample used
+    assert report.calibration_samples == 12
+    assert any("calibrated 3 sample(s) a pass" in w for w in report.warnings), report.warnings

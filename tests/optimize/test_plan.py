@@ -22,7 +22,8 @@ from pipeline.core.errors import InputError
 from pipeline.optimize.judge import Judge
 from pipeline.optimize.nodes import quantizable_nodes
 from pipeline.optimize.plan import Family, plan_for
-from pipeline.optimize.quantize import QuantSettings, quantize
+from pipeline.optimize.quantize import QuantSettings
+from pipeline.optimize.quantizers import quantize
 from pipeline.optimize.search import SearchResult, auto_search
 from pipeline.runtime.runners import ort_runner
 from pipeline.samples.evaluation import EvaluationSet

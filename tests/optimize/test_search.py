@@ -23,10 +23,12 @@ from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import ArtifactError
 from pipeline.optimize.judge import Judge, Verdict
 from pipeline.optimize.plan import Family
-from pipeline.optimize.quantize import QuantSettings, quantize
-from pipeline.optimize.search import SearchResult, Trial, auto_search
+from pipeline.optimize.quantize import QuantSettings
+from pipeline.optimize.quantizers import quantize
+from pipeline.optimize.search import SearchResult, auto_search
 from pipeline.optimize.sensitivity import sensitivity
 from pipeline.optimize.speed import choose
+from pipeline.optimize.trial import Trial
 from pipeline.runtime.runners import ort_runner
 from pipeline.samples.evaluation import EvaluationSet
 from pipeline.verify.policies import MetricDrop, MinCosine, Policy

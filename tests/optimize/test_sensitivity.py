@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.optimize.quantize import QuantSettings, quantize
+from pipeline.optimize.quantize import QuantSettings
+from pipeline.optimize.quantizers import quantize
 from pipeline.optimize.sensitivity import sensitivity
 from tests.optimize.transform_models import wide_channel_mlp
 

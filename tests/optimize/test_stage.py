@@ -98,7 +98,7 @@ def test_a_variant_that_misses_its_budget_is_failed_not_served_and_strict_exits_
     root = imported_sensitive(tmp_path)
 
     bad = CliRunner().invoke(main, ["optimize", str(root), "--quantize", "dynamic", "--max-accuracy-drop", "-1"])
-    assert bad.exit_code == 2 and "max_accuracy_drop" in bad.output  # a negative budget is bad input
+    assert bad.exit_code == 2 and "--max-accuracy-drop" in bad.output  # a negative budget is bad input
 
     loose = CliRunner().invoke(main, ["optimize", str(root), "--quantize", "dynamic", "--graph", "none"])
     assert loose.exit_code == 0, loose.output  # a miss without --strict: recorded, exit 0

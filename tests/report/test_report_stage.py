@@ -64,7 +64,7 @@ def test_the_card_is_remade_only_when_what_it_shows_changed(trained: Path) -> No
     report_artifact(trained, progress=lambda _: None)
     assert report_fresh(trained) is not None
     assert (trained / CARD_MD).stat().st_mtime_ns != made[0]
-    assert "0.0002 + 0.001·\\|ref\\|" in (trained / CARD_MD).read_text()  # the re-export's tolerance is shown
+    assert "0.0002·scale + 0.001·\\|ref\\|" in (trained / CARD_MD).read_text()  # the re-export's tolerance is shown
 
     # editing the recipe changes the budgets the card shows
     recipe = trained.parents[2] / "rep-tiny.yaml"

@@ -239,7 +239,7 @@ def test_other_bad_requests_are_400s(made: Path, server: Server) -> None:
     pictures = v2_pictures(made, ["square.png"])
     cases = [
         (f"{server.url}/v2/models/mlp/infer",
-         {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [0, 1, 2, 3]}],
+         {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0, 1, 2, 3]}],
           "parameters": {"detections": True}}, "model 'mlp' is a regression model; detections are answered by"),
         (f"{server.url}/v1/models/mlp:predict", {"instances": [[0, 1, 2, 3]], "detections": True},
          "model 'mlp' is a regression model"),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.artifact.directory import LOCK_NAME
 from pipeline.artifact.labels import LABELS_NAME, read_labels, write_label
 from pipeline.core.errors import ArtifactError, InputError
 from pipeline.serve.drain import CloseWhileDraining, Drain
@@ -109,7 +110,7 @@ def test_labels_are_written_atomically_and_moved(tmp_path: Path) -> None:
     assert read_labels(tmp_path) == {"canary": 2, "stable": 2}
     assert write_label(tmp_path, "canary", None) == 2
     assert read_labels(tmp_path) == {"stable": 2}
-    assert [p.name for p in tmp_path.iterdir()] == [LABELS_NAME]  # no temporary file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME, LABELS_NAME]  # no temporary file left
     with pytest.raises(InputError, match="is not a label name"):
         write_label(tmp_path, "../x", 1)
 

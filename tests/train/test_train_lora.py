@@ -155,6 +155,9 @@ def test_bad_lora_settings_are_refused_by_name(project: Path) -> None:
     recipe = load_recipe(write_recipe(project, "quer", lora={"target_modules": ["quer"]}))
     with pytest.raises(InputError, match=r"lora.target_modules \['quer'\] do not name modules.*'query'"):
         check_model_fits(recipe, load_splits(recipe))
+    beside = load_recipe(write_recipe(project, "beside", lora={"target_modules": ["query", "valeu"]}))
+    with pytest.raises(InputError, match=r"lora.target_modules \['valeu'\] do not name modules.*'value'"):
+        check_model_fits(beside, load_splits(beside))  # before: trained with adapters on query alone
 
 
 def test_text_data_from_jsonl_is_tokenized_as_the_model_takes_it(project: Path, tmp_path: Path) -> None:
@@ -182,6 +185,27 @@ def test_text_data_from_jsonl_is_tokenized_as_the_model_takes_it(project: Path, 
         load_splits(missing)
     with pytest.raises(RecipeError, match="data.source text needs model.arch hf"):
         load_recipe(write_recipe(folder, "no-hf", model={"arch": "mlp"}, lora=None))
+
+
+def test_the_version_carries_the_tokenizer_the_texts_were_tokenized_with(project: Path, tmp_path: Path) -> None:
+    """A tokenizer.json swapped in the base directory while the run trains: the version still gets the one
+    that made the ids, and the base's digest as it was then (before: the swapped one, read at the end)."""
+    from pipeline.data.text import base_digest
+    from pipeline.train.stage import Plan, effective_recipe, train_in_process
+    from tests.text_models import save_tokenizer
+
+    copy = tmp_path / "copy"
+    shutil.copytree(project, copy, ignore=shutil.ignore_patterns("artifacts"))
+    recipe = effective_recipe(load_recipe(copy / "tiny-lora.yaml"), 1)
+    used, digest = (copy / "base" / "tokenizer.json").read_bytes(), base_digest(copy / "base")
+    splits = load_splits(recipe)  # the texts tokenized: the run's start
+    save_tokenizer(copy / "base", lines=["zebra quokka " * 9, "other words entirely"])  # swapped mid-run
+    assert (copy / "base" / "tokenizer.json").read_bytes() != used
+    plan = Plan(str(copy / "tiny-lora.yaml"), 1, "cpu", "fp32", quiet=True)
+    root = train_in_process(plan, recipe, splits, copy / "artifacts" / "tiny-lora", resume=False)
+    artifact = Artifact.load(root)
+    assert artifact.path("tokenizer/tokenizer.json").read_bytes() == used
+    assert artifact.manifest.stages.train.inputs["base_model"] == digest != base_digest(copy / "base")
 
 
 def pipe_train(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

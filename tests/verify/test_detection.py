@@ -100,8 +100,10 @@ def test_box_agreement_passes_a_model_against_itself_and_fails_a_perturbed_box_h
 
     perturbed = verify(models["perturbed"], reference, given(pictures), SPEC, policy)
     assert not perturbed.passed
-    failed = {row.check for row in perturbed.failures}
-    assert {"batch 1", "batch 16", "evaluation split"} <= failed
+    # a budget is judged on the largest sample, the split; the batch cases show their figure without deciding
+    assert {row.check for row in perturbed.failures} == {"evaluation split"}
+    batch = next(r for r in perturbed.rows if r.check == "batch 16")
+    assert batch.passed and "(shown: the budget is judged on the evaluation split)" in batch.detail
     row = next(r for r in perturbed.failures if r.check == "evaluation split")
     assert "boxes matched 0 of" in row.detail and "reference (0.0000)" in row.detail
     assert "agreement 0.0000" in row.detail

@@ -19,13 +19,38 @@ from pipeline.verify.policies import (
 LOGITS = np.random.default_rng(0).standard_normal((100, 5))
 
 
-def test_exact_is_numpys_allclose_rule() -> None:
-    want = np.array([1.0, 100.0, 0.0])
-    inside = want + np.array([1e-4, 0.1, 1e-4])  # atol, rtol * 100, atol on zero
-    assert Exact(atol=1e-4, rtol=1e-3).compare(inside * (1 - 1e-9), want).passed
-    outside = Exact(atol=1e-4, rtol=1e-3).compare(want + np.array([0, 0.2, 0]), want)
-    assert not outside.passed and outside.detail == "1 of 3 values exceed atol 0.0001 + rtol 0.001*|ref|"
-    assert outside.max_abs == pytest.approx(0.2) and outside.max_rel == pytest.approx(0.002)
+def test_exact_holds_each_value_to_atol_in_units_of_the_outputs_scale_plus_rtol() -> None:
+    want = np.array([1.0, 0.5, 0.0])  # scale 1: atol is absolute
+    inside = want + np.array([1e-4 + 1e-3, 1e-4 + 5e-4, 1e-4])  # atol + rtol * |value|
+    assert Exact(atol=1e-4, rtol=1e-3).compare(inside * (1 - 1e-9), want).share == 0
+    outside = Exact(atol=1e-4, rtol=1e-3).compare(want + np.array([0, 0, 2e-4]), want)
+    assert not outside.passed and outside.share == pytest.approx(1 / 3) and outside.worst == pytest.approx(2.0)
+    assert outside.detail == ("1 of 3 values (0.33) exceed atol 0.0001 + rtol 0.001*|ref|, the worst 2x its "
+                              "tolerance; allowed: at most 0.0001 of the values, none beyond 10x")  # fmt: skip
+    # a price output of 500,000: its near-zero values are held to 1e-4 x 500,000, what float32 rounds there
+    prices = np.array([500_000.0, 3.0, 0.0])
+    assert Exact().compare(prices + np.array([0.0, 20.0, 40.0]), prices).passed
+    assert not Exact().compare(prices + np.array([0.0, 60.0, 0.0]), prices).passed
+
+
+def test_exact_lets_a_documented_few_values_out_but_none_far_out() -> None:
+    # the real case: PP-OCRv4's recognizer, fp32 TFLite, softmax [16, 40, 6625]: 2 of 4,240,000 values past 1e-4
+    rng = np.random.default_rng(0)
+    want = rng.random((16, 40, 6625))
+    want /= want.sum(axis=-1, keepdims=True)  # softmax-like rows: values in [0, 1], scale 1
+    got = want.copy()
+    got[3, 7, 11] += 1.5e-4
+    got[9, 2, 40] -= 1.2e-4
+    few = Exact().compare(got, want)
+    assert few.passed and few.share == pytest.approx(2 / 4_240_000), few.detail
+    assert few.detail.startswith("2 of 4240000 values (4.7e-07) exceed atol 0.0001")
+    one = want[:1]  # one sample, 265,000 values, for the rest
+    far = one.copy()
+    far[0, 0, 0] += 1.2e-3  # one value 11x its tolerance: a broken value, not rounding
+    assert not Exact().compare(far, one).passed
+    many = one + 2e-4 * (rng.random(one.shape) < 2e-4)  # about 53 values, 2e-4 of them
+    assert not Exact().compare(many, one).passed
+    assert Exact(max_share=1e-3).compare(many, one).passed
 
 
 def test_exact_metric_tolerance_is_two_sided_and_metric_drop_is_one_sided() -> None:
@@ -104,7 +129,8 @@ def test_a_bound_outside_its_range_is_refused_by_name(make, message: str) -> Non
 
 
 def test_a_policy_records_its_name_and_bounds() -> None:
-    assert Exact().to_dict() == {"policy": "exact", "atol": 1e-4, "rtol": 1e-3, "metric": 1e-3}
+    assert Exact().to_dict() == {"policy": "exact", "atol": 1e-4, "rtol": 1e-3, "metric": 1e-3, "max_share": 1e-4,
+                                 "hard": 10.0}  # fmt: skip
     assert MinCosine(0.95, 1.0).to_dict() == {"policy": "min cosine", "min_cosine": 0.95, "percentile": 1.0}
 
 

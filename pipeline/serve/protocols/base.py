@@ -29,6 +29,7 @@ class ModelIO:
     version: int
     inputs: list[IOSpec]
     outputs: list[IOSpec]
+    max_rows: int | None = None  # the most rows one request may hold (a batchable model's max batch size)
 
 
 @dataclass

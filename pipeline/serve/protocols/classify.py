@@ -28,6 +28,12 @@ FLOATS = ("FP16", "FP32", "FP64")
 
 def check_scores(spec: IOSpec, classify: bool, probabilities: bool) -> None:
     """A 400 before the model runs when the output's datatype cannot be ranked or normalized."""
+    if classify and len(spec.shape) > 2:
+        raise RequestError(
+            f"output {spec.name!r} is {spec.datatype}{list(spec.shape)}: one prediction per position, not one "
+            "[batch, classes] row per sample; classifying it would rank positions x classes as one row: ask for "
+            "the output without classification (a text recognizer answers its text then)"
+        )
     if classify and spec.datatype not in SCORED:
         raise RequestError(
             f"output {spec.name!r} is {spec.datatype}; classification ranks numeric scores ({', '.join(SCORED)})"

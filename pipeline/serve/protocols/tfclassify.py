@@ -19,6 +19,7 @@ import orjson
 
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
+from pipeline.serve.protocols.bounds import check_counts
 from pipeline.serve.protocols.classify import check_scores, label_scores, softmax
 from pipeline.serve.protocols.datatypes import IOSpec
 from pipeline.serve.protocols.tfserving import parse_request, row_inputs
@@ -30,6 +31,7 @@ class TFClassify(Protocol):
     """`:classify`; `Decoded.outputs` is the classifier output, `Decoded.options` whether to softmax it."""
 
     def decode(self, body: bytes, headers: dict[str, str], model: ModelIO) -> Decoded:
+        check_counts(body, model)
         request = parse_request(body, _KEYS, "classify")
         if ("examples" in request) == ("instances" in request):
             raise RequestError("send exactly one of 'examples' or 'instances': a list with one entry per example")

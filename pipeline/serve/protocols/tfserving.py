@@ -17,6 +17,7 @@ from pipeline.artifact.datatypes import V2_TO_TF
 from pipeline.serve.detections import SETTINGS, asked
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
+from pipeline.serve.protocols.bounds import check_counts
 from pipeline.serve.protocols.datatypes import IOSpec, json_text
 from pipeline.serve.protocols.jsonvalues import decode_base64, json_array
 from pipeline.serve.protocols.keyed import feature_list, feature_rows
@@ -45,6 +46,7 @@ class TFServing(Protocol):
     """`POST /v1/models/{m}[/versions/{v}]:predict`; `Decoded.options` names the form: "instances" or "inputs"."""
 
     def decode(self, body: bytes, headers: dict[str, str], model: ModelIO) -> Decoded:
+        check_counts(body, model)
         request = parse_request(body, _KEYS, "predict")
         if ("instances" in request) == ("inputs" in request):
             raise RequestError("send exactly one of 'instances' (row form) or 'inputs' (columnar form)")

@@ -22,6 +22,7 @@ from pipeline.serve.detections import asked
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols import binary
 from pipeline.serve.protocols.base import Decoded, Encoded, ModelIO, Protocol
+from pipeline.serve.protocols.bounds import check_counts
 from pipeline.serve.protocols.classify import check_scores, softmax, top_classes
 from pipeline.serve.protocols.datatypes import IOSpec, json_text, numpy_dtype, v2_datatype
 from pipeline.serve.protocols.jsonvalues import json_array
@@ -48,12 +49,13 @@ class V2(Protocol):
 
     def decode(self, body: bytes, headers: dict[str, str], model: ModelIO) -> Decoded:
         raw_json, tensors = binary.split_body(body, headers)
+        check_counts(raw_json, model)  # millions of values for a model that takes hundreds: refused unparsed
         request = _object(parse_json(raw_json, "the inference request header"), "the inference request")
         request_id = request.get("id")
         if request_id is not None and not isinstance(request_id, str):
             raise RequestError(f"id must be a string, got {request_id!r}")
         parameters = _parameters(request, "request")
-        inputs = _inputs(request.get("inputs"), tensors, raw_json)
+        inputs = _inputs(request.get("inputs"), tensors, raw_json, model)
         binary_default = parameters.get("binary_data_output", False)
         if not isinstance(binary_default, bool):
             raise RequestError(f"parameters.binary_data_output must be true or false, got {binary_default!r}")
@@ -142,21 +144,27 @@ def parse_json(raw: bytes, what: str = "request body") -> Any:
         raise RequestError(f"{what} is not valid JSON: {exc}; send a JSON object") from None
 
 
-def _inputs(raw_inputs: Any, tensors: memoryview, raw_json: bytes) -> dict[str, np.ndarray]:
-    """The request's `inputs` list -> named arrays, each from JSON `data` or from the binary tail."""
+def _inputs(raw_inputs: Any, tensors: memoryview, raw_json: bytes, model: ModelIO) -> dict[str, np.ndarray]:
+    """The request's `inputs` list -> named arrays, each from JSON `data` or from the binary tail.
+
+    Every input's name, datatype and shape is checked against the model before any input's data is
+    decoded (`_check_declared`): a body of millions of elements for an input that cannot take them is
+    refused for the few bytes of its header."""
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise RequestError(f"inputs must be a non-empty list of tensors, got {raw_inputs!r:.80}")
-    inputs: dict[str, np.ndarray] = {}
-    offset = 0  # where the next binary input starts in `tensors`
+    declared: list[tuple[str, str, np.dtype, list[int], dict[str, Any]]] = []
     for i, entry in enumerate(raw_inputs):
         entry = _object(entry, f"inputs[{i}]")
         name, datatype = entry.get("name"), entry.get("datatype")
         if not isinstance(name, str):
             raise RequestError(f"inputs[{i}].name must be a string, got {name!r}")
-        if name in inputs:
+        if any(name == seen for seen, *_ in declared):
             raise RequestError(f"input {name!r} is given twice")
-        dtype = numpy_dtype(datatype)
-        shape = _shape(entry.get("shape"), f"inputs[{i}]")
+        declared.append((name, datatype, numpy_dtype(datatype), _shape(entry.get("shape"), f"inputs[{i}]"), entry))
+    _check_declared([(name, datatype, shape) for name, datatype, _, shape, _ in declared], model)
+    inputs: dict[str, np.ndarray] = {}
+    offset = 0  # where the next binary input starts in `tensors`
+    for i, (name, datatype, dtype, shape, entry) in enumerate(declared):
         size = _parameters(entry, f"inputs[{i}]").get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -180,6 +188,42 @@ def _inputs(raw_inputs: Any, tensors: memoryview, raw_json: bytes) -> dict[str, 
             "binary_data_size values must add up to the bytes after the JSON header"
         )
     return inputs
+
+
+def _check_declared(declared: list[tuple[str, str, list[int]]], model: ModelIO) -> None:
+    """Refuse what the model cannot take, from the inputs' names, datatypes and shapes alone: an unknown
+    name, another datatype (BYTES aside: encoded pictures, or texts under a token ids input, one per
+    row), a shape that does not fit, more rows than one request may hold. The session checks the
+    decoded arrays again (every protocol); this check only comes first, before any data is decoded."""
+    specs = {s.name: s for s in model.inputs}
+    expected = ", ".join(s.describe() for s in model.inputs)
+    if unknown := [name for name, _, _ in declared if name not in specs]:
+        raise RequestError(f"unknown input(s) {unknown}; the model expects {expected}")
+    for name, datatype, shape in declared:
+        spec = specs[name]
+        if datatype == spec.datatype and not spec.tokenized_into:
+            fits = len(shape) == len(spec.shape) and all(w in (-1, g) for w, g in zip(spec.shape, shape, strict=True))
+            if not fits:
+                raise RequestError(
+                    f"input {name!r} has shape {shape}, the model expects {spec.describe()} (-1: any size)"
+                )
+            rows = shape[0] if spec.shape and spec.shape[0] == -1 else None
+        elif datatype == "BYTES":  # texts, or encoded pictures / texts for a tensor input: one per row
+            if len(shape) > 2 or math.prod(shape[1:]) != 1:
+                raise RequestError(
+                    f"input {name!r} has datatype BYTES and shape {shape}; the model expects {spec.describe()} "
+                    "(BYTES for it are texts or encoded pictures, one per row: shape [n] or [n, 1])"
+                )
+            rows = shape[0] if shape else 1
+            if spec.shape and spec.shape[0] > 0 and rows > spec.shape[0]:  # a fixed batch dim
+                raise RequestError(f"input {name!r} holds {rows} rows, the model expects {spec.describe()}")
+        else:
+            raise RequestError(f"input {name!r} has datatype {datatype}, the model expects {spec.describe()}")
+        if rows is not None and model.max_rows is not None and rows > model.max_rows:
+            raise RequestError(
+                f"the request holds {rows} rows, more than this model's max batch size {model.max_rows}; split "
+                "it into smaller requests"
+            )
 
 
 def _outputs(raw_outputs: Any, binary_default: bool) -> tuple[dict[str, bool] | None, dict[str, int], set[str]]:

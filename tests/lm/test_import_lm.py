@@ -167,3 +167,22 @@ def test_gpt2_with_no_pad_token_imports(tmp_path: Path) -> None:
     m = Artifact.load(tmp_path / "artifacts" / "gpt2" / "1").manifest
     assert m.generation is not None and m.generation.cache.kv_heads == 4
     assert all(r["passed"] for r in m.stages.import_.parity["rows"])
+
+
+@pytest.mark.slow  # shares one import of a tiny Llama (about 15 s of CPU)
+@pytest.mark.parametrize(
+    "command",
+    [["optimize"], ["export", "--target", "edge"], ["check", "--baseline", "BASE"]],
+    ids=["optimize", "edge", "check"],
+)
+def test_stages_without_a_language_model_form_refuse_it_by_name(
+    llama: tuple[Path, Artifact], command: list[str]
+) -> None:
+    """Optimize fed the golden ids without the cache inputs and exited 3, and check passed a decoder against
+    itself on no metric at all (a gate that would pass any decoder); each stage that has no form for a decoder
+    yet refuses it with exit 2, saying what a decoder has today."""
+    root = str(llama[1].root)
+    args = [root if arg == "BASE" else arg for arg in command]
+    result = pipe(args[0], root, *args[1:])
+    assert result.exit_code == 2, result.output
+    assert "does not take a language model yet" in result.output and "text-generation" in result.output

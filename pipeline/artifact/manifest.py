@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pipeline import __version__
 from pipeline.artifact.checks import one_of, positive, unprintable
+from pipeline.artifact.generation import Generation, generation_problems
 from pipeline.artifact.preprocessing import preprocessing_problems
 from pipeline.artifact.records import Stages
 from pipeline.artifact.tensors import PinnedInput, TensorSpec
@@ -32,11 +33,14 @@ from pipeline.core.jsontypes import decode, encode
 SCHEMA_VERSION = 2  # 2: typed stage records and variant records (1 held free-form stage dicts)
 MANIFEST_NAME = "manifest.json"
 # What a model's outputs mean (docs/export.md, "Tasks"): classification ([batch, classes]), regression,
-# embedding, detection (the Ultralytics head: one [batch, 4+classes, anchors] output) and tensor (none of
-# those: each output judged as a tensor) and text-recognition (a CTC recognizer: one [batch, positions,
-# classes] output read as text with its dictionary, the `Ctc` record).
-TASKS = ("classification", "regression", "embedding", "detection", "tensor", "text-recognition")
-Task = Literal["classification", "regression", "embedding", "detection", "tensor", "text-recognition"]
+# embedding, detection (the Ultralytics head: one [batch, 4+classes, anchors] output), tensor (none of
+# those: each output judged as a tensor), text-recognition (a CTC recognizer: one [batch, positions,
+# classes] output read as text with its dictionary, the `Ctc` record) and text-generation (a causal LM:
+# logits [batch, sequence, vocab] and its KV cache, docs/language-models.md).
+TASKS = ("classification", "regression", "embedding", "detection", "tensor", "text-recognition", "text-generation")
+Task = Literal[
+    "classification", "regression", "embedding", "detection", "tensor", "text-recognition", "text-generation"
+]
 # A model name is a directory name in every repository and URL it reaches: one safe path segment.
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 NAME_RULE = "1-128 lowercase letters, digits, '.', '_' and '-', starting with a letter or digit"
@@ -174,6 +178,8 @@ class Manifest:
     ctc: Ctc | None = field(default=None, metadata={"omit_none": True})  # task text-recognition only
     # a text model's tokenizer, carried in the version (pipeline/artifact/tokens.py); None: token ids only
     tokenizer: TokenizerRecord | None = field(default=None, metadata={"omit_none": True})
+    # a text-generation model's KV cache layout, EOS ids and chat template (pipeline/artifact/generation.py)
+    generation: Generation | None = field(default=None, metadata={"omit_none": True})
     lineage: Lineage = field(default_factory=Lineage)
     files: dict[str, FileEntry] = field(default_factory=dict, metadata={"check": _check_files})
     variants: dict[str, Variant] = field(default_factory=dict, metadata={"check": _check_variants})
@@ -268,6 +274,13 @@ def _contradictions(manifest: Manifest) -> list[str]:
     problems += _feature_contradictions(manifest.inputs)
     problems += preprocessing_problems(manifest.inputs)  # an image record that cannot be applied: refused up front
     problems += _task_contradictions(manifest)
+    problems += generation_problems(
+        manifest.generation,
+        manifest.task,
+        [s.name for s in manifest.inputs],
+        [s.name for s in manifest.outputs],
+        manifest.files,
+    )
     return problems
 
 
@@ -302,7 +315,8 @@ def _task_contradictions(manifest: Manifest) -> list[str]:
 
 
 _IDENTITY_FIELDS = (
-    "name", "version", "task", "inputs", "outputs", "labels", "pinned", "detection", "ctc", "tokenizer", "lineage",
+    "name", "version", "task", "inputs", "outputs", "labels", "pinned", "detection", "ctc", "tokenizer", "generation",
+    "lineage",
     "created",
 )  # fmt: skip
 

@@ -25,7 +25,7 @@ from pipeline.check.reports import to_json, to_junit, to_markdown, to_table
 from pipeline.check.verdict import CheckRun, budgets_for, check_candidate
 from pipeline.core.fsutil import sha256_file
 from pipeline.core.jsontypes import encode
-from pipeline.stagekit.contract import Context, Stage
+from pipeline.stagekit.contract import Context, Stage, lm_off
 
 REPORTS: dict[str, Callable[[CheckRun], str]] = {
     "reports/check.json": to_json,
@@ -99,6 +99,8 @@ def _baseline(ctx: Context) -> Path:
 
 
 def _off(ctx: Context) -> str | None:
+    if refused := lm_off("check")(ctx):
+        return refused
     baseline = _baseline(ctx)
     if baseline.is_file():
         return None

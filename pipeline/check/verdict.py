@@ -16,6 +16,7 @@ from pipeline.recipe.budgets import BudgetSpec
 from pipeline.recipe.current import current_recipe, section_settings
 from pipeline.runtime.latency import measure
 from pipeline.samples.evaluation import GENERATED_NOTE, judged_on_generated
+from pipeline.stagekit.contract import lm_refusal
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ def check_candidate(
     """Run every check of the candidate artifact against the baseline (an artifact or a baseline .json)."""
     baseline, baseline_artifact = load_baseline(baseline_path)
     artifact = Artifact.load(resolve_artifact(candidate_path))
+    refused = lm_refusal("check", artifact.manifest.task, artifact.root)
+    if refused:
+        raise InputError(refused)
     candidate = summarize(artifact)
     if candidate.task != baseline.task:
         raise InputError(

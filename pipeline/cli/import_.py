@@ -44,10 +44,13 @@ if TYPE_CHECKING:
 )
 @click.option(
     "--task",
-    type=click.Choice(["classification", "regression", "embedding", "detection", "text-recognition", "tensor"]),
+    type=click.Choice(
+        ["classification", "regression", "embedding", "detection", "text-recognition", "tensor", "text-generation"]
+    ),
     default=None,
     help="What the outputs are. Default: the task the exporter recorded (Ultralytics; a PaddleOCR recognizer's "
-    "dictionary), else classification when the outputs fit a classifier, else tensor. See docs/export.md.",
+    "dictionary), else classification when the outputs fit a classifier, else tensor; a transformers causal LM "
+    "directory: text-generation. See docs/export.md and docs/language-models.md.",
 )
 @REPOSITORY
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
@@ -190,16 +193,38 @@ def _import_transformers(
     import time
 
     from pipeline.core.errors import InputError
+    from pipeline.export.causal_lm import TASK, DecoderGate, architecture_of, import_causal_lm
     from pipeline.export.hf import HFSettings, import_hf
 
-    if task is None:
-        raise InputError(f"{path} is a transformers model: say what it is for with --task classification or embedding")
     started = time.perf_counter()
+    architecture = architecture_of(path)
+    if task in (None, TASK) and architecture is not None:
+        if texts is not None:  # never ignored: the causal LM import gates on its own prompts
+            raise InputError(f"--eval-data {texts.path}: texts are evaluation data of --task classification or "
+                             f"embedding; a {TASK} import takes none (drop --eval-data)")  # fmt: skip
+        lm_gate = DecoderGate(**{k: gate[k] for k in ("atol", "rtol") if gate.get(k) is not None})
+        artifact = import_causal_lm(path, name, Path(repository), Path(tokenizer) if tokenizer else None, lm_gate)
+        _print_import(artifact, f"imported {path} -> {artifact.root} in {time.perf_counter() - started:.1f} s "
+                      f"(transformers {architecture}, {TASK})")  # fmt: skip
+        return
+    if task is None:
+        raise InputError(
+            f"{path} is a transformers model but not a causal LM (config.json architectures name no *ForCausalLM "
+            "or *LMHeadModel): say what it is for with --task classification or embedding"
+        )
+    if task == TASK:
+        raise InputError(f"--task {TASK}: {path}/config.json names no *ForCausalLM or *LMHeadModel in architectures")
     settings = HFSettings(task=task, pooling=pooling, normalize=normalize)
     tokenizer_path = Path(tokenizer) if tokenizer else None
     artifact = import_hf(path, name, Path(repository), settings, tokenizer_path, gate=gate, texts=texts)
+    _print_import(artifact, f"imported {path} -> {artifact.root} in {time.perf_counter() - started:.1f} s "
+                  f"(transformers, {task})")  # fmt: skip
+
+
+def _print_import(artifact: Any, headline: str) -> None:
+    """What a transformers import read and noted, under one headline."""
     imported = artifact.manifest.stages.import_
-    click.echo(f"imported {path} -> {artifact.root} in {time.perf_counter() - started:.1f} s (transformers, {task})")
+    click.echo(headline)
     for what, reading in imported.read.items() if imported else ():
         click.echo(f"  {what}: {reading.value} ({reading.source})")
     for note in imported.notes if imported else ():

@@ -23,7 +23,7 @@ from pipeline.data.text import TextBase
 from pipeline.recipe.schema import BUILTIN_DATASETS, REGRESSION_DATASETS, Recipe
 from pipeline.runtime.images import digits_record
 
-KINDS = ("features", "image", "tokens", "text")
+KINDS = ("features", "image", "tokens", "text", "lm")  # lm: a causal LM's rows, y its labels [n, T]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
@@ -44,7 +44,7 @@ class RawData:
     excluded: list[str] | None = None  # csv: the columns data.exclude_columns left out
     # text: the tokenizer's attention mask [n, T] (1 real token, 0 padding) and its limits (pipeline/data/text.py)
     mask: np.ndarray | None = None
-    text: dict[str, int] | None = None  # {"padding_id", "vocab_size", "max_length"}
+    text: dict[str, Any] | None = None  # {"padding_id", "vocab_size", "max_length"}; lm: "format" too
     base: TextBase | None = None  # text: the tokenizer and the model directory's digest as the texts were tokenized
 
 
@@ -274,6 +274,8 @@ def _text(path: Path, recipe: Recipe) -> RawData:
     from pipeline.data.text import DEFAULT_LABEL_COLUMN, DEFAULT_TEXT_COLUMN, read_texts, tokenize
 
     spec = recipe.data
+    if recipe.task == "text-generation":
+        return _lm(path, recipe)
     texts, labels = read_texts(path, spec.text_column or DEFAULT_TEXT_COLUMN, spec.label_column or DEFAULT_LABEL_COLUMN)
     model_dir = recipe.model_dir()
     if model_dir is None or not model_dir.is_dir():
@@ -285,6 +287,35 @@ def _text(path: Path, recipe: Recipe) -> RawData:
     y, names = _classes(np.asarray(labels))
     limits = {"padding_id": tokens.padding_id, "vocab_size": tokens.vocab_size, "max_length": tokens.max_length}
     return RawData(tokens.ids, y, names, "text", mask=tokens.mask, text=limits, base=tokens.base)
+
+
+def _lm(path: Path, recipe: Recipe) -> RawData:
+    """A causal LM's rows (pipeline/data/lm_tokens.py): ids and mask, and as y the labels [n, T] (IGNORE where
+    the loss skips a token: instruction data's prompts, padding)."""
+    from pipeline.artifact.generation import read_generation
+    from pipeline.artifact.tokens import hf_limits, read_tokenizer
+    from pipeline.data.lm_tokens import lm_rows
+    from pipeline.data.text import TextBase, base_digest
+
+    model_dir = recipe.model_dir()
+    if model_dir is None or not model_dir.is_dir():
+        raise InputError(
+            f"task text-generation trains the causal LM in model.path, and {model_dir} is not a directory; point "
+            "model.path at a directory with config.json and a tokenizer (and weights, to fine-tune)"
+        )
+    rows, fmt = lm_rows(path, recipe.data.format, model_dir, recipe.data.max_length)
+    source = read_tokenizer(model_dir)
+    limits = hf_limits(model_dir, ["input_ids", "attention_mask"], source)
+    if rows.ids.max() >= limits.vocab_size:
+        raise InputError(
+            f"{model_dir}: the tokenizer made id {int(rows.ids.max())} but the model embeds {limits.vocab_size} ids "
+            "(config.json vocab_size): the tokenizer is not the model's"
+        )
+    text = {"vocab_size": limits.vocab_size, "max_length": limits.max_length or rows.ids.shape[1], "format": fmt}
+    eos = read_generation(model_dir).eos_token_ids  # refused here, before training, when the model names none
+    text["padding_id"] = limits.padding_id if limits.padding_id is not None else eos[0]  # transformers' choice
+    base = TextBase(source, base_digest(model_dir, source.contents))  # what LoRA builds on, as it was read
+    return RawData(rows.ids, rows.labels, [], "lm", mask=rows.mask, text=text, base=base)
 
 
 def _check(raw: RawData, source: str, task: str) -> None:

@@ -27,9 +27,11 @@ TEXT_IDS, TEXT_MASK = "input_ids", "attention_mask"  # a text model's inputs, na
 class DataInfo:
     """The shape of one sample and the facts a model is built from."""
 
-    kind: str  # features | image | tokens | text (token ids and attention mask from a transformers tokenizer)
+    # features | image | tokens | text (token ids and attention mask from a transformers tokenizer) | lm (a causal
+    # LM's rows: the same inputs, and as target the next-token labels [n, T])
+    kind: str
     sample_shape: list[int]  # one sample without the batch dim: [64], [1, 8, 8], [32] (longest sequence)
-    num_classes: int  # the model's output width: the classes of a classifier, 1 for regression
+    num_classes: int  # the model's output width: the classes of a classifier, 1 for regression, lm: the vocabulary
     labels: list[str] = field(default_factory=list)
     vocab_size: int | None = None  # tokens: largest id + 1; text: the ids the model embeds
     mean: list[float] | None = None  # train-split mean per feature (features) or per channel (images)
@@ -59,17 +61,17 @@ class DataInfo:
     @property
     def input_names(self) -> list[str]:
         """The model's inputs, in the order its forward takes them."""
-        if self.kind == "text":
+        if self.kind in ("text", "lm"):
             return [TEXT_IDS, TEXT_MASK]
         return ["tokens" if self.kind == "tokens" else "input"]
 
     @property
     def dtype(self) -> str:
-        return "int64" if self.kind in ("tokens", "text") else "float32"
+        return "int64" if self.kind in ("tokens", "text", "lm") else "float32"
 
     @property
     def layout(self) -> str:
-        return {"features": "NC", "image": "NCHW", "tokens": "NT", "text": "NT"}[self.kind]
+        return {"features": "NC", "image": "NCHW", "tokens": "NT", "text": "NT", "lm": "NT"}[self.kind]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,7 +86,7 @@ class Split:
     """One split: model inputs by name (as the manifest names them) and the targets."""
 
     inputs: dict[str, np.ndarray]
-    target: np.ndarray  # [n] int64 class indices, or [n] float32 values (regression)
+    target: np.ndarray  # [n] int64 class indices, [n] float32 values (regression), or [n, T] labels (lm)
 
     def __len__(self) -> int:
         return len(self.target)
@@ -108,7 +110,7 @@ def load_splits(recipe: Recipe) -> Splits:
         len(raw.y), recipe.data.val_fraction, recipe.data.test_fraction, recipe.train.seed
     )
     mean = std = None
-    if recipe.data.normalize and raw.kind not in ("tokens", "text"):
+    if recipe.data.normalize and raw.kind not in ("tokens", "text", "lm"):
         mean, std = _stats(raw.x[train_idx], raw.kind)
         for i, feature in enumerate(raw.features or []):
             if feature.get("categories"):  # category indices are one-hot encoded, never standardized
@@ -119,7 +121,11 @@ def load_splits(recipe: Recipe) -> Splits:
     info = DataInfo(
         kind=raw.kind,
         sample_shape=[int(d) for d in raw.x.shape[1:]],
-        num_classes=1 if recipe.task == "regression" else len(raw.labels),
+        num_classes=1
+        if recipe.task == "regression"
+        else (raw.text or {}).get("vocab_size", 0)
+        if raw.kind == "lm"
+        else len(raw.labels),
         labels=raw.labels,
         vocab_size=(raw.text or {}).get("vocab_size") or (int(raw.x.max()) + 1 if raw.kind == "tokens" else None),
         mean=mean,

@@ -32,7 +32,10 @@ def summarize(raw: RawData, source: str, task: str) -> list[str]:
             lines.append(f"    {feature['name']}: {len(categories)} categories{_names(categories)}")
     if raw.excluded:
         lines.append(f"  left out (data.exclude_columns): {', '.join(raw.excluded)}")
-    if task == "regression":
+    if raw.kind == "lm":  # y: the next-token labels, -100 where the loss skips a token
+        counted, real = int((raw.y >= 0).sum()), int(raw.mask.sum()) if raw.mask is not None else raw.y.size
+        lines.append(f"  {(raw.text or {}).get('format')} rows: the loss on {counted} of {real} tokens")
+    elif task == "regression":
         y = raw.y.astype(np.float64)
         lines.append(f"  target: mean {y.mean():.4g}, std {y.std():.4g}, from {y.min():.4g} to {y.max():.4g}")
     elif raw.labels:

@@ -49,7 +49,7 @@ from pipeline.edge.recording import CONVERT_REPORTS, record_made, record_refused
 from pipeline.edge.shapes import guessed_advice
 from pipeline.recipe.schema import EdgeSpec
 from pipeline.runtime.runners import ort_runner
-from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
+from pipeline.stagekit.contract import Context, Overrides, Progress, Stage, lm_off
 from pipeline.stagekit.opening import Opened, made_from_model_fresh, open_for_model
 from pipeline.verify.choose import GateSettings, hop_policy, refuse_unread_budgets
 
@@ -179,7 +179,7 @@ def _run(ctx: Context) -> str:
 
 
 def _off(ctx: Context) -> str | None:
-    return None if ctx.recipe.edge.enabled else "edge.enabled: false"
+    return lm_off("edge")(ctx) or (None if ctx.recipe.edge.enabled else "edge.enabled: false")
 
 
 STAGE = Stage("edge", _fresh, _run, _off, judges=True)

@@ -125,7 +125,7 @@ def import_hf(
         raise InputError(f"--task {settings.task!r}: a transformers directory imports as {' or '.join(HF_TASKS)}")
     if settings.pooling not in POOLINGS:
         raise InputError(f"--pooling {settings.pooling!r} is not one of {', '.join(POOLINGS)}")
-    config = _config(source)
+    config = read_config(source)
     tokenizer = read_tokenizer(tokenizer_dir or source)
     started = time.perf_counter()
     module, names, config_obj, notes = _load(source, settings)
@@ -151,7 +151,7 @@ def import_hf(
         raise
 
 
-def _config(source: Path) -> dict[str, Any]:
+def read_config(source: Path) -> dict[str, Any]:
     """config.json, checked to be a transformers model's with its weights beside it."""
     if not is_transformers_dir(source):
         raise not_a_model(source)
@@ -279,7 +279,7 @@ def _build(
     report = verify(path, reference, given, spec, policy, session=run.session)
     report.raise_on_failure(f"the ONNX export of {source}")
     save_golden(artifact, Golden(samples, reference(samples)))
-    digest = _source_digest(source)
+    digest = source_digest(source)
     graph = onnx.load(str(path), load_external_data=False)
     read = {
         "task": Reading(value=settings.task, source="--task"),
@@ -317,7 +317,7 @@ def _build(
     return artifact
 
 
-def _source_digest(source: Path) -> str:
+def source_digest(source: Path) -> str:
     """sha256 over the directory's config, weights and tokenizer files (names and bytes, in order)."""
     digest = hashlib.sha256()
     for path in sorted(p for p in source.iterdir() if p.is_file()):

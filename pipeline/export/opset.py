@@ -85,8 +85,20 @@ _TORCHSCRIPT_UNSUPPORTED = re.compile(
 )
 
 
+# torch's message when an index (a token id) is past an nn.Embedding's rows, raised by both exporters while they
+# run the model on the example inputs: the data is wrong, not the model's code
+_INDEX_PAST_TABLE = "index out of range in self"
+
+
 def explain_exporter_error(message: str) -> str | None:
-    """Rewrite the TorchScript exporter's 'operator X not supported at opset N' in our terms, if it is one."""
+    """Rewrite an exporter failure whose cause is known in our terms: 'operator X not supported at opset N',
+    or an example input indexing past a table (a token id past the embedding), if it is one of them."""
+    if _INDEX_PAST_TABLE in message:
+        return (
+            f"the model failed on its example inputs ({_INDEX_PAST_TABLE}): an input indexes past a table, most "
+            "often a token id at or past the embedding's rows; the data's ids must be below the model's vocab_size "
+            "(set model.vocab_size above the largest id, or re-tokenize the data with the model's tokenizer)"
+        )
     found = _TORCHSCRIPT_UNSUPPORTED.search(message)
     if not found:
         return None

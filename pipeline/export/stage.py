@@ -59,16 +59,23 @@ def export_artifact(
     backend = backend_for(artifact)
     model = backend.load_model(artifact)
     ready = trained_onnx(backend, artifact)  # ort: the trained model is already ONNX, so it is gated as it is
-    evaluation = evaluation_set(artifact, recipe)
+    generating = manifest.task == "text-generation"  # a causal LM: its KV cache graph, judged on generated text
+    evaluation = None if generating else evaluation_set(artifact, recipe)
     weights = train.checkpoint.weights
     how = (
         f"the {backend.name} backend's trained ONNX model" if ready else f"{exporter} exporter, opset {settings.opset}"
     )
-    progress(f"[export] {artifact.root}: {how}; gate on {evaluation.source}")
+    on = "greedy generation against transformers" if evaluation is None else evaluation.source
+    progress(f"[export] {artifact.root}: {how}; gate on {on}")
 
     with StageWrite(artifact.root, "export") as write:
         candidate = write.scratch / MODEL_FILE
-        if ready is not None:
+        if evaluation is None:
+            from pipeline.export.causal_lm import DecoderGate, export_trained
+
+            gate = DecoderGate(atol=settings.atol, rtol=settings.rtol)
+            result, report = export_trained(model, artifact, candidate, settings.opset, gate)
+        elif ready is not None:
             result = copy_trained(ready, candidate, backend.name)
         else:
             result = export_module(
@@ -80,8 +87,9 @@ def export_artifact(
                 settings.opset,
                 exporter,
             )
-        reference = backend.reference(artifact, model)
-        report = verify(candidate, reference, evaluation, manifest.spec, tol, scratch=write.scratch)
+        if evaluation is not None:
+            reference = backend.reference(artifact, model)
+            report = verify(candidate, reference, evaluation, manifest.spec, tol, scratch=write.scratch)
         report.raise_on_failure(f"the ONNX export of {manifest.name} v{manifest.version}")
         stamp(candidate, manifest)
         files = list(EXPORTED_FILES[::-1]) if result.external_data else [MODEL_FILE]  # weights, then the graph

@@ -43,6 +43,11 @@ def fit_problem(task: str, outputs: list[TensorSpec]) -> str | None:
     """Why the model's outputs do not fit `task`, or None when they do (see the module doc)."""
     first = outputs[0]
     shape, where = first.shape, f"output {first.name!r} {_shape(first.shape)}"
+    if task == "text-generation":
+        return (
+            "a causal LM imports from its transformers directory (pipe import DIR), where its cache layout, "
+            "EOS ids and tokenizer are read (docs/language-models.md); an ONNX file alone imports as tensor"
+        )
     if task == "classification":
         if len(shape) == 1 and first.dtype.startswith(("int", "uint")):
             return None  # class ids

@@ -37,7 +37,7 @@ from pipeline.optimize.optimize_md import markdown
 from pipeline.recipe.schema import OptimizeSpec
 from pipeline.runtime.latency import Latency, affordable_batches, measure
 from pipeline.samples.calibration import Calibration, calibration_set, has_real_samples
-from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
+from pipeline.stagekit.contract import Context, Overrides, Progress, Stage, lm_off
 from pipeline.stagekit.opening import made_from_model_fresh, open_for_model
 from pipeline.verify.choose import GateSettings, hop_policy
 from pipeline.verify.report import GateReport, Row
@@ -277,4 +277,4 @@ def _run(ctx: Context) -> str:
     return f"{', '.join(m.name for m in outcome.made)} in {ctx.version / 'variants'}{failed}"
 
 
-STAGE = Stage("optimize", _fresh, _run)
+STAGE = Stage("optimize", _fresh, _run, lm_off("optimize"))

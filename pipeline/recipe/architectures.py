@@ -70,7 +70,9 @@ class OnnxSpec(Strict):
 
 
 class HFSpec(Strict):
-    """A Hugging Face Transformers model directory (`save_pretrained` output), fine-tuned as a classifier."""
+    """A Hugging Face Transformers model directory (`save_pretrained` output), fine-tuned as a classifier, or as a
+    causal LM (task text-generation; a directory with config.json and a tokenizer but no weights trains one
+    from scratch)."""
 
     arch: Literal["hf"]
     path: str = Field(min_length=1)  # the directory (config.json, weights, tokenizer), relative to the recipe

@@ -38,6 +38,9 @@ class DataSpec(Strict):
     label_column: str | None = None  # csv: the column holding the target; text: the label's column ("label")
     text_column: str | None = None  # text: the column (CSV) or key (JSONL) holding the text ("text")
     max_length: int | None = Field(None, gt=1)  # text: tokens per row at most (None: the model's own limit)
+    # text, task text-generation: plain text (.txt, packed into max_length blocks), or instruction rows in
+    # alpaca or sharegpt form (.json/.jsonl); None: text for .txt, else found from the first row
+    format: Literal["text", "alpaca", "sharegpt"] | None = None
     feature_columns: list[str] | None = None  # csv: None means every other column
     exclude_columns: list[str] | None = None  # csv: columns left out of "every other column" (IDs, free text)
     delimiter: Literal[",", ";", "\t", "|"] | None = None  # csv: None finds it from the file's first lines
@@ -80,6 +83,7 @@ class DataSpec(Strict):
             ("image_size", ("images",)),
             ("text_column", ("text",)),
             ("max_length", ("text",)),
+            ("format", ("text",)),
         ):
             if getattr(self, key) is not None and self.source not in applies_to:  # nothing would read it
                 raise ValueError(
@@ -100,12 +104,18 @@ MONITORS: dict[str, bool] = {
     "val_mae": False,
     "val_rmse": False,
     "val_r2": True,
+    "val_perplexity": False,
 }
 TASK_MONITORS = {
     "classification": ("val_loss", "val_accuracy"),
     "regression": ("val_loss", "val_mae", "val_rmse", "val_r2"),
+    "text-generation": ("val_loss", "val_perplexity"),
 }
-TASK_LOSSES = {"classification": ("auto", "cross_entropy"), "regression": ("auto", "mse", "huber")}
+TASK_LOSSES = {
+    "classification": ("auto", "cross_entropy"),
+    "regression": ("auto", "mse", "huber"),
+    "text-generation": ("auto",),  # next-token cross-entropy on the labelled tokens (pipeline/train/causal_lm.py)
+}
 
 
 class TrainSpec(Strict):
@@ -124,7 +134,7 @@ class TrainSpec(Strict):
     # auto: cross_entropy for classifiers, mse for regression; huber: delta 1 in normalized target units
     loss: Literal["auto", "cross_entropy", "mse", "huber"] = "auto"
     # the validation figure the kept weights and early stopping follow (MONITORS); ties go to the lower loss
-    monitor: Literal["val_loss", "val_accuracy", "val_mae", "val_rmse", "val_r2"] = "val_loss"
+    monitor: Literal["val_loss", "val_accuracy", "val_mae", "val_rmse", "val_r2", "val_perplexity"] = "val_loss"
     early_stopping: int | None = Field(None, gt=0)  # epochs without val improvement before stopping
     checkpoint_every: int = Field(200, gt=0)  # optimizer steps between checkpoints (and at epoch end)
     seed: int = 0
@@ -192,7 +202,7 @@ class BenchmarkSpec(Strict):
 
 class Recipe(Strict):
     name: str = Field(pattern=MODEL_NAME.pattern)  # also the artifact directory name
-    task: Literal["classification", "regression", "embedding"] = "classification"
+    task: Literal["classification", "regression", "embedding", "text-generation"] = "classification"
     description: str = ""
     model: ModelSpec
     data: DataSpec
@@ -262,8 +272,21 @@ class Recipe(Strict):
                 f"data.source text needs model.arch hf; got model.arch {self.model.arch!r} with data.source "
                 f"{self.data.source!r}"
             )
-        if hf and self.task != "classification":
-            raise ValueError(f"model.arch hf trains classifiers (task: classification); task is {self.task!r}")
+        if hf and self.task not in ("classification", "text-generation"):
+            raise ValueError(
+                f"model.arch hf trains classifiers and causal LMs (task: classification or text-generation); task is "
+                f"{self.task!r}"
+            )
+        generating = self.task == "text-generation"
+        if generating and not hf:
+            raise ValueError(
+                "task text-generation trains a transformers causal LM: set model: {arch: hf, path: DIR} (a directory "
+                "with its weights, or only config.json and a tokenizer to train from scratch) and data.source: text"
+            )
+        if generating and self.data.label_column is not None:
+            raise ValueError("data.label_column: a text-generation model learns the text itself; remove it")
+        if not generating and self.data.format is not None:
+            raise ValueError(f"data.format reads language-model data (task: text-generation); task is {self.task!r}")
         if hf and self.train.strategy == "fsdp":
             raise ValueError("train.strategy fsdp is not available for model.arch hf; use ddp with --nproc")
         if hf and self.train.backend != "torch":

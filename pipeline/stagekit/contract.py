@@ -46,6 +46,31 @@ def applies(ctx: Context) -> str | None:
     return None
 
 
+# the stages that have no form for a language model yet (task text-generation): optimize (weight-only int8/int4
+# come next), edge, and check, whose gate has no perplexity or greedy agreement yet and so would pass any decoder
+# (docs/language-models.md). pipe benchmark runs: it times model.onnx's first step on the golden prompts
+NOT_YET_FOR_LMS = ("optimize", "edge", "check")
+
+
+def lm_refusal(stage: str, task: str, where: object) -> str | None:
+    """Why `stage` cannot take a model of `task` (None when it can): one sentence naming what exists instead."""
+    if task != "text-generation" or stage not in NOT_YET_FOR_LMS:
+        return None
+    return (
+        f"pipe {stage} does not take a language model yet ({where} has task text-generation); what a decoder "
+        "has today is import, train, export with its KV-cache gate, and greedy generation (docs/language-models.md)"
+    )
+
+
+def lm_off(stage: str) -> Callable[[Context], str | None]:
+    """`off` for a stage in NOT_YET_FOR_LMS: `pipe run` of a language-model recipe passes over it, saying why."""
+
+    def off(ctx: Context) -> str | None:
+        return lm_refusal(stage, ctx.recipe.task, ctx.recipe_path)
+
+    return off
+
+
 @dataclass(frozen=True)
 class Stage:
     """A stage as `pipe run` walks it (see the module doc)."""

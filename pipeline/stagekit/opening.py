@@ -27,6 +27,7 @@ from pipeline.artifact.variants import FP32, MODEL_FILE
 from pipeline.core.errors import ArtifactError, InputError
 from pipeline.recipe.current import current_recipe, section_settings
 from pipeline.samples.evaluation import EvaluationSet, evaluation_set
+from pipeline.stagekit.contract import lm_refusal
 
 if TYPE_CHECKING:
     from pipeline.recipe.schema import EdgeSpec, OptimizeSpec, Recipe
@@ -96,6 +97,9 @@ def open_for_model(
     rewritten = [rel for rel in loaded.manifest.files if rewrites(rel)]
     artifact = Artifact.load(root, replacing=rewritten)
     manifest = artifact.manifest
+    refused = lm_refusal(stage, manifest.task, artifact.root)
+    if refused:
+        raise InputError(refused)
     fp32 = manifest.variants.get(FP32)
     if MODEL_FILE not in manifest.files or (fp32 is not None and not fp32.passed):
         raise ArtifactError(

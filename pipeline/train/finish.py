@@ -55,33 +55,49 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
     test_x = {name: torch.from_numpy(splits.test.inputs[name]) for name in info.input_names}
     test = evaluate(model, test_x, torch.from_numpy(splits.test.target), objective_for(recipe, info))
 
+    model_dir = recipe.model_dir()
+    lm = None
+    if info.kind == "lm":  # a causal LM: the decoder's specs, generation record, tokenizer, golden first step
+        from pipeline.train.finish_lm import language_model_parts
+
+        assert model_dir is not None  # the recipe schema: text-generation trains model.arch hf
+        lm = language_model_parts(root, model, splits, model_dir)
     manifest = Manifest(
         name=recipe.name,
         version=int(root.name),
         task=recipe.task,
-        inputs=input_specs(info, recipe.model),
-        outputs=[output_spec(recipe.task, info)],
+        inputs=lm.inputs if lm else input_specs(info, recipe.model),
+        outputs=lm.outputs if lm else [output_spec(recipe.task, info)],
         labels=info.labels,
         lineage=Lineage(
             recipe_digest=recipe.digest, dataset_fingerprint=splits.fingerprint, backend="torch", seed=recipe.train.seed
         ),
-        metrics=test,  # accuracy and loss; regression: mae, rmse, r2 (target units) and loss
+        metrics=test,  # accuracy and loss; regression: mae, rmse, r2 (target units) and loss; lm: perplexity
     )
     artifact = Artifact(root, manifest)
+    base = splits.base  # a text model: the tokenizer the ids were made with, read when the run started
 
-    # golden.npz: real test inputs, this model's outputs on them, and the targets.
-    whole = len(splits.test) <= GOLDEN_WHOLE_SPLIT_MAX
-    count = len(splits.test) if whole else GOLDEN_SAMPLES
-    with torch.no_grad():
-        outputs = model(*(t[:count] for t in test_x.values())).numpy()
-    golden_inputs = {name: splits.test.inputs[name][:count] for name in info.input_names}
-    base = splits.base  # the tokenizer the ids were made with, read when the run started
-    if base is not None:  # a text model carries its tokenizer: pipe serve takes text with it
-        manifest.tokenizer, written = write_tokenizer(root, base.tokenizer)
-        for rel in written:
+    if lm is not None:
+        manifest.generation, manifest.tokenizer = lm.generation, lm.tokenizer
+        for rel, data in lm.files.items():
+            artifact.write_file(rel, data)
+        for rel in lm.tokenizer_files:
             artifact.add_file(rel)
-    golden_outputs = {manifest.outputs[0].name: outputs.astype(np.float32)}
-    save_golden(artifact, Golden(golden_inputs, golden_outputs, splits.test.target[:count]))
+        save_golden(artifact, lm.golden)
+        whole, count = False, len(lm.golden)
+    else:
+        # golden.npz: real test inputs, this model's outputs on them, and the targets.
+        whole = len(splits.test) <= GOLDEN_WHOLE_SPLIT_MAX
+        count = len(splits.test) if whole else GOLDEN_SAMPLES
+        with torch.no_grad():
+            outputs = model(*(t[:count] for t in test_x.values())).numpy()
+        golden_inputs = {name: splits.test.inputs[name][:count] for name in info.input_names}
+        if base is not None:  # a text model carries its tokenizer: pipe serve takes text with it
+            manifest.tokenizer, written = write_tokenizer(root, base.tokenizer)
+            for rel in written:
+                artifact.add_file(rel)
+        golden_outputs = {manifest.outputs[0].name: outputs.astype(np.float32)}
+        save_golden(artifact, Golden(golden_inputs, golden_outputs, splits.test.target[:count]))
 
     p, monitor = result.progress, recipe.train.monitor
     kept = kept_reason(monitor, p, recipe.train.epochs, recipe.train.early_stopping)

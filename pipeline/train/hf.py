@@ -31,7 +31,8 @@ from pipeline.recipe.architectures import LoraSpec
 
 
 class TextClassifier(nn.Module):
-    """A transformers sequence classifier called as pipe calls models: (input_ids, attention_mask) -> logits."""
+    """A transformers model called as pipe calls models: (input_ids, attention_mask) -> logits (a sequence
+    classifier's [B, classes], or a causal LM's [B, T, vocab]: pipeline/train/causal_lm.py)."""
 
     def __init__(self, net: nn.Module, lora: bool) -> None:
         super().__init__()
@@ -86,7 +87,7 @@ def build_text_classifier(model_dir: Path, info: DataInfo, lora: LoraSpec | None
     from pipeline.runtime.pretrained import is_head, load_pretrained
 
     labels = info.labels
-    with _transformers_quiet():
+    with transformers_quiet():
         net, missing = load_pretrained(
             AutoModelForSequenceClassification,
             model_dir,
@@ -149,7 +150,7 @@ def require_hf(package: str) -> None:
 
 
 @contextlib.contextmanager
-def _transformers_quiet() -> Iterator[None]:
+def transformers_quiet() -> Iterator[None]:
     """transformers reports loading (progress bars, 'newly initialized' head weights) at INFO and WARNING;
     the head is new on purpose, and pipe prints its own progress. Restored afterwards."""
     from transformers.utils import logging as hf_logging

@@ -6,7 +6,7 @@
   prediction and target back through the train split's target mean and std, so its size does not
   depend on the units.
 - `evaluate`: one pass over a split in fp32: `loss` and the task's figures (`accuracy`; or `mae`,
-  `rmse`, `r2` in target units).
+  `rmse`, `r2` in target units; a causal LM: the loss per scored token and `perplexity`).
 - `improves` / `kept_reason`: `train.monitor` (`val_loss`, `val_accuracy`, `val_mae`, ...) picks
   the epoch whose weights are kept and drives early stopping; a tie on the monitored figure goes
   to the lower validation loss (an accuracy of 1.0 reached early stays 1.0 while the loss still falls).
@@ -27,6 +27,7 @@ from pipeline.recipe.schema import MONITORS, Recipe
 from pipeline.verify.metrics import regression_metrics
 
 EVAL_BATCH = 512
+LM_EVAL_BATCH = 16  # rows per call for a causal LM: its logits are [rows, T, vocab]
 HUBER_DELTA = 1.0  # in standardized target units: errors past one target std count linearly
 
 
@@ -34,15 +35,19 @@ HUBER_DELTA = 1.0  # in standardized target units: errors past one target std co
 class Objective:
     """The training loss of one recipe: `objective(outputs, target)` -> a scalar tensor."""
 
-    loss: str  # cross_entropy | mse | huber (resolved from `auto`)
+    loss: str  # cross_entropy | mse | huber | causal_lm (resolved from `auto`)
     target_mean: float = 0.0  # regression: the train split's target statistics
     target_std: float = 1.0
 
     @property
     def regression(self) -> bool:
-        return self.loss != "cross_entropy"
+        return self.loss in ("mse", "huber")
 
     def __call__(self, outputs: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        if self.loss == "causal_lm":  # logits [B, T, vocab] vs next-token labels [B, T] (-100: not scored)
+            from pipeline.train.causal_lm import lm_loss
+
+            return lm_loss(outputs, target, reduction=reduction)
         if not self.regression:
             return F.cross_entropy(outputs, target, reduction=reduction)  # [B, classes] vs [B] class indices
         predicted = (outputs.reshape(-1) - self.target_mean) / self.target_std  # [B, 1] -> [B], standardized
@@ -53,7 +58,10 @@ class Objective:
 
 
 def objective_for(recipe: Recipe, info: DataInfo) -> Objective:
-    """The recipe's `train.loss` (`auto`: cross-entropy for classifiers, MSE for regression)."""
+    """The recipe's `train.loss` (`auto`: cross-entropy for classifiers, MSE for regression, the next-token loss
+    for a text-generation model)."""
+    if recipe.task == "text-generation":
+        return Objective("causal_lm")
     if recipe.task != "regression":
         return Objective("cross_entropy")
     loss = "mse" if recipe.train.loss == "auto" else recipe.train.loss
@@ -67,6 +75,8 @@ def evaluate(model: nn.Module, x: dict[str, torch.Tensor], y: torch.Tensor, obje
     `x`: each model input [N, ...] by name, in the order forward takes them. Leaves the model in the
     mode it found it: the caller may be mid-training or finishing up.
     """
+    if objective.loss == "causal_lm":
+        return _language_figures(model, x, y, objective)
     was_training = model.training
     model.eval()
     chunks = [slice(start, start + EVAL_BATCH) for start in range(0, len(y), EVAL_BATCH)]
@@ -76,6 +86,25 @@ def evaluate(model: nn.Module, x: dict[str, torch.Tensor], y: torch.Tensor, obje
     if objective.regression:  # [N, 1] predictions in target units
         return figures | regression_metrics(outputs.cpu().numpy(), y.cpu().numpy())
     return figures | {"accuracy": int((outputs.argmax(dim=1) == y).sum().item()) / len(y)}  # exact ratio of counts
+
+
+def _language_figures(
+    model: nn.Module, x: dict[str, torch.Tensor], y: torch.Tensor, objective: Objective
+) -> dict[str, float]:
+    """A causal LM's mean loss per scored token over the split, and its exponential, the perplexity.
+
+    A few rows per call: the logits of a chunk are [rows, T, vocab], far larger than a classifier's."""
+    was_training = model.training
+    model.eval()
+    total, counted = 0.0, 0
+    for start in range(0, len(y), LM_EVAL_BATCH):
+        rows = slice(start, start + LM_EVAL_BATCH)
+        logits = model(*(t[rows] for t in x.values())).float()  # [rows, T, vocab]
+        total += objective(logits, y[rows], reduction="sum").item()
+        counted += int((y[rows, 1:] >= 0).sum().item())  # the next tokens scored (-100 is not)
+    model.train(was_training)
+    loss = total / max(counted, 1)
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}  # capped: exp(50) already says "untrained"
 
 
 def improves(monitor: str, record: dict[str, float], best: Any) -> bool:

@@ -209,6 +209,15 @@ def check_model_fits(recipe: Recipe, splits: Splits) -> None:
             f"model arch {recipe.model.arch!r} cannot take the data's {given} input ({first_line(exc, 10**6)}); "
             "change the model so its input matches the data, or the data (data.source, data.as_image, data.image_size)"
         ) from None
+    if splits.info.kind == "lm":  # a causal LM: logits for every position
+        wanted_lm = (2, splits.info.sample_shape[0], splits.info.num_classes)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != wanted_lm:
+            shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise InputError(
+                f"the causal LM returned {shape} for 2 rows, not logits {list(wanted_lm)} (rows, tokens, the "
+                "config's vocab_size): config.json vocab_size must cover the tokenizer"
+            )
+        return
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, splits.info.num_classes):
         shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         wanted = (
@@ -251,8 +260,10 @@ def resolve_precision(requested: str, device: str) -> str:
 
 def effective_recipe(recipe: Recipe, epochs: int | None, backend: str | None = None) -> Recipe:
     """The recipe as this run trains it (`--epochs`, `--backend` applied), refusing tasks the trainer lacks."""
-    if recipe.task not in ("classification", "regression"):  # the recipe schema refuses it first
-        raise InputError(f"pipe train trains classification and regression models; task {recipe.task!r} is not")
+    if recipe.task not in ("classification", "regression", "text-generation"):  # the recipe schema refuses it first
+        raise InputError(
+            f"pipe train trains classification, regression and text-generation models; task {recipe.task!r} is not"
+        )
     update: dict[str, Any] = {}
     if epochs is not None:
         if epochs < 1:

@@ -247,6 +247,10 @@ def build_model(spec: Any, info: DataInfo, *, lora: LoraSpec | None = None, base
 
     `lora` and `base_dir` (the recipe's folder, which `model.path` is relative to) are for `arch: hf`.
     """
+    if isinstance(spec, HFSpec) and info.kind == "lm":
+        from pipeline.train.causal_lm import build_causal_lm
+
+        return build_causal_lm(base_dir / spec.path, lora)
     if isinstance(spec, HFSpec):
         from pipeline.train.hf import build_text_classifier
 

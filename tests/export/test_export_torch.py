@@ -128,3 +128,15 @@ def test_weights_go_to_external_data_only_past_the_protobuf_limit(
     result, report = export_and_verify(factory(), spec, make(), tmp_path / "model.onnx")
     assert result.external_data and (tmp_path / "model.onnx.data").stat().st_size > 0
     assert report.passed, report.table()
+
+
+def test_a_token_id_past_the_embedding_table_is_named_not_called_untraceable(tmp_path: Path) -> None:
+    """Example ids past an nn.Embedding's rows failed both exporters, and the advice was to make forward()
+    traceable: the message names the table's size and the ids instead (issue 31)."""
+    spec = TensorSpec("tokens", "int64", ["batch", "sequence"], "NT")
+    past = torch.full((2, SEQ), VOCAB + 3, dtype=torch.int64)
+    with pytest.raises(InputError) as caught:
+        export_module(Transformer(), (past,), [spec], LOGITS, tmp_path / "m.onnx", exporter="torchscript")
+    message = str(caught.value)
+    assert "traceable" not in message
+    assert "index out of range" in message and "embedding" in message and "vocab_size" in message

@@ -1,0 +1,84 @@
+"""Tiny causal LMs made in the test, nothing downloaded: a byte-level BPE tokenizer trained with the
+`tokenizers` library on a few lines (BOS/EOS/pad specials and a chat template, saved the way transformers
+saves a fast tokenizer), and random-init Llama and GPT-2 models of 2 layers, hidden 64, saved with
+save_pretrained. Random weights judge parity only (never quantization: their top logits are near ties)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+LINES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman.",
+    "def add(a, b): return a + b",
+    "The capital of France is Paris. The capital of Italy is Rome.",
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10",
+    "It rained all day in the city, and the streets were quiet by nightfall.",
+    "Q: What is a model? A: A directory that every stage reads.",
+]
+SPECIALS = ["<pad>", "<s>", "</s>"]  # ids 0, 1, 2
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+)
+VOCAB = 320  # the model's rows; the tokenizer makes at most 300 ids
+
+
+def save_bpe_tokenizer(directory: Path, lines: list[str] = LINES, chat_template: str | None = CHAT_TEMPLATE) -> Path:
+    """A byte-level BPE fast tokenizer (<s> prepended, no pad on the right) saved in `directory`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(lines, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=128
+    )
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    directory.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(directory)
+    return directory
+
+
+def save_llama(directory: Path, seed: int = 0, **config: object) -> Path:
+    """A 2-layer Llama (hidden 64, 4 heads, 2 key/value heads: grouped-query attention) with the tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    save_bpe_tokenizer(directory)
+    torch.manual_seed(seed)
+    settings = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    LlamaForCausalLM(LlamaConfig(**(settings | config))).eval().save_pretrained(directory)
+    return directory
+
+
+def save_gpt2(directory: Path, seed: int = 0) -> Path:
+    """A 2-layer GPT-2 (hidden 64, 4 heads, tied embeddings) with the tokenizer; no pad token in its config."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    save_bpe_tokenizer(directory)
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128, bos_token_id=1, eos_token_id=2
+    )
+    GPT2LMHeadModel(config).eval().save_pretrained(directory)
+    return directory

@@ -62,7 +62,9 @@ PART_PROFILES = {
 # pipe import of a transformers directory needs the `hf` profile (without it, the import says so).
 PART_OPTIONAL_IMPORTS = {"pipeline.benchmark": {"torch"}, "pipeline.export": {"transformers"}}
 # `pipe train` of `model.arch: hf` on `data.source: text` needs the `hf` profile too (without it, it says so).
-PART_OPTIONAL_IMPORTS |= {"pipeline.train": {"transformers", "peft"}, "pipeline.data": {"tokenizers"}}
+# A causal LM's data (pipeline/data/lm_tokens.py: chat templates rendered by a transformers fast tokenizer) is
+# read only for `model.arch: hf`, whose training checks for the `hf` profile first and names it.
+PART_OPTIONAL_IMPORTS |= {"pipeline.train": {"transformers", "peft"}, "pipeline.data": {"tokenizers", "transformers"}}
 # Imported only when present (inside a try: ... except ImportError), never a dependency. tflite_runtime is
 # the device runtime the stand-alone edge runner falls back to; it lives in .venv-edge, never beside numpy 2.
 OPTIONAL_IMPORTS = {"mlflow", "tflite_runtime"}

@@ -44,7 +44,7 @@ LETTERBOX_RECORD = {"mode": "L", "letterbox": {"size": [8, 8], "pad": 0}, "resiz
 @functools.cache
 def fitted_digits() -> tuple[np.ndarray, np.ndarray]:
     """W [64, 10] and b [10] of a logistic regression fitted on the digits (0..16), fitted once per run: one
-    fit took 38 s on a loaded 2-core machine, and the module builds six models from it."""
+    fit took 38 s on a loaded 2-core machine, and the module builds five models from it."""
     digits = load_digits()
     fitted = LogisticRegression(max_iter=2000).fit(digits.data, digits.target)
     return fitted.coef_.T.astype(np.float32), fitted.intercept_.astype(np.float32)

@@ -35,7 +35,6 @@ TINY = {
     "train": {"epochs": 2, "batch_size": 64, "lr": 0.01},
     "optimize": {"quantize": ["dynamic"], "graph": "none"},
     "edge": {"precisions": ["fp32"]},  # one TFLite model: conversion costs seconds per precision
-    "benchmark": {"seconds": 0.1},  # `pipe run`'s own benchmark: the tests time the formats again themselves
 }
 
 

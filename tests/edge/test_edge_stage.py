@@ -34,7 +34,6 @@ TINY_MLP = {
     "data": {"source": "digits"},
     "train": {"epochs": 3, "batch_size": 64, "lr": 0.01},
     "optimize": {"quantize": ["dynamic"]},
-    "benchmark": {"seconds": 0.2},  # `pipe run` ends with a benchmark of five formats; tests/benchmark times them
 }
 
 

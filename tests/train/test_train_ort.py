@@ -8,6 +8,7 @@ is an ONNX graph written with onnx.helper from weights fitted by scikit-learn.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -127,8 +128,10 @@ def test_kill_9_then_resume_ends_bit_identical_to_the_uninterrupted_run(trained:
     assert [{k: v for k, v in json.loads(line).items() if k != "samples_per_s"} for line in after] == strip
 
 
-def foreign_classifier(tmp_path: Path) -> tuple[Path, np.ndarray, np.ndarray]:
-    """A digits classifier born in scikit-learn, written as ONNX with onnx.helper (MatMul/Add/Relu)."""
+@functools.cache
+def _fitted_mlp() -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """scikit-learn's MLP on the digits, its weights by name, and the digits: fitted once per run (5 s on a
+    loaded 2-core machine; this module and tests/train/test_train_from.py both use it)."""
     from sklearn.datasets import load_digits
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.neural_network import MLPClassifier
@@ -144,6 +147,13 @@ def foreign_classifier(tmp_path: Path) -> tuple[Path, np.ndarray, np.ndarray]:
         "head/W": clf.coefs_[1],
         "head/b": clf.intercepts_[1],
     }
+    return arrays, x, y
+
+
+def foreign_classifier(tmp_path: Path) -> tuple[Path, np.ndarray, np.ndarray]:
+    """A digits classifier born in scikit-learn, written as ONNX with onnx.helper (MatMul/Add/Relu)."""
+    arrays, x, y = _fitted_mlp()
+    x, y = x.copy(), y.copy()
     nodes = [
         helper.make_node("MatMul", ["x", "hidden/W"], ["h0"]),
         helper.make_node("Add", ["h0", "hidden/b"], ["h1"]),

@@ -113,7 +113,8 @@ class LoadedVersion:
         inputs = [text, *self.session.inputs] if text is not None else self.session.inputs
         read = self.recognizer.specs() if self.recognizer is not None else []  # a recognizer's text outputs
         max_rows = self.batcher.settings.max_batch_size if self.session.batchable else None
-        return ModelIO(self.name, self.version, inputs, [*read, *self.session.outputs], max_rows)
+        pinned = frozenset(self.session.pinned)
+        return ModelIO(self.name, self.version, inputs, [*read, *self.session.outputs], max_rows, pinned)
 
 
 def version_number(text: str) -> int | None:

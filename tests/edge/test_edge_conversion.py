@@ -103,7 +103,9 @@ def paddle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return tmp, imported(tmp, paddle_classifier(tmp / "cls.onnx", ["0", "180"]), "cls", data)
 
 
-def test_free_spatial_dims_are_fixed_from_the_golden_inputs_and_the_model_runs_on_tflite_runtime(paddle) -> None:
+def test_free_spatial_dims_are_fixed_from_paddleocrs_convention_and_the_model_runs_on_tflite_runtime(paddle) -> None:
+    """The Paddle-like classifier states no size; the import recorded PaddleOCR's own (cls_image_shape 48x192,
+    which its golden inputs also have), and edge fixes the dims from that record, saying where it came from."""
     _, root = paddle
     result, manifest = edge(root, "--precision", "fp32")
     assert result.exit_code == 0, result.output
@@ -112,7 +114,8 @@ def test_free_spatial_dims_are_fixed_from_the_golden_inputs_and_the_model_runs_o
     assert on_device_runtime(manifest, "tflite-fp32") in (True, None)  # it aborted with free spatial dims
     fixed = manifest.stages.edge.fixed_dims
     assert [(f.axis, f.size) for f in fixed] == [(2, 48), (3, 192)]
-    assert fixed[0].source == "golden.npz's inputs (in.x is [8, 3, 48, 192])"
+    assert fixed[0].source.startswith("the recorded image size: PaddleOCR's cls_image_shape")
+    assert not fixed[0].guessed
 
 
 def test_input_shape_gives_the_device_size_and_the_golden_pictures_are_resampled_to_it(paddle) -> None:

@@ -30,6 +30,9 @@ class ModelIO:
     inputs: list[IOSpec]
     outputs: list[IOSpec]
     max_rows: int | None = None  # the most rows one request may hold (a batchable model's max batch size)
+    # inputs pinned at import (constants of the model): a request may still name one, and the session accepts
+    # the model's own value and refuses another, naming it
+    pinned: frozenset[str] = frozenset()
 
 
 @dataclass

@@ -197,9 +197,13 @@ def _check_declared(declared: list[tuple[str, str, list[int]]], model: ModelIO) 
     decoded arrays again (every protocol); this check only comes first, before any data is decoded."""
     specs = {s.name: s for s in model.inputs}
     expected = ", ".join(s.describe() for s in model.inputs)
-    if unknown := [name for name, _, _ in declared if name not in specs]:
+    if unknown := [name for name, _, _ in declared if name not in specs and name not in model.pinned]:
         raise RequestError(f"unknown input(s) {unknown}; the model expects {expected}")
     for name, datatype, shape in declared:
+        if name in model.pinned:  # a constant of the model: the session compares the value sent with its own
+            if math.prod(shape) > 1 << 16:
+                raise RequestError(f"input {name!r} is pinned in this model; send its value alone, or leave it out")
+            continue
         spec = specs[name]
         if datatype == spec.datatype and not spec.tokenized_into:
             fits = len(shape) == len(spec.shape) and all(w in (-1, g) for w, g in zip(spec.shape, shape, strict=True))

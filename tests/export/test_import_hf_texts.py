@@ -91,5 +91,5 @@ def test_real_minilm_optimized_on_real_texts(tmp_path: Path) -> None:
     assert artifact.manifest.stages.import_.golden == "eval-data"
     _, report = _optimize(artifact, "--quantize", "dynamic", "--per-channel", "--min-cosine", "0.95", "--graph", "none")
     made = {v["variant"]: v for v in report["variants"]}
-    assert "over the evaluation split (64 samples): min cosine" in made["int8-dynamic"]["detail"]
     assert made["int8-dynamic"]["status"] == "passed", made["int8-dynamic"]["detail"]
+    assert made["int8-dynamic"]["detail"].startswith("min cosine 0.9"), made["int8-dynamic"]["detail"]

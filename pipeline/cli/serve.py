@@ -76,6 +76,34 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--instances", default=1, show_default=True, type=Whole(None, 256), help="Batches of one model computing at once."
 )
+@click.option(
+    "--kv-cache-mb",
+    default=512.0,
+    show_default=True,
+    type=Number(None, 1_048_576),
+    help="Text-generation models: the KV cache pool per model version (requests wait for room in it).",
+)
+@click.option(
+    "--max-sequences",
+    default=32,
+    show_default=True,
+    type=Whole(None, 4096),
+    help="Text-generation models: sequences decoded together, one onnxruntime call a step.",
+)
+@click.option(
+    "--max-waiting",
+    default=64,
+    show_default=True,
+    type=Whole(None, 1_000_000),
+    help="Text-generation models: requests waiting for a place before 503.",
+)
+@click.option(
+    "--prefill-chunk",
+    default=256,
+    show_default=True,
+    type=Whole(None, 1_000_000),
+    help="Text-generation models: prompt tokens prefilled per step (bounds the running streams' stall).",
+)
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="onnxruntime provider; auto uses CUDA when onnxruntime-gpu and a GPU are usable.")  # fmt: skip
 @click.option(
@@ -128,6 +156,7 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
 
     from pipeline.serve.batching import BatchSettings
     from pipeline.serve.config import HTTPSettings, ServeConfig
+    from pipeline.serve.generation.settings import GenerationSettings
     from pipeline.serve.repository import RepositorySettings
     from pipeline.serve.server import run
     from pipeline.serve.session import SessionOptions
@@ -156,5 +185,6 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
             batching=BatchSettings(
                 o["max_batch_size"], o["max_queue_delay_ms"], o["max_queue"], o["timeout"], o["instances"]
             ),
+            generation=GenerationSettings(o["kv_cache_mb"], o["max_sequences"], o["max_waiting"], o["prefill_chunk"]),
         )
     )

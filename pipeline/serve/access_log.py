@@ -1,7 +1,8 @@
 """`--access-log PATH|-`: one JSON line per HTTP request, written by a wrapper around the app.
 
 Each line: `time` (UTC, ISO 8601), `method`, `route` (the path), `model`, `version`, `status`,
-`rows`, `queue_ms`, `compute_ms` (its batch's run), `total_ms` (first byte of the app to the last
+`rows`, `queue_ms`, `compute_ms` (its batch's run), `tokens_in` and `tokens_out` (a generation
+request's prompt and generated tokens), `total_ms` (first byte of the app to the last
 byte sent), `pid` (the worker) and `request_id` (request_id.py: the X-Request-ID echoed). Fields
 a request never reached are null (a 404 has no model). Every worker appends to the same file;
 each line is one `write` on a file opened with O_APPEND, so lines from several processes never
@@ -63,6 +64,8 @@ class AccessLog:
                 "rows": record.rows,
                 "queue_ms": _ms(record.queue_s),
                 "compute_ms": _ms(record.compute_s),
+                "tokens_in": record.prompt_tokens,
+                "tokens_out": record.completion_tokens,
                 "total_ms": _ms(time.perf_counter() - started),
                 "pid": os.getpid(),
                 "request_id": current_id.get(),

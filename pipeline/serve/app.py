@@ -31,6 +31,8 @@ from pipeline.serve.detections import OUTPUTS as DETECTIONS
 from pipeline.serve.detections import not_a_detector, placements_of
 from pipeline.serve.drain import CloseWhileDraining, Drain
 from pipeline.serve.errors import NotFound, RequestError, Unavailable
+from pipeline.serve.generation.handlers import GenerationRoutes
+from pipeline.serve.generation.stream import Streaming
 from pipeline.serve.metrics import CONTENT_TYPE, CountResponses, Metrics
 from pipeline.serve.openapi import document
 from pipeline.serve.protocols import tfserving, v2
@@ -64,13 +66,18 @@ class ServeApp:
         self.repository: Repository | None = None
         self.ready = False
         self.drain = Drain(config.http.drain_s)
+        self._generation = GenerationRoutes(self._repo)  # text-generation models: OpenAI, Triton generate
         self._router = Router(ROUTES, self)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "http":
-            await send_response(send, await self._handle(scope, receive))
+            response = await self._handle(scope, receive)
+            if isinstance(response, Streaming):  # tokens as they are made (generation/stream.py)
+                await response.send(send, receive)
+            else:
+                await send_response(send, response)
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         while True:
@@ -99,13 +106,13 @@ class ServeApp:
         # Compute threads: batches of different models run side by side; onnxruntime parallelizes
         # inside each run with its own intra-op threads.
         self._executor = ThreadPoolExecutor(max_workers=max(4, c.batching.instances * 2), thread_name_prefix="ort")
-        self.repository = Repository(c.repository, c.session, c.batching, self.metrics, self._executor)
+        self.repository = Repository(c.repository, c.session, c.batching, self.metrics, self._executor, c.generation)
         await self.repository.start()
         served = {name: sorted(vs) for name, vs in self.repository.models.items()}
         log.info("serving %s on http://%s:%d", served or "no models yet", c.http.host, c.http.port)
         self.ready = True
 
-    async def _handle(self, scope: dict[str, Any], receive: Any) -> Response:
+    async def _handle(self, scope: dict[str, Any], receive: Any) -> Response | Streaming:
         method: str = scope["method"]
         try:
             # ASGI servers lower-case header names (uvicorn does), as the wrappers also rely on
@@ -245,6 +252,23 @@ class ServeApp:
 
     def model_infer(self, request: Request) -> Awaitable[Response]:
         return self._infer(_V2, request)
+
+    # -- text generation: the OpenAI API and Triton's generate (generation/handlers.py) -------------
+
+    def openai_chat(self, request: Request) -> Awaitable[Response | Streaming]:
+        return self._generation.chat(request)
+
+    def openai_completions(self, request: Request) -> Awaitable[Response | Streaming]:
+        return self._generation.completions(request)
+
+    def openai_models(self, request: Request) -> Awaitable[Response]:
+        return self._generation.models(request)
+
+    def triton_generate(self, request: Request) -> Awaitable[Response | Streaming]:
+        return self._generation.generate(request)
+
+    def triton_generate_stream(self, request: Request) -> Awaitable[Response | Streaming]:
+        return self._generation.generate_stream(request)
 
     # -- inference, every protocol ----------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.serve.batching import BatchSettings
+from pipeline.serve.generation.settings import GenerationSettings
 from pipeline.serve.repository import RepositorySettings
 from pipeline.serve.session import SessionOptions
 
@@ -46,6 +47,7 @@ class ServeConfig:
     http: HTTPSettings = field(default_factory=HTTPSettings)
     session: SessionOptions = field(default_factory=SessionOptions)
     batching: BatchSettings = field(default_factory=BatchSettings)
+    generation: GenerationSettings = field(default_factory=GenerationSettings)  # text-generation models
 
     def to_env(self) -> str:
         data = dataclasses.asdict(self)
@@ -61,4 +63,5 @@ class ServeConfig:
             http=HTTPSettings(**data["http"]),
             session=SessionOptions(**data["session"]),
             batching=BatchSettings(**data["batching"]),
+            generation=GenerationSettings(**data["generation"]),
         )

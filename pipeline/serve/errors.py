@@ -14,11 +14,19 @@ class RequestError(PipelineError):
 
     status = 400
 
-    def __init__(self, message: str, status: int | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, message: str, status: int | None = None, headers: dict[str, str] | None = None, param: str | None = None
+    ) -> None:
         super().__init__(message)
         if status is not None:
             self.status = status
         self.headers = headers or {}
+        self.param = param  # the request field at fault, when one is (OpenAI's error `param`)
+
+    def with_param(self, param: str) -> RequestError:
+        """This refusal, naming the request field at fault."""
+        self.param = param
+        return self
 
 
 class NotFound(RequestError):

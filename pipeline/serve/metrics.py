@@ -29,6 +29,9 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pipeline.serve.generation.stats import FAMILIES as GENERATION_FAMILIES
+from pipeline.serve.generation.stats import GenerationStats
+
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # the name prometheus_client reads
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LABELS = ("model", "version")
@@ -191,6 +194,9 @@ class Metrics:
             "loads": counter("pipe_model_loads", "Model version loads by outcome (loaded, reloaded, refused, "
                              "unloaded); every worker loads each version.", ("model", "outcome")),
         }  # fmt: skip
+        for key, (kind, name, text, buckets) in GENERATION_FAMILIES.items():  # text-generation models
+            self._families[key] = (histogram(name, text, buckets) if kind == "histogram" else
+                                   counter(name, text) if kind == "counter" else gauge(name, text))  # fmt: skip
         self._models: dict[tuple[str, int], ModelStats] = {}
         self._responses: dict[int, int] = {}  # HTTP status -> responses not yet written
         self.in_flight = 0  # HTTP requests this process is answering now
@@ -201,6 +207,10 @@ class Metrics:
         if key not in self._models:
             self._models[key] = ModelStats(self._families, name, version, self._touch)
         return self._models[key]
+
+    def generation(self, name: str, version: int) -> GenerationStats:
+        """A text-generation version's metrics (generation/stats.py)."""
+        return GenerationStats(self._families, name, version)
 
     def loaded(self, name: str, outcome: str) -> None:
         """The repository loaded, reloaded, refused or unloaded a version of `name` (rare: written now)."""

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from pipeline import __version__
-from pipeline.serve.routes import BINARY, JSON, ROUTES, TEXT, Route, expand
+from pipeline.serve.routes import BINARY, EVENTS, JSON, ROUTES, TEXT, Route, expand
 from pipeline.serve.schemas import ERROR
 
 _ERRORS = {400: "bad request", 401: "missing or wrong API key (only with --api-key-env)",
@@ -20,7 +20,12 @@ _ERRORS = {400: "bad request", 401: "missing or wrong API key (only with --api-k
            415: "a Content-Encoding other than identity (send the body uncompressed)",
            503: "overloaded or not ready: retry after the Retry-After header's seconds"}  # fmt: skip
 _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
-_ANSWERS = {JSON: {"type": "object"}, TEXT: {"type": "string"}, BINARY: {"type": "string", "format": "binary"}}
+_ANSWERS = {
+    JSON: {"type": "object"},
+    TEXT: {"type": "string"},
+    BINARY: {"type": "string", "format": "binary"},
+    EVENTS: {"type": "string"},
+}
 
 
 def _operation(route: Route) -> dict[str, Any]:
@@ -61,7 +66,8 @@ def document(models: list[str]) -> dict[str, Any]:
     return {
         "openapi": "3.0.3",
         "info": {"title": "pipe serve", "version": __version__,
-                 "description": "KServe V2 (Open Inference Protocol) with binary tensors, and TF Serving REST."},
+                 "description": "KServe V2 (Open Inference Protocol) with binary tensors, TF Serving REST, "
+                                "the OpenAI API and Triton's generate for text-generation models."},
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "paths": paths,
     }  # fmt: skip

@@ -31,6 +31,8 @@ from pipeline.serve import scan
 from pipeline.serve.batching import Batcher, BatchSettings
 from pipeline.serve.detections import Detector
 from pipeline.serve.errors import NotFound, RequestError
+from pipeline.serve.generation.served import Generator
+from pipeline.serve.generation.settings import GenerationSettings
 from pipeline.serve.images import ServedImages
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.protocols.base import ModelIO
@@ -91,12 +93,19 @@ class LoadedVersion:
     detector: Detector | None = None  # task detection: how the head output becomes boxes
     text: ServedText = field(default_factory=ServedText)  # a model with a tokenizer: how it takes text
     recognizer: Recognizer | None = None  # task text-recognition: how its output reads as text
+    generator: Generator | None = None  # task text-generation: the engine, tokenizer and chat template
 
     def read(self, answers: Answers) -> None:
         """Take what the manifest says about answering requests (read again when the manifest changes)."""
         self.images, self.task, self.detector = answers.images, answers.task, answers.detector
         self.text, self.recognizer = answers.text, answers.recognizer
         self.__dict__.pop("io", None)  # the text input and a recognizer's outputs are part of what protocols see
+
+    async def close(self) -> None:
+        """Answer what it accepted, then stop."""
+        await self.batcher.close()
+        if self.generator is not None:
+            await self.generator.engine.close()
 
     @property
     def variant(self) -> str:
@@ -152,8 +161,10 @@ class Repository:
         batch_settings: BatchSettings,
         metrics: Metrics,
         executor: Executor,
+        generation: GenerationSettings | None = None,
     ) -> None:
         self.settings = settings
+        self._generation = generation or GenerationSettings()
         self._session_options = session_options
         self._batch_settings = batch_settings
         self._metrics = metrics
@@ -176,7 +187,7 @@ class Repository:
         """Stop watching, then let every batcher finish what it accepted."""
         if self._watcher:
             self._watcher.cancel()
-        await asyncio.gather(*(v.batcher.close() for versions in self.models.values() for v in versions.values()))
+        await asyncio.gather(*(v.close() for versions in self.models.values() for v in versions.values()))
 
     async def _watch(self) -> None:
         while True:
@@ -228,7 +239,7 @@ class Repository:
                 if old.version not in served.get(old.name, {}):
                     log.info("unloaded %s v%d", old.name, old.version)
                     self._metrics.loaded(old.name, "unloaded")
-                await old.batcher.close()
+                await old.close()
 
     def _take_labels(self, name: str, read: dict[str, int] | ArtifactError) -> dict[str, int]:
         """The model's labels as read; a refused labels file keeps the labels read before (logged once, and
@@ -340,7 +351,9 @@ class Repository:
             answers = Answers.of(artifact.manifest, root)
             if choice == current:
                 return choice, None, answers
-            return choice, ModelSession(artifact.path(choice.file), self._session_options, artifact.manifest), answers
+            session = ModelSession(artifact.path(choice.file), self._session_options, artifact.manifest)
+            session.generator = Generator.prepare(root, artifact.manifest, session.session)  # text-generation
+            return choice, session, answers
 
     def _serve(
         self, name: str, version: int, root: Path, choice: Choice, session: ModelSession, stamp: Stamp
@@ -349,7 +362,12 @@ class Repository:
         batcher = Batcher(
             session.run, session.batchable, self._batch_settings, self._executor, stats, padding=session.padding
         )
-        return LoadedVersion(name, version, root, choice, session, batcher, stamp)
+        loaded = LoadedVersion(name, version, root, choice, session, batcher, stamp)
+        if session.generator is not None:  # made with the session, in the worker thread (tokenizer, template)
+            stats = self._metrics.generation(name, version)
+            loaded.generator = session.generator(self._generation, self._executor, stats)
+            log.info("%s v%d generates: %s", name, version, loaded.generator.engine.describe())
+        return loaded
 
     def get(self, name: str, version: str | None, label: str | None = None) -> LoadedVersion:
         """The version asked for (by number or label), or the default one (the `stable` label's, else the

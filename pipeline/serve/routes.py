@@ -26,11 +26,21 @@ from typing import Any
 
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.responses import Response
-from pipeline.serve.schemas import CLASSIFY_REQUEST, INDEX, INDEX_REQUEST, INFER_REQUEST, PREDICT_REQUEST
+from pipeline.serve.schemas import (
+    CHAT_REQUEST,
+    CLASSIFY_REQUEST,
+    COMPLETION_REQUEST,
+    GENERATE_REQUEST,
+    INDEX,
+    INDEX_REQUEST,
+    INFER_REQUEST,
+    PREDICT_REQUEST,
+)
 
 JSON = "application/json"
 BINARY = "application/octet-stream"
 TEXT = "text/plain"
+EVENTS = "text/event-stream"  # Server-Sent Events: a generation streamed
 
 
 @dataclass(frozen=True)
@@ -76,12 +86,23 @@ ROUTES = (
     Route("POST", f"{_V2_MODEL}/infer", "model_infer",
           "V2 inference (JSON, or binary tensors with Inference-Header-Content-Length)", "outputs", _BODY_ERRORS,
           INFER_REQUEST, answers=(JSON, BINARY)),
+    Route("POST", f"{_V2_MODEL}/generate", "triton_generate",
+          "Triton generate: text_input in, text_output (JSON, or SSE with stream: true)", "generated text",
+          _BODY_ERRORS, GENERATE_REQUEST, answers=(JSON, EVENTS)),
+    Route("POST", f"{_V2_MODEL}/generate_stream", "triton_generate_stream",
+          "Triton generate_stream: text_output pieces as Server-Sent Events", "events", _BODY_ERRORS,
+          GENERATE_REQUEST, answers=(EVENTS,)),
     Route("POST", f"{_TF_MODEL}:predict", "tf_predict", "TF Serving predict (instances or inputs)", "outputs",
           _BODY_ERRORS, PREDICT_REQUEST),
     Route("POST", f"{_TF_MODEL}:classify", "tf_classify", "TF Serving classify: [label, score] per class",
           "outputs", _BODY_ERRORS, CLASSIFY_REQUEST),
     Route("GET", f"{_TF_MODEL}/metadata", "tf_metadata", "TF Serving model metadata", "signature", (400, 404)),
     Route("GET", _TF_MODEL, "tf_status", "TF Serving model status", "version states", (400, 404)),
+    Route("POST", "/v1/chat/completions", "openai_chat", "OpenAI chat completion (stream: true for SSE chunks)",
+          "chat completion", _BODY_ERRORS, CHAT_REQUEST, answers=(JSON, EVENTS)),
+    Route("POST", "/v1/completions", "openai_completions", "OpenAI text completion (stream: true for SSE chunks)",
+          "completion", _BODY_ERRORS, COMPLETION_REQUEST, answers=(JSON, EVENTS)),
+    Route("GET", "/v1/models", "openai_models", "OpenAI model list: the served text-generation models", "models"),
 )  # fmt: skip
 PUBLIC_PATHS = frozenset(route.path for route in ROUTES if route.public)
 

@@ -9,10 +9,49 @@ from __future__ import annotations
 from pipeline.artifact.datatypes import V2_TO_NUMPY
 from pipeline.serve.detections import MAX_DETECTIONS
 
+# pipe's `{"error": "..."}`, or on the OpenAI routes OpenAI's `{"error": {"message", "type", "param", "code"}}`
 ERROR = {
     "type": "object",
-    "properties": {"error": {"type": "string"}, "request_id": {"type": "string"}},
+    "properties": {
+        "error": {"anyOf": [{"type": "string"}, {"type": "object", "required": ["message", "type"]}]},
+        "request_id": {"type": "string"},
+    },
     "required": ["error"],
+}
+_SAMPLING = {
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+    "top_p": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1},
+    "top_k": {"type": "integer", "minimum": -1},
+    "seed": {"type": "integer"},
+    "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}]},
+    "stream": {"type": "boolean"},
+}
+_OPENAI = {"model": {"type": "string"}, "n": {"type": "integer", "enum": [1]}, **_SAMPLING,
+           "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}}}  # fmt: skip
+CHAT_REQUEST = {
+    "type": "object",
+    "required": ["model", "messages"],
+    "properties": {**_OPENAI, "messages": {"type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["role", "content"],
+        "properties": {"role": {"type": "string"}, "content": {"type": "string"}}}}},
+}  # fmt: skip
+COMPLETION_REQUEST = {
+    "type": "object",
+    "required": ["model", "prompt"],
+    "properties": {
+        **_OPENAI,
+        "prompt": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]},
+    },
+}
+GENERATE_REQUEST = {  # Triton's generate: the settings at the top or under parameters
+    "type": "object",
+    "required": ["text_input"],
+    "properties": {
+        "text_input": {"type": "string"},
+        **_SAMPLING,
+        "parameters": {"type": "object", "properties": _SAMPLING},
+    },
 }
 # Triton's repository index: the request may ask for the ready versions only; the answer lists versions.
 INDEX_REQUEST = {"type": "object", "properties": {"ready": {"type": "boolean"}}}

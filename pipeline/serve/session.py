@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -84,6 +85,7 @@ class ModelSession:
         self.batch_off = f"off (the batch is not the first axis of {moved})" if moved else "off (fixed batch dim)"
         self.batchable = self.batchable and not moved
         self.padding = _padding(self.inputs, self.outputs) if self.batchable else None
+        self.generator: Any = None  # a text-generation model's engine starter (generation/served.py), set on load
 
     def check_inputs(self, feeds: dict[str, np.ndarray]) -> int:
         """Refuse inputs that do not match the model (name, dtype, shape); return the batch size.

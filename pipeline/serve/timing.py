@@ -21,6 +21,8 @@ class RequestRecord:
     rows: int | None = None  # the request's batch dim (rows it contributed to its batch)
     queue_s: float | None = None  # waiting before its batch started
     compute_s: float | None = None  # its batch's onnxruntime time
+    prompt_tokens: int | None = None  # a generation request's prompt, in tokens
+    completion_tokens: int | None = None  # and the tokens it generated
 
 
 current_request: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar("pipe_request", default=None)

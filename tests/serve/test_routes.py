@@ -83,7 +83,10 @@ def test_an_action_this_server_lacks_is_404_naming_the_valid_ones_not_405_use_ge
     ("path", "message"),
     [
         ("/v3", "no route '/v3'; see GET /openapi.json for the API"),
-        ("/v2/models/m/explain", "no route for 'explain' under /v2/models/m; use ready, config, stats or infer"),
+        (
+            "/v2/models/m/explain",
+            "no route for 'explain' under /v2/models/m; use ready, config, stats, infer, generate or generate_stream",
+        ),
         ("/v1/models/m/x", "no route for 'x' under /v1/models/m; use :predict, :classify or metadata"),
         ("/v2/models/m/versions/", "missing version number after /models/m/versions/"),
         (

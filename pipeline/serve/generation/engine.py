@@ -1,0 +1,174 @@
+"""The generation engine of one model version: requests in, tokens and text out as they are made.
+
+`submit` checks the request against the context length and the pool, queues it (a full queue is a
+503 with Retry-After) and returns its `Sequence`. One task per engine loops while there is work:
+each step (`scheduler.py`: admit, a prefill chunk, one decode call for every running row) runs in the
+server's compute pool, off the event loop; its events are then put on each sequence's queue, and the
+metrics (time to first token, time per output token, token counts, running and waiting sequences,
+pool use) are written. New requests join between steps; a cancelled one is dropped at the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Executor
+from typing import Any
+
+import numpy as np
+
+from pipeline.artifact.generation import Generation
+from pipeline.serve.errors import RequestError, Unavailable
+from pipeline.serve.generation.kv_pool import KVPool
+from pipeline.serve.generation.scheduler import Feeds, Scheduler
+from pipeline.serve.generation.sequence import Request, Sequence
+from pipeline.serve.generation.settings import GenerationSettings
+
+log = logging.getLogger("pipe.serve")
+
+
+class Engine:
+    """Continuous batching over one onnxruntime session of a decoder graph."""
+
+    def __init__(
+        self,
+        session: Any,  # onnxruntime.InferenceSession
+        generation: Generation,
+        tokenizer: Any,
+        settings: GenerationSettings,
+        executor: Executor | None,
+        stats: Any = None,  # GenerationStats, or None (tests)
+    ) -> None:
+        self.generation = generation
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.context_length = generation.context_length
+        self._session = session
+        self._outputs = ["logits", *generation.cache.present_names()]
+        self.pool = KVPool(generation.cache, int(settings.kv_cache_mb * 1024 * 1024))
+        self.scheduler = Scheduler(
+            self._run, generation.cache, self.pool, generation.eos_token_ids, settings.max_sequences,
+            settings.prefill_chunk,
+        )  # fmt: skip
+        self._executor = executor
+        self._stats = stats
+        self._task: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+        self._closed = False
+
+    def describe(self) -> str:
+        """One line for the load log: the pool and the batch."""
+        pool = self.pool
+        return (f"KV cache pool of {pool.capacity_tokens} tokens ({pool.arena.nbytes / 2**20:.0f} MB), up to "
+                f"{self.settings.max_sequences} sequences a step, context {self.context_length}")  # fmt: skip
+
+    def _run(self, feeds: Feeds) -> list[np.ndarray]:
+        return self._session.run(self._outputs, feeds)
+
+    def check(self, prompt_tokens: int, max_tokens: int | None) -> int:
+        """The new tokens a request may have (its max_tokens, else what the context leaves); 400 when its
+        prompt leaves no room, or when it could never fit the pool."""
+        context = self.context_length
+        if prompt_tokens == 0:
+            raise RequestError("the prompt is empty (0 tokens); send some text")
+        if context is not None and prompt_tokens >= context:
+            raise RequestError(
+                f"the prompt is {prompt_tokens} tokens, and this model's context length is {context} (prompt and "
+                "new tokens together); shorten the prompt"
+            )
+        room = context - prompt_tokens if context is not None else None
+        wanted = max_tokens if max_tokens is not None else room
+        if wanted is None:
+            raise RequestError("this model records no context length: send max_tokens")
+        if room is not None and wanted > room:
+            wanted = room  # the context caps it; the answer ends with finish_reason "length"
+        needed = prompt_tokens + wanted
+        if needed > self.pool.capacity_tokens:
+            raise RequestError(
+                f"the prompt and max_tokens need {needed} tokens of KV cache, and the server's pool holds "
+                f"{self.pool.capacity_tokens}; ask for fewer tokens, or start pipe serve with a larger --kv-cache-mb"
+            )
+        return wanted
+
+    def submit(self, request: Request) -> Sequence:
+        """Queue a checked request; 503 with Retry-After when the waiting queue is full or the engine stopped."""
+        if self._closed:
+            raise Unavailable("the model is being unloaded; retry")
+        if len(self.scheduler.waiting) >= self.settings.max_waiting:
+            raise Unavailable(
+                f"{len(self.scheduler.waiting)} requests are already waiting for this model (--max-waiting "
+                f"{self.settings.max_waiting}); retry after a moment"
+            )
+        loop = asyncio.get_running_loop()
+        seq = Sequence(request, self.tokenizer, loop)
+        self.scheduler.waiting.append(seq)
+        if self._task is None or self._task.done():  # the first request, or a new event loop (tests)
+            self._wake = asyncio.Event()
+            self._task = loop.create_task(self._loop())
+        assert self._wake is not None
+        self._wake.set()
+        self._report()
+        return seq
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._wake is not None
+        while True:
+            if not self.scheduler.busy:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            started = time.perf_counter()
+            try:
+                report = await loop.run_in_executor(self._executor, self.scheduler.step)
+            except Exception:  # a server fault: every sequence ends with it, the engine stays up
+                log.exception("generation step failed")
+                self._fail_all()
+                continue
+            now = time.perf_counter()
+            for seq, event in report.events:
+                if seq.first_token_at is None and event.tokens > 0:
+                    seq.first_token_at = now
+                    self._observe("first_token", now - seq.submitted)
+                elif event.tokens > 0 and seq.last_token_at is not None and event.finish != "cancelled":
+                    self._observe("per_token", now - seq.last_token_at)
+                seq.last_token_at = now
+                if seq.events is not None:
+                    seq.events.put_nowait(event)
+                if event.finish is not None and self._stats is not None:
+                    self._stats.finished(len(seq.request.prompt), seq.generated)
+            if self._stats is not None:
+                self._stats.stepped(report.decoded, report.prefilled, now - started)
+            self._report()
+
+    def _fail_all(self) -> None:
+        from pipeline.serve.generation.sequence import Event
+
+        s = self.scheduler
+        for seq in [*s.running, *s.prefilling, *s.waiting]:
+            seq.finish = "error"
+            if seq.blocks.size:
+                self.pool.release(seq.blocks)
+                seq.blocks = np.zeros(0, dtype=np.int64)
+            if seq.events is not None:
+                seq.events.put_nowait(Event("", seq.generated, "error"))
+        s.running, s.prefilling = [], []
+        s.waiting.clear()
+
+    def _observe(self, what: str, seconds: float) -> None:
+        if self._stats is not None:
+            self._stats.observe(what, seconds)
+
+    def _report(self) -> None:
+        if self._stats is not None:
+            s = self.scheduler
+            self._stats.gauges(len(s.running) + len(s.prefilling), len(s.waiting), self.pool.usage)
+
+    async def close(self) -> None:
+        """Refuse new requests, let the sequences accepted finish, then stop the loop."""
+        self._closed = True
+        while self.scheduler.busy and self._task is not None and not self._task.done():
+            await asyncio.sleep(0.01)
+        if self._task is not None:
+            self._task.cancel()

@@ -1,0 +1,236 @@
+"""The generation routes' handlers: OpenAI's `/v1/chat/completions`, `/v1/completions` and `/v1/models`,
+and Triton's `/v2/models/{m}/generate` and `generate_stream`.
+
+Each reads its body (`params.py`, `openai_api.py`), makes the prompt's token ids (the chat template
+rendered and the text tokenized in a worker thread, off the event loop), has the engine check and
+queue it, and answers: whole once the sequence finishes, or as Server-Sent Events while it runs
+(`stream.py`; a disconnect cancels the sequence). The access log's record gets the tokens in and out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+
+from pipeline.serve.errors import NotFound, RequestError
+from pipeline.serve.generation import openai_api
+from pipeline.serve.generation.openai_api import Answer
+from pipeline.serve.generation.params import Params, read_params
+from pipeline.serve.generation.sequence import Request as Job
+from pipeline.serve.generation.sequence import Sequence
+from pipeline.serve.generation.served import Generator
+from pipeline.serve.generation.stream import DONE, Streaming, event
+from pipeline.serve.responses import Response, json_response
+from pipeline.serve.routes import Request
+from pipeline.serve.timing import current_request
+
+TRITON_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream")
+
+
+def _body(request: Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(request.body)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestError(f"the body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+async def _text(sequence: Sequence) -> tuple[str, str]:
+    """The whole answer and its finish reason, once the sequence ends."""
+    assert sequence.events is not None
+    parts = []
+    while True:
+        step = await sequence.events.get()
+        parts.append(step.text)
+        if step.finish is not None:
+            return "".join(parts), step.finish
+
+
+def _count(sequence: Sequence) -> None:
+    """The access log's tokens in and out."""
+    if (record := current_request.get()) is not None:
+        record.prompt_tokens, record.completion_tokens = len(sequence.request.prompt), sequence.generated
+
+
+def _finished(reason: str) -> str:
+    if reason == "error":
+        raise RequestError("generation failed on the server; the log has the traceback", 500)
+    return reason
+
+
+class GenerationRoutes:
+    """The handlers, over the server's repository (`repo()` gives it, or raises 503 while starting)."""
+
+    def __init__(self, repo: Callable[[], Any]) -> None:
+        self._repo = repo
+
+    def _generator(self, name: Any, version: str | None = None, label: str | None = None) -> tuple[Any, Generator]:
+        if not isinstance(name, str):
+            raise RequestError(f"model must be the name of a served model, got {name!r:.40}", param="model")
+        try:
+            model = self._repo().get(name, version, label)
+        except NotFound as exc:
+            raise NotFound(str(exc)).with_param("model") from None
+        if (record := current_request.get()) is not None:
+            record.model, record.version = model.name, model.version
+        if model.generator is None:
+            raise RequestError(
+                f"model {name!r} is a {model.task} model; generation takes a text-generation model "
+                f"({', '.join(self.generation_models()) or 'none is served'})",
+                param="model",
+            )
+        return model, model.generator
+
+    def generation_models(self) -> list[str]:
+        repo = self._repo()
+        return sorted(n for n in repo.models if repo.get(n, None).generator is not None)
+
+    async def _submit(self, generator: Generator, prompt: str | list[int], chat: bool, params: Params) -> Sequence:
+        if isinstance(prompt, str):
+            ids = await asyncio.to_thread(generator.encode, prompt, not chat)
+        else:
+            vocab = generator.vocab_size
+            if bad := [t for t in prompt if not 0 <= t < vocab]:
+                raise RequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt")
+            ids = prompt
+        wanted = generator.engine.check(len(ids), params.max_tokens)
+        return generator.engine.submit(Job(ids, wanted, params.sampling, params.stop))
+
+    # -- OpenAI ------------------------------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response | Streaming:
+        return await self._openai(request, chat=True)
+
+    async def completions(self, request: Request) -> Response | Streaming:
+        return await self._openai(request, chat=False)
+
+    async def _openai(self, request: Request, chat: bool) -> Response | Streaming:
+        try:
+            body = _body(request)
+            model, generator = self._generator(body.get("model"))
+            defaults = generator.generation.defaults
+            params = read_params(body, defaults)
+            usage_asked = openai_api.include_usage(body)
+            if chat:
+                if generator.chat is None:
+                    raise RequestError(
+                        f"model {model.name!r} has no chat template in its artifact (its tokenizer had none when "
+                        "it was imported or trained); send a prompt to /v1/completions instead",
+                        param="model",
+                    )
+                messages, template = openai_api.messages(body), generator.chat
+                prompt: str | list[int] = await asyncio.to_thread(template.render, messages)
+            else:
+                prompt = openai_api.prompt(body)
+            sequence = await self._submit(generator, prompt, chat, params)
+        except RequestError as exc:
+            return openai_api.error(exc)
+        answer = Answer(chat, model.name)
+        if params.stream:
+            return Streaming(self._openai_stream(sequence, answer, usage_asked), sequence.cancel)
+        try:
+            text, finish = await _text(sequence)
+            _count(sequence)
+            use = openai_api.usage(len(sequence.request.prompt), sequence.generated)
+            return json_response(answer.whole(text, _finished(finish), use))
+        except RequestError as exc:
+            return openai_api.error(exc)
+        finally:
+            sequence.cancel()  # the handler ended early (its task cancelled): free the sequence's place
+
+    async def _openai_stream(self, sequence: Sequence, answer: Answer, usage_asked: bool) -> AsyncIterator[bytes]:
+        assert sequence.events is not None
+        try:
+            if answer.chat:  # the assistant's role first, as OpenAI streams a chat
+                yield event(answer.chunk(None, first=True))
+            while True:
+                step = await sequence.events.get()
+                if step.finish == "cancelled":
+                    return
+                if step.finish == "error":
+                    yield event({"error": {"message": "generation failed on the server", "type": "server_error"}})
+                    return
+                if step.text or step.finish:
+                    yield event(answer.chunk(step.text, step.finish))
+                if step.finish is not None:
+                    break
+            if usage_asked:
+                yield event(answer.usage_chunk(openai_api.usage(len(sequence.request.prompt), sequence.generated)))
+            yield DONE
+        finally:
+            sequence.cancel()
+            _count(sequence)
+
+    async def models(self, request: Request) -> Response:
+        repo = self._repo()
+        data = []
+        for name in self.generation_models():
+            model = repo.get(name, None)
+            created = int(model.root.stat().st_mtime) if model.root.exists() else int(time.time())
+            data.append({"id": name, "object": "model", "created": created, "owned_by": "pipe"})
+        return json_response({"object": "list", "data": data})
+
+    # -- Triton's generate extension ---------------------------------------------------------------
+
+    async def generate(self, request: Request, stream: bool = False) -> Response | Streaming:
+        body = _body(request)
+        model, generator = self._generator(request.model_name, request.version, request.label)
+        text = body.get("text_input")
+        if not isinstance(text, str):
+            raise RequestError(f"text_input must be a string, got {text!r:.60}")
+        settings = body.get("parameters", {})
+        if not isinstance(settings, dict):
+            raise RequestError(f"parameters must be an object, got {settings!r:.60}")
+        merged = {**{k: body[k] for k in TRITON_PARAMS if k in body}, **settings}
+        if "stop_words" in merged and "stop" not in merged:  # TensorRT-LLM's name
+            merged["stop"] = merged["stop_words"]
+        params = read_params({**merged, "stream": stream or merged.get("stream", False)}, generator.generation.defaults)
+        sequence = await self._submit(generator, text, False, params)
+        head = {"model_name": model.name, "model_version": str(model.version)}
+        if params.stream:
+            return Streaming(self._triton_stream(sequence, head), sequence.cancel)
+        try:
+            answer, finish = await _text(sequence)
+        finally:
+            sequence.cancel()
+        _count(sequence)
+        return json_response(
+            {
+                **head,
+                "text_output": answer,
+                "finish_reason": _finished(finish),
+                "prompt_tokens": len(sequence.request.prompt),
+                "completion_tokens": sequence.generated,
+            }
+        )
+
+    async def generate_stream(self, request: Request) -> Response | Streaming:
+        return await self.generate(request, stream=True)
+
+    async def _triton_stream(self, sequence: Sequence, head: dict[str, str]) -> AsyncIterator[bytes]:
+        assert sequence.events is not None
+        try:
+            while True:
+                step = await sequence.events.get()
+                if step.finish == "cancelled":
+                    return
+                if step.finish == "error":
+                    yield event({"error": "generation failed on the server; the log has the traceback"})
+                    return
+                if step.text or step.finish:
+                    answer = {**head, "text_output": step.text}
+                    if step.finish is not None:
+                        answer.update(finish_reason=step.finish, prompt_tokens=len(sequence.request.prompt),
+                                      completion_tokens=sequence.generated)  # fmt: skip
+                    yield event(answer)
+                if step.finish is not None:
+                    return
+        finally:
+            sequence.cancel()
+            _count(sequence)

@@ -1,0 +1,93 @@
+"""The KV cache pool: every sequence's keys and values, in fixed-size blocks of one preallocated arena.
+
+The arena holds `blocks` blocks of BLOCK tokens for every past tensor of the graph: one float array
+[2 x layers, blocks, kv_heads, BLOCK, head_size] (the manifest's cache layout: `bytes_per_token` x
+BLOCK a block). Its size is a setting (`--kv-cache-mb`), so the memory the cache may take is fixed when
+the model loads. A sequence reserves, when it is admitted, the blocks its prompt and its most new
+tokens can fill, so it never runs short mid-generation; a sequence that could not fit even an empty
+pool is refused at once, and one that does not fit now waits until others free their blocks.
+
+A step gathers the running rows' blocks into the graph's past tensors, [batch, kv_heads, length,
+head_size] each. The blocks of a row sit side by side with the unused tail of its last block and the
+rows' different lengths left as holes: the attention mask marks every hole 0, and the positions are
+given explicitly, so a hole changes nothing (softmax gives a masked column exactly 0). The arena
+starts zeroed (the pages are taken from the system as they are written), and holes hold finite
+values, never NaN, so 0 x hole is 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.artifact.generation import CacheLayout
+
+BLOCK = 16  # tokens per block
+
+
+class PoolFull(Exception):
+    """No blocks for this sequence now (it waits); raised by `reserve`."""
+
+
+class KVPool:
+    """Blocks of the arena, reserved per sequence and freed when it ends."""
+
+    def __init__(self, cache: CacheLayout, budget_bytes: int) -> None:
+        self.cache = cache
+        self.bytes_per_block = cache.bytes_per_token() * BLOCK
+        self.blocks = max(1, budget_bytes // self.bytes_per_block)
+        shape = (2 * cache.layers, self.blocks, cache.kv_heads, BLOCK, cache.head_size)
+        self.arena = np.zeros(shape, dtype=np.dtype(cache.dtype))
+        self._free = list(range(self.blocks - 1, -1, -1))  # a stack: low blocks first
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.blocks * BLOCK
+
+    @property
+    def used_blocks(self) -> int:
+        return self.blocks - len(self._free)
+
+    @property
+    def usage(self) -> float:
+        """The share of the arena reserved now, 0..1."""
+        return self.used_blocks / self.blocks
+
+    @staticmethod
+    def blocks_for(tokens: int) -> int:
+        return -(-tokens // BLOCK)
+
+    def reserve(self, tokens: int) -> np.ndarray:
+        """Blocks for `tokens` tokens (their ids, in order); PoolFull when the arena has too few free now."""
+        needed = self.blocks_for(tokens)
+        if needed > len(self._free):
+            raise PoolFull(f"{needed} blocks wanted, {len(self._free)} free")
+        return np.array([self._free.pop() for _ in range(needed)], dtype=np.int64)
+
+    def release(self, blocks: np.ndarray) -> None:
+        self._free.extend(int(b) for b in blocks[::-1])
+
+    def gather(self, tables: list[np.ndarray], lengths: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
+        """The past tensors of a batch (one per past input, [batch, kv_heads, width, head_size]) and its mask
+        over them, [batch, width] int64: row i holds its `lengths[i]` tokens from its block table, holes 0."""
+        used = max((self.blocks_for(n) for n in lengths), default=0)
+        index = np.zeros((len(tables), used), dtype=np.int64)  # holes read block 0: masked
+        for i, (table, n) in enumerate(zip(tables, lengths, strict=True)):
+            k = self.blocks_for(n)
+            index[i, :k] = table[:k]
+        width = used * BLOCK
+        picked = self.arena[:, index]  # [2L, batch, used, kv, BLOCK, head]
+        c = self.cache
+        past = picked.transpose(0, 1, 3, 2, 4, 5).reshape(2 * c.layers, len(tables), c.kv_heads, width, c.head_size)
+        mask = (np.arange(width)[None, :] < np.asarray(lengths, dtype=np.int64)[:, None]).astype(np.int64)
+        return list(past), mask
+
+    def write(self, table: np.ndarray, start: int, values: np.ndarray) -> None:
+        """Store one row's new tokens: `values` [2L, kv_heads, tokens, head_size] at positions start.. of its table."""
+        positions = np.arange(start, start + values.shape[2])
+        self.arena[:, table[positions // BLOCK], :, positions % BLOCK, :] = values.transpose(2, 0, 1, 3)
+
+    def write_last(self, tables: list[np.ndarray], positions: list[int], values: np.ndarray) -> None:
+        """Store one new token per row: `values` [2L, batch, kv_heads, head_size] at each row's position."""
+        pos = np.asarray(positions, dtype=np.int64)
+        blocks = np.array([t[p // BLOCK] for t, p in zip(tables, positions, strict=True)], dtype=np.int64)
+        self.arena[:, blocks, :, pos % BLOCK, :] = values.transpose(1, 0, 2, 3)

@@ -1,0 +1,157 @@
+"""One engine step, synchronous: admit waiting sequences, prefill a chunk of the joining prompts, then
+decode one token for every running sequence in ONE onnxruntime call.
+
+- **Admission** (between steps): waiting sequences, oldest first, join while fewer than
+  `max_sequences` are active and the pool can reserve the blocks of their prompt plus their most new
+  tokens (`kv_pool.py`); the oldest that does not fit blocks those behind it (no starvation).
+- **Prefill, chunked**: the joining sequences feed at most `prefill_chunk` prompt tokens in all per
+  step, as one call (rows padded on the right, their pasts gathered from the pool), so a long prompt
+  stalls the running streams by one chunk's time per step, never by its whole length. A row whose
+  prompt is complete chooses its first token from its last real position's logits and runs from the
+  next step on.
+- **Decode**: every running sequence feeds its last token, at its own position, over its own past
+  gathered from the pool: one call for all of them, whatever their lengths (holes masked).
+
+The graph's presents are written back to each row's blocks (only the new tokens' keys and values).
+Nothing of one row reaches another: the mask hides every column a row does not own, which the
+equality tests prove (tests/serve/test_generation_engine.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.artifact.generation import CacheLayout
+from pipeline.serve.generation.kv_pool import KVPool, PoolFull
+from pipeline.serve.generation.sequence import CANCELLED, Event, Sequence
+
+log = logging.getLogger("pipe.serve")
+
+Feeds = dict[str, np.ndarray]
+Run = Callable[[Feeds], list[np.ndarray]]  # feeds -> [logits, *presents in the cache's order]
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What a step did, for the metrics: rows decoded, prompt tokens prefilled, and the events made."""
+
+    decoded: int
+    prefilled: int
+    events: list[tuple[Sequence, Event]]
+
+
+class Scheduler:
+    """The sequences of one model version: waiting, prefilling and running."""
+
+    def __init__(
+        self, run: Run, cache: CacheLayout, pool: KVPool, eos_ids: list[int], max_sequences: int, prefill_chunk: int
+    ) -> None:
+        self._run = run
+        self.cache = cache
+        self.pool = pool
+        self._eos = frozenset(eos_ids)
+        self.max_sequences = max_sequences
+        self.prefill_chunk = prefill_chunk
+        self.waiting: collections.deque[Sequence] = collections.deque()  # appended from the event loop
+        self.prefilling: list[Sequence] = []
+        self.running: list[Sequence] = []
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.running)
+
+    def step(self) -> StepReport:
+        """One step: drop the cancelled, admit, prefill a chunk, decode every running row."""
+        events: list[tuple[Sequence, Event]] = []
+        self._drop_cancelled(events)
+        self._admit()
+        prefilled = self._prefill(events) if self.prefilling else 0
+        decoded = len(self.running)
+        if self.running:
+            self._decode(events)
+        for seq, event in events:
+            if event.finish is not None:
+                self._free(seq)
+        self.running = [s for s in self.running if s.finish is None]
+        self.prefilling = [s for s in self.prefilling if s.finish is None]
+        joined = [s for s in self.prefilling if not s.prefilling]
+        self.prefilling = [s for s in self.prefilling if s.prefilling]
+        self.running += joined
+        return StepReport(decoded, prefilled, events)
+
+    def _drop_cancelled(self, events: list[tuple[Sequence, Event]]) -> None:
+        for group in (self.running, self.prefilling):
+            for seq in group:
+                if seq.cancelled:
+                    seq.finish = CANCELLED
+                    self._free(seq)
+                    events.append((seq, Event("", seq.generated, CANCELLED)))
+        self.running = [s for s in self.running if not s.cancelled]
+        self.prefilling = [s for s in self.prefilling if not s.cancelled]
+        for seq in [s for s in self.waiting if s.cancelled]:
+            self.waiting.remove(seq)
+            seq.finish = CANCELLED
+            events.append((seq, Event("", 0, CANCELLED)))
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) + len(self.prefilling) < self.max_sequences:
+            seq = self.waiting[0]
+            try:
+                seq.blocks = self.pool.reserve(len(seq.request.prompt) + seq.request.max_tokens)
+            except PoolFull:
+                return
+            self.waiting.popleft()
+            self.prefilling.append(seq)
+
+    def _free(self, seq: Sequence) -> None:
+        if seq.blocks.size:
+            self.pool.release(seq.blocks)
+            seq.blocks = np.zeros(0, dtype=np.int64)
+
+    def _feeds(self, rows: list[Sequence], ids: np.ndarray, new_mask: np.ndarray, positions: np.ndarray) -> Feeds:
+        """The graph's inputs: each row's past from the pool, then its new tokens (holes masked)."""
+        past, past_mask = self.pool.gather([s.blocks for s in rows], [s.stored for s in rows])
+        feeds: Feeds = {"input_ids": ids, "attention_mask": np.concatenate([past_mask, new_mask], axis=1),
+                        "position_ids": positions}  # fmt: skip
+        feeds.update(zip(self.cache.past_names(), past, strict=True))
+        return feeds
+
+    def _prefill(self, events: list[tuple[Sequence, Event]]) -> int:
+        rows = self.prefilling
+        share = max(1, self.prefill_chunk // len(rows))
+        takes = [min(share, len(s.request.prompt) - s.stored) for s in rows]
+        width = max(takes)
+        ids = np.zeros((len(rows), width), dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        positions = np.zeros((len(rows), width), dtype=np.int64)
+        for i, (seq, n) in enumerate(zip(rows, takes, strict=True)):
+            ids[i, :n] = seq.request.prompt[seq.stored : seq.stored + n]
+            mask[i, :n] = 1
+            positions[i] = seq.stored + np.minimum(np.arange(width), n - 1)  # padding repeats a real position
+        out = self._run(self._feeds(rows, ids, mask, positions))
+        logits, presents = out[0], out[1:]
+        start = presents[0].shape[2] - width  # the new tokens' first column
+        for i, (seq, n) in enumerate(zip(rows, takes, strict=True)):
+            new = np.stack([p[i, :, start : start + n, :] for p in presents])  # [2L, kv, n, head]
+            self.pool.write(seq.blocks, seq.stored, new)
+            seq.stored += n
+            if not seq.prefilling:  # the whole prompt is in: its first token
+                events.append((seq, seq.take(seq.sampler.choose(logits[i, n - 1]), self._eos)))
+        return sum(takes)
+
+    def _decode(self, events: list[tuple[Sequence, Event]]) -> None:
+        rows = self.running
+        ids = np.array([[s.tokens[-1]] for s in rows], dtype=np.int64)
+        positions = np.array([[s.stored] for s in rows], dtype=np.int64)
+        out = self._run(self._feeds(rows, ids, np.ones((len(rows), 1), dtype=np.int64), positions))
+        logits, presents = out[0], out[1:]
+        new = np.stack([p[:, :, -1, :] for p in presents])  # [2L, batch, kv, head]
+        self.pool.write_last([s.blocks for s in rows], [s.stored for s in rows], new)
+        for i, seq in enumerate(rows):
+            seq.stored += 1
+            events.append((seq, seq.take(seq.sampler.choose(logits[i, -1]), self._eos)))

@@ -1,0 +1,86 @@
+"""What a served text-generation version holds beside its session: the engine, the tokenizer and the
+chat template (`LoadedVersion.generator`), made from the artifact's manifest when the version loads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.artifact.generation import Generation
+from pipeline.artifact.manifest import Manifest
+from pipeline.core.errors import ArtifactError
+from pipeline.serve.generation.chat import ChatTemplate
+from pipeline.serve.generation.engine import Engine
+from pipeline.serve.generation.settings import GenerationSettings
+
+Starter = Callable[..., "Generator"]  # (settings, executor, stats) -> Generator
+
+
+@dataclass
+class Generator:
+    """A text-generation version's engine, tokenizer and chat template (None: the model has none)."""
+
+    engine: Engine
+    tokenizer: Any  # tokenizers.Tokenizer
+    chat: ChatTemplate | None
+    generation: Generation
+    vocab_size: int  # the model's rows of logits: a prompt's ids must be below it
+
+    @classmethod
+    def of(
+        cls,
+        root: Path,
+        manifest: Manifest,
+        session: Any,
+        settings: GenerationSettings,
+        executor: Executor | None,
+        stats: Any = None,
+    ) -> Generator | None:
+        """The generator of a text-generation version; None for any other task."""
+        start = cls.prepare(root, manifest, session)
+        return start(settings, executor, stats) if start is not None else None
+
+    @classmethod
+    def prepare(cls, root: Path, manifest: Manifest, session: Any) -> Starter | None:
+        """What loads with the session (in the repository's worker thread: the tokenizer and the chat template,
+        an ArtifactError refusing the version when either does not load), and starts the engine once the
+        server's settings are at hand; None for a model of another task."""
+        generation = manifest.generation
+        if manifest.task != "text-generation" or generation is None:
+            return None
+        if manifest.tokenizer is None:
+            raise ArtifactError("a text-generation model without its tokenizer cannot be served: re-import it")
+        from tokenizers import Tokenizer
+
+        try:
+            tokenizer = Tokenizer.from_file(str(root / manifest.tokenizer.file))
+        except Exception as exc:  # the tokenizers library raises a bare Exception for a bad file
+            raise ArtifactError(f"tokenizer {manifest.tokenizer.file} does not load: {str(exc)[:200]}") from None
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        chat = None
+        if generation.chat_template is not None:
+            special = {}
+            for key, token_id in (("bos_token", generation.bos_token_id), ("eos_token", generation.eos_token_ids[0])):
+                if token_id is not None and (token := tokenizer.id_to_token(token_id)) is not None:
+                    special[key] = token
+            chat = ChatTemplate.load(root / generation.chat_template, special)
+        record = generation
+        limits = next((s.tokens for s in manifest.inputs if s.name == "input_ids" and s.tokens), None)
+        vocab = limits.vocab_size if limits is not None and limits.vocab_size else tokenizer.get_vocab_size()
+
+        def start(settings: GenerationSettings, executor: Executor | None, stats: Any = None) -> Generator:
+            return cls(Engine(session, record, tokenizer, settings, executor, stats), tokenizer, chat, record, vocab)
+
+        return start
+
+    def encode(self, text: str, special: bool) -> list[int]:
+        """Token ids of a text: with the tokenizer's special tokens (a plain prompt), or as written (a prompt
+        the chat template rendered: the template writes them)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=special).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,375 @@
+"""Text generation served: the engine in process (parity, batching equality, sampling, the pool, cancels,
+text decoded token by token) and a real `pipe serve` answering the `openai` client, curl-style SSE and
+Triton's generate, over one tiny random Llama imported once (random weights: right for parity and
+batching equality, never for quality)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pipeline.artifact.directory import Artifact
+from pipeline.cli.group import main
+from pipeline.runtime.session import create_session
+from pipeline.serve.errors import RequestError, Unavailable
+from pipeline.serve.generation.detokenizer import Detokenizer
+from pipeline.serve.generation.engine import Engine
+from pipeline.serve.generation.handlers import GenerationRoutes
+from pipeline.serve.generation.sampler import Sampling
+from pipeline.serve.generation.sequence import Request, Sequence
+from pipeline.serve.generation.served import Generator
+from pipeline.serve.generation.settings import GenerationSettings
+from pipeline.serve.routes import Request as HttpRequest
+from tests.lm.lm_models import LINES, save_llama
+from tests.serve.serve_process import Server, start_server, wait_for
+
+pytestmark = pytest.mark.slow  # one import of a tiny Llama (about 15 s of CPU), shared by the module
+
+NAME = "tiny-llama"
+CONTEXT = 512  # long enough that a stream outlives its client's disconnect by many steps
+PROMPTS = ["The quick brown fox", "Once upon a time, in a small village by the sea", "def add(a, b):", "1, 2"]
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The source directory (transformers) and the served repository of one tiny Llama."""
+    base = tmp_path_factory.mktemp("lm-serve")
+    source = save_llama(base / "llama", max_position_embeddings=CONTEXT)
+    repository = base / "artifacts"
+    result = CliRunner().invoke(main, ["import", str(source), "--name", NAME, "--repository", str(repository)])
+    assert result.exit_code == 0, result.output
+    return source, repository
+
+
+@pytest.fixture(scope="module")
+def reference(imported: tuple[Path, Path]) -> Any:
+    """transformers' greedy generation on the source model: the parity gate's reference."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(imported[0], attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(imported[0])
+
+    def greedy(ids: list[int], steps: int) -> list[int]:
+        config = GenerationConfig(do_sample=False, max_new_tokens=steps, eos_token_id=2, pad_token_id=0)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
+                                 generation_config=config)  # fmt: skip
+        made = out[0, len(ids) :].tolist()
+        return made[: made.index(2) + 1] if 2 in made else made
+
+    greedy.tokenizer = tokenizer  # type: ignore[attr-defined]
+    return greedy
+
+
+def _generator(repository: Path, **settings: Any) -> Generator:
+    root = repository / NAME / "1"
+    manifest = Artifact.load(root).manifest
+    session = create_session(root / "model.onnx", "cpu", 1, 1, False)
+    made = Generator.of(root, manifest, session, GenerationSettings(**settings), None)
+    assert made is not None
+    return made
+
+
+async def _drain(seq: Sequence) -> tuple[list[int], str, str]:
+    """The sequence's new tokens, its text as streamed, and its finish reason."""
+    assert seq.events is not None
+    text = ""
+    while True:
+        event = await seq.events.get()
+        text += event.text
+        if event.finish is not None:
+            return seq.tokens[len(seq.request.prompt) :], text, event.finish
+
+
+class Counting:
+    """The session's run, counting calls and the rows of each decode call (one new token per row)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.decode_rows: list[int] = []
+        run = engine._session.run
+
+        def counted(names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            if feeds["input_ids"].shape[1] == 1:
+                self.decode_rows.append(feeds["input_ids"].shape[0])
+            return run(names, feeds)
+
+        engine._session = type("S", (), {"run": staticmethod(counted)})()
+
+
+# -- the engine, in process ----------------------------------------------------------------------
+
+
+def test_greedy_equals_transformers_while_requests_join_mid_decode(imported: tuple[Path, Path], reference: Any) -> None:
+    """Prompts arriving one after another, prefilled in chunks of 4 tokens beside the running decodes: each
+    sequence's greedy tokens equal transformers' generate(do_sample=False) on it alone."""
+    gen = _generator(imported[1], prefill_chunk=4)
+    counting = Counting(gen.engine)
+    prompts = [gen.encode(p, True) for p in PROMPTS]
+
+    async def run() -> list[tuple[list[int], str, str]]:
+        seqs = []
+        for ids in prompts:
+            seqs.append(gen.engine.submit(Request(ids, 24, Sampling(temperature=0))))
+            await asyncio.sleep(0.003)  # later ones join while the first decode
+        return [await _drain(s) for s in seqs]
+
+    for ids, (tokens, text, finish) in zip(prompts, asyncio.run(run()), strict=True):
+        expected = reference(ids, 24)
+        assert tokens == expected
+        assert text == gen.decode(tokens) and finish == ("stop" if expected[-1] == 2 else "length")
+    assert max(counting.decode_rows) > 1  # decode steps were shared
+    assert gen.engine.pool.used_blocks == 0  # every block given back
+
+
+def test_sixteen_sequences_decode_in_one_call_a_step_each_as_alone(imported: tuple[Path, Path]) -> None:
+    gen = _generator(imported[1])
+    rng = np.random.default_rng(0)
+    prompts = [[1, *rng.integers(3, 300, size=int(rng.integers(2, 30))).tolist()] for _ in range(16)]
+
+    async def run(batch: list[list[int]]) -> list[list[int]]:
+        seqs = [gen.engine.submit(Request(ids, 12, Sampling(temperature=0))) for ids in batch]
+        return [(await _drain(s))[0] for s in seqs]
+
+    alone = [asyncio.run(run([ids]))[0] for ids in prompts]
+    counting = Counting(gen.engine)
+    together = asyncio.run(run(prompts))
+    assert together == alone
+    assert max(counting.decode_rows) == 16  # every running row in one onnxruntime call
+
+
+def test_a_seed_repeats_sampling_whatever_runs_beside_it(imported: tuple[Path, Path]) -> None:
+    gen = _generator(imported[1])
+    ids = gen.encode(PROMPTS[0], True)
+    sampling = Sampling(temperature=0.9, top_p=0.95, top_k=50, seed=7)
+
+    async def run(requests: list[Request]) -> list[list[int]]:
+        seqs = [gen.engine.submit(r) for r in requests]
+        return [(await _drain(s))[0] for s in seqs]
+
+    first = asyncio.run(run([Request(ids, 16, sampling)]))[0]
+    beside = asyncio.run(run([Request(ids, 16, Sampling(temperature=1.0, seed=1)), Request(ids, 16, sampling)]))[1]
+    other = asyncio.run(run([Request(ids, 16, Sampling(temperature=0.9, top_p=0.95, top_k=50, seed=8))]))[0]
+    assert first == beside
+    assert first != other
+
+
+def test_the_pool_bounds_the_sequences_and_refuses_what_never_fits(imported: tuple[Path, Path]) -> None:
+    """A pool of 4 blocks (64 tokens): two sequences of 20 + 12 tokens fit at once, the others wait; one
+    needing more than the whole pool is a 400; a full queue a 503; a prompt filling the context a 400."""
+    gen = _generator(imported[1], kv_cache_mb=4 * 16 * gen_bytes(imported[1]) / 2**20, max_waiting=3)
+    engine = gen.engine
+    assert engine.pool.capacity_tokens == 64
+    with pytest.raises(RequestError, match="pool holds 64"):
+        engine.check(40, 40)
+    with pytest.raises(RequestError, match="context length is 512"):
+        engine.check(512, 1)
+    ids = [1, *range(10, 29)]
+    running: list[int] = []
+
+    async def run() -> list[list[int]]:
+        seqs = [engine.submit(Request(ids, 12, Sampling(temperature=0))) for _ in range(3)]
+        with pytest.raises(Unavailable, match="--max-waiting 3"):
+            engine.submit(Request(ids, 12, Sampling(temperature=0)))
+        while engine.scheduler.busy:
+            running.append(len(engine.scheduler.running) + len(engine.scheduler.prefilling))
+            await asyncio.sleep(0)
+        return [(await _drain(s))[0] for s in seqs]
+
+    made = asyncio.run(run())
+    assert made[0] == made[1] == made[2] and max(running) == 2
+    assert engine.pool.used_blocks == 0
+
+
+def gen_bytes(repository: Path) -> int:
+    generation = Artifact.load(repository / NAME / "1").manifest.generation
+    assert generation is not None
+    return generation.cache.bytes_per_token()
+
+
+def test_a_cancelled_sequence_is_dropped_at_the_next_step(imported: tuple[Path, Path]) -> None:
+    gen = _generator(imported[1])
+    assert gen.engine.check(500, None) == gen.engine.check(500, 100) == 12  # what the context leaves
+
+    async def run() -> tuple[int, str, int]:
+        seq = gen.engine.submit(Request([1, 5, 6, 7], 400, Sampling(temperature=0)))
+        assert seq.events is not None
+        while seq.generated < 3:
+            await seq.events.get()
+        seq.cancel()
+        _, _, finish = await _drain(seq)
+        return seq.generated, finish, gen.engine.pool.used_blocks
+
+    generated, finish, used = asyncio.run(run())
+    assert finish == "cancelled" and generated < 10 and used == 0
+
+
+def test_text_is_decoded_token_by_token_without_splitting_a_character(imported: tuple[Path, Path]) -> None:
+    gen = _generator(imported[1])
+    text = "héllo wörld: 日本語 🎉 naïve"
+    ids = gen.encode(text, False)
+    detokenizer = Detokenizer(gen.tokenizer, [1])
+    pieces = [detokenizer.add(i) for i in ids] + [detokenizer.flush()]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
+    assert len([p for p in pieces if p]) > 5  # it streamed, not all at the end
+
+
+def test_a_chat_request_to_a_model_without_a_template_is_a_400_naming_it(imported: tuple[Path, Path]) -> None:
+    gen = _generator(imported[1])
+    gen.chat = None  # as a model whose tokenizer had no chat template is loaded
+
+    class Repo:
+        models: ClassVar[dict[str, dict[int, None]]] = {NAME: {1: None}}
+
+        def get(self, name: str, version: str | None, label: str | None = None) -> Any:
+            return type("Loaded", (), {"name": NAME, "version": 1, "task": "text-generation", "generator": gen})
+
+    body = json.dumps({"model": NAME, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    status, answer, _ = asyncio.run(GenerationRoutes(Repo).chat(HttpRequest({}, body)))
+    error = json.loads(answer)["error"]
+    assert status == 400 and "no chat template" in error["message"] and NAME in error["message"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "model"
+
+
+# -- a real server: the openai client, SSE, Triton's generate ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(imported: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    logs = tmp_path_factory.mktemp("lm-serve-log")
+    running = start_server([imported[1]], logs / "serve.log", "--poll", "0", "--prefill-chunk", "8",
+                           "--access-log", str(logs / "access.jsonl"))  # fmt: skip
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def _chat_ids(reference: Any, messages: list[dict[str, str]]) -> list[int]:
+    rendered = reference.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return reference.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+def test_openai_chat_gives_the_greedy_text_whole_and_streamed(client: Any, reference: Any) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a model?"}]
+    expected = reference(_chat_ids(reference, messages), 16)
+    text = reference.tokenizer.decode(expected, skip_special_tokens=True)
+    whole = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=16)
+    assert whole.choices[0].message.content == text and whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].finish_reason == ("stop" if expected[-1] == 2 else "length")
+    assert whole.usage.completion_tokens == len(expected)
+    assert whole.usage.prompt_tokens == len(_chat_ids(reference, messages))
+    chunks = list(client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=16,
+                                                 stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == len(expected)
+
+
+def test_completions_and_raw_sse_as_openai_sends_them(server: Server, client: Any, reference: Any) -> None:
+    ids = reference.tokenizer(LINES[1])["input_ids"]
+    text = reference.tokenizer.decode(reference(ids, 20), skip_special_tokens=True)
+    assert client.completions.create(model=NAME, prompt=LINES[1], temperature=0, max_tokens=20).choices[0].text == text
+    body = {"model": NAME, "prompt": LINES[1], "temperature": 0, "max_tokens": 20, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        raw = answer.read().decode()
+    events = [e for e in raw.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert {c["object"] for c in chunks} == {"text_completion"}
+    assert "".join(c["choices"][0]["text"] for c in chunks) == text
+
+
+def test_sixteen_concurrent_streams_each_equal_its_single_answer(client: Any) -> None:
+    prompts = [f"{LINES[i % len(LINES)]} {i}" for i in range(16)]
+
+    def alone(prompt: str) -> str:
+        return client.completions.create(model=NAME, prompt=prompt, temperature=0, max_tokens=24).choices[0].text
+
+    def streamed(prompt: str) -> str:
+        chunks = client.completions.create(model=NAME, prompt=prompt, temperature=0, max_tokens=24, stream=True)
+        return "".join(c.choices[0].text for c in chunks)
+
+    single = [alone(p) for p in prompts]
+    with ThreadPoolExecutor(16) as pool:
+        together = list(pool.map(streamed, prompts))
+    assert together == single
+
+
+def _metric(server: Server, name: str) -> float:
+    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
+        if line.startswith(name + "{") and f'model="{NAME}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_a_client_that_disconnects_frees_its_sequence(server: Server) -> None:
+    """A stream asking for 480 tokens is closed after 3 events: the sequence ends early (the access log's
+    tokens_out), nothing runs and the pool is empty again."""
+    body = {"model": NAME, "prompt": "1, 2, 3", "temperature": 0, "max_tokens": 480, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as answer:
+        lines = answer.iter_lines()
+        assert [next(lines) for _ in range(5)]  # three events and their blank lines, read as they come
+    access = server.log.parent / "access.jsonl"
+
+    def logged() -> list[dict[str, Any]]:
+        rows = [json.loads(x) for x in access.read_text().splitlines()] if access.exists() else []
+        return [r for r in rows if r["route"] == "/v1/completions" and r["tokens_in"] == 8 and r["tokens_out"]]
+
+    wait_for(lambda: any(r["tokens_out"] < 480 for r in logged()), timeout=20)
+    wait_for(lambda: _metric(server, "pipe_sequences_running") == 0 == _metric(server, "pipe_kv_cache_usage_ratio"))
+
+
+def test_triton_generate_and_generate_stream(server: Server, reference: Any) -> None:
+    ids = reference.tokenizer(LINES[0])["input_ids"]
+    text = reference.tokenizer.decode(reference(ids, 12), skip_special_tokens=True)
+    body = {"text_input": LINES[0], "parameters": {"max_tokens": 12, "temperature": 0}}
+    whole = httpx.post(f"{server.url}/v2/models/{NAME}/generate", json=body).json()
+    assert whole["text_output"] == text and whole["model_name"] == NAME and whole["model_version"] == "1"
+    with httpx.stream("POST", f"{server.url}/v2/models/{NAME}/versions/1/generate_stream", json=body) as answer:
+        events = [json.loads(e.removeprefix("data: ")) for e in answer.read().decode().split("\n\n") if e]
+    assert "".join(e["text_output"] for e in events) == text and events[-1]["finish_reason"] == whole["finish_reason"]
+
+
+def test_refusals_are_openai_errors(server: Server, client: Any) -> None:
+    import openai
+
+    for bad, param in (({"temperature": 5}, "temperature"), ({"n": 2}, "n"), ({"top_p": 0}, "top_p")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model=NAME, prompt="hi", max_tokens=2, **bad)
+        assert refused.value.body["param"] == param
+    with pytest.raises(openai.NotFoundError, match="unknown model 'nope'"):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError, match="context length is 512"):
+        client.completions.create(model=NAME, prompt=list(range(3, 259)) * 2, max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match=r"token id 320 is outside the vocabulary \[0, 320\)"):
+        client.completions.create(model=NAME, prompt=[1, 320], max_tokens=2)
+    answer = httpx.post(f"{server.url}/v2/models/{NAME}/generate", json={"text_input": 3})
+    assert answer.status_code == 400 and "text_input must be a string" in answer.json()["error"]
+    assert [m.id for m in client.models.list()] == [NAME]
+
+
+def test_metrics_count_tokens_and_time_them(server: Server, client: Any) -> None:
+    before = _metric(server, "pipe_generation_tokens_total")
+    client.completions.create(model=NAME, prompt="1, 2", temperature=0, max_tokens=5)
+    wait_for(lambda: _metric(server, "pipe_generation_tokens_total") >= before + 1)
+    assert _metric(server, "pipe_time_to_first_token_seconds_count") > 0
+    assert _metric(server, "pipe_time_per_output_token_seconds_count") > 0
+    assert _metric(server, "pipe_decode_rows_total") >= _metric(server, "pipe_decode_steps_total") > 0

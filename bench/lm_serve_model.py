@@ -50,6 +50,7 @@ def prepare(directory: Path) -> tuple[Path, Path]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from pipeline.cli.group import main
+
     torch.set_num_threads(2)
     save_word_tokenizer(source, VOCAB)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

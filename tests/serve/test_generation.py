@@ -180,7 +180,7 @@ def test_the_pool_bounds_the_sequences_and_refuses_what_never_fits(imported: tup
         seqs = [engine.submit(Request(ids, 12, Sampling(temperature=0))) for _ in range(3)]
         with pytest.raises(Unavailable, match="--max-waiting 3"):
             engine.submit(Request(ids, 12, Sampling(temperature=0)))
-        while engine.scheduler.busy:
+        while not all(s.finish for s in seqs):
             running.append(len(engine.scheduler.running) + len(engine.scheduler.prefilling))
             await asyncio.sleep(0)
         return [(await _drain(s))[0] for s in seqs]

@@ -53,6 +53,7 @@ class Engine:
         )  # fmt: skip
         self._executor = executor
         self._stats = stats
+        self._incoming: list[Sequence] = []  # submitted since the last step (the step thread never sees this list)
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._closed = False
@@ -95,14 +96,15 @@ class Engine:
         """Queue a checked request; 503 with Retry-After when the waiting queue is full or the engine stopped."""
         if self._closed:
             raise Unavailable("the model is being unloaded; retry")
-        if len(self.scheduler.waiting) >= self.settings.max_waiting:
+        waiting = len(self.scheduler.waiting) + len(self._incoming)
+        if waiting >= self.settings.max_waiting:
             raise Unavailable(
-                f"{len(self.scheduler.waiting)} requests are already waiting for this model (--max-waiting "
+                f"{waiting} requests are already waiting for this model (--max-waiting "
                 f"{self.settings.max_waiting}); retry after a moment"
             )
         loop = asyncio.get_running_loop()
         seq = Sequence(request, self.tokenizer, loop)
-        self.scheduler.waiting.append(seq)
+        self._incoming.append(seq)
         if self._task is None or self._task.done():  # the first request, or a new event loop (tests)
             self._wake = asyncio.Event()
             self._task = loop.create_task(self._loop())
@@ -115,6 +117,9 @@ class Engine:
         loop = asyncio.get_running_loop()
         assert self._wake is not None
         while True:
+            # New requests join between steps, here on the event loop: the step thread owns the scheduler's lists.
+            self.scheduler.waiting.extend(self._incoming)
+            self._incoming.clear()
             if not self.scheduler.busy:
                 self._wake.clear()
                 await self._wake.wait()
@@ -146,7 +151,7 @@ class Engine:
         from pipeline.serve.generation.sequence import Event
 
         s = self.scheduler
-        for seq in [*s.running, *s.prefilling, *s.waiting]:
+        for seq in [*s.running, *s.prefilling, *s.waiting, *self._incoming]:
             seq.finish = "error"
             if seq.blocks.size:
                 self.pool.release(seq.blocks)
@@ -155,6 +160,7 @@ class Engine:
                 seq.events.put_nowait(Event("", seq.generated, "error"))
         s.running, s.prefilling = [], []
         s.waiting.clear()
+        self._incoming.clear()
 
     def _observe(self, what: str, seconds: float) -> None:
         if self._stats is not None:
@@ -163,12 +169,14 @@ class Engine:
     def _report(self) -> None:
         if self._stats is not None:
             s = self.scheduler
-            self._stats.gauges(len(s.running) + len(s.prefilling), len(s.waiting), self.pool.usage)
+            self._stats.gauges(
+                len(s.running) + len(s.prefilling), len(s.waiting) + len(self._incoming), self.pool.usage
+            )
 
     async def close(self) -> None:
         """Refuse new requests, let the sequences accepted finish, then stop the loop."""
         self._closed = True
-        while self.scheduler.busy and self._task is not None and not self._task.done():
+        while (self.scheduler.busy or self._incoming) and self._task is not None and not self._task.done():
             await asyncio.sleep(0.01)
         if self._task is not None:
             self._task.cancel()

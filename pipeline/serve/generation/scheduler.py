@@ -60,7 +60,7 @@ class Scheduler:
         self._eos = frozenset(eos_ids)
         self.max_sequences = max_sequences
         self.prefill_chunk = prefill_chunk
-        self.waiting: collections.deque[Sequence] = collections.deque()  # appended from the event loop
+        self.waiting: collections.deque[Sequence] = collections.deque()  # extended between steps (engine.py)
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
         self._hot: tuple[list[Sequence], list[np.ndarray], np.ndarray] | None = None  # rows, presents, mask

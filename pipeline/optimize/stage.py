@@ -35,6 +35,7 @@ from pipeline.optimize.kind import Job, Kind, Made
 from pipeline.optimize.kinds import KINDS
 from pipeline.optimize.optimize_md import markdown
 from pipeline.recipe.schema import OptimizeSpec
+from pipeline.runtime.external_data import model_bytes, model_files
 from pipeline.runtime.latency import Latency, affordable_batches, measure
 from pipeline.samples.calibration import Calibration, calibration_set, has_real_samples
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage, lm_off
@@ -100,17 +101,20 @@ def optimize_artifact(
             threads=settings.threads,
             progress=progress,
         )
+        files = {m.name: _files(write.scratch, m.file) for m in written}  # a variant and its external data
         for m in written:
             m.latency = timed[m.name].to_dict()
-            m.size = (write.scratch / m.file).stat().st_size
-        summary = _summary(artifact, settings, policy.to_dict(), evaluation.source, calibration, made, timed[FP32])
+            m.size = model_bytes(write.scratch / m.file)
+        summary = _summary(artifact, settings, policy.to_dict(), evaluation.source, calibration, made, timed[FP32],
+                           model_bytes(source))  # fmt: skip
         seconds, peak = time.perf_counter() - began, peak_rss()
         summary["resources"] = {"wall_seconds": round(seconds, 2), "peak_rss_bytes": peak}
         summary["notes"] = notes
         (write.scratch / "reports").mkdir()
         (write.scratch / REPORT_JSON).write_text(json.dumps(summary, indent=2) + "\n")
         (write.scratch / REPORT_MD).write_text(markdown(summary))
-        stale = [rel for rel in rewritten if rel not in {m.file for m in written} | {REPORT_JSON, REPORT_MD}]
+        moved = [rel for m in written for rel in files[m.name]]  # each variant's data before its graph
+        stale = [rel for rel in rewritten if rel not in {*moved, REPORT_JSON, REPORT_MD}]
 
         def record(fresh: Artifact) -> None:
             for rel in stale:  # variants of an earlier run that this run did not make again
@@ -134,7 +138,7 @@ def optimize_artifact(
                 report=REPORT_JSON,
             )
 
-        artifact = write.commit([*[m.file for m in written], REPORT_JSON, REPORT_MD], record)
+        artifact = write.commit([*moved, REPORT_JSON, REPORT_MD], record)
     progress(f"[optimize] done in {seconds:.1f} s, peak memory {peak / 2**30:.2f} GiB (maximum resident set)")
     failed = [m.name for m in made if not m.verdict.passed]
     if failed and settings.strict:
@@ -192,6 +196,11 @@ def _make_variants(
     return made
 
 
+def _files(scratch: Path, rel: str) -> list[str]:
+    """The variant file `rel` and the external data files it names, data first, relative to `scratch`."""
+    return [path.relative_to(scratch).as_posix() for path in model_files(scratch / rel)]
+
+
 def _not_made(kind: Kind, config: Any, exc: PipelineError) -> Made:
     """The record of a kind that failed before it had a file to judge: failed, with why."""
     detail = f"not made: {exc}"
@@ -214,6 +223,7 @@ def _variant(m: Made, parent: str, artifact: Artifact) -> Variant:
         metrics={metric["name"]: metric["onnx"]} if metric.get("name") and "onnx" in metric else {},
         parity={**m.verdict.report.summary(), "budget_figure": m.verdict.figure, "margin": m.verdict.margin},
         latency=m.latency,
+        size=m.size,  # with its external data
         note=m.note or None,
     )
 
@@ -226,11 +236,12 @@ def _summary(
     calibration: Calibration | None,
     made: list[Made],
     fp32: Latency,
+    size: int,
 ) -> dict[str, Any]:
-    """reports/optimize.json: everything a person or CI needs to see what was tried and why."""
+    """reports/optimize.json: everything a person or CI needs to see what was tried and why (`size`: model.onnx's
+    bytes with its external data)."""
     base = fp32.to_dict()
     batches = sorted(fp32.batches)  # 1 and 32, or the one batch a model with a fixed batch dimension takes
-    size = artifact.manifest.files[MODEL_FILE].size
     rows = []
     for m in made:
         rows.append(

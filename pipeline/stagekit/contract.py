@@ -46,10 +46,9 @@ def applies(ctx: Context) -> str | None:
     return None
 
 
-# the stages that have no form for a language model yet (task text-generation): optimize (weight-only int8/int4
-# come next), edge, and check, whose gate has no perplexity or greedy agreement yet and so would pass any decoder
-# (docs/language-models.md). pipe benchmark runs: it times model.onnx's first step on the golden prompts
-NOT_YET_FOR_LMS = ("optimize", "edge", "check")
+# the stages that have no form for a language model yet (task text-generation): edge, check (docs/language-models.md).
+# optimize makes weight-only int8/int4 judged on text; check compares perplexity and greedy agreement
+NOT_YET_FOR_LMS = ("edge", "check")
 
 
 def lm_refusal(stage: str, task: str, where: object) -> str | None:

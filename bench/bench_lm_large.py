@@ -103,9 +103,11 @@ def serve(repository: Path, log: Path) -> dict[str, object]:
     except OSError as exc:
         metadata = {"error": str(exc)}
     finally:
-        if child.poll() is None:  # /usr/bin/time passes SIGINT on to the server, which drains and exits
-            os.kill(child.pid, signal.SIGINT)
-        child.wait(timeout=120)
+        import psutil
+
+        for server in psutil.Process(child.pid).children():  # /usr/bin/time does not pass SIGINT on: the server
+            os.kill(server.pid, signal.SIGINT)  # drains and exits, and time then reports its peak memory
+        child.wait(timeout=300)
         out.close()
     report = _time_report(log.read_text())
     return {"ready_s": ready, "peak_gb": report["peak_gb"], "versions": metadata.get("versions"),
@@ -152,6 +154,13 @@ def main() -> None:
                            for name, v in manifest["variants"].items()}  # fmt: skip
         out["files"] = {k: v["size"] for k, v in manifest["files"].items() if k.endswith((".onnx", ".data"))}
         print("optimize", out["optimize"], out["variants"])
+    report = version / "reports" / "optimize.json"
+    if report.exists():  # what pipe optimize measured: each variant's size, verdict and tokens/s beside fp32's
+        made = json.loads(report.read_text())
+        out["speeds"] = {"fp32": {"size": made["fp32"]["size"], **made["fp32"]["latency"]}}
+        for row in made["variants"]:
+            out["speeds"][row["variant"]] = {"size": row["size"], "status": row["status"], "detail": row["detail"],
+                                             **(row["latency"] or {})}  # fmt: skip
     if "tamper" in phases:
         copy = work / "tampered" / "big" / "1"
         shutil.rmtree(copy.parent.parent, ignore_errors=True)

@@ -1,5 +1,5 @@
 """Where an ONNX file's external data lives, refusing any location outside the model's directory; and how a
-model with external data is written, moved and linked without loading its weights.
+model with external data is written, moved and copied without loading its weights.
 
 An ONNX tensor may keep its bytes in another file, named by a `location` the file itself states:
 `../../../../etc/passwd` is a location too. Every reader of a model file it did not write checks it
@@ -17,6 +17,7 @@ copy (`save_beside`, `copy_model`), and are written by `save_model`, which decid
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import onnx
@@ -139,8 +140,10 @@ def save_beside(model: onnx.ModelProto, data_dir: Path, dst: Path) -> None:
     _relocate(model, dst, {rel: data_dir / rel for rel in locations}, shutil.copyfile)
 
 
-def _relocate(model: onnx.ModelProto | Path, dst: Path, files: dict[str, Path], place) -> None:
-    """The graph written to `dst` with each data file placed (moved or linked) as `<dst>.data` (then
+def _relocate(
+    model: onnx.ModelProto | Path, dst: Path, files: dict[str, Path], place: Callable[[Path, Path], object]
+) -> None:
+    """The graph written to `dst` with each data file placed (`place`: moved or copied) as `<dst>.data` (then
     `<dst>.1.data`, ...) and every tensor's location rewritten to match; offsets are unchanged."""
     proto = graph_only(model) if isinstance(model, Path) else model
     names = {}

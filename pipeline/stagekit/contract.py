@@ -46,9 +46,9 @@ def applies(ctx: Context) -> str | None:
     return None
 
 
-# the stages that have no form for a language model yet (task text-generation): edge, check (docs/language-models.md).
+# the stages that have no form for a language model yet (task text-generation): edge (docs/language-models.md).
 # optimize makes weight-only int8/int4 judged on text; check compares perplexity and greedy agreement
-NOT_YET_FOR_LMS = ("edge", "check")
+NOT_YET_FOR_LMS = ("edge",)
 
 
 def lm_refusal(stage: str, task: str, where: object) -> str | None:

@@ -172,8 +172,8 @@ def test_gpt2_with_no_pad_token_imports(tmp_path: Path) -> None:
 @pytest.mark.slow  # shares one import of a tiny Llama (about 15 s of CPU)
 @pytest.mark.parametrize(
     "command",
-    [["optimize"], ["export", "--target", "edge"], ["check", "--baseline", "BASE"]],
-    ids=["optimize", "edge", "check"],
+    [["export", "--target", "edge"]],
+    ids=["edge"],
 )
 def test_stages_without_a_language_model_form_refuse_it_by_name(
     llama: tuple[Path, Artifact], command: list[str]

@@ -137,10 +137,13 @@ def test_a_tied_lm_head_is_untied_and_quantized(tmp_path: Path) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
     table = np.random.default_rng(0).normal(size=(96, 64)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["embed", "ids"], ["hidden"]),
+        helper.make_node("Transpose", ["embed"], ["embed_t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["hidden", "embed_t"], ["logits"], name="lm_head"),
+    ]
     graph = helper.make_graph(
-        [helper.make_node("Gather", ["embed", "ids"], ["hidden"]),
-         helper.make_node("Transpose", ["embed"], ["embed_t"], perm=[1, 0]),
-         helper.make_node("MatMul", ["hidden", "embed_t"], ["logits"], name="lm_head")],  # fmt: skip
+        nodes,
         "tied",
         [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "sequence"])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", 96])],

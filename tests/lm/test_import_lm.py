@@ -178,9 +178,8 @@ def test_gpt2_with_no_pad_token_imports(tmp_path: Path) -> None:
 def test_stages_without_a_language_model_form_refuse_it_by_name(
     llama: tuple[Path, Artifact], command: list[str]
 ) -> None:
-    """Optimize fed the golden ids without the cache inputs and exited 3, and check passed a decoder against
-    itself on no metric at all (a gate that would pass any decoder); each stage that has no form for a decoder
-    yet refuses it with exit 2, saying what a decoder has today."""
+    """A stage that has no form for a decoder yet refuses it with exit 2, saying what a decoder has today
+    (optimize and check have theirs: tests/lm/test_lm_quant.py)."""
     root = str(llama[1].root)
     args = [root if arg == "BASE" else arg for arg in command]
     result = pipe(args[0], root, *args[1:])

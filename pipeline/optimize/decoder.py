@@ -33,7 +33,7 @@ from pipeline.verify.policies import Policy
 from pipeline.verify.report import GateReport, Row
 
 SPEED_TOKENS = 16  # decode steps per timed generation
-SPEED_SECONDS = 2.0  # timed steps per model
+SPEED_SECONDS = 1.0  # timed steps per model, as latency.py times every other model
 
 
 class DecoderJudge:
@@ -67,11 +67,12 @@ class DecoderJudge:
             rows.append(Row("teacher-forced next tokens", "logits", False, detail))
             return Verdict(False, float("nan"), float("-inf"), detail, GateReport(rows))
         figures = text_figures(got, self.want, self.ids, self.mask)
-        mine, theirs = got[self.where].astype(np.float64), self.want[self.where].astype(np.float64)
-        judged = policy.compare(mine, theirs)
-        if isinstance(policy, TokenAgreement):
-            figure, margin, detail = policy.statistic(mine, theirs)
+        if isinstance(policy, TokenAgreement):  # the figures text_figures measured, judged
+            judged = policy.judge(figures.agreement, figures.kl)
+            figure, margin, detail = figures.agreement, policy.margin(figures.agreement, figures.kl), judged.detail
         else:  # a graph-only variant: the logits themselves, element by element
+            mine, theirs = got[self.where].astype(np.float64), self.want[self.where].astype(np.float64)
+            judged = policy.compare(mine, theirs)
             worst = float(np.abs(mine - theirs).max(initial=0.0))
             figure, margin = worst, (0.0 if judged.passed else -worst)
             detail = f"logits max abs difference {worst:.3g} over {figures.tokens} positions"
@@ -98,7 +99,8 @@ class DecoderJudge:
 def time_decoders(artifact: Artifact, models: dict[str, Path], threads: int, progress: Say) -> dict[str, LmSpeed]:
     """Prefill and decode tokens/s of each decoder file, side by side, on the first golden prompt (batch 1)."""
     generation = artifact.manifest.generation
-    assert generation is not None  # DecoderJudge refused a manifest without it first
+    if generation is None:
+        raise ArtifactError(f"{artifact.root}: a text-generation manifest without its generation record")
     golden = load_golden(artifact).inputs
     ids, mask = golden["input_ids"][:1], golden["attention_mask"][:1]
     return measure_lm(ort_decoders(models, threads), generation.cache, ids, mask, SPEED_TOKENS, threads,

@@ -46,9 +46,9 @@ def applies(ctx: Context) -> str | None:
     return None
 
 
-# the stages that have no form for a language model yet (task text-generation): check (docs/language-models.md).
+# the stages that have no form for a language model yet (task text-generation): none now (docs/language-models.md).
 # optimize makes weight-only int8/int4 judged on text; check compares perplexity and greedy agreement
-NOT_YET_FOR_LMS = ("check",)
+NOT_YET_FOR_LMS: tuple[str, ...] = ()
 # edge is not "not yet" but measured (docs/language-models.md, "Edge"): onnx2tf cannot convert the graph at all
 LM_EDGE_REFUSAL = (
     "onnx2tf 1.28.8 cannot convert a decoder's KV-cache graph: measured on a 2-layer Llama, all 5 onnx2tf "

@@ -57,14 +57,19 @@ class TokenAgreement(Policy):
             )
 
     def compare(self, got: np.ndarray, want: np.ndarray) -> Judgement:
-        agreement, kl = agreement_and_kl(got, want)
-        passed = agreement >= self.min_agreement and kl <= self.max_kl
-        return Judgement(passed, self.describe(agreement, kl))
+        return self.judge(*agreement_and_kl(got, want))
 
     def statistic(self, got: np.ndarray, want: np.ndarray) -> tuple[float, float, str]:
         """(agreement, margin, one line): the margin is the nearer bound's, in its own units (negative: missed)."""
         agreement, kl = agreement_and_kl(got, want)
-        return agreement, min(agreement - self.min_agreement, self.max_kl - kl), self.describe(agreement, kl)
+        return agreement, self.margin(agreement, kl), self.describe(agreement, kl)
+
+    def judge(self, agreement: float, kl: float) -> Judgement:
+        """The verdict on figures already measured (`text_figures`)."""
+        return Judgement(agreement >= self.min_agreement and kl <= self.max_kl, self.describe(agreement, kl))
+
+    def margin(self, agreement: float, kl: float) -> float:
+        return min(agreement - self.min_agreement, self.max_kl - kl)
 
     def describe(self, agreement: float, kl: float) -> str:
         return (f"top-1 agreement {agreement:.4f} (budget >= {self.min_agreement:g}), KL {kl:.4g} nats/token "

@@ -139,3 +139,7 @@ def test_full_sft_on_sharegpt_conversations_trains_and_exports(tmp_path: Path) -
     assert result.exit_code == 0, result.output
     m = Artifact.load(root).manifest
     assert m.variants["fp32"].passed and all(r["passed"] for r in m.stages.export.parity["rows"])
+    result = pipe("benchmark", str(root), "--seconds", "0.2")  # the torch row: the trained checkpoint
+    assert result.exit_code == 0, result.output
+    rows = {r["name"]: r for r in json.loads((root / "reports" / "benchmark.json").read_text())["rows"]}
+    assert list(rows) == ["torch", "fp32"] and all(r["timed"] and r["decode_tokens_per_s"] > 0 for r in rows.values())

@@ -272,7 +272,8 @@ def optimize_graph(
     """Write an optimized copy of the model at `src` to `dst` and report what changed.
 
     The result runs on any onnxruntime (no hardware-specific layout) and keeps `src`'s signature;
-    `src` is never modified. Raises InputError for an unknown level and ArtifactError when the
+    `src` is never modified. A model with external data is optimized from its path, its weights never
+    loaded here, and `dst` keeps its weights beside it as `<dst>.data` (optimize.md, "External data"). Raises InputError for an unknown level and ArtifactError when the
     model cannot be read or onnxruntime's own pass breaks it.
     """
     if level not in LEVELS:

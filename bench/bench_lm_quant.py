@@ -2,10 +2,14 @@
 KL to fp32, perplexity, and prefill / decode tokens/s beside fp32 and torch eager, in one run.
 
     .venv/bin/python bench/bench_lm_quant.py [--artifact artifacts/python-llama/1] [--out bench/results/lm_quant.json]
+    .venv/bin/python bench/bench_lm_quant.py --config hidden_size=256 --config intermediate_size=768 \
+        --config num_hidden_layers=6 --config num_attention_heads=8 --config num_key_value_heads=4 \
+        --epochs 4 --lr 0.002 --out bench/results/lm_quant_wide.json      # the wider model (5.2 M parameters)
 
 1. **The model**: `--artifact`, a python-llama version trained by `pipe train models/python-llama.yaml` and
    exported by `pipe export`; without it the bench makes one the same way in a temporary directory
-   (`python -m pipeline.data.make_lm`, `pipe train`, `pipe export`: about 5 minutes here).
+   (`python -m pipeline.data.make_lm`, `pipe train`, `pipe export`: about 5 minutes here), its
+   config.json changed by each `--config KEY=VALUE` and the recipe's epochs and lr by `--epochs`, `--lr`.
 2. **The variants**: `pipe optimize` of a copy, as a user runs it: `int8-weights` and `int4-weights` with
    the defaults (block 32, symmetric, accuracy level 4), then the settings the defaults were chosen
    against (accuracy level 0; asymmetric; block 128; the embedding in the same bits). Each is judged by
@@ -45,14 +49,18 @@ RUNS = {  # label -> the optimize flags (besides --quantize) its variants are ma
 }
 
 
-def make_python_llama(work: Path) -> Path:
-    """models/python-llama.yaml's model, made as its comment says: make_lm, pipe train, pipe export."""
+def make_python_llama(work: Path, config: dict[str, int], epochs: int, lr: float) -> Path:
+    """models/python-llama.yaml's model, made as its comment says (make_lm, pipe train, pipe export), with
+    `config` over the config.json make_lm writes and the recipe's epochs and learning rate."""
     recipe = work / "models" / "python-llama.yaml"
     recipe.parent.mkdir(parents=True)
-    shutil.copyfile(ROOT / "models" / "python-llama.yaml", recipe)
+    text = (ROOT / "models" / "python-llama.yaml").read_text()
+    recipe.write_text(text.replace("  epochs: 6\n", f"  epochs: {epochs}\n").replace("  lr: 0.003\n", f"  lr: {lr}\n"))
     from pipeline.data.make_lm import make_lm
 
-    make_lm(work / "models" / "data" / "python-llama")
+    made = make_lm(work / "models" / "data" / "python-llama")
+    config_file = made / "scratch" / "config.json"
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | config, indent=2))
     begin = time.perf_counter()
     pipe("train", str(recipe), "--out", str(work / "artifacts"))
     root = work / "artifacts" / "python-llama" / "1"
@@ -74,6 +82,15 @@ def optimized(source: Path, work: Path, label: str, flags: list[str]) -> tuple[P
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--artifact", type=Path, default=None, help="a trained and exported python-llama version")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="without --artifact: a config.json key of the model made (hidden_size=256)",
+    )
+    parser.add_argument("--epochs", type=int, default=6, help="without --artifact: the recipe's epochs")
+    parser.add_argument("--lr", type=float, default=0.003, help="without --artifact: the recipe's learning rate")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lm_quant.json")
@@ -92,7 +109,8 @@ def main() -> None:
     out: dict[str, Any] = {"threads": 1, "new_tokens": args.new_tokens, "variants": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        source = args.artifact.resolve() if args.artifact else make_python_llama(work)
+        config = {k: int(v) for k, v in (item.split("=", 1) for item in args.config)}
+        source = args.artifact.resolve() if args.artifact else make_python_llama(work, config, args.epochs, args.lr)
         artifact = Artifact.load(source)
         m = artifact.manifest
         fp32_size = m.files["model.onnx"].size

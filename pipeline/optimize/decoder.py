@@ -25,6 +25,7 @@ from pipeline.core.arrays import Arrays
 from pipeline.core.errors import ArtifactError
 from pipeline.optimize.judge import Verdict
 from pipeline.optimize.kind import Made, Say
+from pipeline.optimize.trial import NOISE
 from pipeline.runtime.lm_speed import LmSpeed, measure_lm, ort_decoders
 from pipeline.runtime.runners import ort_runner
 from pipeline.verify.gate import structural_checks
@@ -108,12 +109,14 @@ def time_decoders(artifact: Artifact, models: dict[str, Path], threads: int, pro
 
 
 def speed_words(speed: LmSpeed, fp32: LmSpeed) -> str:
-    """One sentence: the variant's prefill and decode tokens/s beside fp32's, faster or slower said plainly."""
+    """One sentence: the variant's prefill and decode tokens/s beside fp32's, faster or slower said plainly (within
+    the search's noise band of 1: on par)."""
 
     def versus(mine: float, theirs: float) -> str:
         ratio = mine / theirs if theirs else float("nan")
-        word = "faster than" if ratio >= 1 else "SLOWER than"
-        return f"{mine:,.0f} tokens/s, {ratio:.2f}x fp32's {theirs:,.0f}: {word} fp32"
+        word = ("faster than fp32" if ratio >= 1 + NOISE else "SLOWER than fp32" if ratio <= 1 / (1 + NOISE)
+                else f"on par with fp32 (within {NOISE:.0%}, timing noise)")  # fmt: skip
+        return f"{mine:,.0f} tokens/s, {ratio:.2f}x fp32's {theirs:,.0f}: {word}"
 
     return (f"prefill {versus(speed.prefill_tokens_per_s, fp32.prefill_tokens_per_s)}; decode "
             f"{versus(speed.decode_tokens_per_s, fp32.decode_tokens_per_s)}")  # fmt: skip

@@ -12,8 +12,8 @@ zero-length past: teacher forcing), and at every position that has a next token:
 
 `TokenAgreement` is the budget (both bounds must hold); `pipeline/verify/choose.py:hop_policy` picks it
 for a text-generation model, with the defaults below, measured on a Llama trained here
-(docs/language-models.md). The held-out blocks are the test split's (a trained model), else golden.npz's
-prompts (an import).
+(docs/language-models.md). The held-out blocks are golden.npz's: a trained model's first test blocks,
+left-padded, or an imported model's prompts (pipeline/samples/evaluation.py:held_out_text).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pipeline.verify.policies import Judgement, Policy
 # int4 0.51 and 1.6 (issue 29). The bounds pass the first three and fail the last.
 DEFAULT_MIN_TOKEN_AGREEMENT = 0.90  # at most 1 next token in 10 chosen otherwise than the reference chooses it
 DEFAULT_MAX_KL = 0.05  # nats per token: the candidate's next-token distribution stays close to the reference's
-JUDGE_BLOCKS = 32  # held-out blocks read (128-token blocks: 4,096 tokens)
+JUDGE_BLOCKS = 32  # held-out blocks read at most (golden.npz keeps a trained model's first 16)
 ROWS_PER_CALL = 4  # blocks per teacher-forced call: [4, 128, vocab] float32 logits at a time
 
 

@@ -273,8 +273,9 @@ def optimize_graph(
 
     The result runs on any onnxruntime (no hardware-specific layout) and keeps `src`'s signature;
     `src` is never modified. A model with external data is optimized from its path, its weights never
-    loaded here, and `dst` keeps its weights beside it as `<dst>.data` (optimize.md, "External data"). Raises InputError for an unknown level and ArtifactError when the
-    model cannot be read or onnxruntime's own pass breaks it.
+    loaded here, and `dst` keeps its weights beside it as `<dst>.data` (optimize.md, "External data").
+    Raises InputError for an unknown level and ArtifactError when the model cannot be read or
+    onnxruntime's own pass breaks it.
     """
     if level not in LEVELS:
         raise InputError(f"graph optimization level {level!r} is not one of {', '.join(LEVELS)}")

@@ -8,7 +8,9 @@ tokens on some models: onnxruntime issue 29849; the judge sees that). With `embe
 embedding (a Gather) is stored the same way (`GatherBlockQuantized`, which needs opset 21: the
 quantizer raises the graph's opset).
 
-The output projection (lm_head) is a MatMul and is quantized with the rest. When it is **tied** to the
+A `Gemm` with a constant weight (GPT-2's blocks are exported so) is rewritten as MatMul and Add first
+(`gemm_as_matmul`): the quantizer takes MatMul only. The output projection (lm_head) is a MatMul and is
+quantized with the rest. When it is **tied** to the
 embedding, the exported graph computes its weight as a Transpose of the embedding table, which the
 quantizer skips (it takes constant weights only): `untie_lm_head` gives that MatMul the transposed
 table as its own constant first, so the largest MatMul of a small model is not left in fp32 (the
@@ -20,7 +22,7 @@ Activations are never quantized: no calibration, and the judge compares text, no
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -61,6 +63,7 @@ class WeightReport:
     kept: list[str]  # MatMul nodes with a constant weight left in fp32 (and why, in the name's note)
     untied: list[str]  # lm_head MatMuls given their own copy of a tied embedding
     embedding_kept: bool = False  # embeddings were asked for and a Gather still reads an fp32 table
+    gemms: list[str] = field(default_factory=list)  # Gemm nodes rewritten as MatMul (+ Add) to be quantized
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +76,7 @@ def quantize_weights(source: Path, dst: Path, settings: WeightSettings) -> Weigh
 
     model = onnx.load(str(source))
     untied = untie_lm_head(model.graph)
+    gemms = gemm_as_matmul(model.graph)
     op_types = ("MatMul", "Gather") if settings.embeddings else ("MatMul",)
     quantizer = MatMulNBitsQuantizer(
         model,
@@ -103,7 +107,41 @@ def quantize_weights(source: Path, dst: Path, settings: WeightSettings) -> Weigh
     constants = {t.name for t in out.graph.initializer}
     kept = [n.name for n in nodes if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in constants]
     table_kept = any(n.op_type == "Gather" and n.input[0] in constants for n in nodes)
-    return WeightReport(quantized, kept, untied, settings.embeddings and table_kept)
+    return WeightReport(quantized, kept, untied, settings.embeddings and table_kept, gemms)
+
+
+def gemm_as_matmul(graph: Any) -> list[str]:
+    """Rewrite each `Gemm(A, B[, C])` with a constant 2-D B, alpha 1, A not transposed (and beta 1 when C is
+    given) as `MatMul(A, B)` then `Add(C)`: the quantizer takes MatMul only, and GPT-2's blocks are
+    exported as Gemm (its Conv1D layers). A `transB` Gemm gets B transposed as its own constant. Returns
+    the Gemms rewritten; any other Gemm is left as it is (and stays fp32: `WeightReport.kept` lists MatMuls).
+    """
+    from onnx import helper, numpy_helper
+
+    constants = {t.name: t for t in graph.initializer}
+    rewritten, nodes = [], []
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        plain = attrs.get("alpha", 1.0) == 1.0 and not attrs.get("transA", 0) and (
+            bias is None or attrs.get("beta", 1.0) == 1.0)  # fmt: skip
+        weight = node.input[1] if node.op_type == "Gemm" and len(node.input) > 1 else ""
+        if not (node.op_type == "Gemm" and plain and weight in constants and len(constants[weight].dims) == 2):
+            nodes.append(node)
+            continue
+        if attrs.get("transB", 0):
+            table = numpy_helper.to_array(constants[weight])
+            weight = f"{weight}.transposed_for_{node.name or 'gemm'}"
+            graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(table.T), weight))
+        product = node.output[0] if bias is None else f"{node.output[0]}.matmul"
+        nodes.append(helper.make_node("MatMul", [node.input[0], weight], [product], name=f"{node.name}.matmul"))
+        if bias is not None:
+            nodes.append(helper.make_node("Add", [product, bias], [node.output[0]], name=f"{node.name}.bias"))
+        rewritten.append(node.name)
+    if rewritten:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return rewritten
 
 
 def untie_lm_head(graph: Any) -> list[str]:

@@ -178,3 +178,26 @@ def test_check_of_a_decoder_compares_its_text_with_the_baseline(optimized: tuple
     assert changed.exit_code == 1, changed.output
     assert "perplexity: perplexity" in changed.output and "breaks max_perplexity_increase 0.01%" in changed.output
     assert "greedy agreement:" in changed.output and "breaks min_greedy_agreement 1" in changed.output
+
+
+def test_a_gemm_block_is_quantized_as_a_matmul(tmp_path: Path) -> None:
+    """GPT-2's blocks export as Gemm (with a bias, sometimes a transposed weight): rewritten as MatMul + Add."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight, bias = rng.normal(size=(48, 64)).astype(np.float32), rng.normal(size=48).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="c_fc", transB=1)],
+        "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 48])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "gemm.onnx")
+    report = quantize_weights(tmp_path / "gemm.onnx", tmp_path / "int8.onnx", WeightSettings(8, 32, True, 4, False))
+    assert report.gemms == ["c_fc"] and report.quantized == 1
+    assert [n.op_type for n in onnx.load(tmp_path / "int8.onnx").graph.node] == ["MatMulNBits", "Add"]
+    x = {"x": rng.normal(size=(5, 64)).astype(np.float32)}
+    want, got = (ort_runner(tmp_path / name)(x)["y"] for name in ("gemm.onnx", "int8.onnx"))
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.02

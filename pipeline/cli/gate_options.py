@@ -26,7 +26,11 @@ LOSSLESS_FLAGS = {
     "metric_tolerance": "--metric-tolerance",
     "max_out_of_tolerance": "--max-out-of-tolerance",
 }
-BUDGET_FLAGS = {"max_accuracy_drop": "--max-accuracy-drop", "min_cosine": "--min-cosine"}
+BUDGET_FLAGS = {
+    "max_accuracy_drop": "--max-accuracy-drop",
+    "min_cosine": "--min-cosine",
+    "mean_cosine": "--mean-cosine",
+}
 GATE_FLAGS = {**LOSSLESS_FLAGS, **BUDGET_FLAGS}
 
 
@@ -49,8 +53,11 @@ def gate_options(what: str) -> Callable[[F], F]:
                          help="Lossy (fp16, int8): the task metric's drop allowed, in its units [default: "
                          f"{what}; 0.01, edge classifiers 0.015]."),
             click.option("--min-cosine", type=Number(0, 1, low_open=True), default=None,
-                         help="Lossy, embeddings and tensor models: the least cosine to the reference "
-                         f"[default: {what}, 0.99]."),
+                         help="Lossy, embeddings and tensor models: the worst row's least cosine to the reference "
+                         f"[default: {what}, 0.9]."),
+            click.option("--mean-cosine", type=Number(0, 1, low_open=True), default=None,
+                         help="Lossy, embeddings and tensor models: the rows' mean cosine to the reference, at "
+                         f"least [default: {what}, 0.99]."),
             click.option("--settings", "settings_file", type=click.Path(), default=None,
                          help="A YAML settings file with a section per hop (import, export, optimize, edge), for "
                          "any artifact; flags override it. See docs/recipes.md."),

@@ -33,6 +33,7 @@ LEVELS = {
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
 }
+LOWER_FIRST = ("extended", "basic")  # a level whose result is refused is retried at the next one
 
 Model = onnx.ModelProto | Path | str
 
@@ -56,13 +57,14 @@ class Step:
 class GraphReport:
     """What optimize_graph did to one model."""
 
-    level: str
+    level: str  # the level that made it: the one asked for, or a lower one where that one's result was refused
     nodes_before: int
     nodes_after: int
     ops_before: dict[str, int]
     ops_after: dict[str, int]
     steps: list[Step]
     warnings: list[str] = field(default_factory=list)
+    asked: str = ""  # the level asked for
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -259,8 +261,9 @@ def optimize_graph(
     """Write an optimized copy of the model at `src` to `dst` and report what changed.
 
     The result runs on any onnxruntime (no hardware-specific layout) and keeps `src`'s signature;
-    `src` is never modified. Raises InputError for an unknown level and ArtifactError when the
-    model cannot be read or onnxruntime's own pass breaks it.
+    `src` is never modified. A level whose result is refused is retried at the next lower one (the
+    report's `level` says which made it, `asked` what was asked). Raises InputError for an unknown level
+    and ArtifactError when the model cannot be read or onnxruntime's pass breaks it at every level.
     """
     if level not in LEVELS:
         raise InputError(f"graph optimization level {level!r} is not one of {', '.join(LEVELS)}")
@@ -274,16 +277,11 @@ def optimize_graph(
     warnings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="pipe-graph-", dir=Path(dst).parent) as scratch:
         ort_path = Path(scratch) / "ort.onnx"
-        run_onnxruntime(Path(src), ort_path, level)
-        optimized = onnx.load(str(ort_path))
-        problem = _checked(optimized, original, ort_path)
-        if problem:
-            lower = "use level basic (--graph basic) or " if level != "basic" else ""
-            raise ArtifactError(
-                f"{src}: onnxruntime's {level} optimization broke the model ({problem}); "
-                f"{lower}skip graph optimization (--graph none)"
-            )
-        steps.append(_step("onnxruntime", ort.__version__, f"level={level}", original, optimized))
+        made_at, optimized, refused = _onnxruntime_pass(Path(src), ort_path, original, level)
+        for tried, problem in refused:
+            warnings.append(f"onnxruntime's {tried} optimization broke the model ({problem}); made at {made_at}")
+        note = "; ".join(f"level {tried} refused: {problem}" for tried, problem in refused)
+        steps.append(_step("onnxruntime", ort.__version__, f"level={made_at}", original, optimized, note))
         if slim:
             slimmed, note = _slim(optimized, original, Path(scratch) / "slim.onnx")
             steps.append(_step("onnxslim", onnxslim.__version__, "default passes", optimized, slimmed, note))
@@ -294,8 +292,31 @@ def optimize_graph(
         keep_metadata(optimized, original)
         onnx.save(optimized, str(dst))
     return GraphReport(
-        level, node_count(original), node_count(optimized), op_counts(original), op_counts(optimized), steps, warnings
-    )
+        made_at, node_count(original), node_count(optimized), op_counts(original), op_counts(optimized), steps,
+        warnings, level,
+    )  # fmt: skip
+
+
+def _onnxruntime_pass(
+    src: Path, path: Path, original: onnx.ModelProto, level: str
+) -> tuple[str, onnx.ModelProto, list[tuple[str, str]]]:
+    """onnxruntime's pass at `level`, else at each lower level in turn: (the level that made a model that keeps
+    `original`'s signature, passes the checker and loads; that model; each level refused, with why).
+
+    At extended, onnxruntime fuses an opset-12 model's layer norms into LayerNormalization, an opset-17 op the
+    checker refuses (PP-OCRv4's recognizer); basic's folding is still worth having. ArtifactError when no level
+    makes one, naming each level's problem and `--graph none`."""
+    refused: list[tuple[str, str]] = []
+    for tried in LOWER_FIRST[LOWER_FIRST.index(level):]:
+        run_onnxruntime(src, path, tried)
+        optimized = onnx.load(str(path))
+        problem = _checked(optimized, original, path)
+        if not problem:
+            return tried, optimized, refused
+        refused.append((tried, problem))
+    said = "; ".join(f"at {tried}: {problem}" for tried, problem in refused)
+    raise ArtifactError(f"{src}: onnxruntime's optimization broke the model ({said}); skip graph optimization "
+                        "(--graph none)")  # fmt: skip
 
 
 def _slim(model: onnx.ModelProto, original: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto | None, str]:

@@ -153,6 +153,7 @@ class Quantizer(Kind[QuantSettings]):
     mode: ClassVar[Literal["dynamic", "static", "fp16"]]  # QuantSettings.mode this kind converts
     preprocess: ClassVar[bool] = True  # onnxruntime's pre-processing (shape inference, fusions) first
     needs_samples: ClassVar[bool] = False  # calibrates on real samples: refused without them
+    per_channel: ClassVar[bool] = False  # weight scales per output channel when the section leaves it unset
 
     def calibrates(self, spec: OptimizeSpec, real_samples: bool) -> bool:
         return self.needs_samples
@@ -161,7 +162,7 @@ class Quantizer(Kind[QuantSettings]):
         """The section's settings; a detector's decode tail stays fp32 in static int8 (nodes.decode_tail)."""
         return QuantSettings(
             mode=self.mode,
-            per_channel=spec.per_channel,
+            per_channel=self.per_channel if spec.per_channel is None else spec.per_channel,
             reduce_range=spec.reduce_range,
             activation_type=spec.activation_type,
             calibration=spec.calibration,

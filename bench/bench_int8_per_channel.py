@@ -39,7 +39,7 @@ def _models(tmp: Path) -> dict[str, tuple[Path, list[str]]]:
 
 
 def _figures(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
-    from pipeline.verify.policies import neighbours_kept, row_cosines
+    from pipeline.verify.budgets import neighbours_kept, row_cosines
 
     cosines = row_cosines(candidate, reference)
     return {"min_cosine": float(cosines.min()), "mean_cosine": float(cosines.mean()),

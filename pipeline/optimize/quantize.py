@@ -44,6 +44,7 @@ from pipeline.optimize.graph import (
 )
 from pipeline.optimize.kind import Job, Kind, Made
 from pipeline.optimize.nodes import MODES, QUANT_OPS, name_nodes, nodes_behind, quantizable_nodes, quantized_nodes
+from pipeline.optimize.order import sort_nodes
 from pipeline.recipe.schema import OptimizeSpec
 from pipeline.runtime.sample_axes import SampleAxes
 
@@ -244,6 +245,7 @@ class Quantizer(Kind[QuantSettings]):
                 f"{type(exc).__name__}: {line}; {_fix(step.model, line, names)}"
             ) from exc
         result = load(out)
+        sort_nodes(result.graph)  # an If branch pre-processing inlined can follow the If that reads it (order.py)
         keep_dim_names(result, original)
         check_output(original, result, out, settings, names)
         keep_metadata(result, original)

@@ -22,6 +22,8 @@ class DynamicInt8(Quantizer):
     per_channel = True
 
     def skip(self, source: Path, config: QuantSettings) -> str:
+        if why := super().skip(source, config):
+            return why
         if quantizable_nodes(source, "dynamic"):
             return ""
         return (

@@ -43,7 +43,15 @@ from pipeline.optimize.graph import (
     strip_debug_info,
 )
 from pipeline.optimize.kind import Job, Kind, Made
-from pipeline.optimize.nodes import MODES, QUANT_OPS, name_nodes, nodes_behind, quantizable_nodes, quantized_nodes
+from pipeline.optimize.nodes import (
+    MODES,
+    QUANT_OPS,
+    already_int8,
+    name_nodes,
+    nodes_behind,
+    quantizable_nodes,
+    quantized_nodes,
+)
 from pipeline.optimize.order import sort_nodes
 from pipeline.recipe.schema import OptimizeSpec
 from pipeline.runtime.sample_axes import SampleAxes
@@ -158,6 +166,10 @@ class Quantizer(Kind[QuantSettings]):
 
     def calibrates(self, spec: OptimizeSpec, real_samples: bool) -> bool:
         return self.needs_samples
+
+    def skip(self, source: Path, config: QuantSettings) -> str:
+        """An int8 kind of a model quantized already is not made (a note: nodes.already_int8)."""
+        return already_int8(source, self.name) if self.precision == "int8" else ""
 
     def config(self, spec: OptimizeSpec, task: str) -> QuantSettings:
         """The section's settings; a detector's decode tail stays fp32 in static int8 (nodes.decode_tail)."""

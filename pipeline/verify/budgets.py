@@ -13,7 +13,7 @@ error otherwise). A statistic over many samples decides on the whole split (`ove
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -228,7 +228,8 @@ class TensorAgreement(Policy):
     def compare(self, got: np.ndarray, want: np.ndarray) -> Judgement:
         if empty := unmeasured(self, want):
             return empty
-        return self.chosen(want).compare(got, want)
+        judged = self.chosen(want).compare(got, want)
+        return replace(judged, detail=judged.detail + mask_overlap(got, want))
 
     def statistic(self, got: np.ndarray, want: np.ndarray) -> tuple[float, float, str]:
         """(figure, margin over the budget, one line) on one output, by the budget that fits it."""
@@ -237,7 +238,23 @@ class TensorAgreement(Policy):
             return chosen.statistic(got, want)
         scale = float(np.linalg.norm(want)) or 1.0
         relative = float(np.linalg.norm(got - want)) / scale
-        return relative, self.max_rel - relative, f"relative error {relative:.4g} (budget <= {self.max_rel:g})"
+        detail = f"relative error {relative:.4g} (budget <= {self.max_rel:g}){mask_overlap(got, want)}"
+        return relative, self.max_rel - relative, detail
+
+
+MASK_AT = 0.5  # a probability map's pixels at or above this are the mask a user thresholds it into
+
+
+def mask_overlap(got: np.ndarray, want: np.ndarray) -> str:
+    """Shown beside a probability map's relative error (a text detector's [N, 1, H, W] in 0..1): both thresholded at
+    MASK_AT, the IoU of the two masks, a figure its user reads. '' for any other output (or no mask to compare)."""
+    if want.ndim < 3 or not want.size or float(want.min()) < 0.0 or float(want.max()) > 1.0:
+        return ""
+    a, b = got >= MASK_AT, want >= MASK_AT
+    union = int((a | b).sum())
+    if not union:
+        return ""
+    return f"; thresholded at {MASK_AT:g}, the masks' IoU {int((a & b).sum()) / union:.4f}"
 
 
 def row_cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:

@@ -166,3 +166,16 @@ def test_a_drop_of_exactly_the_budget_meets_it() -> None:
 
     assert MetricDrop(0.01).judge_metric("accuracy", 1.0, 0.99).passed
     assert not MetricDrop(0.01).judge_metric("accuracy", 1.0, 0.9875).passed
+
+
+def test_a_probability_maps_mask_iou_is_shown_beside_its_relative_error() -> None:
+    """PP-OCRv4's text detector (task tensor) outputs a [N, 1, H, W] probability map: the masks thresholded at
+    0.5 are what its user reads. Shown, not judged: the relative error decides."""
+    want = np.zeros((1, 1, 4, 4))
+    want[0, 0, :2] = 0.9  # 8 pixels of text
+    got = want.copy()
+    got[0, 0, 0, :2] = 0.1  # 2 of them lost
+    judged = TensorAgreement().compare(got, want)
+    assert not judged.passed and judged.detail.endswith("thresholded at 0.5, the masks' IoU 0.7500")
+    assert TensorAgreement().statistic(got, want)[2].endswith("the masks' IoU 0.7500")
+    assert "IoU" not in TensorAgreement().compare(want * 3, want * 2).detail  # not a probability map

@@ -30,6 +30,7 @@ BUDGET_FLAGS = {
     "max_accuracy_drop": "--max-accuracy-drop",
     "min_cosine": "--min-cosine",
     "mean_cosine": "--mean-cosine",
+    "min_agreement": "--min-agreement",
 }
 GATE_FLAGS = {**LOSSLESS_FLAGS, **BUDGET_FLAGS}
 
@@ -58,6 +59,9 @@ def gate_options(what: str) -> Callable[[F], F]:
             click.option("--mean-cosine", type=Number(0, 1, low_open=True), default=None,
                          help="Lossy, embeddings and tensor models: the rows' mean cosine to the reference, at "
                          f"least [default: {what}, 0.99]."),
+            click.option("--min-agreement", type=Number(0, 1, low_open=True), default=None,
+                         help="Lossy, classifiers without targets and text recognizers: the least share of samples "
+                         f"answered as the reference answers them [default: {what}; 0.99, texts 0.95]."),
             click.option("--settings", "settings_file", type=click.Path(), default=None,
                          help="A YAML settings file with a section per hop (import, export, optimize, edge), for "
                          "any artifact; flags override it. See docs/recipes.md."),

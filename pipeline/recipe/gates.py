@@ -46,3 +46,6 @@ class Gate(LosslessGate):
     # row's least (None: 0.9) and the rows' mean least (None: 0.99; docs/gates.md "Embeddings")
     min_cosine: float | None = Field(None, gt=0, le=1)
     mean_cosine: float | None = Field(None, gt=0, le=1)
+    # classifiers without targets (top-1 agreement; None: 0.99) and text recognizers (text agreement; None: 0.95):
+    # the least share of samples answered as the reference answers them
+    min_agreement: float | None = Field(None, gt=0, le=1)

@@ -61,6 +61,9 @@ class GateSettings:
     max_accuracy_drop: float | None = None  # lossy: the task metric's drop in its units; None: the hop's default
     min_cosine: float | None = None  # lossy, embeddings and unit-vector tensors: the worst row; None: 0.9
     mean_cosine: float | None = None  # lossy, embeddings and unit-vector tensors: the rows' mean; None: 0.99
+    # lossy, classifiers without targets (top-1 agreement; None: 0.99) and text recognizers (text agreement;
+    # None: 0.95): the least share of samples answered as the reference answers them
+    min_agreement: float | None = None
 
     @classmethod
     def read(cls, section: Mapping[str, Any]) -> GateSettings:
@@ -93,7 +96,7 @@ def hop_policy(
     drop = settings.max_accuracy_drop
     if drop is None and hop == "edge" and task == "classification" and has_target:
         drop = EDGE_CLASSIFIER_DROP
-    return _task_budget(task, has_target, drop, _cosine(settings), detection)
+    return _task_budget(task, has_target, drop, _cosine(settings), settings.min_agreement, detection)
 
 
 def _cosine(settings: GateSettings) -> CosineAgreement:
@@ -105,24 +108,31 @@ def _cosine(settings: GateSettings) -> CosineAgreement:
 
 
 def _task_budget(
-    task: str, has_target: bool, drop: float | None, cosine: CosineAgreement, detection: Detection | None
+    task: str,
+    has_target: bool,
+    drop: float | None,
+    cosine: CosineAgreement,
+    agreement: float | None,
+    detection: Detection | None,
 ) -> Policy:
-    """The budget a lossy candidate of a `task` model is held to (`drop`: None for the hop's default).
+    """The budget a lossy candidate of a `task` model is held to (`drop`, `agreement`: None for the defaults).
 
     - classification: MetricDrop(drop, default 0.01) when the evaluation set has targets, else
-      Top1Agreement(0.99);
+      Top1Agreement(agreement, default 0.99);
     - regression: MetricDrop(drop) when `drop` is given (MAE, in the target's units), else
       RelativeError(0.01), which needs no units;
     - embedding: CosineAgreement: the rows' mean cosine (default 0.99) and the worst row's (default 0.9);
     - detection: BoxAgreement(0.9), decoding with the artifact's `detection` settings (defaults when None);
     - tensor: TensorAgreement (the cosine budget for unit-vector outputs, else relative error 0.01, by output);
-    - text-recognition: TextAgreement(0.95), texts read as the parent reads them, or MetricDrop(drop) of
-      text agreement on the targets when `drop` is given and the evaluation set has them.
+    - text-recognition: TextAgreement(agreement, default 0.95), texts read as the parent reads them, or
+      MetricDrop(drop) of text agreement on the targets when `drop` is given and the evaluation set has them.
     """
     if task not in TASKS:
         raise InputError(f"task {task!r} has no budget; tasks are {', '.join(TASKS)}")
     if task == "classification":
-        return MetricDrop(DEFAULT_MAX_DROP if drop is None else drop) if has_target else Top1Agreement()
+        if has_target:
+            return MetricDrop(DEFAULT_MAX_DROP if drop is None else drop)
+        return Top1Agreement() if agreement is None else Top1Agreement(agreement)
     if task == "regression":
         return RelativeError() if drop is None else MetricDrop(drop)
     if task == "detection":
@@ -131,7 +141,9 @@ def _task_budget(
     if task == "tensor":
         return TensorAgreement(min_cosine=cosine.min_cosine, mean_cosine=cosine.mean_cosine)
     if task == "text-recognition":  # texts read the same as the parent's; the drop of text agreement on targets
-        return TextAgreement() if drop is None or not has_target else MetricDrop(drop)
+        if drop is not None and has_target:
+            return MetricDrop(drop)
+        return TextAgreement() if agreement is None else TextAgreement(agreement)
     return cosine
 
 
@@ -145,6 +157,7 @@ def _refuse_unread(hop: Hop, precision: str, task: str, has_target: bool, settin
                 "max_accuracy_drop (--max-accuracy-drop, the task metric's drop) instead"
             )
     drop = settings.max_accuracy_drop
+    _refuse_unread_agreement(task, has_target, precision, settings)
     if drop is None or precision == LOSSLESS:
         return
     if task == "embedding":
@@ -164,6 +177,25 @@ def _refuse_unread(hop: Hop, precision: str, task: str, has_target: bool, settin
         )
 
 
+def _refuse_unread_agreement(task: str, has_target: bool, precision: str, settings: GateSettings) -> None:
+    """min_agreement is read by a classifier's top-1 agreement (no targets) and a text recognizer's text agreement
+    (unless a metric drop on targets judges it); given anywhere else it is refused, naming what is read."""
+    agreement = settings.min_agreement
+    if agreement is None or precision == LOSSLESS:
+        return
+    measured = has_target and (task == "classification" or settings.max_accuracy_drop is not None)
+    if task in ("classification", "text-recognition") and measured:
+        raise InputError(
+            f"min_agreement {agreement:g} is not read: the evaluation set has targets, so the budget is the task "
+            "metric's drop (max_accuracy_drop, --max-accuracy-drop); leave min_agreement unset"
+        )
+    if task not in ("classification", "text-recognition"):
+        raise InputError(
+            f"min_agreement {agreement:g} is a budget of classifiers without targets and text recognizers; this is "
+            f"a {task} model: leave it unset (docs/gates.md names its budget)"
+        )
+
+
 def refuse_unread_budgets(hop: Hop, precisions: list[str], settings: GateSettings) -> None:
     """A lossy budget (max_accuracy_drop, min_cosine, mean_cosine) given to a run that makes only lossless
     candidates: nothing would read it, so it is refused (exit 2) naming the flag and what the run's candidates
@@ -172,7 +204,8 @@ def refuse_unread_budgets(hop: Hop, precisions: list[str], settings: GateSetting
         return
     given = [flag for flag, value in (("--max-accuracy-drop", settings.max_accuracy_drop),
                                       ("--min-cosine", settings.min_cosine),
-                                      ("--mean-cosine", settings.mean_cosine)) if value is not None]  # fmt: skip
+                                      ("--mean-cosine", settings.mean_cosine),
+                                      ("--min-agreement", settings.min_agreement)) if value is not None]  # fmt: skip
     if given:
         raise InputError(
             f"{', '.join(given)}: a budget of lossy candidates (fp16, int8), and this {hop} run makes only "

@@ -15,6 +15,7 @@ from pipeline.verify.budgets import (
     MetricDrop,
     RelativeError,
     TensorAgreement,
+    TextAgreement,
     Top1Agreement,
 )
 from pipeline.verify.choose import HOPS, GateSettings, describe_held, hop_policy, refuse_unread_budgets
@@ -141,3 +142,21 @@ def test_a_record_written_before_the_share_rule_reads_as_its_stage_judged_it() -
     )
     old = {"policy": "exact", "atol": 1e-4, "rtol": 1e-3, "metric": 1e-3}  # every value was held then
     assert describe(old) == "exact: |diff| <= 0.0001 + 0.001·|ref|, metric within 0.001"
+
+
+@pytest.mark.parametrize("hop", ["optimize", "edge"])
+def test_the_agreement_of_a_classifier_without_targets_and_of_a_recognizer_can_be_set(hop: str) -> None:
+    """Magika (80 real files, no labels) changed 2 of 80 answers under per-channel int8 against 0.99: the share
+    was no setting before, so nothing but --per-tensor could loosen it."""
+    given = gate(min_agreement=0.97)
+    assert hop_policy(hop, "int8", "classification", False, given) == Top1Agreement(0.97)
+    assert hop_policy(hop, "int8", "text-recognition", True, given) == TextAgreement(0.97)
+    with pytest.raises(InputError, match="min_agreement 0.97 is not read: the evaluation set has targets"):
+        hop_policy(hop, "int8", "classification", True, given)
+    with pytest.raises(InputError, match="min_agreement 0.97 is not read"):
+        hop_policy(hop, "int8", "text-recognition", True, gate(min_agreement=0.97, max_accuracy_drop=0.02))
+    with pytest.raises(InputError, match="min_agreement 0.97 is a budget of classifiers without targets"):
+        hop_policy(hop, "int8", "embedding", False, given)
+    assert hop_policy(hop, "fp32", "embedding", False, given) == Exact()  # lossless: no budget read
+    with pytest.raises(InputError, match="--min-agreement: a budget of lossy candidates"):
+        refuse_unread_budgets(hop, ["fp32"], given)

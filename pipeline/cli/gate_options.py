@@ -29,6 +29,8 @@ LOSSLESS_FLAGS = {
 BUDGET_FLAGS = {
     "max_accuracy_drop": "--max-accuracy-drop",
     "min_cosine": "--min-cosine",
+    "mean_cosine": "--mean-cosine",
+    "min_agreement": "--min-agreement",
     "min_token_agreement": "--min-token-agreement",
     "max_kl": "--max-kl",
 }
@@ -54,8 +56,14 @@ def gate_options(what: str) -> Callable[[F], F]:
                          help="Lossy (fp16, int8): the task metric's drop allowed, in its units [default: "
                          f"{what}; 0.01, edge classifiers 0.015]."),
             click.option("--min-cosine", type=Number(0, 1, low_open=True), default=None,
-                         help="Lossy, embeddings and tensor models: the least cosine to the reference "
-                         f"[default: {what}, 0.99]."),
+                         help="Lossy, embeddings and tensor models: the worst row's least cosine to the reference "
+                         f"[default: {what}, 0.9]."),
+            click.option("--mean-cosine", type=Number(0, 1, low_open=True), default=None,
+                         help="Lossy, embeddings and tensor models: the rows' mean cosine to the reference, at "
+                         f"least [default: {what}, 0.99]."),
+            click.option("--min-agreement", type=Number(0, 1, low_open=True), default=None,
+                         help="Lossy, classifiers without targets and text recognizers: the least share of samples "
+                         f"answered as the reference answers them [default: {what}; 0.99, texts 0.95]."),
             click.option("--min-token-agreement", type=Number(0, 1), default=None,
                          help="Lossy, decoders: the least share of next tokens chosen as the reference chooses them, "
                          f"teacher-forced on held-out text [default: {what}, 0.9]."),

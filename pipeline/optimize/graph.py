@@ -36,6 +36,7 @@ LEVELS = {
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
 }
+LOWER_FIRST = ("extended", "basic")  # a level whose result is refused is retried at the next one
 
 Model = onnx.ModelProto | Path | str
 
@@ -59,13 +60,14 @@ class Step:
 class GraphReport:
     """What optimize_graph did to one model."""
 
-    level: str
+    level: str  # the level that made it: the one asked for, or a lower one where that one's result was refused
     nodes_before: int
     nodes_after: int
     ops_before: dict[str, int]
     ops_after: dict[str, int]
     steps: list[Step]
     warnings: list[str] = field(default_factory=list)
+    asked: str = ""  # the level asked for
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -274,8 +276,9 @@ def optimize_graph(
     The result runs on any onnxruntime (no hardware-specific layout) and keeps `src`'s signature;
     `src` is never modified. A model with external data is optimized from its path, its weights never
     loaded here, and `dst` keeps its weights beside it as `<dst>.data` (optimize.md, "External data").
-    Raises InputError for an unknown level and ArtifactError when the model cannot be read or
-    onnxruntime's own pass breaks it.
+    A level whose result is refused is retried at the next lower one (the report's `level` says which
+    made it, `asked` what was asked). Raises InputError for an unknown level and ArtifactError when the
+    model cannot be read or onnxruntime's pass breaks it at every level.
     """
     if level not in LEVELS:
         raise InputError(f"graph optimization level {level!r} is not one of {', '.join(LEVELS)}")
@@ -285,16 +288,11 @@ def optimize_graph(
     warnings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="pipe-graph-", dir=Path(dst).parent) as scratch:
         current = Path(scratch) / "ort.onnx"  # the file holding the result so far
-        run_onnxruntime(Path(src), current, level, big)
-        optimized = load(current)
-        problem = _checked(optimized, original, current)
-        if problem:
-            lower = "use level basic (--graph basic) or " if level != "basic" else ""
-            raise ArtifactError(
-                f"{src}: onnxruntime's {level} optimization broke the model ({problem}); "
-                f"{lower}skip graph optimization (--graph none)"
-            )
-        steps.append(_step("onnxruntime", ort.__version__, f"level={level}", original, optimized))
+        made_at, optimized, refused = _onnxruntime_pass(Path(src), current, original, level, big)
+        for tried, problem in refused:
+            warnings.append(f"onnxruntime's {tried} optimization broke the model ({problem}); made at {made_at}")
+        note = "; ".join(f"level {tried} refused: {problem}" for tried, problem in refused)
+        steps.append(_step("onnxruntime", ort.__version__, f"level={made_at}", original, optimized, note))
         if slim:
             slim_path = Path(scratch) / "slim.onnx"
             slimmed, note = _slim(current if big else optimized, original, slim_path)
@@ -308,8 +306,31 @@ def optimize_graph(
         onnx.save(optimized, str(current))  # beside its data, where it was read from
         move_model(current, Path(dst))
     return GraphReport(
-        level, node_count(original), node_count(optimized), op_counts(original), op_counts(optimized), steps, warnings
-    )
+        made_at, node_count(original), node_count(optimized), op_counts(original), op_counts(optimized), steps,
+        warnings, level,
+    )  # fmt: skip
+
+
+def _onnxruntime_pass(
+    src: Path, path: Path, original: onnx.ModelProto, level: str, external: bool
+) -> tuple[str, onnx.ModelProto, list[tuple[str, str]]]:
+    """onnxruntime's pass at `level`, else at each lower level in turn: (the level that made a model that keeps
+    `original`'s signature, passes the checker and loads; that model; each level refused, with why).
+
+    At extended, onnxruntime fuses an opset-12 model's layer norms into LayerNormalization, an opset-17 op the
+    checker refuses (PP-OCRv4's recognizer); basic's folding is still worth having. ArtifactError when no level
+    makes one, naming each level's problem and `--graph none`."""
+    refused: list[tuple[str, str]] = []
+    for tried in LOWER_FIRST[LOWER_FIRST.index(level):]:
+        run_onnxruntime(src, path, tried, external)
+        optimized = load(path)
+        problem = _checked(optimized, original, path)
+        if not problem:
+            return tried, optimized, refused
+        refused.append((tried, problem))
+    said = "; ".join(f"at {tried}: {problem}" for tried, problem in refused)
+    raise ArtifactError(f"{src}: onnxruntime's optimization broke the model ({said}); skip graph optimization "
+                        "(--graph none)")  # fmt: skip
 
 
 def _slim(model: onnx.ModelProto | Path, original: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto | None, str]:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline.optimize.kind import Job, Kind, Made
+from pipeline.optimize.nodes import already_int8
 from pipeline.optimize.plan import plan_for
 from pipeline.optimize.search import auto_search
 from pipeline.recipe.schema import OptimizeSpec
@@ -36,6 +38,9 @@ class AutoInt8(Kind[SearchSettings]):
 
     def config(self, spec: OptimizeSpec, task: str) -> SearchSettings:
         return SearchSettings(spec.max_exclusions, spec.search_seconds, spec.threads, task)
+
+    def skip(self, source: Path, config: SearchSettings) -> str:
+        return already_int8(source, self.name)
 
     def make(self, job: Job, config: SearchSettings) -> Made:
         if job.calibration is None:

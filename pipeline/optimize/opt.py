@@ -40,9 +40,12 @@ class Opt(Kind[GraphSettings]):
     def make(self, job: Job, config: GraphSettings) -> Made:
         job.say(f"opt: onnxruntime {config.level} passes{' + onnxslim' if config.slim else ''}")
         report = optimize_graph(job.source, job.dst, config.level, config.slim)
+        for warning in report.warnings:
+            job.say(f"opt: {warning}")
         verdict = job.judge(job.dst, job.judge.lossless, job.scratch)
         job.say(f"opt: nodes {report.nodes_before} -> {report.nodes_after}; {verdict.detail}")
-        settings = {"graph": config.level, "slim": config.slim}
+        # `made_at`: the level that made it, lower than `graph` where onnxruntime's result there was refused
+        settings = {"graph": config.level, "made_at": report.level, "slim": config.slim}
         return Made(self.name, self.precision, settings, verdict, report.to_dict())
 
 

@@ -53,7 +53,8 @@ def markdown(summary: dict[str, Any]) -> str:
         if graph:
             lines += ["", "## opt: graph passes", "", f"nodes {graph['nodes_before']} -> {graph['nodes_after']}"]
             for step in graph.get("steps", []):
-                kept = "kept" if step["kept"] else f"not kept ({step['note']})"
+                kept = ("kept" + (f" ({step['note']})" if step.get("note") else "")) if step["kept"] else (
+                    f"not kept ({step['note']})")  # fmt: skip
                 lines.append(f"- {step['name']} {step['version']} ({step['setting']}): "
                              f"{step['nodes_before']} -> {step['nodes_after']} nodes, {kept}")  # fmt: skip
     return "\n".join(lines) + "\n"

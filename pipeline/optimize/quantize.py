@@ -43,7 +43,16 @@ from pipeline.optimize.graph import (
     strip_debug_info,
 )
 from pipeline.optimize.kind import Job, Kind, Made
-from pipeline.optimize.nodes import MODES, QUANT_OPS, name_nodes, nodes_behind, quantizable_nodes, quantized_nodes
+from pipeline.optimize.nodes import (
+    MODES,
+    QUANT_OPS,
+    already_int8,
+    name_nodes,
+    nodes_behind,
+    quantizable_nodes,
+    quantized_nodes,
+)
+from pipeline.optimize.order import sort_nodes
 from pipeline.recipe.schema import OptimizeSpec
 from pipeline.runtime.external_data import SMALL_TENSOR, data_file, external, move_model, save_beside
 from pipeline.runtime.sample_axes import SampleAxes
@@ -155,15 +164,20 @@ class Quantizer(Kind[QuantSettings]):
     mode: ClassVar[Literal["dynamic", "static", "fp16"]]  # QuantSettings.mode this kind converts
     preprocess: ClassVar[bool] = True  # onnxruntime's pre-processing (shape inference, fusions) first
     needs_samples: ClassVar[bool] = False  # calibrates on real samples: refused without them
+    per_channel: ClassVar[bool] = False  # weight scales per output channel when the section leaves it unset
 
     def calibrates(self, spec: OptimizeSpec, real_samples: bool) -> bool:
         return self.needs_samples
+
+    def skip(self, source: Path, config: QuantSettings) -> str:
+        """An int8 kind of a model quantized already is not made (a note: nodes.already_int8)."""
+        return already_int8(source, self.name) if self.precision == "int8" else ""
 
     def config(self, spec: OptimizeSpec, task: str) -> QuantSettings:
         """The section's settings; a detector's decode tail stays fp32 in static int8 (nodes.decode_tail)."""
         return QuantSettings(
             mode=self.mode,
-            per_channel=spec.per_channel,
+            per_channel=self.per_channel if spec.per_channel is None else spec.per_channel,
             reduce_range=spec.reduce_range,
             activation_type=spec.activation_type,
             calibration=spec.calibration,
@@ -247,6 +261,7 @@ class Quantizer(Kind[QuantSettings]):
                 f"{type(exc).__name__}: {line}; {_fix(step.model, line, names)}"
             ) from exc
         result = load(out)
+        sort_nodes(result.graph)  # an If branch pre-processing inlined can follow the If that reads it (order.py)
         keep_dim_names(result, original)
         check_output(original, result, out, settings, names)
         keep_metadata(result, original)

@@ -165,7 +165,9 @@ class OptimizeSpec(Gate):
     graph: Literal["none", "basic", "extended"] = "extended"  # onnxruntime offline level for variants/model.opt.onnx
     slim: bool = True  # onnxslim after onnxruntime's passes
     quantize: list[Literal[QUANTIZE_CHOICES]] = ["dynamic", "static"]  # auto: the budget search
-    per_channel: bool = False  # int8 weights: one scale per output channel instead of per tensor
+    # int8 weights: one scale per output channel (True) or one per tensor (False); None: each kind's default,
+    # per channel for dynamic int8 (docs/gates.md "Embeddings": as fast, and closer), per tensor for static
+    per_channel: bool | None = None
     reduce_range: bool = False  # 7-bit weights, for CPUs without VNNI where 8-bit saturates
     activation_type: Literal["uint8", "int8"] = "uint8"  # static: activations' int8 type
     calibration: Literal["minmax", "entropy", "percentile"] = "minmax"  # static: how activation ranges are set

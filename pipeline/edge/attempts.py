@@ -20,8 +20,10 @@ with why it was left, or why the search stopped at it.
 
 When every attempt converted but none passed, the first conversion's judgement is returned (and
 recorded as failed by the stage); when none converted, `NotConverted` is raised with the last
-reason and every attempt. Each attempt runs at most `ATTEMPT_TIMEOUT_S`, and all of them together
-within the settings' `timeout_s`.
+reason and every attempt. All of them together run within the settings' `timeout_s` (`edge.timeout_s`,
+`--convert-timeout`), each at most `ATTEMPT_SHARE` of it: an attempt stopped there, or skipped because the
+time was spent, says so and names the setting that gives more, so a run that ends on time is never read as
+a conversion onnx2tf refused.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ from pipeline.core.errors import ArtifactError, CheckFailed, first_line
 from pipeline.edge.convert import COPY, Converted, EdgeSettings, Progress, convert
 from pipeline.edge.onnx2tf_child import LOG
 
-ATTEMPT_TIMEOUT_S = 600.0  # one onnx2tf run; a YOLOv8n that fails takes about 3.5 min to say so
+ATTEMPT_SHARE = 1 / 3  # of timeout_s, one onnx2tf run at most (600 s of the default 1800): a YOLOv8n that fails
+# takes about 3.5 min to say so, a 90 MB transformer 1.4 min with onnx2tf's own onnxsim
+TIMEOUT_ADVICE = "raise edge.timeout_s (--convert-timeout SECONDS, or the edge: section of --settings FILE)"
 FLEX = re.compile(rb"Flex[A-Z][A-Za-z0-9]*")  # a Select op's custom name in a .tflite file, e.g. FlexErf
 AUTO_JSON = "_auto.json"  # onnx2tf writes <model>_auto.json, a parameter-replacement guess, when it stops on a node
 
@@ -124,7 +128,7 @@ def convert_in_turn(
             record.reason = "skipped: no earlier attempt left a parameter-replacement file"
             continue
         if left < 1:
-            record.reason = f"skipped: the edge timeout_s ({settings.timeout_s:.0f} s) was spent"
+            record.reason = f"skipped: edge.timeout_s ({settings.timeout_s:g} s) was spent; {TIMEOUT_ADVICE}"
             continue
         options = dict(attempt.options)
         if attempt.replacement and replacement is not None:
@@ -133,12 +137,16 @@ def convert_in_turn(
         say(f"onnx2tf attempt {n}/{len(attempts)}: {attempt.name}")
         workspace = Path(workdir) / f"attempt{n}"
         begun = time.monotonic()
-        tuned = replace(settings, slim=attempt.slim, onnx2tf=options, timeout_s=min(ATTEMPT_TIMEOUT_S, left))
+        limit = min(settings.timeout_s * ATTEMPT_SHARE, left)
+        tuned = replace(settings, slim=attempt.slim, onnx2tf=options, timeout_s=limit)
         try:
             made = convert(onnx_path, workspace, tuned, calibration, progress)
         except CheckFailed as exc:
             record.seconds = round(time.monotonic() - begun, 1)
-            record.reason = re.sub(r" \(log: [^)]*\)$", "", str(exc).splitlines()[0])  # the scratch log goes away
+            record.reason = re.sub(r"(; | \()log: [^)]*\)?$", "", str(exc).splitlines()[0])  # the scratch log goes away
+            if record.reason.startswith("onnx2tf did not finish"):
+                share = "the time left of" if limit < settings.timeout_s * ATTEMPT_SHARE else "a third of"
+                record.reason += f" ({share} edge.timeout_s, {settings.timeout_s:g} s): {TIMEOUT_ADVICE}"
             log = workspace / "onnx2tf" / LOG
             if (guess := workspace / "onnx2tf" / "out" / f"{Path(COPY).stem}{AUTO_JSON}").is_file():
                 replacement = guess

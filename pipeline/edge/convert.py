@@ -67,7 +67,7 @@ class EdgeSettings:
 
     precisions: tuple[str, ...] = PRECISIONS  # of fp32, fp16, int8
     layout: Literal["nhwc", "nchw"] = "nhwc"  # 4-D image inputs: NHWC for devices, or keep the server's NCHW
-    timeout_s: float = 1800.0  # onnx2tf is stopped after this long and the conversion fails
+    timeout_s: float = 1800.0  # onnx2tf is stopped after this long and the conversion fails (edge.timeout_s)
     slim: bool = True  # onnxslim the copy first, and turn onnx2tf's own onnxsim off
     onnx2tf: dict[str, Any] = field(default_factory=dict)  # more onnx2tf.convert keyword arguments
     input_dims: dict[str, list[int | str]] = field(default_factory=dict)  # input -> dims written into the copy

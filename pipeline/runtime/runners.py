@@ -33,9 +33,11 @@ if TYPE_CHECKING:
     from pipeline.artifact.tensors import TensorSpec
 
 EVAL_CHUNK = 256  # samples per call over a whole split: bounded memory, few calls
-# ... and at most this many input bytes per call: 256 pictures of 224x224 are 154 MB of inputs, and a
-# conv net's activations for them several GB; 32 MB is 53 such pictures, or all 256 of a small input
-CHUNK_BYTES = 32 << 20
+# ... and at most this many bytes of one sample's inputs and outputs per call, measured on the first sample:
+# a model's intermediate tensors grow with both. 256 pictures of 224x224 are 154 MB of inputs, and a conv
+# net's activations for them several GB; PP-OCRv4's recognizer gives 1.06 MB of softmax per 184 KB picture,
+# and 64 of them in one call took onnxruntime ~1 GB. 16 MB is 13 such pictures, or all 256 of a small input
+CHUNK_BYTES = 16 << 20
 
 
 class Runner(Protocol):
@@ -71,11 +73,14 @@ def ort_runner(model: str | Path | ort.InferenceSession, axes: SampleAxes | None
 
     `axes`: where the model keeps its samples; None reads them from the model itself (its
     `pipe.sample_axes` stamp and its declared batch: a fixed batch runs that many samples a call).
-    Pass a session already held to avoid loading a large model twice. A file onnxruntime cannot
+    A session made here has onnxruntime's memory arena off (`create_session(arena=False)`): the gate
+    runs a split in a few large chunks, and an arena would keep the largest chunk's intermediate
+    tensors reserved for as long as the runner lives, once per session held. Pass a session already
+    held to avoid loading a large model twice. A file onnxruntime cannot
     load raises ArtifactError.
     """
-    if isinstance(model, str | Path):
-        model = create_session(model, "cpu", intra_op_threads=1, inter_op_threads=1)
+    if isinstance(model, str | Path):  # no arena: a gate's few large runs give their memory back
+        model = create_session(model, "cpu", intra_op_threads=1, inter_op_threads=1, arena=False)
     return OrtRunner(model, axes if axes is not None else session_axes(model))
 
 
@@ -161,20 +166,37 @@ def tflite_candidate(
 
 
 def run_chunked(run: Runner, inputs: Arrays, names: Sequence[str] | None = None, chunk: int = EVAL_CHUNK) -> Arrays:
-    """`run` over every sample of `inputs`, `chunk` samples per call (fewer when they would pass
-    CHUNK_BYTES of inputs), outputs concatenated.
+    """`run` over every sample of `inputs`, `chunk` samples per call, outputs concatenated.
 
+    Fewer per call when one sample's inputs and outputs together would pass CHUNK_BYTES: the first
+    sample runs alone and its bytes set the chunk, since a model's intermediate tensors (what
+    onnxruntime allocates during the call) grow with its outputs as much as with its inputs.
     `names` keeps only those outputs (all when None), so a large split does not hold outputs
     nobody reads.
     """
     if chunk < 1:
         raise InputError(f"chunk is {chunk}; give a positive number of samples per call")
     count = len(next(iter(inputs.values())))
-    per_sample = sum(v[:1].nbytes for v in inputs.values())
-    chunk = min(chunk, max(1, CHUNK_BYTES // max(per_sample, 1)))
     parts: dict[str, list[np.ndarray]] = {}
-    for start in range(0, max(count, 1), chunk):  # an empty split still runs once, for its output shapes
-        result = run({k: v[start : start + chunk] for k, v in inputs.items()})
+
+    def call(start: int, stop: int) -> Arrays:
+        result = run({k: v[start:stop] for k, v in inputs.items()})
         for name in names if names is not None else result:
             parts.setdefault(name, []).append(result[name])
+        return result
+
+    if count <= 1:  # one sample, or an empty split run once for its output shapes
+        call(0, count)
+    else:
+        first = call(0, 1)
+        per_sample = sum(v[:1].nbytes for v in inputs.values()) + sum(np.asarray(v).nbytes for v in first.values())
+        chunk = chunk_size(per_sample, chunk)
+        for start in range(1, count, chunk):
+            call(start, start + chunk)
     return {name: np.concatenate(arrays) for name, arrays in parts.items()}
+
+
+def chunk_size(per_sample: int, chunk: int = EVAL_CHUNK) -> int:
+    """Samples per call: `chunk`, fewer when that many samples' inputs and outputs (`per_sample` bytes each)
+    would pass CHUNK_BYTES; at least one."""
+    return max(1, min(chunk, CHUNK_BYTES // max(per_sample, 1)))

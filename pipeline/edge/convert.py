@@ -91,6 +91,7 @@ class Converted:
     seconds: float = 0.0  # wall time: fp32 includes the graph conversion; fp16 and int8 the time each added after it
     warnings: list[str] = field(default_factory=list)  # e.g. a precision asked for and not made, and why
     int8_io: str = ""  # int8 only: "integer" (int8 inputs and outputs) or "float" (float I/O, int8 inside)
+    fixed_batch: int | None = None  # converted at this batch on purpose (attempts.py BATCH_ONE): fed that many a call
 
     def scaling(self) -> dict[str, dict[str, Any]]:
         """The runner's `normalize` and `boxes`: the inputs the caller normalizes, the outputs it multiplies back."""

@@ -103,7 +103,7 @@ class LiteRTGate:
     def _judge(self, c: Converted) -> EdgeMade:
         name = f"{EDGE_PREFIX}{c.precision}"
         policy, evaluation, reference = self.policies[c.precision], self.plan.evaluation, self.artifact.path(MODEL_FILE)
-        candidate = tflite_candidate(c.path, names=c.names, layout=c.input_layout, **c.scaling())
+        candidate = tflite_candidate(c.path, names=c.names, layout=c.input_layout, batch=c.fixed_batch, **c.scaling())
         report = verify(candidate, ort_runner(reference), evaluation, self.plan.spec, policy, scratch=self.scratch)
         if c.precision == "fp16":  # the cause before its symptom: a value fp16 cannot hold, then "exceeds atol"
             samples = None if evaluation.generated else evaluation.samples  # activations only on real samples

@@ -12,7 +12,7 @@ rather than a second copy, and import-linter allows this one import from verify 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,8 +25,6 @@ from pipeline.runtime.sample_axes import SampleAxes
 from pipeline.runtime.session import create_session
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     import onnxruntime as ort
     import torch
 
@@ -143,6 +141,7 @@ def tflite_candidate(
     runtime: str | None = None,
     normalize: Mapping[str, Mapping[str, Any]] | None = None,
     boxes: Mapping[str, Any] | None = None,
+    batch: int | None = None,
 ) -> Candidate:
     """The .tflite file at `path` as a gate candidate ("TFLite", run by "LiteRT", else tflite-runtime).
 
@@ -152,8 +151,10 @@ def tflite_candidate(
     gate compares floats. `normalize` (input -> {"mean", "std"}) is applied to inputs whose normalization was
     taken out of the edge model, and `boxes` (output -> [width, height]) multiplies normalized boxes back to
     pixels, so the gate compares with model.onnx in its own units (None: as `feeding.json` beside the
-    model says, like `names` and `layout`). A file no interpreter can load, or no
-    interpreter installed, raises ArtifactError.
+    model says, like `names` and `layout`). `batch`: the model was converted at this fixed batch on purpose
+    (onnx2tf converts a ConvTranspose only so), and is fed that many samples a call, as a device program
+    feeds it; None feeds every call whole, so a batch a converter fixed unasked is refused at batch 2. A
+    file no interpreter can load, or no interpreter installed, raises ArtifactError.
     """
     from pipeline.runtime.tflite_runner import TFLiteRunner
 
@@ -162,7 +163,38 @@ def tflite_candidate(
                               normalize=normalize, boxes=boxes)  # fmt: skip
     except (ValueError, RuntimeError, OSError, ImportError) as exc:
         raise ArtifactError(f"cannot load {path} as a TFLite model: {first_line(exc)}") from exc
-    return Candidate(runner, "TFLite", "LiteRT" if runner.runtime == "ai_edge_litert" else "tflite-runtime", None)
+    runtime = "LiteRT" if runner.runtime == "ai_edge_litert" else "tflite-runtime"
+    if batch is not None and fixed_batch(runner.inputs.values()) != batch:
+        raise ArtifactError(f"{path} was to take {batch} sample(s) a call, but its batch is "
+                            f"{fixed_batch(runner.inputs.values()) or 'free'}")  # fmt: skip
+    return Candidate(in_fixed_batches(runner, batch), "TFLite", runtime, None)
+
+
+def fixed_batch(inputs: Iterable[Mapping[str, Any]]) -> int | None:
+    """The batch a TFLite model was saved with when it is fixed (its first input's leading dim), else None."""
+    first = next(iter(inputs), None)
+    if first is None:
+        return None
+    signature = first.get("shape_signature", first["shape"])
+    return int(signature[0]) if len(signature) and int(signature[0]) > 0 else None
+
+
+def in_fixed_batches(run: Runner, batch: int | None) -> Runner:
+    """`run` fed `batch` samples a call, outputs concatenated (as is when `batch` is None): the gate's batch
+    1, 2 and 16 and the split reach a fixed-batch model as its device program would feed them."""
+    if batch is None:
+        return run
+
+    def stepped(inputs: Arrays, /) -> Arrays:
+        count = len(next(iter(inputs.values())))
+        if count == batch:
+            return run(inputs)
+        if count % batch:
+            raise InputError(f"{count} samples do not fill batches of {batch}, the batch the model was saved with")
+        parts = [run({k: v[i : i + batch] for k, v in inputs.items()}) for i in range(0, count, batch)]
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]} if parts else run(inputs)
+
+    return stepped
 
 
 def run_chunked(run: Runner, inputs: Arrays, names: Sequence[str] | None = None, chunk: int = EVAL_CHUNK) -> Arrays:

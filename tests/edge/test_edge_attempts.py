@@ -99,3 +99,18 @@ def test_a_conversion_out_of_time_names_the_setting_that_gives_more(tmp_path: Pa
     assert all("--convert-timeout SECONDS" in r for r in reasons if not r.startswith("skipped: no earlier"))
     assert reasons[-1].startswith(("skipped: edge.timeout_s (1.5 s) was spent", "onnx2tf did not finish"))
     assert "log:" not in str(refused.value)  # the scratch log is gone when the message is read
+
+
+def test_the_convert_timeout_is_an_edge_option_and_a_recipe_key(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    from pipeline.recipe.schema import EdgeSpec
+
+    result = CliRunner().invoke(main, ["export", str(tmp_path), "--target", "server", "--convert-timeout", "60"])
+    assert result.exit_code == 2 and "--convert-timeout is an edge option" in result.output
+    result = CliRunner().invoke(main, ["export", str(tmp_path), "--target", "edge", "--convert-timeout", "0"])
+    assert result.exit_code == 2 and "--convert-timeout" in result.output
+    assert EdgeSpec().timeout_s == 1800 and EdgeSpec(timeout_s=60).timeout_s == 60
+    with pytest.raises(ValueError, match="timeout_s"):
+        EdgeSpec(timeout_s=-1)

@@ -107,7 +107,7 @@ class LiteRTGate:
         report = verify(candidate, ort_runner(reference), evaluation, self.plan.spec, policy, scratch=self.scratch)
         if c.precision == "fp16":  # the cause before its symptom: a value fp16 cannot hold, then "exceeds atol"
             samples = None if evaluation.generated else evaluation.samples  # activations only on real samples
-            report.rows[:0] = fp16_range_rows(reference, samples, self.scratch)
+            report.rows[:0] = fp16_range_rows(reference, samples, self.scratch, c.path)
         status = "passed" if report.passed else "FAILED"
         size = c.path.stat().st_size
         self.progress(f"[edge] {name}: converted in {c.seconds:.1f} s, {size} bytes; {policy.name}: {status}")

@@ -53,6 +53,7 @@ def test_a_folded_constant_passes_and_a_stored_one_fails(tmp_path: Path) -> None
     rows = fp16_range_rows(folded, None, tmp_path, fp16_of(folded, tmp_path / "bn"))
     assert [(r.output, r.passed) for r in rows] == [("var", True)], rows
     assert "but not in the fp16 model: the conversion folded it" in rows[0].detail
+    assert rows[0].max_abs is None  # the variant's max abs stays the outputs' own, not the constant's value
     assert not fp16_range_rows(folded, None, tmp_path)[0].passed  # without the file: as before, refused
 
     stored = conv_then(tmp_path / "add.onnx", "add", 2.06e5)

@@ -36,6 +36,7 @@ EVAL_CHUNK = 256  # samples per call over a whole split: bounded memory, few cal
 # net's activations for them several GB; PP-OCRv4's recognizer gives 1.06 MB of softmax per 184 KB picture,
 # and 64 of them in one call took onnxruntime ~1 GB. 16 MB is 13 such pictures, or all 256 of a small input
 CHUNK_BYTES = 16 << 20
+FIRST_CALL = 8  # samples of the first call, whose outputs' size sizes the others
 
 
 class Runner(Protocol):
@@ -200,11 +201,12 @@ def in_fixed_batches(run: Runner, batch: int | None) -> Runner:
 def run_chunked(run: Runner, inputs: Arrays, names: Sequence[str] | None = None, chunk: int = EVAL_CHUNK) -> Arrays:
     """`run` over every sample of `inputs`, `chunk` samples per call, outputs concatenated.
 
-    Fewer per call when one sample's inputs and outputs together would pass CHUNK_BYTES: the first
-    sample runs alone and its bytes set the chunk, since a model's intermediate tensors (what
-    onnxruntime allocates during the call) grow with its outputs as much as with its inputs.
-    `names` keeps only those outputs (all when None), so a large split does not hold outputs
-    nobody reads.
+    Fewer per call when that many samples' inputs and outputs together would pass CHUNK_BYTES: the first
+    call takes at most FIRST_CALL samples and its outputs' bytes set the size of the others (a multiple
+    of the first's, so a model with a fixed batch of 4 is still fed whole batches), since a model's
+    intermediate tensors (what onnxruntime allocates during the call) grow with its outputs as much as
+    with its inputs. `names` keeps only those outputs (all when None), so a large split does not hold
+    outputs nobody reads.
     """
     if chunk < 1:
         raise InputError(f"chunk is {chunk}; give a positive number of samples per call")
@@ -217,14 +219,14 @@ def run_chunked(run: Runner, inputs: Arrays, names: Sequence[str] | None = None,
             parts.setdefault(name, []).append(result[name])
         return result
 
-    if count <= 1:  # one sample, or an empty split run once for its output shapes
-        call(0, count)
-    else:
-        first = call(0, 1)
-        per_sample = sum(v[:1].nbytes for v in inputs.values()) + sum(np.asarray(v).nbytes for v in first.values())
-        chunk = chunk_size(per_sample, chunk)
-        for start in range(1, count, chunk):
-            call(start, start + chunk)
+    in_bytes = sum(v[:1].nbytes for v in inputs.values())
+    step = min(FIRST_CALL, chunk_size(in_bytes, chunk), max(count, 1))
+    first = call(0, step)  # an empty split still runs once, for its output shapes
+    if count > step:
+        out_bytes = sum(np.asarray(v).nbytes for v in first.values()) // step
+        size = max(step, chunk_size(in_bytes + out_bytes, chunk) // step * step)
+        for start in range(step, count, size):
+            call(start, start + size)
     return {name: np.concatenate(arrays) for name, arrays in parts.items()}
 
 

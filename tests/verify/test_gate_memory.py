@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import onnx.parser
 
-from pipeline.runtime.runners import CHUNK_BYTES, chunk_size, ort_runner, run_chunked
+from pipeline.runtime.runners import CHUNK_BYTES, FIRST_CALL, chunk_size, ort_runner, run_chunked
 from pipeline.verify.policies import Exact, TensorAgreement
 
 
@@ -105,8 +105,8 @@ def test_chunks_are_sized_by_a_samples_inputs_and_outputs(tmp_path: Path) -> Non
     x = np.arange(600, dtype=np.float32)[:, None]
     got = run_chunked(counted, {"x": x})
     per_sample = 4 + 16384 * 4
-    assert chunk_size(per_sample) == CHUNK_BYTES // per_sample < 256  # inputs alone (4 bytes) would allow 256
-    assert calls[0] == 1 and max(calls) == chunk_size(per_sample) and sum(calls) == 600
+    assert chunk_size(per_sample) == CHUNK_BYTES // per_sample == 255  # inputs alone (4 bytes) would allow 256
+    assert calls[0] == FIRST_CALL and max(calls) == 255 // FIRST_CALL * FIRST_CALL and sum(calls) == 600
     np.testing.assert_array_equal(got["y"][:, 0], x[:, 0])
     np.testing.assert_array_equal(got["y"][:, -1], x[:, 0])
     assert run_chunked(run, {"x": x[:1]})["y"].shape == (1, 16384)

@@ -10,6 +10,7 @@ import onnx
 from onnxruntime.transformers.float16 import convert_float_to_float16
 
 from pipeline.optimize.quantize import Conversion, Quantizer
+from pipeline.runtime.external_data import save_model
 
 
 class Fp16(Quantizer):
@@ -17,9 +18,10 @@ class Fp16(Quantizer):
     preprocess = False
 
     def convert(self, step: Conversion) -> None:
-        result = convert_float_to_float16(step.model, keep_io_types=True, node_block_list=step.excluded or None)
+        model = onnx.load(str(step.source))  # the weights too: the converter rewrites them
+        result = convert_float_to_float16(model, keep_io_types=True, node_block_list=step.excluded or None)
         _sort_topologically(result.graph)  # the converter appends the input casts last: the checker refuses that
-        onnx.save(result, str(step.out))
+        save_model(result, step.out, step.external)
 
 
 def _sort_topologically(graph: onnx.GraphProto) -> None:

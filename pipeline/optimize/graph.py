@@ -16,6 +16,8 @@ back as declared; what it computes is held by the gate, which runs it. A step th
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import tempfile
 from collections import Counter
@@ -28,6 +30,7 @@ import onnxruntime as ort
 import onnxslim
 
 from pipeline.core.errors import ArtifactError, InputError
+from pipeline.runtime.external_data import SMALL_TENSOR, data_file, move_model, uses_external_data
 
 LEVELS = {
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -69,11 +72,13 @@ class GraphReport:
 
 
 def load(model: Model) -> onnx.ModelProto:
-    """A ModelProto from a path (or the proto itself)."""
+    """A ModelProto from a path (or the proto itself), without its external data: the graph and inline
+    tensors, and references to weights kept beside it (a multi-GB model is not read; what needs the weights
+    gives onnxruntime or onnx the path). Save such a proto only in the directory it was read from."""
     if isinstance(model, onnx.ModelProto):
         return model
     try:
-        return onnx.load(str(model))
+        return onnx.load(str(model), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError, OSError, ... with no common base
         raise ArtifactError(f"{model}: not a readable ONNX model ({exc}); give the path of an .onnx file") from exc
 
@@ -226,12 +231,19 @@ def _step(
     )
 
 
-def run_onnxruntime(src: Path, dst: Path, level: str) -> None:
-    """onnxruntime's offline optimizer at `level`, CPU provider, writing the optimized model to `dst`."""
+def run_onnxruntime(src: Path, dst: Path, level: str, external: bool = False) -> None:
+    """onnxruntime's offline optimizer at `level`, CPU provider, writing the optimized model to `dst`; with
+    `external`, its weights to `<dst>.data` (else it keeps pointing at the source's data file by a location
+    that is wrong beside `dst`)."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = LEVELS[level]
     options.optimized_model_filepath = str(dst)
+    if external:
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                         data_file(dst).name)  # fmt: skip
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                         str(SMALL_TENSOR))  # fmt: skip
     try:
         ort.InferenceSession(str(src), sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime's exception types share no base
@@ -239,7 +251,8 @@ def run_onnxruntime(src: Path, dst: Path, level: str) -> None:
 
 
 def _checked(candidate: onnx.ModelProto, original: onnx.ModelProto, path: Path) -> str:
-    """'' when `candidate`, saved at `path`, loads and keeps `original`'s signature; else why not."""
+    """'' when `candidate`, saved at `path`, loads and keeps `original`'s signature; else why not. A candidate
+    with external data is saved in the directory it was read from, beside its data."""
     keep_dim_names(candidate, original)
     onnx.save(candidate, str(path))
     problems = signature_changes(original, candidate)
@@ -259,24 +272,22 @@ def optimize_graph(
     """Write an optimized copy of the model at `src` to `dst` and report what changed.
 
     The result runs on any onnxruntime (no hardware-specific layout) and keeps `src`'s signature;
-    `src` is never modified. Raises InputError for an unknown level and ArtifactError when the
-    model cannot be read or onnxruntime's own pass breaks it.
+    `src` is never modified. A model with external data is optimized from its path, its weights never
+    loaded here, and `dst` keeps its weights beside it as `<dst>.data` (optimize.md, "External data").
+    Raises InputError for an unknown level and ArtifactError when the model cannot be read or
+    onnxruntime's own pass breaks it.
     """
     if level not in LEVELS:
         raise InputError(f"graph optimization level {level!r} is not one of {', '.join(LEVELS)}")
     original = load(src)
-    if any(init.data_location == onnx.TensorProto.EXTERNAL for init in original.graph.initializer):
-        raise InputError(
-            f"{src}: the model keeps its weights in external data, which graph optimization "
-            "does not handle yet; skip graph optimization for this model"
-        )
+    big = uses_external_data(original)  # weights beside the graph: every step works from paths
     steps: list[Step] = []
     warnings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="pipe-graph-", dir=Path(dst).parent) as scratch:
-        ort_path = Path(scratch) / "ort.onnx"
-        run_onnxruntime(Path(src), ort_path, level)
-        optimized = onnx.load(str(ort_path))
-        problem = _checked(optimized, original, ort_path)
+        current = Path(scratch) / "ort.onnx"  # the file holding the result so far
+        run_onnxruntime(Path(src), current, level, big)
+        optimized = load(current)
+        problem = _checked(optimized, original, current)
         if problem:
             lower = "use level basic (--graph basic) or " if level != "basic" else ""
             raise ArtifactError(
@@ -285,23 +296,32 @@ def optimize_graph(
             )
         steps.append(_step("onnxruntime", ort.__version__, f"level={level}", original, optimized))
         if slim:
-            slimmed, note = _slim(optimized, original, Path(scratch) / "slim.onnx")
-            steps.append(_step("onnxslim", onnxslim.__version__, "default passes", optimized, slimmed, note))
+            slim_path = Path(scratch) / "slim.onnx"
+            slimmed, note = _slim(current if big else optimized, original, slim_path)
+            setting = "default passes, no shape inference, external data" if big else "default passes"
+            steps.append(_step("onnxslim", onnxslim.__version__, setting, optimized, slimmed, note))
             if slimmed is None:
                 warnings.append(f"onnxslim was not applied, the onnxruntime result is kept: {note}")
             else:
-                optimized = slimmed
+                optimized, current = slimmed, slim_path
         keep_metadata(optimized, original)
-        onnx.save(optimized, str(dst))
+        onnx.save(optimized, str(current))  # beside its data, where it was read from
+        move_model(current, Path(dst))
     return GraphReport(
         level, node_count(original), node_count(optimized), op_counts(original), op_counts(optimized), steps, warnings
     )
 
 
-def _slim(model: onnx.ModelProto, original: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto | None, str]:
-    """onnxslim's result, or None and why it was not kept."""
+def _slim(model: onnx.ModelProto | Path, original: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto | None, str]:
+    """onnxslim's result, or None and why it was not kept. A model with external data is given by its path and
+    slimmed without shape inference, its result written with external data (onnxslim's own advice for it)."""
     try:
-        slimmed = onnxslim.slim(onnx.ModelProto.FromString(model.SerializeToString()))
+        if isinstance(model, Path):
+            with contextlib.redirect_stdout(io.StringIO()):  # given an output path, it prints a summary table
+                onnxslim.slim(str(model), str(path), no_shape_infer=True, save_as_external_data=True)
+            slimmed = load(path) if path.exists() else None
+        else:
+            slimmed = onnxslim.slim(onnx.ModelProto.FromString(model.SerializeToString()))
     except Exception as exc:  # onnxslim raises whatever its passes hit; the report names it
         return None, f"onnxslim failed: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
     if slimmed is None:

@@ -32,7 +32,8 @@ class DynamicInt8(Quantizer):
         options = int8_options(step.settings, excluded + [f"{n}_MatMul" for n in excluded])
         with quiet_advice():
             quantize_dynamic(step.source, step.out, op_types_to_quantize=list(DYNAMIC_OP_TYPES),
-                             extra_options=dict(EXTRA_OPTIONS), **options)  # fmt: skip
+                             extra_options=dict(EXTRA_OPTIONS), use_external_data_format=step.external,
+                             **options)  # fmt: skip
 
 
 INT8_DYNAMIC = DynamicInt8()

@@ -44,3 +44,7 @@ class Gate(LosslessGate):
     max_accuracy_drop: float | None = Field(None, ge=0)
     # embeddings, and tensor outputs whose rows are unit vectors: the least cosine to the reference; None: 0.99
     min_cosine: float | None = Field(None, gt=0, le=1)
+    # decoders (text-generation), teacher-forced on held-out text: the share of next tokens chosen as the reference
+    # chooses them, and the mean KL from its next-token distribution (nats per token); None: 0.90 and 0.05
+    min_token_agreement: float | None = Field(None, ge=0, le=1)
+    max_kl: float | None = Field(None, ge=0)

@@ -174,6 +174,13 @@ class OptimizeSpec(Gate):
     # auto: no new candidate is started after this many seconds; the best passed so far is kept
     search_seconds: float = Field(SEARCH_SECONDS, gt=0, le=86_400)
     threads: int = Field(1, gt=0, le=256)  # intra-op threads the variants are timed with (100,000 crashed libgomp)
+    # decoders' weight-only int8/int4 (optimize/weight_only.py): values sharing one scale, along the input axis
+    weight_block_size: Literal[16, 32, 64, 128, 256] = 32
+    weight_symmetric: bool = True  # no zero point
+    # MatMulNBits' CPU compute precision: 0 as stored (fp32 math), 4 int8 activations (fastest; wrong greedy tokens
+    # reported on some models: onnxruntime issue 29849)
+    weight_accuracy_level: Literal[0, 1, 2, 3, 4] = 4
+    weight_embeddings: bool = False  # the token embedding stored in the same bits too (GatherBlockQuantized)
     strict: bool = False  # a variant that misses its budget fails the command (exit 1), not only its record
 
 

@@ -11,7 +11,8 @@ task, whether the evaluation set has targets, the hop's gate settings and the de
 - every lossy candidate (fp16 and int8, on every target: optimize and edge alike) is held to the
   task's budget over the evaluation split (`_task_budget`), never element by element:
   `min_cosine` for embeddings (and tensor models' unit-vector outputs), `max_accuracy_drop` for a
-  task metric measured on targets, agreement, relative error or boxes otherwise.
+  task metric measured on targets, agreement, relative error or boxes otherwise; a decoder's
+  (text-generation) to `min_token_agreement` and `max_kl` teacher-forced on held-out text.
 
 Every setting can be given to every hop where it means something (`GateSettings`); one that
 nothing would read for this artifact is refused, naming what is read instead, never ignored.
@@ -27,6 +28,7 @@ from typing import Any, Literal
 
 from pipeline.artifact.manifest import TASKS, Detection
 from pipeline.core.errors import InputError
+from pipeline.verify.lm_judge import DEFAULT_MAX_KL, DEFAULT_MIN_TOKEN_AGREEMENT, TokenAgreement
 from pipeline.verify.metrics import METRIC_TASKS
 from pipeline.verify.policies import (
     DEFAULT_MAX_DROP,
@@ -48,6 +50,7 @@ LOSSLESS = "fp32"  # the precision of a candidate that must compute what its ref
 # edge int8 of a classifier: 1.5 accuracy points by default (LiteRT's int8 kernels round more than onnxruntime's)
 EDGE_CLASSIFIER_DROP = 0.015
 COSINE_TASKS = ("embedding", "tensor")  # the tasks a min_cosine budget judges
+TEXT_GENERATION = "text-generation"  # decoders: judged teacher-forced on text (min_token_agreement, max_kl)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class GateSettings:
     max_out_of_tolerance: float = Exact.max_share  # lossless: the share of an output's values allowed out of tolerance
     max_accuracy_drop: float | None = None  # lossy: the task metric's drop in its units; None: the hop's default
     min_cosine: float | None = None  # lossy, embeddings and unit-vector tensors; None: 0.99
+    min_token_agreement: float | None = None  # lossy, decoders: next-token agreement; None: lm_judge's default
+    max_kl: float | None = None  # lossy, decoders: mean KL per token from the reference; None: lm_judge's default
 
     @classmethod
     def read(cls, section: Mapping[str, Any]) -> GateSettings:
@@ -92,6 +97,11 @@ def hop_policy(
     drop = settings.max_accuracy_drop
     if drop is None and hop == "edge" and task == "classification" and has_target:
         drop = EDGE_CLASSIFIER_DROP
+    if task == TEXT_GENERATION:
+        return TokenAgreement(
+            DEFAULT_MIN_TOKEN_AGREEMENT if settings.min_token_agreement is None else settings.min_token_agreement,
+            DEFAULT_MAX_KL if settings.max_kl is None else settings.max_kl,
+        )
     return _task_budget(task, has_target, drop, settings.min_cosine, detection)
 
 
@@ -108,7 +118,8 @@ def _task_budget(
     - detection: BoxAgreement(0.9), decoding with the artifact's `detection` settings (defaults when None);
     - tensor: TensorAgreement (cosine for unit-vector outputs, else relative error 0.01, by output);
     - text-recognition: TextAgreement(0.95), texts read as the parent reads them, or MetricDrop(drop) of
-      text agreement on the targets when `drop` is given and the evaluation set has them.
+      text agreement on the targets when `drop` is given and the evaluation set has them;
+    - text-generation (decoders) never reach here: `hop_policy` holds them to TokenAgreement (lm_judge.py).
     """
     if task not in TASKS:
         raise InputError(f"task {task!r} has no budget; tasks are {', '.join(TASKS)}")
@@ -129,6 +140,13 @@ def _task_budget(
 
 def _refuse_unread(hop: Hop, precision: str, task: str, has_target: bool, settings: GateSettings) -> None:
     """A budget given for this hop that nothing would read on this artifact: refused, never ignored."""
+    text = [f"{k} {v:g}" for k, v in (("min_token_agreement", settings.min_token_agreement),
+                                      ("max_kl", settings.max_kl)) if v is not None]  # fmt: skip
+    if text and precision != LOSSLESS and task != TEXT_GENERATION:
+        raise InputError(
+            f"{', '.join(text)}: the budget of decoders (text-generation), judged on text; this is a {task} model: "
+            "leave it out (its budget is --max-accuracy-drop or --min-cosine)"
+        )
     if settings.min_cosine is not None and precision != LOSSLESS and task not in COSINE_TASKS:
         raise InputError(
             f"min_cosine {settings.min_cosine:g} is the budget of embedding and tensor models; this is a {task} "
@@ -159,7 +177,9 @@ def refuse_unread_budgets(hop: Hop, precisions: list[str], settings: GateSetting
     if any(p != LOSSLESS for p in precisions):
         return
     given = [flag for flag, value in (("--max-accuracy-drop", settings.max_accuracy_drop),
-                                      ("--min-cosine", settings.min_cosine)) if value is not None]  # fmt: skip
+                                      ("--min-cosine", settings.min_cosine),
+                                      ("--min-token-agreement", settings.min_token_agreement),
+                                      ("--max-kl", settings.max_kl)) if value is not None]  # fmt: skip
     if given:
         raise InputError(
             f"{', '.join(given)}: a budget of lossy candidates (fp16, int8), and this {hop} run makes only "

@@ -19,8 +19,11 @@ from tests.optimize.throwaway_kind import COPY, COPY_OF_OPT
 
 def test_every_kind_names_its_variant_precision_and_what_asks_for_it() -> None:
     names = [kind.name for kind in KINDS]
-    assert names == ["opt", "int8-dynamic", "int8-static", "fp16", "int8"]
-    assert [kind.precision for kind in KINDS] == ["fp32", "int8", "int8", "fp16", "int8"]
+    assert names == ["opt", "int8-dynamic", "int8-static", "fp16", "int8", "int8-weights", "int4-weights"]
+    assert [kind.precision for kind in KINDS] == ["fp32", "int8", "int8", "fp16", "int8", "int8", "int4"]
+    # a decoder (text-generation) gets the graph passes and the weight-only kinds; every other task the rest
+    assert [k.name for k in KINDS if k.serves("text-generation")] == ["opt", "int8-weights", "int4-weights"]
+    assert [k.name for k in KINDS if k.serves("classification")] == names[:5]
     # each --quantize choice (the recipe's and the CLI's, one tuple) asks for exactly one kind, and back
     choices = [kind.choice for kind in KINDS if kind.choice is not None]
     assert sorted(choices) == sorted(QUANTIZE_CHOICES) and len(set(choices)) == len(choices)

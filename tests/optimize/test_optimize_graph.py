@@ -94,8 +94,8 @@ def test_a_step_that_freezes_the_batch_is_refused(models, tmp_path, monkeypatch)
 
     real = graph.run_onnxruntime
 
-    def freezing(src: Path, dst: Path, level: str) -> None:
-        real(src, dst, level)
+    def freezing(src: Path, dst: Path, level: str, external: bool = False) -> None:
+        real(src, dst, level, external)
         onnx.save(frozen(onnx.load(str(dst))), str(dst))
 
     monkeypatch.setattr(graph, "run_onnxruntime", freezing)

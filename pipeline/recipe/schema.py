@@ -199,6 +199,9 @@ class EdgeSpec(Gate):
     calibration_samples: int = Field(256, gt=0)  # real training samples full-integer int8 calibrates on
     # free non-batch dims fixed for devices, as `--input-shape NAME:d0,d1,...` gives them ({} = from the artifact)
     input_shapes: dict[str, list[int | str]] = {}
+    # seconds all onnx2tf attempts together may take (each at most a third of it); past it the conversion fails,
+    # naming this key. A refusal tries five settings, 3-4 min for a 90 MB transformer on 2 busy cores
+    timeout_s: float = Field(1800.0, gt=0, le=86_400)
 
 
 class BenchmarkSpec(Strict):

@@ -3,6 +3,11 @@
 
     .venv/bin/python bench/bench_real_models.py [--models rotation,silero-vad,...] [--hops import,optimize,edge]
                                                 [--timeout 600] [--out bench/results/real_models.json]
+    .venv/bin/python bench/bench_real_models.py --render [--merge OTHER.json --hops optimize] [--docs]
+
+`--render` runs nothing: it renders the table from the JSON (stdout, `--table FILE`, and with `--docs` in
+place of the table in docs/real-models.md); `--merge OTHER.json` first puts OTHER's cells of `--hops`
+over the JSON's and saves it (two branches' runs of different hops joined without running either again).
 
 Each model is one entry of MODELS: the file inside its wheel, the import flags, and how its data is
 made (rendered text, drawn shapes, synthesized sound, real files of this machine; nothing downloaded
@@ -346,8 +351,14 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds one hop may take")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real_models.json")
     parser.add_argument("--table", type=Path, default=None, help="also write the markdown table here")
+    parser.add_argument("--render", action="store_true", help="run nothing: render the table from the JSON")
+    parser.add_argument("--merge", type=Path, default=None, help="with --render: OTHER.json's cells of --hops first")
+    parser.add_argument("--docs", action="store_true", help="with --render: the table in docs/real-models.md too")
     args = parser.parse_args()
     out, chosen, hops = Out(), args.models.split(","), args.hops.split(",")
+    if args.render:
+        render(args.out, args.merge, [h for h in HOPS if h in hops], args.table, args.docs)
+        return
     earlier = json.loads(args.out.read_text()).get("rows", []) if args.out.is_file() else []
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -380,6 +391,38 @@ def main() -> None:
     if args.table is not None:  # every model the JSON holds, this run's hops over the earlier ones
         args.table.write_text(table(merged(earlier, rows), list(HOPS)))
         out(f"wrote {args.table}")
+
+
+DOCS = ROOT / "docs" / "real-models.md"
+
+
+def render(path: Path, merge: Path | None, hops: list[str], table_path: Path | None, docs: bool) -> None:
+    """The table from the JSON at `path`, nothing run; `merge`: another run's JSON whose cells of `hops` are put
+    over this one's first (and saved), so two runs of different hops make one matrix."""
+    found = json.loads(path.read_text())
+    if merge is not None:
+        other = {row["model"]: row for row in json.loads(merge.read_text())["rows"]}
+        cells = [{**row, "hops": {h: c for h, c in other[row["model"]]["hops"].items() if h in hops}}
+                 for row in found["rows"] if row["model"] in other]  # fmt: skip
+        found["rows"] = merged(found["rows"], cells)
+        path.write_text(json.dumps(found, indent=1))
+    text = table(found["rows"], list(HOPS))
+    if table_path is not None:
+        table_path.write_text(text)
+    if docs:
+        DOCS.write_text(replace_table(DOCS.read_text(), text))
+    if table_path is None and not docs:
+        sys.stdout.write(text)
+
+
+def replace_table(document: str, text: str) -> str:
+    """`document` with its matrix (the lines from `| model | data |` to the first line not a table row) replaced."""
+    lines = document.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.startswith("| model | data |")), None)
+    if start is None:
+        raise SystemExit(f"{DOCS} has no table starting with '| model | data |' to replace")
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "".join(lines[:start]) + text + "".join(lines[end:])
 
 
 def merged(earlier: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 # loss: the training objective on the test split (cross-entropy, or MSE on standardized targets).
 # text_agreement, cer: a text recognizer's texts read exactly, and its character error rate (verify/metrics.py).
 HIGHER_IS_BETTER = {"accuracy": True, "mae": False, "rmse": False, "r2": True, "box_agreement": True, "loss": False,
-                    "text_agreement": True, "cer": False}  # fmt: skip
+                    "text_agreement": True, "cer": False, "perplexity": False}  # fmt: skip
 # Metrics in the target's own units (USD for a house-price model, not a fraction): a fixed absolute
 # budget means nothing for them across models, so their default budgets and tolerances scale with the
 # metric's reference value; accuracy, r2 and box agreement are unitless.

@@ -29,6 +29,7 @@ class Result:
     latency: Latency | None = None
     not_timed: str = ""  # why it was not timed (empty when it was)
     drop: float | None = None  # its metric's drop against model.onnx's (negative: better)
+    speed: dict[str, Any] | None = None  # a decoder's: time to first token, tokens/s, ratios to fp32 (lm.py)
 
     def at(self, batch: int) -> tuple[int, Any] | None:
         """(batch, timings) at `batch`, or at the model's fixed batch when it ran there only; None if untimed."""
@@ -60,10 +61,11 @@ class Result:
             "reason": row.reason,
             "metric": row.metric,
             "drop": self.drop,
-            "timed": self.latency is not None,
+            "timed": self.latency is not None or self.speed is not None,
             "not_timed": self.not_timed,
             "fixed_batch": self.latency.fixed_batch if self.latency else None,
             **figures,
+            **(self.speed or {}),
             "latency": self.latency.to_dict() if self.latency else {},
         }
 
@@ -86,7 +88,7 @@ class BenchmarkOutcome:
     @property
     def failed(self) -> list[str]:
         """The rows that could not be timed."""
-        return [r.row.name for r in self.results if r.latency is None]
+        return [r.row.name for r in self.results if r.latency is None and r.speed is None]
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -23,8 +23,9 @@ from pipeline.artifact.golden import load_golden
 from pipeline.artifact.records import BenchmarkRecord
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import FP32
+from pipeline.benchmark.lm import decoder_rows, is_decoder, speed_figures, time_decoder_rows
 from pipeline.benchmark.outcome import BATCH, MAX_RUNS, THROUGHPUT_BATCH, BenchmarkOutcome, Result
-from pipeline.benchmark.rows import drop, metric_name, plan_rows, timed_files
+from pipeline.benchmark.rows import Row, drop, metric_name, plan_rows, timed_files
 from pipeline.benchmark.sessions import open_rows, versions
 from pipeline.core.errors import InputError
 from pipeline.core.host import describe_host
@@ -56,6 +57,8 @@ def benchmark_artifact(
     wanted = section_settings(recipe, "benchmark", dict(overrides or {}))  # each bad value named by its flag
     seconds, threads = wanted.seconds, wanted.threads
     rows, notes = plan_rows(artifact)
+    if is_decoder(artifact):
+        return _benchmark_decoder(artifact, decoder_rows(artifact, rows, notes), notes, seconds, threads, progress)
     inputs = load_golden(artifact).inputs
     settings = {"seconds": seconds, "threads": threads, "batch": BATCH, "throughput_batch": THROUGHPUT_BATCH}
     batches = (BATCH, THROUGHPUT_BATCH)
@@ -98,6 +101,37 @@ def benchmark_artifact(
     return outcome
 
 
+def _benchmark_decoder(
+    artifact: Artifact, rows: list[Row], notes: list[str], seconds: float, threads: int, progress: Progress
+) -> BenchmarkOutcome:
+    """A decoder's rows timed as generations (lm.py): time to first token, prefill and decode tokens/s."""
+    progress(f"[benchmark] {len(rows)} rows: {', '.join(row.name for row in rows)}; {threads} thread(s), "
+             f"{seconds:g} s of generations each")  # fmt: skip
+    speeds, untimed, prompt = time_decoder_rows(
+        artifact, rows, threads, seconds, lambda message: progress(f"[benchmark] {message}")
+    )
+    for name, why in untimed.items():
+        progress(f"[benchmark] {name}: not timed: {why}")
+    fp32 = speeds.get(FP32)
+    results = [
+        Result(row, None, untimed.get(row.name, ""), None, speed_figures(speeds.get(row.name), fp32) or None)
+        for row in rows
+    ]
+    notes.append("a decoder has no plot: the table and reports/benchmark.json hold its figures")
+    outcome = BenchmarkOutcome(
+        root=artifact.root,
+        name=artifact.manifest.name,
+        version=artifact.manifest.version,
+        metric=None,
+        results=results,
+        settings={"seconds": seconds, "threads": threads, **prompt},
+        machine=_machine(),
+        notes=notes,
+    )
+    _record(artifact, outcome, timed_files(artifact, rows), False)
+    return outcome
+
+
 def benchmark_fresh(root: Path) -> str | None:
     """Why the recorded benchmark is up to date, or None to run it.
 
@@ -112,9 +146,11 @@ def benchmark_fresh(root: Path) -> str | None:
     if record.plot is not None and record.plot not in artifact.manifest.files:
         return None
     try:
-        rows, _ = plan_rows(artifact)
+        rows, notes = plan_rows(artifact)
     except InputError:
         return None
+    if is_decoder(artifact):
+        rows = decoder_rows(artifact, rows, notes)
     if record.inputs != timed_files(artifact, rows) or record.formats != [row.name for row in rows]:
         return None
     untimed = f" ({len(record.failed)} not timed: {', '.join(record.failed)})" if record.failed else ""

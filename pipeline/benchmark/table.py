@@ -17,6 +17,8 @@ def render(outcome: BenchmarkOutcome, width: int | None = None) -> str:
     from rich.table import Table
 
     threads = outcome.settings["threads"]
+    if "new_tokens" in outcome.settings:
+        return _render_decoder(outcome, width)
     table = Table(
         title=f"{outcome.name} v{outcome.version}: every format side by side "
         f"({threads} thread{'s' if threads != 1 else ''}, {outcome.settings['seconds']:g} s or {MAX_RUNS} runs "
@@ -49,6 +51,43 @@ def render(outcome: BenchmarkOutcome, width: int | None = None) -> str:
             *_timings(result, BATCH, THROUGHPUT_BATCH),
             escape(_note(result)),
         )
+    columns = width or shutil.get_terminal_size(fallback=(200, 24)).columns
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=max(columns, 120), force_terminal=True, color_system="standard")
+    console.print(table)
+    return buffer.getvalue().rstrip("\n")
+
+
+def _render_decoder(outcome: BenchmarkOutcome, width: int | None) -> str:
+    """A decoder's table: time to first token, prefill and decode tokens/s, each beside model.onnx's."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    settings = outcome.settings
+    threads = settings["threads"]
+    table = Table(
+        title=f"{outcome.name} v{outcome.version}: generation speed side by side ({threads} "
+        f"thread{'s' if threads != 1 else ''}; batch 1, a {settings['prompt_tokens']}-token prompt, "
+        f"{settings['new_tokens']} new tokens; {settings['seconds']:g} s of generations per row)",
+        title_justify="left",
+    )
+    for name in ("row", "runtime", "precision", "status"):
+        table.add_column(name)
+    for name in ("size", "first token ms", "prefill tok/s", "decode tok/s", "prefill x fp32", "decode x fp32"):
+        table.add_column(name, justify="right")
+    table.add_column("note")
+    for result in outcome.results:
+        row, speed = result.row, result.speed or {}
+        status = f"[{STATUS_STYLE.get(row.status, 'white')}]{row.status}[/]"
+        figures = [
+            f"{speed['ttft_ms']:.2f}" if speed else "-",
+            f"{speed['prefill_tokens_per_s']:,.0f}" if speed else "-",
+            f"{speed['decode_tokens_per_s']:,.1f}" if speed else "-",
+            *(f"{speed[k]:.2f}x" if speed.get(k) is not None else "-" for k in ("prefill_x_fp32", "decode_x_fp32")),
+        ]
+        table.add_row(escape(row.name), row.runtime, row.precision, status, kib(row.size), *figures,
+                      escape(_note(result)))  # fmt: skip
     columns = width or shutil.get_terminal_size(fallback=(200, 24)).columns
     buffer = io.StringIO()
     console = Console(file=buffer, width=max(columns, 120), force_terminal=True, color_system="standard")

@@ -53,7 +53,7 @@ def judge_metric(name: str, before: float, after: float, budgets: BudgetSpec) ->
     if budget.max_relative_drop is not None:
         held = relative <= budget.max_relative_drop + SLACK
         shown = f"{relative:+.2%}" if math.isfinite(relative) else "unbounded (the baseline is 0)"
-        units = "the objective's scale" if name == "loss" else "target units"
+        units = "the objective's scale" if name in ("loss", "perplexity") else "target units"
         key = "max_relative_drop" if own else f"the default relative budget for {name} ({units})"
         parts.append(f"relative drop {shown} {'within' if held else 'breaks'} {key} "
                      f"{budget.max_relative_drop:.4g} ({budget.max_relative_drop:.2%})")  # fmt: skip

@@ -11,6 +11,7 @@ from pipeline.artifact.golden import load_golden
 from pipeline.artifact.variants import MODEL_FILE
 from pipeline.check.baseline import Baseline, load_baseline, summarize
 from pipeline.check.checks import CheckResult, check_metrics, check_signature, check_size, check_variants
+from pipeline.check.lm_checks import check_decoder
 from pipeline.core.errors import ArtifactError, CheckFailed, InputError
 from pipeline.recipe.budgets import BudgetSpec
 from pipeline.recipe.current import current_recipe, section_settings
@@ -73,8 +74,10 @@ def check_candidate(
         notes.append(f"the candidate is {candidate.name!r}, the baseline {baseline.name!r}")
     if judged_on_generated(artifact.manifest):  # its variants' figures are agreement on noise
         notes.append(f"the candidate's variants were {GENERATED_NOTE}")
+    generating = artifact.manifest.task == "text-generation"  # a decoder: its text compared (lm_checks.py)
     results = [
         *check_metrics(candidate, baseline, budgets),
+        *(check_decoder(artifact, baseline_artifact, budgets) if generating else []),
         *check_variants(candidate, baseline, budgets),
         *check_signature(candidate, baseline),
         check_size(candidate, baseline, budgets),

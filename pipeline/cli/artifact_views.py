@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifact.directory import Artifact, is_version_name, version_dirs
+from pipeline.artifact.generation import Generation
 from pipeline.artifact.manifest import MANIFEST_NAME, Manifest
 from pipeline.artifact.preprocessing import ImageRecord, image_record, parse_image_record
 from pipeline.artifact.records import ImportRecord
@@ -53,6 +54,8 @@ def manifest_table(artifact: Artifact) -> str:
                 lines.append(f"            tokens: {tokens.role}, {limits}, max length {tokens.max_length}")
     if m.tokenizer is not None:
         lines.append(f"  tokenizer {m.tokenizer.file}: takes text (serve: the 'text' input; predict --text)")
+    if m.generation is not None:
+        lines += generation_lines(m.generation)
     if judged_on_generated(m):
         lines.append(f"  golden    {GENERATED_NOTE} (imported without --eval-data)")
     if m.metrics:
@@ -73,6 +76,30 @@ def manifest_table(artifact: Artifact) -> str:
     if m.stages.import_ is not None:
         lines += import_lines(m.stages.import_)
     return "\n".join(lines)
+
+
+def generation_lines(g: Generation) -> list[str]:
+    """A decoder's generation record, readable: the cache a server allocates, when generation stops, the
+    context, the chat template (its sha256 is part of the model's identity) and the sampling defaults."""
+    cache = g.cache
+    heads = f"{cache.kv_heads} KV head{'s' if cache.kv_heads != 1 else ''}"
+    lines = [
+        f"  generation cache {cache.layers} layers x {heads} x {cache.head_size} ({cache.dtype}): "
+        f"{size(cache.bytes_per_token())} per token of context per row",
+        f"            inputs {cache.past.format(layer='N', kind='key|value')} -> outputs "
+        f"{cache.present.format(layer='N', kind='key|value')}",
+        f"            stops at EOS {', '.join(map(str, g.eos_token_ids))}; pads prompts on the left with "
+        f"{g.padding_id}; BOS {_or_dash(g.bos_token_id)}; context "
+        + (f"{g.context_length} tokens" if g.context_length else "not recorded"),
+    ]
+    if g.chat_template is not None:
+        lines.append(f"            chat template {g.chat_template}  sha256 {_or_dash(g.chat_template_sha256)}")
+    else:
+        lines.append("            chat template none (instruction data and chat requests need one)")
+    if g.defaults:
+        shown = ", ".join(f"{k} {v}" for k, v in sorted(g.defaults.items()))
+        lines.append(f"            defaults {shown} (from {g.generation_config or 'the config'})")
+    return lines
 
 
 def _pictures(record: ImageRecord) -> str:

@@ -18,6 +18,18 @@ from pipeline.cli.params import Number
 @click.option("--max-accuracy-drop", type=float, default=None, help="Budget: metric drop allowed [default: recipe].")
 @click.option("--max-latency-increase", type=float, default=None, help="Budget: 0.10 = 10% slower [default: recipe].")
 @click.option("--max-size-increase", type=float, default=None, help="Budget: 0.10 = 10% larger [default: recipe].")
+@click.option(
+    "--max-perplexity-increase",
+    type=float,
+    default=None,
+    help="Decoders: 0.05 = perplexity 5% higher on held-out text fails [default: recipe, 0.05].",
+)
+@click.option(
+    "--min-greedy-agreement",
+    type=float,
+    default=None,
+    help="Decoders: the least share of the baseline's greedy tokens generated alike [default: reported].",
+)
 @click.option("--latency-seconds", type=Number(0, 600, low_open=True), default=2.0, show_default=True,
               help="Time spent timing both models side by side.")  # fmt: skip
 @click.option("--junit", type=click.Path(), default=None, help="Write JUnit XML (one testcase per check).")

@@ -29,6 +29,9 @@ from pipeline.cli.params import Whole
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:D0,D1,...",
               help="Edge: dims of input NAME on the device (repeatable), as pipe import takes them, e.g. "
               "x:?,3,48,192 [default: free dims but the batch fixed from what the artifact knows].")  # fmt: skip
+@click.option("--convert-timeout", "convert_timeout", type=click.FloatRange(min=1, max=86_400), default=None,
+              metavar="SECONDS", help="Edge: seconds all onnx2tf attempts together may take, each at most a third "
+              "[default: recipe edge.timeout_s, 1800].")  # fmt: skip
 @click.option("--opset", type=Whole(7, 100), default=None, help="ONNX opset [default: recipe export.opset]")
 @click.option(
     "--exporter",
@@ -50,6 +53,7 @@ def export(
     precisions: tuple[str, ...],
     layout: str | None,
     input_shapes: tuple[str, ...],
+    convert_timeout: float | None,
     opset: int | None,
     exporter: str | None,
     recipe: str | None,
@@ -71,12 +75,17 @@ def export(
         from pipeline.core.errors import InputError
 
         raise InputError(f"--input-shape is an edge option (the device's dims); it is not read with --target {target}")
+    if convert_timeout is not None and target != "edge":
+        from pipeline.core.errors import InputError
+
+        raise InputError(f"--convert-timeout is an edge option (onnx2tf's time); it is not read with --target {target}")
     if target == "edge":
         from pipeline.artifact.dims import parse_input_shapes
         from pipeline.edge.stage import edge_artifact
 
         shapes = parse_input_shapes(input_shapes) or None
-        flags = {"precisions": list(precisions) or None, "layout": layout and layout.lower(), "input_shapes": shapes}
+        flags = {"precisions": list(precisions) or None, "layout": layout and layout.lower(), "input_shapes": shapes,
+                 "timeout_s": convert_timeout}  # fmt: skip
         overrides = layered(settings_file, "edge", {**flags, **gate})
         outcome = edge_artifact(artifact, overrides, Path(recipe) if recipe else None, progress=click.echo)
         for note in outcome.notes:

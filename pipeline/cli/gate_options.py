@@ -26,7 +26,14 @@ LOSSLESS_FLAGS = {
     "metric_tolerance": "--metric-tolerance",
     "max_out_of_tolerance": "--max-out-of-tolerance",
 }
-BUDGET_FLAGS = {"max_accuracy_drop": "--max-accuracy-drop", "min_cosine": "--min-cosine"}
+BUDGET_FLAGS = {
+    "max_accuracy_drop": "--max-accuracy-drop",
+    "min_cosine": "--min-cosine",
+    "mean_cosine": "--mean-cosine",
+    "min_agreement": "--min-agreement",
+    "min_token_agreement": "--min-token-agreement",
+    "max_kl": "--max-kl",
+}
 GATE_FLAGS = {**LOSSLESS_FLAGS, **BUDGET_FLAGS}
 
 
@@ -49,8 +56,20 @@ def gate_options(what: str) -> Callable[[F], F]:
                          help="Lossy (fp16, int8): the task metric's drop allowed, in its units [default: "
                          f"{what}; 0.01, edge classifiers 0.015]."),
             click.option("--min-cosine", type=Number(0, 1, low_open=True), default=None,
-                         help="Lossy, embeddings and tensor models: the least cosine to the reference "
-                         f"[default: {what}, 0.99]."),
+                         help="Lossy, embeddings and tensor models: the worst row's least cosine to the reference "
+                         f"[default: {what}, 0.9]."),
+            click.option("--mean-cosine", type=Number(0, 1, low_open=True), default=None,
+                         help="Lossy, embeddings and tensor models: the rows' mean cosine to the reference, at "
+                         f"least [default: {what}, 0.99]."),
+            click.option("--min-agreement", type=Number(0, 1, low_open=True), default=None,
+                         help="Lossy, classifiers without targets and text recognizers: the least share of samples "
+                         f"answered as the reference answers them [default: {what}; 0.99, texts 0.95]."),
+            click.option("--min-token-agreement", type=Number(0, 1), default=None,
+                         help="Lossy, decoders: the least share of next tokens chosen as the reference chooses them, "
+                         f"teacher-forced on held-out text [default: {what}, 0.9]."),
+            click.option("--max-kl", type=Number(0), default=None,
+                         help="Lossy, decoders: the most mean KL divergence from the reference's next-token "
+                         f"distribution, nats per token [default: {what}, 0.05]."),
             click.option("--settings", "settings_file", type=click.Path(), default=None,
                          help="A YAML settings file with a section per hop (import, export, optimize, edge), for "
                          "any artifact; flags override it. See docs/recipes.md."),

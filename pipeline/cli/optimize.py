@@ -43,6 +43,29 @@ from pipeline.recipe.defaults import MAX_EXCLUSIONS, QUANTIZE_CHOICES, SEARCH_SE
     default=None,
     help=f"auto: no new candidate after N seconds, the best so far kept [default: {SEARCH_SECONDS:g}].",
 )
+@click.option(
+    "--weight-block-size",
+    type=click.Choice(["16", "32", "64", "128", "256"]),
+    default=None,
+    help="Decoders' int8-weights/int4-weights: weight values sharing one scale [default: recipe, 32].",
+)
+@click.option(
+    "--weight-symmetric/--weight-asymmetric",
+    default=None,
+    help="Decoders' weight-only kinds: symmetric (no zero point) or not [default: recipe, symmetric].",
+)
+@click.option(
+    "--weight-accuracy-level",
+    type=click.IntRange(0, 4),
+    default=None,
+    help="Decoders' weight-only kinds: MatMulNBits' CPU compute precision, 0 (as stored) to 4 (int8 "
+    "activations) [default: recipe, 4].",
+)
+@click.option(
+    "--weight-embeddings/--no-weight-embeddings",
+    default=None,
+    help="Decoders' weight-only kinds: store the token embedding in the same bits too [default: recipe, no].",
+)
 @click.option("--threads", type=int, default=None, help="Intra-op threads the variants are timed with.")
 @click.option("--strict/--no-strict", default=None, help="Exit 1 when a variant misses its budget [default: recipe].")
 @click.option("--recipe", type=click.Path(), default=None, help="Recipe to read optimize settings from.")
@@ -61,6 +84,8 @@ def optimize(
     from pipeline.stagekit.settings_file import layered
 
     gate = gate_flags(options)
+    if options.get("weight_block_size") is not None:
+        options["weight_block_size"] = int(options["weight_block_size"])
     overrides = layered(settings_file, "optimize", {**options, **gate, "quantize": list(quantize) or None})
     outcome = optimize_artifact(artifact, overrides, Path(recipe) if recipe else None, progress=click.echo)
     for note in outcome.notes:

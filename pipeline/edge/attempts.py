@@ -20,8 +20,10 @@ with why it was left, or why the search stopped at it.
 
 When every attempt converted but none passed, the first conversion's judgement is returned (and
 recorded as failed by the stage); when none converted, `NotConverted` is raised with the last
-reason and every attempt. Each attempt runs at most `ATTEMPT_TIMEOUT_S`, and all of them together
-within the settings' `timeout_s`.
+reason and every attempt. All of them together run within the settings' `timeout_s` (`edge.timeout_s`,
+`--convert-timeout`), each at most `ATTEMPT_SHARE` of it: an attempt stopped there, or skipped because the
+time was spent, says so and names the setting that gives more, so a run that ends on time is never read as
+a conversion onnx2tf refused.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ from pipeline.core.errors import ArtifactError, CheckFailed, first_line
 from pipeline.edge.convert import COPY, Converted, EdgeSettings, Progress, convert
 from pipeline.edge.onnx2tf_child import LOG
 
-ATTEMPT_TIMEOUT_S = 600.0  # one onnx2tf run; a YOLOv8n that fails takes about 3.5 min to say so
+ATTEMPT_SHARE = 1 / 3  # of timeout_s, one onnx2tf run at most (600 s of the default 1800): a YOLOv8n that fails
+# takes about 3.5 min to say so, a 90 MB transformer 1.4 min with onnx2tf's own onnxsim
+TIMEOUT_ADVICE = "raise edge.timeout_s (--convert-timeout SECONDS, or the edge: section of --settings FILE)"
 FLEX = re.compile(rb"Flex[A-Z][A-Za-z0-9]*")  # a Select op's custom name in a .tflite file, e.g. FlexErf
 AUTO_JSON = "_auto.json"  # onnx2tf writes <model>_auto.json, a parameter-replacement guess, when it stops on a node
 
@@ -71,6 +75,7 @@ class Attempt:
     options: dict[str, Any] = field(default_factory=dict)  # onnx2tf.convert keyword arguments
     slim: bool = True  # onnxslim first, onnx2tf's onnxsim off
     replacement: bool = False  # pass the parameter-replacement file the previous failed attempt left
+    batch_one: bool = False  # the copy's batch fixed at 1: the edge models take one sample a call
 
 
 ULTRALYTICS = {"disable_group_convolution": True, "enable_batchmatmul_unfold": True}
@@ -83,12 +88,35 @@ ATTEMPTS = (
 )
 
 
-def attempts_for(task: str) -> tuple[Attempt, ...]:
-    """`ATTEMPTS`, with the Ultralytics settings first for a detector (a failed default costs minutes)."""
-    if task != "detection":
-        return ATTEMPTS
-    first = [a for a in ATTEMPTS if a.options == ULTRALYTICS]
-    return (*first, *[a for a in ATTEMPTS if a not in first])
+# onnx2tf 1.28.8 writes TFLite's TRANSPOSE_CONV output shape from the ONNX one, and a free batch in it stops the
+# conversion (`Expected int32 ... got ['unk__6', 160, 160, 24]`, PP-OCRv4's detector at every setting above);
+# with the batch fixed at 1 on the copy it converts. The gate and the runner then feed one sample a call.
+BATCH_ONE = Attempt("onnxslim, batch fixed at 1", batch_one=True)
+NEEDS_FIXED_BATCH = frozenset({"ConvTranspose"})  # ops onnx2tf converts only at a fixed batch
+
+
+def attempts_for(task: str, ops: frozenset[str] | set[str] = frozenset()) -> tuple[Attempt, ...]:
+    """`ATTEMPTS`, with the Ultralytics settings first for a detector (a failed default costs minutes), and first of
+    all the batch fixed at 1 for a model holding an op in NEEDS_FIXED_BATCH (`ops`: the graph's op types)."""
+    ordered = ATTEMPTS
+    if task == "detection":
+        first = [a for a in ATTEMPTS if a.options == ULTRALYTICS]
+        ordered = (*first, *[a for a in ATTEMPTS if a not in first])
+    return (BATCH_ONE, *ordered) if NEEDS_FIXED_BATCH & set(ops) else ordered
+
+
+def op_types(path: Path) -> frozenset[str]:
+    """The op types of the ONNX file at `path`, its subgraphs' too (weights not read)."""
+    import onnx
+
+    graphs, found = [onnx.load(str(path), load_external_data=False).graph], set()
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            found.add(node.op_type)
+            graphs += [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+            graphs += [g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
+    return frozenset(found)
 
 
 class NotConverted(CheckFailed):
@@ -119,12 +147,16 @@ def convert_in_turn(
     for n, attempt in enumerate(attempts, 1):
         left = settings.timeout_s - (time.monotonic() - started)
         record = ConvertAttempt(name=attempt.name, options=dict(attempt.options), slim=attempt.slim)
+        dims = settings.input_dims
+        if attempt.batch_one:  # the dims device_specs left free are the batch (and axes named like it)
+            dims = {name: [1 if isinstance(d, str) else d for d in shape] for name, shape in dims.items()}
+            record.options = {**record.options, "fixed_batch": 1}  # pipe's own, on the copy: not an onnx2tf option
         tried.append(record)
         if attempt.replacement and replacement is None:
             record.reason = "skipped: no earlier attempt left a parameter-replacement file"
             continue
         if left < 1:
-            record.reason = f"skipped: the edge timeout_s ({settings.timeout_s:.0f} s) was spent"
+            record.reason = f"skipped: edge.timeout_s ({settings.timeout_s:g} s) was spent; {TIMEOUT_ADVICE}"
             continue
         options = dict(attempt.options)
         if attempt.replacement and replacement is not None:
@@ -133,18 +165,24 @@ def convert_in_turn(
         say(f"onnx2tf attempt {n}/{len(attempts)}: {attempt.name}")
         workspace = Path(workdir) / f"attempt{n}"
         begun = time.monotonic()
-        tuned = replace(settings, slim=attempt.slim, onnx2tf=options, timeout_s=min(ATTEMPT_TIMEOUT_S, left))
+        limit = min(settings.timeout_s * ATTEMPT_SHARE, left)
+        tuned = replace(settings, slim=attempt.slim, onnx2tf=options, timeout_s=limit, input_dims=dims)
         try:
             made = convert(onnx_path, workspace, tuned, calibration, progress)
         except CheckFailed as exc:
             record.seconds = round(time.monotonic() - begun, 1)
-            record.reason = re.sub(r" \(log: [^)]*\)$", "", str(exc).splitlines()[0])  # the scratch log goes away
+            record.reason = re.sub(r"(; | \()log: [^)]*\)?$", "", str(exc).splitlines()[0])  # the scratch log goes away
+            if record.reason.startswith("onnx2tf did not finish"):
+                share = "the time left of" if limit < settings.timeout_s * ATTEMPT_SHARE else "a third of"
+                record.reason += f" ({share} edge.timeout_s, {settings.timeout_s:g} s): {TIMEOUT_ADVICE}"
             log = workspace / "onnx2tf" / LOG
             if (guess := workspace / "onnx2tf" / "out" / f"{Path(COPY).stem}{AUTO_JSON}").is_file():
                 replacement = guess
             say(f"onnx2tf attempt {n} left: {record.reason[:300]}")
             continue
         record.seconds = round(time.monotonic() - begun, 1)
+        for converted in made if attempt.batch_one else []:
+            converted.fixed_batch = 1
         try:
             judged = judge(made)
         except ArtifactError as exc:  # a file LiteRT cannot load: TensorFlow's Select ops (Flex), which devices lack

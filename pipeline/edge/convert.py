@@ -67,7 +67,7 @@ class EdgeSettings:
 
     precisions: tuple[str, ...] = PRECISIONS  # of fp32, fp16, int8
     layout: Literal["nhwc", "nchw"] = "nhwc"  # 4-D image inputs: NHWC for devices, or keep the server's NCHW
-    timeout_s: float = 1800.0  # onnx2tf is stopped after this long and the conversion fails
+    timeout_s: float = 1800.0  # onnx2tf is stopped after this long and the conversion fails (edge.timeout_s)
     slim: bool = True  # onnxslim the copy first, and turn onnx2tf's own onnxsim off
     onnx2tf: dict[str, Any] = field(default_factory=dict)  # more onnx2tf.convert keyword arguments
     input_dims: dict[str, list[int | str]] = field(default_factory=dict)  # input -> dims written into the copy
@@ -91,6 +91,7 @@ class Converted:
     seconds: float = 0.0  # wall time: fp32 includes the graph conversion; fp16 and int8 the time each added after it
     warnings: list[str] = field(default_factory=list)  # e.g. a precision asked for and not made, and why
     int8_io: str = ""  # int8 only: "integer" (int8 inputs and outputs) or "float" (float I/O, int8 inside)
+    fixed_batch: int | None = None  # converted at this batch on purpose (attempts.py BATCH_ONE): fed that many a call
 
     def scaling(self) -> dict[str, dict[str, Any]]:
         """The runner's `normalize` and `boxes`: the inputs the caller normalizes, the outputs it multiplies back."""

@@ -103,11 +103,11 @@ class LiteRTGate:
     def _judge(self, c: Converted) -> EdgeMade:
         name = f"{EDGE_PREFIX}{c.precision}"
         policy, evaluation, reference = self.policies[c.precision], self.plan.evaluation, self.artifact.path(MODEL_FILE)
-        candidate = tflite_candidate(c.path, names=c.names, layout=c.input_layout, **c.scaling())
+        candidate = tflite_candidate(c.path, names=c.names, layout=c.input_layout, batch=c.fixed_batch, **c.scaling())
         report = verify(candidate, ort_runner(reference), evaluation, self.plan.spec, policy, scratch=self.scratch)
         if c.precision == "fp16":  # the cause before its symptom: a value fp16 cannot hold, then "exceeds atol"
             samples = None if evaluation.generated else evaluation.samples  # activations only on real samples
-            report.rows[:0] = fp16_range_rows(reference, samples, self.scratch)
+            report.rows[:0] = fp16_range_rows(reference, samples, self.scratch, c.path)
         status = "passed" if report.passed else "FAILED"
         size = c.path.stat().st_size
         self.progress(f"[edge] {name}: converted in {c.seconds:.1f} s, {size} bytes; {policy.name}: {status}")

@@ -57,7 +57,7 @@ def run_onnx2tf(scratch: Path, timeout_s: float, original: dict[str, str]) -> No
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)  # onnx2tf and the onnxsim it started
             child.wait()
-            raise CheckFailed(f"onnx2tf did not finish within {timeout_s:.0f} s (edge timeout_s); log: {log}") from None
+            raise CheckFailed(f"onnx2tf did not finish within {timeout_s:.3g} s; log: {log}") from None
     if code != 0:
         raise CheckFailed(f"onnx2tf could not convert the model: {reason(log, original)} (log: {log})")
 

@@ -65,8 +65,9 @@ def plan_edge(opened: Opened[EdgeSpec], overrides: Overrides | None, progress: P
         notes.append("int8 has float inputs and outputs (weights and activations int8 inside): the inputs are not "
                      "pictures, and one int8 scale per input would crush columns of different ranges")  # fmt: skip
         progress(f"[edge] note: {notes[-1]}")
-    convert = EdgeSettings(tuple(precisions), settings.layout, input_dims={s.name: s.shape for s in inputs},
-                           int8_io=int8_io, **_scaling(artifact.manifest.task, inputs, outputs))  # fmt: skip
+    convert = EdgeSettings(tuple(precisions), settings.layout, timeout_s=settings.timeout_s,
+                           input_dims={s.name: s.shape for s in inputs}, int8_io=int8_io,
+                           **_scaling(artifact.manifest.task, inputs, outputs))  # fmt: skip
     spec = ModelSpec(inputs, outputs, artifact.manifest.task)
     return EdgePlan(precisions, calibration, spec, fixed, evaluation, resampled, convert)
 

@@ -40,7 +40,7 @@ from pipeline.artifact.records import ConvertAttempt
 from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import MODEL_FILE, variant_file
 from pipeline.core.errors import CheckFailed
-from pipeline.edge.attempts import NotConverted, attempts_for, attempts_text, convert_in_turn
+from pipeline.edge.attempts import NotConverted, attempts_for, attempts_text, convert_in_turn, op_types
 from pipeline.edge.device import DEVICE_PYTHON_ENV, device_check, device_python, device_runtime, device_tolerance
 from pipeline.edge.feeding import write_feeding
 from pipeline.edge.litert_gate import EdgeMade, Judged, LiteRTGate
@@ -82,8 +82,9 @@ def edge_artifact(
     with StageWrite(artifact.root, "edge") as write:
         gate = LiteRTGate(artifact, plan, policies, write.scratch, notes, progress)
         try:
+            attempts = attempts_for(manifest.task, op_types(opened.model))
             judged, tried = convert_in_turn(opened.model, write.scratch / "convert", plan.convert, plan.calibration,
-                                            gate, attempts_for(manifest.task), progress)  # fmt: skip
+                                            gate, attempts, progress)  # fmt: skip
         except NotConverted as exc:
             kept = record_refused(write, settings, opened.parent, plan, exc)
             message = f"no onnx2tf setting tried converts the model; the last said: {exc}"
@@ -93,6 +94,10 @@ def edge_artifact(
                 message += f"\nonnx2tf's last log: {kept}; the attempts: {CONVERT_REPORTS[1]}"
             raise CheckFailed(message) from None
         write_convert_report(write.scratch, tried, plan)
+        if any(a.used and "fixed_batch" in a.options for a in tried):
+            notes.append("the edge models take a batch of 1 (onnx2tf converts ConvTranspose only at a fixed batch): "
+                         "a device program feeds one sample a call, as the gate did")  # fmt: skip
+            progress(f"[edge] note: {notes[-1]}")
         for warning in dict.fromkeys(w for m in judged.made for w in m.converted.warnings):  # e.g. int8 not made
             notes.append(warning)
             progress(f"[edge] note: {warning}")

@@ -48,6 +48,7 @@ from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError, first_line
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset
+from pipeline.runtime.external_data import model_bytes
 from pipeline.runtime.generate import decoder_specs, first_step, greedy, stitch
 from pipeline.runtime.runners import ort_runner, torch_runner
 from pipeline.runtime.text import TextEncoder
@@ -198,6 +199,7 @@ def import_causal_lm(
                 stage="import",
                 parent=digest,
                 parity=report.summary(),
+                size=model_bytes(artifact.path(MODEL_FILE)),  # with its external data
             ),
         )
         artifact.save()

@@ -16,7 +16,6 @@ torch and transformers are imported inside `import_hf` only.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.metadata
 import json
 import shutil
@@ -44,6 +43,7 @@ from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
 from pipeline.core.errors import InputError
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset
+from pipeline.runtime.pretrained import source_digest
 from pipeline.runtime.runners import ort_runner, torch_runner
 from pipeline.runtime.text import TextEncoder
 from pipeline.samples.evaluation import EvaluationSet
@@ -315,14 +315,3 @@ def _build(
     )
     artifact.save()
     return artifact
-
-
-def source_digest(source: Path) -> str:
-    """sha256 over the directory's config, weights and tokenizer files (names and bytes, in order)."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in source.iterdir() if p.is_file()):
-        digest.update(path.name.encode() + b"\0")
-        with path.open("rb") as f:
-            for block in iter(lambda f=f: f.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()

@@ -46,7 +46,7 @@ from pipeline.export.readings import Readings, decide
 from pipeline.export.recognizer import target_classes
 from pipeline.export.shapes import GENERATED_BATCH, Probe, choose_sizes, generated_inputs, guessed_sizes, write_dims
 from pipeline.export.token_graph import TokenModel, TokenOptions, token_model
-from pipeline.runtime.external_data import external_files
+from pipeline.runtime.external_data import external_files, model_bytes
 from pipeline.runtime.runners import Candidate, OrtRunner, Runner, ort_runner, run_chunked
 from pipeline.runtime.sample_axes import SampleAxes, sample_leading
 from pipeline.samples.evaluation import EvaluationSet
@@ -318,6 +318,7 @@ def _build(
             parent=source_sha256,
             metrics=dict(manifest.metrics),
             parity=report.summary(),
+            size=model_bytes(artifact.path(MODEL_FILE)),  # with its external data
         ),
     )
     artifact.save()

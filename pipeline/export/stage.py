@@ -23,6 +23,7 @@ from pipeline.export.metadata import stamp
 from pipeline.export.onnx_export import ExportResult, export_module
 from pipeline.recipe.current import current_recipe, section_settings, train_record
 from pipeline.runtime.backends import backend_for, trained_onnx
+from pipeline.runtime.external_data import model_bytes
 from pipeline.samples.evaluation import evaluation_set
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
 from pipeline.verify.choose import GateSettings, hop_policy
@@ -119,6 +120,7 @@ def export_artifact(
                     settings={"exporter": result.exporter, "opset": result.opset},
                     metrics={report.metric["name"]: report.metric["onnx"]} if report.metric else {},
                     parity=report.summary(),
+                    size=model_bytes(fresh.path(MODEL_FILE)),  # with its external data
                 ),
             )
 

@@ -12,9 +12,10 @@ calibrated anew: a cache that outlives its graph gives nothing, never wrong rang
 from __future__ import annotations
 
 import hashlib
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pipeline.runtime.external_data import copy_model
 
 
 @dataclass
@@ -51,7 +52,7 @@ class QuantCache:
         if kept is None:
             return None
         if kept.path is not None:
-            shutil.copyfile(kept.path, out)
+            copy_model(kept.path, out)
         return Preprocessed(out if kept.path is not None else None, list(kept.warnings))
 
     def keep_preprocessed(self, named: Path, result: Path | None, warnings: list[str]) -> None:
@@ -61,7 +62,7 @@ class QuantCache:
         copy = None
         if result is not None:
             copy = self.directory / f"preprocessed-{digest}.onnx"
-            shutil.copyfile(result, copy)
+            copy_model(result, copy)
         self._preprocessed[digest] = Preprocessed(copy, list(warnings))
 
 

@@ -16,6 +16,8 @@ back as declared; what it computes is held by the gate, which runs it. A step th
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import tempfile
 from collections import Counter
@@ -28,11 +30,13 @@ import onnxruntime as ort
 import onnxslim
 
 from pipeline.core.errors import ArtifactError, InputError
+from pipeline.runtime.external_data import SMALL_TENSOR, data_file, move_model, uses_external_data
 
 LEVELS = {
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
 }
+LOWER_FIRST = ("extended", "basic")  # a level whose result is refused is retried at the next one
 
 Model = onnx.ModelProto | Path | str
 
@@ -56,24 +60,27 @@ class Step:
 class GraphReport:
     """What optimize_graph did to one model."""
 
-    level: str
+    level: str  # the level that made it: the one asked for, or a lower one where that one's result was refused
     nodes_before: int
     nodes_after: int
     ops_before: dict[str, int]
     ops_after: dict[str, int]
     steps: list[Step]
     warnings: list[str] = field(default_factory=list)
+    asked: str = ""  # the level asked for
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
 def load(model: Model) -> onnx.ModelProto:
-    """A ModelProto from a path (or the proto itself)."""
+    """A ModelProto from a path (or the proto itself), without its external data: the graph and inline
+    tensors, and references to weights kept beside it (a multi-GB model is not read; what needs the weights
+    gives onnxruntime or onnx the path). Save such a proto only in the directory it was read from."""
     if isinstance(model, onnx.ModelProto):
         return model
     try:
-        return onnx.load(str(model))
+        return onnx.load(str(model), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError, OSError, ... with no common base
         raise ArtifactError(f"{model}: not a readable ONNX model ({exc}); give the path of an .onnx file") from exc
 
@@ -226,12 +233,19 @@ def _step(
     )
 
 
-def run_onnxruntime(src: Path, dst: Path, level: str) -> None:
-    """onnxruntime's offline optimizer at `level`, CPU provider, writing the optimized model to `dst`."""
+def run_onnxruntime(src: Path, dst: Path, level: str, external: bool = False) -> None:
+    """onnxruntime's offline optimizer at `level`, CPU provider, writing the optimized model to `dst`; with
+    `external`, its weights to `<dst>.data` (else it keeps pointing at the source's data file by a location
+    that is wrong beside `dst`)."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = LEVELS[level]
     options.optimized_model_filepath = str(dst)
+    if external:
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                         data_file(dst).name)  # fmt: skip
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                         str(SMALL_TENSOR))  # fmt: skip
     try:
         ort.InferenceSession(str(src), sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime's exception types share no base
@@ -239,7 +253,8 @@ def run_onnxruntime(src: Path, dst: Path, level: str) -> None:
 
 
 def _checked(candidate: onnx.ModelProto, original: onnx.ModelProto, path: Path) -> str:
-    """'' when `candidate`, saved at `path`, loads and keeps `original`'s signature; else why not."""
+    """'' when `candidate`, saved at `path`, loads and keeps `original`'s signature; else why not. A candidate
+    with external data is saved in the directory it was read from, beside its data."""
     keep_dim_names(candidate, original)
     onnx.save(candidate, str(path))
     problems = signature_changes(original, candidate)
@@ -259,49 +274,75 @@ def optimize_graph(
     """Write an optimized copy of the model at `src` to `dst` and report what changed.
 
     The result runs on any onnxruntime (no hardware-specific layout) and keeps `src`'s signature;
-    `src` is never modified. Raises InputError for an unknown level and ArtifactError when the
-    model cannot be read or onnxruntime's own pass breaks it.
+    `src` is never modified. A model with external data is optimized from its path, its weights never
+    loaded here, and `dst` keeps its weights beside it as `<dst>.data` (optimize.md, "External data").
+    A level whose result is refused is retried at the next lower one (the report's `level` says which
+    made it, `asked` what was asked). Raises InputError for an unknown level and ArtifactError when the
+    model cannot be read or onnxruntime's pass breaks it at every level.
     """
     if level not in LEVELS:
         raise InputError(f"graph optimization level {level!r} is not one of {', '.join(LEVELS)}")
     original = load(src)
-    if any(init.data_location == onnx.TensorProto.EXTERNAL for init in original.graph.initializer):
-        raise InputError(
-            f"{src}: the model keeps its weights in external data, which graph optimization "
-            "does not handle yet; skip graph optimization for this model"
-        )
+    big = uses_external_data(original)  # weights beside the graph: every step works from paths
     steps: list[Step] = []
     warnings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="pipe-graph-", dir=Path(dst).parent) as scratch:
-        ort_path = Path(scratch) / "ort.onnx"
-        run_onnxruntime(Path(src), ort_path, level)
-        optimized = onnx.load(str(ort_path))
-        problem = _checked(optimized, original, ort_path)
-        if problem:
-            lower = "use level basic (--graph basic) or " if level != "basic" else ""
-            raise ArtifactError(
-                f"{src}: onnxruntime's {level} optimization broke the model ({problem}); "
-                f"{lower}skip graph optimization (--graph none)"
-            )
-        steps.append(_step("onnxruntime", ort.__version__, f"level={level}", original, optimized))
+        current = Path(scratch) / "ort.onnx"  # the file holding the result so far
+        made_at, optimized, refused = _onnxruntime_pass(Path(src), current, original, level, big)
+        for tried, problem in refused:
+            warnings.append(f"onnxruntime's {tried} optimization broke the model ({problem}); made at {made_at}")
+        note = "; ".join(f"level {tried} refused: {problem}" for tried, problem in refused)
+        steps.append(_step("onnxruntime", ort.__version__, f"level={made_at}", original, optimized, note))
         if slim:
-            slimmed, note = _slim(optimized, original, Path(scratch) / "slim.onnx")
-            steps.append(_step("onnxslim", onnxslim.__version__, "default passes", optimized, slimmed, note))
+            slim_path = Path(scratch) / "slim.onnx"
+            slimmed, note = _slim(current if big else optimized, original, slim_path)
+            setting = "default passes, no shape inference, external data" if big else "default passes"
+            steps.append(_step("onnxslim", onnxslim.__version__, setting, optimized, slimmed, note))
             if slimmed is None:
                 warnings.append(f"onnxslim was not applied, the onnxruntime result is kept: {note}")
             else:
-                optimized = slimmed
+                optimized, current = slimmed, slim_path
         keep_metadata(optimized, original)
-        onnx.save(optimized, str(dst))
+        onnx.save(optimized, str(current))  # beside its data, where it was read from
+        move_model(current, Path(dst))
     return GraphReport(
-        level, node_count(original), node_count(optimized), op_counts(original), op_counts(optimized), steps, warnings
-    )
+        made_at, node_count(original), node_count(optimized), op_counts(original), op_counts(optimized), steps,
+        warnings, level,
+    )  # fmt: skip
 
 
-def _slim(model: onnx.ModelProto, original: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto | None, str]:
-    """onnxslim's result, or None and why it was not kept."""
+def _onnxruntime_pass(
+    src: Path, path: Path, original: onnx.ModelProto, level: str, external: bool
+) -> tuple[str, onnx.ModelProto, list[tuple[str, str]]]:
+    """onnxruntime's pass at `level`, else at each lower level in turn: (the level that made a model that keeps
+    `original`'s signature, passes the checker and loads; that model; each level refused, with why).
+
+    At extended, onnxruntime fuses an opset-12 model's layer norms into LayerNormalization, an opset-17 op the
+    checker refuses (PP-OCRv4's recognizer); basic's folding is still worth having. ArtifactError when no level
+    makes one, naming each level's problem and `--graph none`."""
+    refused: list[tuple[str, str]] = []
+    for tried in LOWER_FIRST[LOWER_FIRST.index(level):]:
+        run_onnxruntime(src, path, tried, external)
+        optimized = load(path)
+        problem = _checked(optimized, original, path)
+        if not problem:
+            return tried, optimized, refused
+        refused.append((tried, problem))
+    said = "; ".join(f"at {tried}: {problem}" for tried, problem in refused)
+    raise ArtifactError(f"{src}: onnxruntime's optimization broke the model ({said}); skip graph optimization "
+                        "(--graph none)")  # fmt: skip
+
+
+def _slim(model: onnx.ModelProto | Path, original: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto | None, str]:
+    """onnxslim's result, or None and why it was not kept. A model with external data is given by its path and
+    slimmed without shape inference, its result written with external data (onnxslim's own advice for it)."""
     try:
-        slimmed = onnxslim.slim(onnx.ModelProto.FromString(model.SerializeToString()))
+        if isinstance(model, Path):
+            with contextlib.redirect_stdout(io.StringIO()):  # given an output path, it prints a summary table
+                onnxslim.slim(str(model), str(path), no_shape_infer=True, save_as_external_data=True)
+            slimmed = load(path) if path.exists() else None
+        else:
+            slimmed = onnxslim.slim(onnx.ModelProto.FromString(model.SerializeToString()))
     except Exception as exc:  # onnxslim raises whatever its passes hit; the report names it
         return None, f"onnxslim failed: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
     if slimmed is None:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline.optimize.kind import Job, Kind, Made
+from pipeline.optimize.nodes import already_int8
 from pipeline.optimize.plan import plan_for
 from pipeline.optimize.search import auto_search
 from pipeline.recipe.schema import OptimizeSpec
+from pipeline.runtime.external_data import move_model
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,9 @@ class AutoInt8(Kind[SearchSettings]):
 
     def config(self, spec: OptimizeSpec, task: str) -> SearchSettings:
         return SearchSettings(spec.max_exclusions, spec.search_seconds, spec.threads, task)
+
+    def skip(self, source: Path, config: SearchSettings) -> str:
+        return already_int8(source, self.name)
 
     def make(self, job: Job, config: SearchSettings) -> Made:
         if job.calibration is None:
@@ -58,8 +64,8 @@ class AutoInt8(Kind[SearchSettings]):
             progress=lambda message: job.say(f"auto: {message}"),
             budget=config.seconds,
         )
-        shutil.copyfile(result.chosen.path, job.dst)
-        shutil.rmtree(workdir, ignore_errors=True)  # every other trial's file: the kept one is copied out
+        move_model(result.chosen.path, job.dst)  # with its external data, if it has any
+        shutil.rmtree(workdir, ignore_errors=True)  # every other trial's file: the kept one is moved out
         verdict = job.judge(job.dst, None, job.scratch)  # the kept file itself, judged once more with the full table
         job.say(f"int8 (auto): {result.chosen.settings.describe()}: {'passed' if verdict.passed else 'FAILED'}: "
                 f"{verdict.detail}")  # fmt: skip

@@ -44,6 +44,7 @@ class StaticInt8(Quantizer):
                 calibrate_method=METHODS[settings.calibration],
                 extra_options={**EXTRA_OPTIONS, **STRIDE},
                 calibration_cache_path=kept,
+                use_external_data_format=step.external,
                 **int8_options(settings, [*step.excluded, *step.tail]),
             )
         if calibrates and cache is not None:

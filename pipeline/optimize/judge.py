@@ -2,11 +2,11 @@
 
 The gate (pipeline/verify) runs every check and holds the variant to a policy: `Exact` for a
 graph-only optimization (lossless), a budget for quantization (lossy): the task metric's drop
-when the evaluation split has targets, top-1 agreement for classifiers without, minimum cosine
-similarity for embeddings, relative error for regression, box agreement for detectors, cosine or
-relative error by output for tensor models. The budget's own figure and how far
-inside or outside the budget it lies (the margin) are computed here over the whole evaluation
-split, so the auto search can rank candidates that all miss.
+when the evaluation split has targets, top-1 agreement for classifiers without, cosine similarity
+for embeddings (the rows' mean and the worst row), relative error for regression, box agreement
+for detectors, text agreement for recognizers, cosine or relative error by output for tensor
+models. The budget's own figure and how far inside or outside the budget it lies (the margin) are
+computed here over the whole evaluation split, so the auto search can rank candidates that all miss.
 """
 
 from __future__ import annotations
@@ -24,20 +24,18 @@ from pipeline.core.errors import ArtifactError
 from pipeline.optimize.graph import loads_in_onnxruntime
 from pipeline.runtime.runners import Candidate, Runner, ort_runner, run_chunked
 from pipeline.samples.evaluation import EvaluationSet
-from pipeline.verify.gate import structural_checks, verify
-from pipeline.verify.metrics import SLACK, task_metric
-from pipeline.verify.policies import (
+from pipeline.verify.budgets import (
     BoxAgreement,
-    Exact,
+    CosineAgreement,
     MetricDrop,
-    MinCosine,
-    Policy,
     RelativeError,
     TensorAgreement,
     TextAgreement,
     Top1Agreement,
-    row_cosines,
 )
+from pipeline.verify.gate import structural_checks, verify
+from pipeline.verify.metrics import SLACK, task_metric
+from pipeline.verify.policies import Exact, Policy
 from pipeline.verify.report import GateReport, Row
 
 
@@ -46,7 +44,7 @@ class Verdict:
     """One variant judged: the gate's table, and the budget's figure over the whole split."""
 
     passed: bool
-    figure: float  # the budget's statistic: metric drop, agreement, min cosine, relative error (NaN: none)
+    figure: float  # the budget's statistic: metric drop, agreement, mean cosine, relative error (NaN: none)
     margin: float  # how far inside (+) or outside (-) the budget, in the figure's units
     detail: str  # one line: the figure against its bound, or the first failed check
     report: GateReport
@@ -101,7 +99,7 @@ class Judge:
         if not (np.isfinite(got64).all()):
             return float("nan"), float("-inf"), f"{int((~np.isfinite(got64)).sum())} NaN/Inf outputs on the split"
         target = self.evaluation.target
-        if isinstance(policy, BoxAgreement | TensorAgreement | TextAgreement):
+        if isinstance(policy, BoxAgreement | TensorAgreement | TextAgreement | CosineAgreement):
             return policy.statistic(got64, want64)
         if isinstance(policy, MetricDrop) and target is not None:
             measured_ref = task_metric(self.artifact.manifest.task, want64, target)
@@ -115,9 +113,6 @@ class Judge:
             agreement = float((got64.argmax(-1) == want64.argmax(-1)).mean())
             detail = f"top-1 agreement {agreement:.4f} (budget >= {policy.min_agreement:g})"
             return agreement, agreement - policy.min_agreement, detail
-        if isinstance(policy, MinCosine):
-            cosine = float(row_cosines(got64, want64).min())
-            return cosine, cosine - policy.min_cosine, f"min cosine {cosine:.6f} (budget >= {policy.min_cosine:g})"
         if isinstance(policy, RelativeError):
             scale = float(np.linalg.norm(want64)) or 1.0
             rel = float(np.linalg.norm(got64 - want64)) / scale

@@ -4,6 +4,8 @@ Modelled on Olive's passes (one class per transformation, its config type beside
 config and a run hook). A kind is one module holding one subclass of `Kind`:
 
 - `name`, `precision`: the variant it makes (`int8-static` -> variants/model.int8-static.onnx, int8);
+- `serves(task)`: whether it is made for models of this task (a decoder's kinds are weight-only;
+  the others are for every other task);
 - `asked(spec)`: whether the optimize section asks for it (by default `choice` in `--quantize`);
 - `calibrates(spec, real)`: whether it needs real samples to calibrate on (`Job.calibration`);
 - `parent`: the variant it is made from, when not model.onnx (made earlier in the same run, and
@@ -73,6 +75,11 @@ class Kind(ABC, Generic[Config]):
     precision: ClassVar[str]  # fp32 | fp16 | int8 | int4 ...
     choice: ClassVar[str | None] = None  # the `--quantize` value that asks for it; None: asked otherwise
     parent: ClassVar[str | None] = None  # the variant it is made from; None: model.onnx
+
+    def serves(self, task: str) -> bool:
+        """Whether this kind is made for a model of `task`: by default every task but text-generation (a decoder
+        gets the weight-only kinds: activations quantized at run time lost half its next tokens, issue 29)."""
+        return task != "text-generation"
 
     def asked(self, spec: OptimizeSpec) -> bool:
         """Whether the optimize section asks for this variant."""

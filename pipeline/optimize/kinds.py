@@ -7,9 +7,11 @@ settings and how it makes its file; the stage loops over this list (stage.py).
 from __future__ import annotations
 
 from pipeline.optimize.fp16 import FP16
+from pipeline.optimize.int4_weights import INT4_WEIGHTS
 from pipeline.optimize.int8_auto import INT8_AUTO
 from pipeline.optimize.int8_dynamic import INT8_DYNAMIC
 from pipeline.optimize.int8_static import INT8_STATIC
+from pipeline.optimize.int8_weights import INT8_WEIGHTS
 from pipeline.optimize.kind import Kind
 from pipeline.optimize.opt import OPT
 
@@ -19,4 +21,6 @@ KINDS: list[Kind] = [
     INT8_STATIC,  # --quantize static: calibrated QDQ int8
     FP16,  # --quantize fp16
     INT8_AUTO,  # --quantize auto: the search for the fastest int8 within budget, kept as `int8`
+    INT8_WEIGHTS,  # decoders, --quantize int8-weights (or auto): MatMul weights in 8 bits by blocks
+    INT4_WEIGHTS,  # decoders, --quantize int4-weights (or auto): MatMul weights in 4 bits by blocks
 ]

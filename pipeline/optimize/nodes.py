@@ -16,7 +16,7 @@ from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, Q
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
 
 from pipeline.core.errors import InputError
-from pipeline.optimize.graph import load
+from pipeline.optimize.graph import load, op_counts
 
 MODES = ("dynamic", "static", "fp16")
 # op types each mode's quantizer works on: onnxruntime's own registries (dynamic turns Gemm into MatMul).
@@ -47,6 +47,21 @@ QUANT_OPS = frozenset(
 Q_TENSOR_OPS = frozenset({"DequantizeLinear", "QuantizeLinear", "DynamicQuantizeLinear"})
 # the ops that hold a model's arithmetic: after the last of them, a graph only rearranges and scales
 WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+
+
+def already_int8(source: Path, kind: str) -> str:
+    """Why `kind` (an int8 kind) is not made of the model at `source` when it is quantized already ('' when not).
+
+    A model shipped quantized (ddddocr's recognizer: 21 ConvInteger, a MatMulInteger and a DynamicQuantizeLSTM,
+    producer onnx.quantize) has its weights in int8 already; onnxruntime's quantizers cannot take it again (static
+    int8 stopped on `KeyError: '140_scale'`), and there is nothing left for them to make smaller.
+    """
+    held = {op: n for op, n in op_counts(source).items() if op.split(".")[-1] in QUANT_OPS}
+    if not held:
+        return ""
+    ops = ", ".join(f"{n} {op.split('.')[-1]}" for op, n in sorted(held.items(), key=lambda kv: -kv[1]))
+    return (f"{kind} not made: the model is quantized already ({ops}): its weights are int8 as shipped, and "
+            "onnxruntime's quantizers do not quantize a quantized graph again")
 
 
 def name_nodes(model: onnx.ModelProto) -> int:

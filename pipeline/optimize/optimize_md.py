@@ -38,6 +38,7 @@ def markdown(summary: dict[str, Any]) -> str:
         speedups = [v.get(f"speedup_b{b}") for b in batches]
         lines.append(_row(v["variant"], v["status"], v["budget_figure"], size, v["latency"], batches, speedups,
                           v["detail"]))  # fmt: skip
+    lines += _decoder_speed(fp32, summary["variants"])
     for v in summary["variants"]:
         if tail := v["details"].get("float_tail"):
             lines.append(f"\n{v['variant']}: the {len(tail)} nodes after the last Conv/MatMul/Gemm (the decode tail) "
@@ -52,10 +53,35 @@ def markdown(summary: dict[str, Any]) -> str:
         if graph:
             lines += ["", "## opt: graph passes", "", f"nodes {graph['nodes_before']} -> {graph['nodes_after']}"]
             for step in graph.get("steps", []):
-                kept = "kept" if step["kept"] else f"not kept ({step['note']})"
+                kept = ("kept" + (f" ({step['note']})" if step.get("note") else "")) if step["kept"] else (
+                    f"not kept ({step['note']})")  # fmt: skip
                 lines.append(f"- {step['name']} {step['version']} ({step['setting']}): "
                              f"{step['nodes_before']} -> {step['nodes_after']} nodes, {kept}")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _decoder_speed(fp32: dict[str, Any], variants: list[dict[str, Any]]) -> list[str]:
+    """A decoder's speed table: prefill and decode tokens/s beside model.onnx's (none for other models)."""
+    base = fp32["latency"]
+    if "decode_tokens_per_s" not in base:
+        return []
+    lines = [
+        "",
+        f"Generation speed, batch 1, a {int(base['prompt_tokens'])}-token prompt then {int(base['new_tokens'])} new "
+        "tokens (pipeline/runtime/lm_speed.py):",
+        "",
+        "| model | time to first token (ms) | prefill tokens/s | x fp32 | decode tokens/s | x fp32 |",
+        "| --- | --- | --- | --- | --- | --- |",
+        f"| fp32 (model.onnx) | {_num(base['prefill_ms'])} | {base['prefill_tokens_per_s']:,.0f} | 1.00x | "
+        f"{base['decode_tokens_per_s']:,.0f} | 1.00x |",
+    ]
+    for v in variants:
+        t = v.get("latency") or {}
+        if "decode_tokens_per_s" in t:
+            lines.append(f"| {v['variant']} | {_num(t['prefill_ms'])} | {t['prefill_tokens_per_s']:,.0f} | "
+                         f"{_x(v.get('speedup_prefill'))} | {t['decode_tokens_per_s']:,.0f} | "
+                         f"{_x(v.get('speedup_decode'))} |")  # fmt: skip
+    return lines
 
 
 def _resources(resources: dict[str, Any] | None) -> list[str]:

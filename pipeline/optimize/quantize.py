@@ -43,8 +43,18 @@ from pipeline.optimize.graph import (
     strip_debug_info,
 )
 from pipeline.optimize.kind import Job, Kind, Made
-from pipeline.optimize.nodes import MODES, QUANT_OPS, name_nodes, nodes_behind, quantizable_nodes, quantized_nodes
+from pipeline.optimize.nodes import (
+    MODES,
+    QUANT_OPS,
+    already_int8,
+    name_nodes,
+    nodes_behind,
+    quantizable_nodes,
+    quantized_nodes,
+)
+from pipeline.optimize.order import sort_nodes
 from pipeline.recipe.schema import OptimizeSpec
+from pipeline.runtime.external_data import SMALL_TENSOR, data_file, external, move_model, save_beside
 from pipeline.runtime.sample_axes import SampleAxes
 
 TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
@@ -132,7 +142,7 @@ class Conversion:
     """What a quantizing kind's `convert` step is given, and what it says back (`warnings`, `tail`)."""
 
     source: Path  # the graph to convert: named, and pre-processed when the kind pre-processes
-    model: onnx.ModelProto  # that graph, loaded
+    model: onnx.ModelProto  # that graph, loaded without external data (a kind needing the weights loads `source`)
     out: Path  # where `convert` writes the converted model
     settings: QuantSettings
     excluded: list[str]  # node names left in fp32, followed through pre-processing
@@ -144,6 +154,7 @@ class Conversion:
     tail: list[str] = field(default_factory=list)  # nodes convert left in fp32 beyond `excluded`
     used: int = 0  # calibration samples convert really used
     axes: SampleAxes = field(default_factory=SampleAxes)  # the source's stamp: pre-processing may drop it
+    external: bool = False  # `source` keeps its weights in external data: `out` is written so too (save_model)
 
 
 class Quantizer(Kind[QuantSettings]):
@@ -153,15 +164,20 @@ class Quantizer(Kind[QuantSettings]):
     mode: ClassVar[Literal["dynamic", "static", "fp16"]]  # QuantSettings.mode this kind converts
     preprocess: ClassVar[bool] = True  # onnxruntime's pre-processing (shape inference, fusions) first
     needs_samples: ClassVar[bool] = False  # calibrates on real samples: refused without them
+    per_channel: ClassVar[bool] = False  # weight scales per output channel when the section leaves it unset
 
     def calibrates(self, spec: OptimizeSpec, real_samples: bool) -> bool:
         return self.needs_samples
+
+    def skip(self, source: Path, config: QuantSettings) -> str:
+        """An int8 kind of a model quantized already is not made (a note: nodes.already_int8)."""
+        return already_int8(source, self.name) if self.precision == "int8" else ""
 
     def config(self, spec: OptimizeSpec, task: str) -> QuantSettings:
         """The section's settings; a detector's decode tail stays fp32 in static int8 (nodes.decode_tail)."""
         return QuantSettings(
             mode=self.mode,
-            per_channel=spec.per_channel,
+            per_channel=self.per_channel if spec.per_channel is None else spec.per_channel,
             reduce_range=spec.reduce_range,
             activation_type=spec.activation_type,
             calibration=spec.calibration,
@@ -208,8 +224,10 @@ class Quantizer(Kind[QuantSettings]):
         if scratch is None:
             with tempfile.TemporaryDirectory(prefix="pipe-quantize-", dir=Path(dst).parent) as tmp:
                 return self.quantize(src, dst, settings, calibration, Path(tmp), progress, cache)
-        original = load(src)
-        model = onnx.ModelProto.FromString(original.SerializeToString())
+        original = load(src)  # the graph; weights kept beside it stay there (save_beside copies them)
+        big = external(src)
+        model = onnx.ModelProto()
+        model.CopyFrom(original)
         named = name_nodes(model)
         names = {node.name for node in model.graph.node}
         unknown = [n for n in settings.nodes_to_exclude if n not in names]
@@ -222,16 +240,16 @@ class Quantizer(Kind[QuantSettings]):
         samples = check_calibration(model, dict(calibration)) if calibration is not None and self.needs_samples else 0
         scratch.mkdir(parents=True, exist_ok=True)
         named_path = scratch / "named.onnx"
-        onnx.save(model, str(named_path))
+        save_beside(model, Path(src).parent, named_path)
         del model
         warnings: list[str] = []
         source, excluded, preprocessed = named_path, list(settings.nodes_to_exclude), False
         if settings.preprocess and self.preprocess:
             source, excluded, preprocessed = _preprocess(named_path, scratch / "preprocessed.onnx", excluded, warnings,
-                                                         cache)  # fmt: skip
+                                                         cache, big)  # fmt: skip
         out = scratch / "quantized.onnx"  # dst is written only once it checks out
         step = Conversion(source, load(source), out, settings, excluded, calibration if samples else None, samples,
-                          progress, cache, warnings, used=samples, axes=sample_axes(original))  # fmt: skip
+                          progress, cache, warnings, [], samples, sample_axes(original), big)  # fmt: skip
         try:
             self.convert(step)
         except PipelineError:
@@ -243,11 +261,13 @@ class Quantizer(Kind[QuantSettings]):
                 f"{type(exc).__name__}: {line}; {_fix(step.model, line, names)}"
             ) from exc
         result = load(out)
+        sort_nodes(result.graph)  # an If branch pre-processing inlined can follow the If that reads it (order.py)
         keep_dim_names(result, original)
         check_output(original, result, out, settings, names)
         keep_metadata(result, original)
         stripped = strip_debug_info(result)
-        onnx.save(result, str(dst))
+        onnx.save(result, str(out))  # beside its data, where it was read from
+        move_model(out, Path(dst))
         left_out = [*excluded, *step.tail]
         quantized, left_float = quantized_nodes(step.model, result, settings.mode, left_out)
         return QuantReport(
@@ -324,7 +344,12 @@ def _working_directory(path: Path) -> Iterator[None]:
 
 
 def _preprocess(
-    named: Path, out: Path, excluded: list[str], warnings: list[str], cache: QuantCache | None = None
+    named: Path,
+    out: Path,
+    excluded: list[str],
+    warnings: list[str],
+    cache: QuantCache | None = None,
+    external: bool = False,
 ) -> tuple[Path, list[str], bool]:
     """onnxruntime's pre-processing of `named` into `out`: (the model to quantize, its exclusions, ran).
 
@@ -335,7 +360,7 @@ def _preprocess(
     """
     kept = cache.preprocessed(named, out) if cache is not None else None
     if kept is None:
-        kept = _run_preprocess(named, out)
+        kept = _run_preprocess(named, out, external)
         if cache is not None:
             cache.keep_preprocessed(named, kept.path, kept.warnings)
     warnings += kept.warnings
@@ -352,13 +377,17 @@ def _preprocess(
     return out, followed, True
 
 
-def _run_preprocess(named: Path, out: Path) -> Preprocessed:
+def _run_preprocess(named: Path, out: Path, external: bool = False) -> Preprocessed:
     error, warnings = "", []
+    # a model with external data is written so again (onnxruntime's tool writes one file past 2 GiB otherwise)
+    saving = dict(save_as_external_data=True, all_tensors_to_one_file=True, external_data_location=data_file(out).name,
+                  external_data_size_threshold=SMALL_TENSOR) if external else {}  # fmt: skip
     for skip_symbolic in (False, True):
         try:
             source, target = named.resolve(), out.resolve()  # absolute before the call runs elsewhere
             with _working_directory(target.parent):
-                quant_pre_process(str(source), str(target), skip_symbolic_shape=skip_symbolic)
+                data_file(target).unlink(missing_ok=True)  # onnx appends to a data file that exists
+                quant_pre_process(str(source), str(target), skip_symbolic_shape=skip_symbolic, **saving)
             break
         except Exception as exc:  # shape inference raises bare Exception on graphs it cannot follow
             error = f"{type(exc).__name__}: {first_line(exc)}"

@@ -43,6 +43,7 @@ from pipeline.optimize.repair import Exclusion, repair
 from pipeline.optimize.speed import Timer, choose
 from pipeline.optimize.trial import NOISE, Trial, failed_verdict
 from pipeline.recipe.defaults import MAX_EXCLUSIONS, SEARCH_SECONDS
+from pipeline.runtime.external_data import model_bytes
 
 REPAIR_FAMILIES = 3  # kinds of int8 (dynamic, static uint8, static int8) re-tried with each exclusion, each
 # with its closest settings: a node left in fp32 can turn one kind from a miss into a pass where another still misses
@@ -158,7 +159,7 @@ def auto_search(
     elif choice.trial is not None:
         comparison = compare_profiles(src, chosen.path, samples, threads, workdir / "profile")
         result.profile = comparison.to_dict()
-        result.why_not_faster = _not_faster(chosen, src.stat().st_size, comparison.why())
+        result.why_not_faster = _not_faster(chosen, model_bytes(src), comparison.why())
         say(f"kept {chosen.name}: {result.why_not_faster}")
     else:
         say(f"no candidate met the budget; best effort: {chosen.name} ({chosen.verdict.detail})")
@@ -322,7 +323,7 @@ class Search:
             if not report.quantized:  # every candidate node excluded: an fp32 copy, not a quantized model
                 kept = len(report.left_float)
                 verdict = failed_verdict(f"nothing left quantized ({kept} node(s) in fp32); {verdict.detail}")
-        size = path.stat().st_size if path.exists() else 0
+        size = model_bytes(path) if path.exists() else 0  # with its external data
         trial = Trial(name, settings, verdict, path, size, excluded, warnings=warnings)
         self.say(f"[{number}] {name}: {'within budget' if verdict.passed else 'MISSED'}: {verdict.detail}")
         self.tried.append(trial)

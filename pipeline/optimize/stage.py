@@ -30,12 +30,14 @@ from pipeline.artifact.stagewrite import StageWrite
 from pipeline.artifact.variants import FP32, MODEL_FILE, Variant, variant_file
 from pipeline.core.errors import ArtifactError, CheckFailed, InputError, PipelineError
 from pipeline.core.fsutil import sha256_file
+from pipeline.optimize.decoder import DecoderJudge, keep_smallest, speed_words, time_decoders
 from pipeline.optimize.judge import Judge, Verdict
 from pipeline.optimize.kind import Job, Kind, Made
 from pipeline.optimize.kinds import KINDS
 from pipeline.optimize.optimize_md import markdown
 from pipeline.recipe.schema import OptimizeSpec
-from pipeline.runtime.latency import Latency, affordable_batches, measure
+from pipeline.runtime.external_data import model_bytes, model_files
+from pipeline.runtime.latency import affordable_batches, measure
 from pipeline.samples.calibration import Calibration, calibration_set, has_real_samples
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage, lm_off
 from pipeline.stagekit.opening import made_from_model_fresh, open_for_model
@@ -43,6 +45,7 @@ from pipeline.verify.choose import GateSettings, hop_policy
 from pipeline.verify.report import GateReport, Row
 
 REPORT_JSON, REPORT_MD = "reports/optimize.json", "reports/optimize.md"
+TEXT_GENERATION = "text-generation"
 
 
 def _rewrites(rel: str) -> bool:
@@ -78,9 +81,20 @@ def optimize_artifact(
     policy = hop_policy("optimize", "int8", manifest.task, has_target, gate, manifest.detection)
     parent, source, rewritten = opened.parent, opened.model, opened.rewritten
     bounds = ", ".join(f"{k} {v}" for k, v in policy.to_dict().items() if k != "policy")
-    progress(f"[optimize] {artifact.root}: budget {policy.name} ({bounds}); evaluated on {evaluation.source}")
-    judge = Judge(artifact, source, evaluation, policy, lossless)
-    kinds = KINDS
+    generating = manifest.task == TEXT_GENERATION  # a decoder: judged on text, timed by tokens/s (decoder.py)
+    if generating:
+        judge: Judge | DecoderJudge = DecoderJudge(artifact, source, evaluation.data or evaluation.samples, policy,
+                                                   lossless)  # fmt: skip
+        judged_on = f"{judge.source} ({evaluation.source})"
+    else:
+        judge, judged_on = Judge(artifact, source, evaluation, policy, lossless), evaluation.source
+    progress(f"[optimize] {artifact.root}: budget {policy.name} ({bounds}); evaluated on {judged_on}")
+    kinds = [k for k in KINDS if k.serves(manifest.task)]
+    passed_over = [k.name for k in KINDS if k not in kinds and k.asked(settings) and k.choice != "auto"]
+    if generating and passed_over:
+        notes.append(f"{', '.join(passed_over)} not made: a decoder's variants are weight-only "
+                     f"({', '.join(k.name for k in kinds if k.precision != 'fp32')}); quantizing its activations "
+                     "kept about half its next tokens on a real 135M model (issue 29)")  # fmt: skip
     real = has_real_samples(artifact)
     needs_calibration = any(k.asked(settings) and k.calibrates(settings, real) for k in kinds)
     calibration = calibration_set(artifact, recipe, settings.calibration_samples) if needs_calibration else None
@@ -90,27 +104,44 @@ def optimize_artifact(
         job = Job(source, write.scratch, write.scratch, judge, calibration, lambda line: progress(f"[optimize] {line}"))
         made = _make_variants(kinds, job, settings, manifest.task, notes)
         written = [m for m in made if m.written]
-        batches = affordable_batches(source, evaluation.samples, threads=settings.threads)
-        progress(f"[optimize] timing model.onnx and {len(written)} variant(s) side by side at batch "
-                 f"{', '.join(map(str, batches))} ({settings.threads} thread)")  # fmt: skip
-        timed = measure(
-            {FP32: source, **{m.name: write.scratch / m.file for m in written}},
-            evaluation.samples,
-            batches=batches,
-            threads=settings.threads,
-            progress=progress,
-        )
-        for m in written:
-            m.latency = timed[m.name].to_dict()
-            m.size = (write.scratch / m.file).stat().st_size
-        summary = _summary(artifact, settings, policy.to_dict(), evaluation.source, calibration, made, timed[FP32])
+        files = {FP32: source, **{m.name: write.scratch / m.file for m in written}}
+        if generating:
+            progress(f"[optimize] timing model.onnx and {len(written)} variant(s) side by side: prefill and decode "
+                     f"tokens/s, batch 1 ({settings.threads} thread)")  # fmt: skip
+            speeds = time_decoders(artifact, files, settings.threads, progress)
+            base, batches = speeds[FP32].to_dict(), []
+            for m in written:
+                m.latency, m.size = speeds[m.name].to_dict(), model_bytes(write.scratch / m.file)
+                m.note = " ".join(filter(None, [m.note, speed_words(speeds[m.name], speeds[FP32])]))
+            if "auto" in settings.quantize:
+                made, why = keep_smallest(made, {k.name for k in kinds if k.precision != "fp32"})
+                for m in [m for m in written if m not in made]:
+                    (write.scratch / m.file).unlink()
+                written = [m for m in made if m.written]
+                if why:
+                    notes.append(why)
+                    progress(f"[optimize] {why}")
+        else:
+            batches = affordable_batches(source, evaluation.samples, threads=settings.threads)
+            progress(f"[optimize] timing model.onnx and {len(written)} variant(s) side by side at batch "
+                     f"{', '.join(map(str, batches))} ({settings.threads} thread)")  # fmt: skip
+            timed = measure(files, evaluation.samples, batches=batches, threads=settings.threads, progress=progress)
+            base = timed[FP32].to_dict()
+            batches = sorted(timed[FP32].batches)  # 1 and 32, or the one batch a model with a fixed batch takes
+            for m in written:
+                m.latency = timed[m.name].to_dict()
+                m.size = model_bytes(write.scratch / m.file)  # with its external data
+        placed = {m.name: _files(write.scratch, m.file) for m in written}  # a variant and its external data
+        summary = _summary(artifact, settings, policy.to_dict(), judged_on, calibration, made, base, batches,
+                           model_bytes(source))  # fmt: skip
         seconds, peak = time.perf_counter() - began, peak_rss()
         summary["resources"] = {"wall_seconds": round(seconds, 2), "peak_rss_bytes": peak}
         summary["notes"] = notes
         (write.scratch / "reports").mkdir()
         (write.scratch / REPORT_JSON).write_text(json.dumps(summary, indent=2) + "\n")
         (write.scratch / REPORT_MD).write_text(markdown(summary))
-        stale = [rel for rel in rewritten if rel not in {m.file for m in written} | {REPORT_JSON, REPORT_MD}]
+        moved = [rel for m in written for rel in placed[m.name]]  # each variant's data before its graph
+        stale = [rel for rel in rewritten if rel not in {*moved, REPORT_JSON, REPORT_MD}]
 
         def record(fresh: Artifact) -> None:
             for rel in stale:  # variants of an earlier run that this run did not make again
@@ -123,7 +154,7 @@ def optimize_artifact(
                 else:  # failed before it had a file: recorded with why, nothing listed
                     fresh.manifest.variants[m.name] = _variant(m, m.parent or parent, fresh)
             if FP32 in fresh.manifest.variants:  # timed beside the variants: what `--variant best` compares
-                fresh.manifest.variants[FP32].latency = timed[FP32].to_dict()
+                fresh.manifest.variants[FP32].latency = base
             fresh.manifest.stages.optimize = OptimizeRecord(
                 settings=settings.model_dump(mode="json"),
                 inputs={MODEL_FILE: parent},
@@ -134,7 +165,7 @@ def optimize_artifact(
                 report=REPORT_JSON,
             )
 
-        artifact = write.commit([*[m.file for m in written], REPORT_JSON, REPORT_MD], record)
+        artifact = write.commit([*moved, REPORT_JSON, REPORT_MD], record)
     progress(f"[optimize] done in {seconds:.1f} s, peak memory {peak / 2**30:.2f} GiB (maximum resident set)")
     failed = [m.name for m in made if not m.verdict.passed]
     if failed and settings.strict:
@@ -163,7 +194,7 @@ def _make_variants(
     file, the reason said), never the end of the run: every variant that passed is still written and recorded."""
     made = []
     for kind in kinds:
-        if not kind.asked(settings):
+        if not kind.asked(settings) or not kind.serves(task):
             continue
         config = kind.config(settings, task)
         source, parent = job.source, None
@@ -192,6 +223,11 @@ def _make_variants(
     return made
 
 
+def _files(scratch: Path, rel: str) -> list[str]:
+    """The variant file `rel` and the external data files it names, data first, relative to `scratch`."""
+    return [path.relative_to(scratch).as_posix() for path in model_files(scratch / rel)]
+
+
 def _not_made(kind: Kind, config: Any, exc: PipelineError) -> Made:
     """The record of a kind that failed before it had a file to judge: failed, with why."""
     detail = f"not made: {exc}"
@@ -214,6 +250,7 @@ def _variant(m: Made, parent: str, artifact: Artifact) -> Variant:
         metrics={metric["name"]: metric["onnx"]} if metric.get("name") and "onnx" in metric else {},
         parity={**m.verdict.report.summary(), "budget_figure": m.verdict.figure, "margin": m.verdict.margin},
         latency=m.latency,
+        size=m.size,  # with its external data
         note=m.note or None,
     )
 
@@ -225,12 +262,13 @@ def _summary(
     evaluation: str,
     calibration: Calibration | None,
     made: list[Made],
-    fp32: Latency,
+    base: dict[str, float],
+    batches: list[int],
+    size: int,
 ) -> dict[str, Any]:
-    """reports/optimize.json: everything a person or CI needs to see what was tried and why."""
-    base = fp32.to_dict()
-    batches = sorted(fp32.batches)  # 1 and 32, or the one batch a model with a fixed batch dimension takes
-    size = artifact.manifest.files[MODEL_FILE].size
+    """reports/optimize.json: everything a person or CI needs to see what was tried and why. `base`: model.onnx's
+    latency (a decoder's: prefill and decode tokens/s), timed beside the variants at `batches` (a decoder: none);
+    `size`: model.onnx's bytes with its external data."""
     rows = []
     for m in made:
         rows.append(
@@ -244,6 +282,11 @@ def _summary(
                 "margin": m.verdict.margin,
                 "latency": m.latency,
                 **{f"speedup_b{b}": _ratio(base, m.latency, f"p50_ms_b{b}") for b in batches},
+                **(
+                    {f"speedup_{k}": _ratio(m.latency, base, f"{k}_tokens_per_s") for k in ("prefill", "decode")}
+                    if "decode_tokens_per_s" in base
+                    else {}
+                ),
                 "size": m.size,
                 "settings": m.settings,
                 "note": m.note,

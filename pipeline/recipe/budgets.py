@@ -45,6 +45,10 @@ class BudgetSpec(Strict):
     metrics: dict[str, MetricBudget] = {}  # per metric (accuracy, mae): its own budgets, in place of the above
     max_latency_increase: float = Field(0.10, ge=0)  # fraction: 0.10 = more than 10% slower fails (docs/check.md)
     max_size_increase: float = Field(0.10, ge=0)
+    # decoders (text-generation): the candidate's perplexity on held-out text may rise this share of the baseline's
+    max_perplexity_increase: float = Field(0.05, ge=0)
+    # decoders: the least share of the baseline's greedy tokens (golden prompts) generated alike; None: reported only
+    min_greedy_agreement: float | None = Field(None, ge=0, le=1)
 
     @model_validator(mode="after")
     def _known_metrics(self) -> BudgetSpec:
@@ -58,7 +62,7 @@ class BudgetSpec(Strict):
 
     def for_metric(self, name: str) -> MetricBudget:
         """The budgets `name` is held to: its `metrics` entry, else max_accuracy_drop as an absolute drop,
-        else the default: DEFAULT_CHECK_DROP, or a relative drop for a metric in units and for the loss."""
+        else the default: DEFAULT_CHECK_DROP, or a relative drop for a metric in units, the loss and perplexity."""
         if name in self.metrics:
             return self.metrics[name]
         if self.max_accuracy_drop is not None:
@@ -67,4 +71,6 @@ class BudgetSpec(Strict):
             return MetricBudget(max_relative_drop=DEFAULT_CHECK_RELATIVE)
         if name == "loss":
             return MetricBudget(max_relative_drop=DEFAULT_LOSS_RELATIVE)
+        if name == "perplexity":  # a decoder's: a share of the baseline's, as its held-out text is judged
+            return MetricBudget(max_relative_drop=self.max_perplexity_increase)
         return MetricBudget(max_drop=DEFAULT_CHECK_DROP)

@@ -10,4 +10,6 @@ SEARCH_SECONDS = 120.0
 # optimize.max_exclusions: the nodes the auto search may leave in fp32 to meet the budget
 MAX_EXCLUSIONS = 8
 # optimize.quantize and `pipe optimize --quantize`: the choices, one per variant kind asked by it (optimize/kinds.py)
-QUANTIZE_CHOICES = ("dynamic", "static", "fp16", "auto")
+QUANTIZE_CHOICES = ("dynamic", "static", "fp16", "auto", "int8-weights", "int4-weights")
+# the choices a decoder (text-generation) is made with: weight-only, activations fp32 (auto: the smallest within budget)
+DECODER_CHOICES = ("int8-weights", "int4-weights")

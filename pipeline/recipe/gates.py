@@ -42,5 +42,14 @@ class Gate(LosslessGate):
     # the task metric's drop, in its units; None: the hop's default (1 accuracy point for optimize, 1.5 for
     # edge's int8 classifier; 1% relative error for regression, never a fixed amount of the target's units)
     max_accuracy_drop: float | None = Field(None, ge=0)
-    # embeddings, and tensor outputs whose rows are unit vectors: the least cosine to the reference; None: 0.99
+    # embeddings, and tensor outputs whose rows are unit vectors: each row's cosine to the reference, the worst
+    # row's least (None: 0.9) and the rows' mean least (None: 0.99; docs/gates.md "Embeddings")
     min_cosine: float | None = Field(None, gt=0, le=1)
+    mean_cosine: float | None = Field(None, gt=0, le=1)
+    # classifiers without targets (top-1 agreement; None: 0.99) and text recognizers (text agreement; None: 0.95):
+    # the least share of samples answered as the reference answers them
+    min_agreement: float | None = Field(None, gt=0, le=1)
+    # decoders (text-generation), teacher-forced on held-out text: the share of next tokens chosen as the reference
+    # chooses them, and the mean KL from its next-token distribution (nats per token); None: 0.90 and 0.05
+    min_token_agreement: float | None = Field(None, ge=0, le=1)
+    max_kl: float | None = Field(None, ge=0)

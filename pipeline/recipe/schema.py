@@ -165,7 +165,9 @@ class OptimizeSpec(Gate):
     graph: Literal["none", "basic", "extended"] = "extended"  # onnxruntime offline level for variants/model.opt.onnx
     slim: bool = True  # onnxslim after onnxruntime's passes
     quantize: list[Literal[QUANTIZE_CHOICES]] = ["dynamic", "static"]  # auto: the budget search
-    per_channel: bool = False  # int8 weights: one scale per output channel instead of per tensor
+    # int8 weights: one scale per output channel (True) or one per tensor (False); None: each kind's default,
+    # per channel for dynamic int8 (docs/gates.md "Embeddings": as fast, and closer), per tensor for static
+    per_channel: bool | None = None
     reduce_range: bool = False  # 7-bit weights, for CPUs without VNNI where 8-bit saturates
     activation_type: Literal["uint8", "int8"] = "uint8"  # static: activations' int8 type
     calibration: Literal["minmax", "entropy", "percentile"] = "minmax"  # static: how activation ranges are set
@@ -174,6 +176,13 @@ class OptimizeSpec(Gate):
     # auto: no new candidate is started after this many seconds; the best passed so far is kept
     search_seconds: float = Field(SEARCH_SECONDS, gt=0, le=86_400)
     threads: int = Field(1, gt=0, le=256)  # intra-op threads the variants are timed with (100,000 crashed libgomp)
+    # decoders' weight-only int8/int4 (optimize/weight_only.py): values sharing one scale, along the input axis
+    weight_block_size: Literal[16, 32, 64, 128, 256] = 32
+    weight_symmetric: bool = True  # no zero point
+    # MatMulNBits' CPU compute precision: 0 as stored (fp32 math), 4 int8 activations (fastest; wrong greedy tokens
+    # reported on some models: onnxruntime issue 29849)
+    weight_accuracy_level: Literal[0, 1, 2, 3, 4] = 4
+    weight_embeddings: bool = False  # the token embedding stored in the same bits too (GatherBlockQuantized)
     strict: bool = False  # a variant that misses its budget fails the command (exit 1), not only its record
 
 
@@ -190,6 +199,9 @@ class EdgeSpec(Gate):
     calibration_samples: int = Field(256, gt=0)  # real training samples full-integer int8 calibrates on
     # free non-batch dims fixed for devices, as `--input-shape NAME:d0,d1,...` gives them ({} = from the artifact)
     input_shapes: dict[str, list[int | str]] = {}
+    # seconds all onnx2tf attempts together may take (each at most a third of it); past it the conversion fails,
+    # naming this key. A refusal tries five settings, 3-4 min for a 90 MB transformer on 2 busy cores
+    timeout_s: float = Field(1800.0, gt=0, le=86_400)
 
 
 class BenchmarkSpec(Strict):

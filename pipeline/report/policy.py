@@ -27,15 +27,18 @@ def describe(policy: dict[str, Any]) -> str:
         return f"metric drop <= {policy.get('max_drop'):g}"
     if name == "top-1 agreement":
         return f"top-1 agreement >= {policy.get('min_agreement'):g}"
-    if name == "min cosine":
+    if name == "min cosine":  # recorded before the mean: the worst row alone
         return f"cosine similarity >= {policy.get('min_cosine'):g}"
+    if name == "cosine":
+        return f"cosine similarity: mean >= {policy.get('mean_cosine'):g}, worst row >= {policy.get('min_cosine'):g}"
     if name == "relative error":
         return f"relative error <= {policy.get('max_rel'):g}"
     if name == "box agreement":
         return (f"boxes matched (same class, IoU >= {policy.get('match_iou'):g}) >= {policy.get('min_matched'):g}, "
                 f"decoded at confidence {policy.get('confidence'):g}, NMS IoU {policy.get('iou'):g}")  # fmt: skip
     if name == "tensor agreement":
-        return (f"per output: cosine >= {policy.get('min_cosine'):g} (unit-vector rows) or relative error "
+        mean = f"mean >= {policy['mean_cosine']:g}, worst row " if "mean_cosine" in policy else ""
+        return (f"per output: cosine {mean}>= {policy.get('min_cosine'):g} (unit-vector rows) or relative error "
                 f"<= {policy.get('max_rel'):g}")  # fmt: skip
     bounds = ", ".join(f"{k} {v}" for k, v in policy.items() if k != "policy")
     return f"{name}: {bounds}" if bounds else str(name)

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipeline.core.errors import ArtifactError, InputError, first_line
+from pipeline.runtime.sample_axes import SampleAxes
 from pipeline.runtime.session import create_session
 
 ORDER_SEED = 0  # the rounds' random orders: the same on every run
@@ -42,7 +43,7 @@ class InputSpec(Protocol):
     def name(self) -> str: ...
 
     @property
-    def shape(self) -> Sequence[Any]: ...  # an int first dim fixes the batch; a str or None leaves it free
+    def shape(self) -> Sequence[Any]: ...  # an int at the batch axis fixes the batch; a str or None leaves it free
 
 
 class Session(Protocol):
@@ -290,13 +291,15 @@ def _run(name: str, session: Session, feed: dict[str, np.ndarray], batch: int) -
 
 
 def _feed(name: str, session: Session, inputs: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
-    """The model's inputs at `batch`: the first `batch` samples, repeated when there are fewer, contiguous."""
+    """The model's inputs at `batch`: the first `batch` samples, repeated when there are fewer, contiguous, each
+    with its samples on the input's batch axis (`inputs` lead with them; Silero VAD's state keeps them on axis 1)."""
+    axes = model_axes(session)
     feed: dict[str, np.ndarray] = {}
     for spec in session.get_inputs():
         if spec.name not in inputs:
             raise InputError(f"model {name!r} needs input {spec.name!r}; the samples hold {sorted(inputs)}")
         feed[spec.name] = batch_of(inputs[spec.name], batch)
-    return feed
+    return {k: np.ascontiguousarray(v) for k, v in axes.to_model(feed).items()}
 
 
 def batch_of(samples: np.ndarray, batch: int) -> np.ndarray:
@@ -305,9 +308,24 @@ def batch_of(samples: np.ndarray, batch: int) -> np.ndarray:
     return np.ascontiguousarray(samples[rows])
 
 
+def model_axes(session: Session) -> SampleAxes:
+    """Where a model keeps its samples: an onnxruntime session's `pipe.sample_axes` stamp (pipe import wrote it
+    for a batch on another axis, sample_axes.py); a model of another runtime takes them first."""
+    meta = getattr(session, "get_modelmeta", None)
+    return SampleAxes.read(meta().custom_metadata_map) if callable(meta) else SampleAxes()
+
+
 def _fixed_batch(name: str, session: Session) -> int | None:
-    """The batch size the model's inputs fix (a number as the first dimension), or None when it is free."""
-    fixed = {spec.shape[0] for spec in session.get_inputs() if spec.shape and isinstance(spec.shape[0], int)}
+    """The batch size the model's inputs fix (a number at an input's batch axis), or None when it is free.
+
+    The batch axis is the input's own (`model_axes`): Silero VAD's state [2, batch, 128] fixes nothing,
+    where reading its first dim took the model for one of fixed batch 2."""
+    axes = model_axes(session)
+    fixed = set()
+    for spec in session.get_inputs():
+        axis = axes.inputs.get(spec.name, 0)
+        if len(spec.shape) > axis and isinstance(spec.shape[axis], int):
+            fixed.add(spec.shape[axis])
     if len(fixed) > 1:
         raise ArtifactError(f"model {name!r}: its inputs fix different batch sizes {sorted(fixed)}")
     return fixed.pop() if fixed else None

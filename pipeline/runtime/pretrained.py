@@ -20,6 +20,7 @@ torch and transformers are imported by the caller's `auto` class; this module im
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 import warnings
 import zipfile
@@ -101,3 +102,16 @@ def random_note(missing: list[str], total: int) -> str:
 def _why(exc: BaseException) -> str:
     """transformers' own message, minus its pointer to a report pipe does not print."""
     return first_line(exc, 300).replace("For details look at the above report!", "").strip()
+
+
+def source_digest(source: Path) -> str:
+    """sha256 over the directory's config, weights and tokenizer files (names and bytes, in order):
+    what `pipe import DIR` records as the source's digest, and `pipe benchmark` checks before it times the
+    directory's weights as the torch row."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in source.iterdir() if p.is_file()):
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as f:
+            for block in iter(lambda f=f: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()

@@ -12,7 +12,7 @@ rather than a second copy, and import-linter allows this one import from verify 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,17 +25,18 @@ from pipeline.runtime.sample_axes import SampleAxes
 from pipeline.runtime.session import create_session
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     import onnxruntime as ort
     import torch
 
     from pipeline.artifact.tensors import TensorSpec
 
 EVAL_CHUNK = 256  # samples per call over a whole split: bounded memory, few calls
-# ... and at most this many input bytes per call: 256 pictures of 224x224 are 154 MB of inputs, and a
-# conv net's activations for them several GB; 32 MB is 53 such pictures, or all 256 of a small input
-CHUNK_BYTES = 32 << 20
+# ... and at most this many bytes of one sample's inputs and outputs per call, measured on the first sample:
+# a model's intermediate tensors grow with both. 256 pictures of 224x224 are 154 MB of inputs, and a conv
+# net's activations for them several GB; PP-OCRv4's recognizer gives 1.06 MB of softmax per 184 KB picture,
+# and 64 of them in one call took onnxruntime ~1 GB. 16 MB is 13 such pictures, or all 256 of a small input
+CHUNK_BYTES = 16 << 20
+FIRST_CALL = 8  # samples of the first call, whose outputs' size sizes the others
 
 
 class Runner(Protocol):
@@ -71,11 +72,14 @@ def ort_runner(model: str | Path | ort.InferenceSession, axes: SampleAxes | None
 
     `axes`: where the model keeps its samples; None reads them from the model itself (its
     `pipe.sample_axes` stamp and its declared batch: a fixed batch runs that many samples a call).
-    Pass a session already held to avoid loading a large model twice. A file onnxruntime cannot
+    A session made here has onnxruntime's memory arena off (`create_session(arena=False)`): the gate
+    runs a split in a few large chunks, and an arena would keep the largest chunk's intermediate
+    tensors reserved for as long as the runner lives, once per session held. Pass a session already
+    held to avoid loading a large model twice. A file onnxruntime cannot
     load raises ArtifactError.
     """
-    if isinstance(model, str | Path):
-        model = create_session(model, "cpu", intra_op_threads=1, inter_op_threads=1)
+    if isinstance(model, str | Path):  # no arena: a gate's few large runs give their memory back
+        model = create_session(model, "cpu", intra_op_threads=1, inter_op_threads=1, arena=False)
     return OrtRunner(model, axes if axes is not None else session_axes(model))
 
 
@@ -138,6 +142,7 @@ def tflite_candidate(
     runtime: str | None = None,
     normalize: Mapping[str, Mapping[str, Any]] | None = None,
     boxes: Mapping[str, Any] | None = None,
+    batch: int | None = None,
 ) -> Candidate:
     """The .tflite file at `path` as a gate candidate ("TFLite", run by "LiteRT", else tflite-runtime).
 
@@ -147,8 +152,10 @@ def tflite_candidate(
     gate compares floats. `normalize` (input -> {"mean", "std"}) is applied to inputs whose normalization was
     taken out of the edge model, and `boxes` (output -> [width, height]) multiplies normalized boxes back to
     pixels, so the gate compares with model.onnx in its own units (None: as `feeding.json` beside the
-    model says, like `names` and `layout`). A file no interpreter can load, or no
-    interpreter installed, raises ArtifactError.
+    model says, like `names` and `layout`). `batch`: the model was converted at this fixed batch on purpose
+    (onnx2tf converts a ConvTranspose only so), and is fed that many samples a call, as a device program
+    feeds it; None feeds every call whole, so a batch a converter fixed unasked is refused at batch 2. A
+    file no interpreter can load, or no interpreter installed, raises ArtifactError.
     """
     from pipeline.runtime.tflite_runner import TFLiteRunner
 
@@ -157,24 +164,73 @@ def tflite_candidate(
                               normalize=normalize, boxes=boxes)  # fmt: skip
     except (ValueError, RuntimeError, OSError, ImportError) as exc:
         raise ArtifactError(f"cannot load {path} as a TFLite model: {first_line(exc)}") from exc
-    return Candidate(runner, "TFLite", "LiteRT" if runner.runtime == "ai_edge_litert" else "tflite-runtime", None)
+    runtime = "LiteRT" if runner.runtime == "ai_edge_litert" else "tflite-runtime"
+    if batch is not None and fixed_batch(runner.inputs.values()) != batch:
+        raise ArtifactError(f"{path} was to take {batch} sample(s) a call, but its batch is "
+                            f"{fixed_batch(runner.inputs.values()) or 'free'}")  # fmt: skip
+    return Candidate(in_fixed_batches(runner, batch), "TFLite", runtime, None)
+
+
+def fixed_batch(inputs: Iterable[Mapping[str, Any]]) -> int | None:
+    """The batch a TFLite model was saved with when it is fixed (its first input's leading dim), else None."""
+    first = next(iter(inputs), None)
+    if first is None:
+        return None
+    signature = first.get("shape_signature", first["shape"])
+    return int(signature[0]) if len(signature) and int(signature[0]) > 0 else None
+
+
+def in_fixed_batches(run: Runner, batch: int | None) -> Runner:
+    """`run` fed `batch` samples a call, outputs concatenated (as is when `batch` is None): the gate's batch
+    1, 2 and 16 and the split reach a fixed-batch model as its device program would feed them."""
+    if batch is None:
+        return run
+
+    def stepped(inputs: Arrays, /) -> Arrays:
+        count = len(next(iter(inputs.values())))
+        if count == batch:
+            return run(inputs)
+        if count % batch:
+            raise InputError(f"{count} samples do not fill batches of {batch}, the batch the model was saved with")
+        parts = [run({k: v[i : i + batch] for k, v in inputs.items()}) for i in range(0, count, batch)]
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]} if parts else run(inputs)
+
+    return stepped
 
 
 def run_chunked(run: Runner, inputs: Arrays, names: Sequence[str] | None = None, chunk: int = EVAL_CHUNK) -> Arrays:
-    """`run` over every sample of `inputs`, `chunk` samples per call (fewer when they would pass
-    CHUNK_BYTES of inputs), outputs concatenated.
+    """`run` over every sample of `inputs`, `chunk` samples per call, outputs concatenated.
 
-    `names` keeps only those outputs (all when None), so a large split does not hold outputs
-    nobody reads.
+    Fewer per call when that many samples' inputs and outputs together would pass CHUNK_BYTES: the first
+    call takes at most FIRST_CALL samples and its outputs' bytes set the size of the others (a multiple
+    of the first's, so a model with a fixed batch of 4 is still fed whole batches), since a model's
+    intermediate tensors (what onnxruntime allocates during the call) grow with its outputs as much as
+    with its inputs. `names` keeps only those outputs (all when None), so a large split does not hold
+    outputs nobody reads.
     """
     if chunk < 1:
         raise InputError(f"chunk is {chunk}; give a positive number of samples per call")
     count = len(next(iter(inputs.values())))
-    per_sample = sum(v[:1].nbytes for v in inputs.values())
-    chunk = min(chunk, max(1, CHUNK_BYTES // max(per_sample, 1)))
     parts: dict[str, list[np.ndarray]] = {}
-    for start in range(0, max(count, 1), chunk):  # an empty split still runs once, for its output shapes
-        result = run({k: v[start : start + chunk] for k, v in inputs.items()})
+
+    def call(start: int, stop: int) -> Arrays:
+        result = run({k: v[start:stop] for k, v in inputs.items()})
         for name in names if names is not None else result:
             parts.setdefault(name, []).append(result[name])
+        return result
+
+    in_bytes = sum(v[:1].nbytes for v in inputs.values())
+    step = min(FIRST_CALL, chunk_size(in_bytes, chunk), max(count, 1))
+    first = call(0, step)  # an empty split still runs once, for its output shapes
+    if count > step:
+        out_bytes = sum(np.asarray(v).nbytes for v in first.values()) // step
+        size = max(step, chunk_size(in_bytes + out_bytes, chunk) // step * step)
+        for start in range(step, count, size):
+            call(start, start + size)
     return {name: np.concatenate(arrays) for name, arrays in parts.items()}
+
+
+def chunk_size(per_sample: int, chunk: int = EVAL_CHUNK) -> int:
+    """Samples per call: `chunk`, fewer when that many samples' inputs and outputs (`per_sample` bytes each)
+    would pass CHUNK_BYTES; at least one."""
+    return max(1, min(chunk, CHUNK_BYTES // max(per_sample, 1)))

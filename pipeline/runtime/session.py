@@ -47,6 +47,7 @@ def create_session(
     inter_op_threads: int = 0,
     spin: bool = True,
     profile: Path | None = None,
+    arena: bool = True,
 ) -> ort.InferenceSession:
     """An onnxruntime session for the model at `path`; raises ArtifactError when it cannot load.
 
@@ -54,8 +55,11 @@ def create_session(
     onnxruntime threads from busy-waiting (they burn CPU the caller could use when cores are few).
     `profile`: a directory for onnxruntime's profiler (every kernel's time, `end_profiling()` names
     the file) and the graph as the session optimized it (`optimized.onnx`, to read node attributes
-    the profile does not give). The providers really in use are `session.get_providers()`; see the
-    module doc.
+    the profile does not give). `arena=False` turns onnxruntime's CPU memory arena off: a run's
+    intermediate tensors go back to the system when it returns instead of staying reserved at the
+    largest run's size for the session's life (a gate's session runs a few large chunks, then is
+    dropped; a server's runs many alike, where the arena saves allocations). The providers really in
+    use are `session.get_providers()`; see the module doc.
     """
     for name, value in (("intra_op_threads", intra_op_threads), ("inter_op_threads", inter_op_threads)):
         if value < 0:
@@ -67,6 +71,7 @@ def create_session(
     if not spin:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    options.enable_cpu_mem_arena = arena
     options.log_severity_level = 3  # errors only: keep provider fallback chatter out of the logs
     if profile is not None:
         options.enable_profiling = True

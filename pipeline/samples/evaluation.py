@@ -103,6 +103,19 @@ def evaluation_set(artifact: Artifact, recipe: Recipe | None = None) -> Evaluati
     return from_golden(f"golden.npz inputs without targets ({len(golden)} samples): agreement only", None)
 
 
+def held_out_text(artifact: Artifact) -> EvaluationSet:
+    """A decoder's evaluation set: golden.npz's first step, read teacher-forced (pipeline/verify/lm_judge.py).
+
+    A trained decoder's golden.npz holds its test split's first blocks, left-padded (pipeline/train/finish_lm.py),
+    an imported one's the prompts it was gated on; both are in the version, so judging it needs no training
+    data read again (a copied artifact judges alike)."""
+    golden = load_golden(artifact)
+    rows, tokens = golden.inputs["input_ids"].shape
+    what = "test split's first blocks" if artifact.manifest.stages.train is not None else "import's prompts"
+    source = f"golden.npz: the {what} ({rows} x {tokens} tokens)"
+    return EvaluationSet(golden.inputs, golden.outputs, golden.inputs, None, source)
+
+
 def judged_on_generated(manifest: Manifest) -> bool:
     """Whether the model is judged on generated inputs only: imported without --eval-data (import record)."""
     imported = manifest.stages.import_

@@ -26,7 +26,7 @@ from pipeline.artifact.records import settings_digest
 from pipeline.artifact.variants import FP32, MODEL_FILE
 from pipeline.core.errors import ArtifactError, InputError
 from pipeline.recipe.current import current_recipe, section_settings
-from pipeline.samples.evaluation import EvaluationSet, evaluation_set
+from pipeline.samples.evaluation import EvaluationSet, evaluation_set, held_out_text
 from pipeline.stagekit.contract import lm_refusal
 
 if TYPE_CHECKING:
@@ -114,7 +114,9 @@ def open_for_model(
         )
     recipe, notes = current_recipe(artifact, recipe_path) if manifest.stages.train else (None, [])
     settings = section_settings(recipe, stage, dict(overrides or {}))
-    return Opened(artifact, recipe, settings, evaluation_set(artifact, recipe), rewritten, notes)
+    generating = manifest.task == "text-generation"  # a decoder is judged on its held-out text, in golden.npz
+    evaluation = held_out_text(artifact) if generating else evaluation_set(artifact, recipe)
+    return Opened(artifact, recipe, settings, evaluation, rewritten, notes)
 
 
 def made_from_model_fresh(ctx: Context, stage: str, what: str) -> str | None:

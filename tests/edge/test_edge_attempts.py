@@ -79,3 +79,38 @@ def test_the_record_says_why_the_search_stopped() -> None:
     tried = [ConvertAttempt(name="onnxslim", used=True, reason=why, seconds=2.0)]
     assert f"1. onnxslim (2.0 s): used; {why}" in attempts_text(tried)
     assert f"| used; {why} |" in attempts_markdown(tried, [])
+
+
+def test_a_conversion_out_of_time_names_the_setting_that_gives_more(tmp_path: Path) -> None:
+    """A real onnx2tf child stopped by edge.timeout_s: every attempt says it ran out of time (or was skipped for
+    it) and how to give more, so a run that ends on time is not read as a model onnx2tf refused."""
+    from pipeline.edge.attempts import ATTEMPTS, NotConverted, convert_in_turn
+    from pipeline.edge.convert import EdgeSettings
+
+    settings = EdgeSettings(("fp32",), timeout_s=1.5)  # a third of it per attempt: tensorflow alone takes longer
+
+    def never(_made: list[Converted]) -> Judged:
+        raise AssertionError("nothing converts in 0.5 s")
+
+    with pytest.raises(NotConverted) as refused:
+        convert_in_turn(linear(tmp_path, W), tmp_path / "work", settings, None, never, ATTEMPTS[:4])
+    reasons = [a.reason for a in refused.value.attempts]
+    assert reasons[0].startswith("onnx2tf did not finish within 0.5 s (a third of edge.timeout_s, 1.5 s): raise ")
+    assert all("--convert-timeout SECONDS" in r for r in reasons if not r.startswith("skipped: no earlier"))
+    assert reasons[-1].startswith(("skipped: edge.timeout_s (1.5 s) was spent", "onnx2tf did not finish"))
+    assert "log:" not in str(refused.value)  # the scratch log is gone when the message is read
+
+
+def test_the_convert_timeout_is_an_edge_option_and_a_recipe_key(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    from pipeline.recipe.schema import EdgeSpec
+
+    result = CliRunner().invoke(main, ["export", str(tmp_path), "--target", "server", "--convert-timeout", "60"])
+    assert result.exit_code == 2 and "--convert-timeout is an edge option" in result.output
+    result = CliRunner().invoke(main, ["export", str(tmp_path), "--target", "edge", "--convert-timeout", "0"])
+    assert result.exit_code == 2 and "--convert-timeout" in result.output
+    assert EdgeSpec().timeout_s == 1800 and EdgeSpec(timeout_s=60).timeout_s == 60
+    with pytest.raises(ValueError, match="timeout_s"):
+        EdgeSpec(timeout_s=-1)

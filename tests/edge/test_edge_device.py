@@ -17,7 +17,8 @@ from pipeline.edge.convert import Converted
 from pipeline.edge.device import device_check, device_runtime, device_tolerance
 from pipeline.edge.feeding import feeding_entry, write_feeding
 from pipeline.edge.fp16range import fp16_range_rows
-from pipeline.verify.policies import Exact, MetricDrop
+from pipeline.verify.budgets import MetricDrop
+from pipeline.verify.policies import Exact
 
 # tflite-runtime 2.14 on a model converted with free spatial dims: heap corruption, SIGABRT, no result line
 ABORTS = """#!/bin/sh

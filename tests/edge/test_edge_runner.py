@@ -25,8 +25,9 @@ from pipeline.core.errors import ArtifactError
 from pipeline.runtime.runners import tflite_candidate
 from pipeline.runtime.tflite_runner import TFLiteRunner, dequantize, quantize
 from pipeline.samples.evaluation import EvaluationSet
+from pipeline.verify.budgets import Top1Agreement
 from pipeline.verify.gate import verify
-from pipeline.verify.policies import Exact, Policy, Top1Agreement
+from pipeline.verify.policies import Exact, Policy
 from pipeline.verify.report import GateReport
 
 ROOT = Path(__file__).resolve().parents[2]

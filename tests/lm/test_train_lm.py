@@ -4,6 +4,7 @@ then `pipe export` of each through the KV-cache gate; and the recipe's refusals.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,45 @@ def test_data_format_belongs_to_text_generation() -> None:
     body = "name: t\nmodel: {arch: hf, path: m}\ndata: {source: text, path: t.csv, format: alpaca}\n"
     with pytest.raises((RecipeError, ValueError), match="data.format reads language-model data"):
         parse_recipe(yaml.safe_load(body))
+
+
+@pytest.mark.slow  # a short full fine-tune and an export: about 25 s of CPU
+def test_full_sft_on_sharegpt_conversations_trains_and_exports(tmp_path: Path) -> None:
+    """`data.format: sharegpt` end to end: multi-turn conversations (a system turn, two human/gpt exchanges)
+    rendered with the chat template, only the gpt turns scored, every weight fine-tuned, then the KV-cache
+    export gated on greedy generation."""
+    save_llama(tmp_path / "llama")
+    rows = [
+        {
+            "conversations": [
+                {"from": "system", "value": "Answer with a number."},
+                {"from": "human", "value": f"What is {a} plus {b}?"},
+                {"from": "gpt", "value": str(a + b)},
+                {"from": "human", "value": f"And {a} times {b}?"},
+                {"from": "gpt", "value": str(a * b)},
+            ]
+        }
+        for a in range(6)
+        for b in range(5)
+    ]
+    (tmp_path / "chats.json").write_text(json.dumps(rows))
+    recipe = write_recipe(tmp_path / "chat.yaml", "name: chats\ntask: text-generation\nmodel: {arch: hf, path: llama}\n"
+                          "data: {source: text, path: chats.json, format: sharegpt, max_length: 96}\n")  # fmt: skip
+    result = pipe("train", str(recipe), "--out", str(tmp_path / "artifacts"))
+    assert result.exit_code == 0, result.output
+    scored = re.search(r"sharegpt rows: the loss on (\d+) of (\d+) tokens", result.output)
+    assert scored is not None, result.output
+    assert int(scored[1]) < 0.15 * int(scored[2])  # the gpt turns (a number and its EOS each), nothing else
+    root = tmp_path / "artifacts" / "chats" / "1"
+    history = json.loads((root / "reports" / "train.json").read_text())["history"]
+    assert history[-1]["perplexity"] < history[0]["perplexity"]  # the answers are learned
+    m = Artifact.load(root).manifest
+    assert m.stages.train.settings["data"]["format"] == "sharegpt" and "lora" not in m.stages.train.settings
+    result = pipe("export", str(root))
+    assert result.exit_code == 0, result.output
+    m = Artifact.load(root).manifest
+    assert m.variants["fp32"].passed and all(r["passed"] for r in m.stages.export.parity["rows"])
+    result = pipe("benchmark", str(root), "--seconds", "0.2")  # the torch row: the trained checkpoint
+    assert result.exit_code == 0, result.output
+    rows = {r["name"]: r for r in json.loads((root / "reports" / "benchmark.json").read_text())["rows"]}
+    assert list(rows) == ["torch", "fp32"] and all(r["timed"] and r["decode_tokens_per_s"] > 0 for r in rows.values())

@@ -121,12 +121,38 @@ ln (float[N, 8] x) => (float[N, 8] y)
 """
 
 
-def test_a_fusion_the_models_opset_lacks_is_refused_at_optimize_with_the_level_that_works(tmp_path: Path) -> None:
+def test_a_fusion_the_models_opset_lacks_is_retried_at_basic_and_the_level_recorded(tmp_path: Path) -> None:
     """PP-OCRv4's recognizer (opset 12) at extended: onnxruntime fuses its layer norms into LayerNormalization,
-    an opset-17 op the checker refuses; the gate failed it after the fact, saying nothing of the level."""
+    an opset-17 op the checker refuses. `opt` was then not made at all; now basic, the next lower level, makes
+    it, and the report says extended was asked, why it was refused and that basic made it."""
     src = tmp_path / "ln.onnx"
     onnx.save(onnx.parser.parse_model(LAYER_NORM_OPSET_12), str(src))
-    with pytest.raises(ArtifactError, match=r"checker refuses its result: No Op registered for LayerNorm") as no:
-        optimize_graph(src, tmp_path / "extended.onnx", "extended")
-    assert "use level basic (--graph basic)" in str(no.value) and not (tmp_path / "extended.onnx").exists()
-    assert "LayerNormalization" not in optimize_graph(src, tmp_path / "basic.onnx", "basic").ops_after  # valid
+    report = optimize_graph(src, tmp_path / "opt.onnx", "extended")
+    assert (report.asked, report.level) == ("extended", "basic")
+    assert "LayerNormalization" not in report.ops_after and (tmp_path / "opt.onnx").exists()
+    ort_step = report.steps[0]
+    assert ort_step.setting == "level=basic" and "level extended refused: onnx's checker" in ort_step.note
+    assert any("No Op registered for LayerNorm" in w and "made at basic" in w for w in report.warnings)
+    onnx.checker.check_model(str(tmp_path / "opt.onnx"))
+
+
+def test_a_model_shipped_quantized_gets_no_int8_kind_and_a_note_that_says_why(tmp_path: Path) -> None:
+    """ddddocr's recognizer ships dynamically quantized (ConvInteger, MatMulInteger, DynamicQuantizeLSTM): static
+    int8 of it stopped in onnxruntime (`KeyError: '140_scale'`). Its int8 kinds are skipped with a note."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    from pipeline.optimize.fp16 import FP16
+    from pipeline.optimize.int8_auto import AutoInt8
+    from pipeline.optimize.int8_dynamic import INT8_DYNAMIC
+    from pipeline.optimize.int8_static import INT8_STATIC
+
+    fp32 = mlp(tmp_path / "mlp.onnx")
+    shipped = tmp_path / "shipped.onnx"
+    quantize_dynamic(str(fp32), str(shipped))
+    settings = QuantSettings("static")
+    assert INT8_STATIC.skip(fp32, settings) == "" and INT8_DYNAMIC.skip(fp32, settings) == ""
+    why = INT8_STATIC.skip(shipped, settings)
+    assert why.startswith("int8-static not made: the model is quantized already (") and "MatMulInteger" in why
+    assert INT8_DYNAMIC.skip(shipped, settings).startswith("int8-dynamic not made: the model is quantized already")
+    assert AutoInt8().skip(shipped, None).startswith("int8 not made: the model is quantized already")  # type: ignore[arg-type]
+    assert FP16.skip(shipped, QuantSettings("fp16")) == ""  # fp16 of the float parts is still asked for

@@ -209,3 +209,27 @@ def test_no_model_mostly_runs_behind_the_same_neighbour() -> None:
     for name in names:
         before = Counter(r[r.index(name) - 1] for r in rounds if r.index(name) > 0)
         assert max(before.values()) / sum(before.values()) < 0.6, (name, before)
+
+
+def test_a_state_whose_batch_is_axis_1_is_timed_at_every_batch(tmp_path: Path) -> None:
+    """Silero VAD's state is [2, batch, 128] (`--batch-axis state:1`, stamped as pipe.sample_axes): its first dim
+    is no fixed batch. Read as one, the model was timed at batch 2 only, fed the state's samples on the wrong axis."""
+    from pipeline.runtime.sample_axes import METADATA_KEY, SampleAxes
+
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[N, 6] x, float[2, N, 4] state) => (float[N, 6] y, float[2, N, 4] out) {
+      y = Identity(x)
+      out = Identity(state)
+    }""")
+    stamp = SampleAxes({"state": 1}, {"out": 1})
+    model.metadata_props.add(key=METADATA_KEY, value=stamp.metadata())
+    path = tmp_path / "vad.onnx"
+    onnx.save(model, path)
+    rng = np.random.default_rng(0)
+    inputs = {"x": rng.standard_normal((5, 6)).astype(np.float32),
+              "state": rng.standard_normal((5, 2, 4)).astype(np.float32)}  # fmt: skip
+    latency = measure({"vad": path}, inputs, batches=(1, 3), **QUICK)["vad"]
+    assert latency.fixed_batch is None and set(latency.batches) == {1, 3}, latency
+    feed = measure_module._feed("vad", ort.InferenceSession(str(path)), inputs, 3)
+    assert feed["state"].shape == (2, 3, 4) and np.array_equal(feed["state"][:, 1], inputs["state"][1])

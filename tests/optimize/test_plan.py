@@ -27,7 +27,7 @@ from pipeline.optimize.quantizers import quantize
 from pipeline.optimize.search import SearchResult, auto_search
 from pipeline.runtime.runners import ort_runner
 from pipeline.samples.evaluation import EvaluationSet
-from pipeline.verify.policies import MetricDrop
+from pipeline.verify.budgets import MetricDrop
 from tests.optimize.transform_models import mlp, mobile_classifier, transformer
 
 QUICK = 0.05  # seconds of timing per model, batch and group: the tests read ratios far from 1, never milliseconds

@@ -31,7 +31,8 @@ from pipeline.optimize.speed import choose
 from pipeline.optimize.trial import Trial
 from pipeline.runtime.runners import ort_runner
 from pipeline.samples.evaluation import EvaluationSet
-from pipeline.verify.policies import MetricDrop, MinCosine, Policy
+from pipeline.verify.budgets import CosineAgreement, MetricDrop
+from pipeline.verify.policies import Policy
 from pipeline.verify.report import GateReport
 
 FEATURES, HIDDEN, CLASSES = 16, 32, 4
@@ -215,7 +216,7 @@ def test_no_candidate_at_all_is_refused(tmp_path: Path) -> None:
 def test_a_model_with_every_node_left_in_fp32_is_not_an_int8_model_that_met_the_budget(tmp_path: Path) -> None:
     """A budget only fp32 itself meets: excluding every quantized node would "pass" with an fp32 copy."""
     model = mlp(tmp_path / "benign.onnx", 0.0)
-    result = search(tmp_path, model, [QuantSettings("dynamic")], MinCosine(1 - 1e-9))
+    result = search(tmp_path, model, [QuantSettings("dynamic")], CosineAgreement(1 - 1e-9, 1 - 1e-9))
 
     assert not result.passed and not result.chosen.verdict.passed
     assert all(not t.verdict.passed for t in result.tried)

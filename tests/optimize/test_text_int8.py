@@ -81,12 +81,12 @@ def test_auto_keeps_per_channel_int8_within_min_cosine_where_per_tensor_misses(t
     assert imported.exit_code == 0, imported.output
     root = tmp_path / "repo" / "enc" / "1"
     args = ["optimize", str(root), "--quantize", "dynamic", "--quantize", "auto", "--min-cosine", "0.99",
-            "--graph", "none"]  # fmt: skip
+            "--per-tensor", "--graph", "none"]  # fmt: skip  (int8-dynamic per tensor; the search tries per channel)
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     variants = Artifact.load(root).manifest.variants
     per_tensor, kept = variants["int8-dynamic"], variants["int8"]
-    assert not per_tensor.passed and "cosine" in per_tensor.reason  # the default: one scale per weight tensor
+    assert not per_tensor.passed and "cosine" in per_tensor.reason  # --per-tensor: one scale per weight tensor
     assert kept.passed, kept.reason
     assert kept.settings["mode"] == "dynamic" and kept.settings["per_channel"] is True
     assert not kept.settings.get("nodes_to_exclude")  # the whole graph int8: per-channel scales alone did it

@@ -10,9 +10,9 @@ from pipeline.artifact.manifest import Ctc, Manifest
 from pipeline.artifact.tensors import TensorSpec
 from pipeline.core.errors import ArtifactError
 from pipeline.runtime.ctc import PAD, characters, edit_distance, encode, greedy, sequences, text_figures
+from pipeline.verify.budgets import MetricDrop, TextAgreement
 from pipeline.verify.choose import GateSettings, hop_policy
 from pipeline.verify.metrics import task_metric, text_metrics
-from pipeline.verify.policies import MetricDrop, TextAgreement
 
 
 def one_hot(rows: list[list[int]], classes: int = 6, p: float = 0.9) -> np.ndarray:
@@ -82,6 +82,20 @@ def test_text_agreement_judges_a_share_and_allows_a_small_batch_one_changed_text
     assert not judged.passed and "texts equal 37 of 40" in judged.detail
     assert not TextAgreement(min_agreement=1.0).compare(got[:1], want[:1]).passed  # a budget of 1 allows none
     assert policy.statistic(got, want)[0] == pytest.approx(37 / 40)
+
+
+@pytest.mark.parametrize(("texts", "changed"), [(16, 0), (16, 1), (16, 2), (40, 2), (40, 3), (64, 3), (64, 4)])
+def test_the_gates_verdict_and_optimizes_ranking_are_one_rule(texts: int, changed: int) -> None:
+    """Edge judged PP-OCRv4's 15 of 16 by `compare` (passed: one changed text allowed under 20 texts) while optimize
+    ranked by `statistic` (0.9375 < 0.95: failed). Both now read `allowed`: 1 of 16, 2 of 40, 3 of 64."""
+    policy = TextAgreement(min_agreement=0.95)
+    want = one_hot([[1, 2]] * texts).astype(np.float64)
+    got = want.copy()
+    got[:changed] = one_hot([[2, 1]] * changed) if changed else got[:0]
+    agreement, margin, detail = policy.statistic(got, want)
+    assert policy.compare(got, want).passed == (margin >= 0) == (changed <= policy.allowed(texts))
+    assert agreement == pytest.approx(1 - changed / texts)
+    assert f"at most {policy.allowed(texts)} of {texts} read otherwise" in detail
 
 
 def test_a_recognizer_lossy_hop_is_held_to_text_agreement_or_to_a_metric_drop_when_given_one() -> None:

@@ -18,8 +18,8 @@ from pipeline.artifact.tensors import TensorSpec
 from pipeline.runtime.detection import Boxes, decode, iou_matrix, match
 from pipeline.runtime.runners import ort_runner
 from pipeline.samples.evaluation import EvaluationSet
+from pipeline.verify.budgets import BoxAgreement
 from pipeline.verify.gate import verify
-from pipeline.verify.policies import BoxAgreement
 from tests.export.real_models import plain_decode, yolo_detector
 
 SPEC = ModelSpec(

@@ -19,8 +19,9 @@ from pipeline.cli import main
 from pipeline.optimize.judge import failure_detail
 from pipeline.recipe.budgets import BudgetSpec, MetricBudget
 from pipeline.recipe.schema import EdgeSpec
+from pipeline.verify.budgets import MetricDrop, RelativeError
 from pipeline.verify.choose import GateSettings, hop_policy
-from pipeline.verify.policies import Exact, MetricDrop, RelativeError
+from pipeline.verify.policies import Exact
 from pipeline.verify.report import GateReport, Row
 
 

@@ -16,8 +16,9 @@ from pipeline.core.arrays import Arrays
 from pipeline.core.errors import CheckFailed
 from pipeline.runtime.runners import Candidate, ort_runner
 from pipeline.samples.evaluation import EvaluationSet
+from pipeline.verify.budgets import CosineAgreement, MetricDrop, RelativeError, Top1Agreement
 from pipeline.verify.gate import verify
-from pipeline.verify.policies import Exact, MetricDrop, MinCosine, Policy, RelativeError, Top1Agreement
+from pipeline.verify.policies import Exact, Policy
 from tests.verify.verify_models import X, bumped_linear, graph, inputs, int8_linear, linear, spec, weights
 
 W3 = weights(3)  # a 3-class classifier
@@ -108,15 +109,15 @@ def test_a_budget_is_judged_over_the_whole_split_where_the_golden_samples_miss_a
     assert all(r.passed for r in report.rows if r.check.startswith("batch"))
 
 
-def test_min_cosine_passes_int8_embeddings_and_fails_a_flipped_one(tmp_path: Path) -> None:
+def test_cosine_passes_int8_embeddings_and_fails_a_flipped_one(tmp_path: Path) -> None:
     w8 = weights(8)
     reference = linear(tmp_path, w8)
-    good = check(int8_linear(tmp_path, w8), reference, MinCosine(0.999), width=8, evaluation=(SPLIT, None))
+    good = check(int8_linear(tmp_path, w8), reference, CosineAgreement(0.999, 0.999), width=8, evaluation=(SPLIT, None))
     assert good.passed, good.table()
     assert not check(int8_linear(tmp_path, w8), reference, Exact(), width=8).passed
 
-    flipped = check(linear(tmp_path, -w8, "flipped"), reference, MinCosine(0.999), width=8)
-    assert len(flipped.failures) == 3 and "cosine min -1.000000" in flipped.failures[0].detail
+    flipped = check(linear(tmp_path, -w8, "flipped"), reference, CosineAgreement(0.999, 0.999), width=8)
+    assert len(flipped.failures) == 3 and "cosine mean -1.000000" in flipped.failures[0].detail
 
 
 def test_relative_error_bounds_a_regression_as_a_whole(tmp_path: Path) -> None:
@@ -147,7 +148,7 @@ LOOSEST: list[Policy] = [
     Exact(atol=float("inf"), metric=1.0),
     MetricDrop(max_drop=1.0),
     Top1Agreement(0.0),
-    MinCosine(-1.0),
+    CosineAgreement(-1.0, -1.0),
     RelativeError(float("inf")),
 ]
 

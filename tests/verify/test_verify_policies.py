@@ -6,15 +6,16 @@ import numpy as np
 import pytest
 
 from pipeline.core.errors import InputError
-from pipeline.verify.policies import (
-    Exact,
+from pipeline.verify.budgets import (
+    CosineAgreement,
     MetricDrop,
-    MinCosine,
     RelativeError,
     TensorAgreement,
     Top1Agreement,
+    neighbours_kept,
     row_cosines,
 )
+from pipeline.verify.policies import Exact
 
 LOGITS = np.random.default_rng(0).standard_normal((100, 5))
 
@@ -72,16 +73,33 @@ def test_top1_agreement_counts_changed_predictions() -> None:
     assert Top1Agreement(1.0).compare(labels, labels).passed
 
 
-def test_min_cosine_judges_the_worst_row_or_a_percentile() -> None:
+def test_cosine_judges_the_rows_mean_and_the_worst_row() -> None:
     noisy = LOGITS.copy()
-    noisy[0] = -noisy[0]  # one row points the other way
+    noisy[0] = -noisy[0]  # one row points the other way: the mean of 100 rows is still 0.98
     assert row_cosines(noisy, LOGITS)[0] == pytest.approx(-1.0)
-    assert not MinCosine(0.99).compare(noisy, LOGITS).passed
-    assert MinCosine(0.99, percentile=5).compare(noisy, LOGITS).passed  # the worst 5% are not judged
+    judged = CosineAgreement(min_cosine=0.9, mean_cosine=0.95).compare(noisy, LOGITS)
+    assert not judged.passed and "cosine mean 0.980000 (budget >= 0.95), worst row -1.000000" in judged.detail
+    assert CosineAgreement(min_cosine=-1.0, mean_cosine=0.95).compare(noisy, LOGITS).passed
+    assert not CosineAgreement(min_cosine=-1.0, mean_cosine=0.99).compare(noisy, LOGITS).passed  # the mean decides
+    mean, margin, _ = CosineAgreement(min_cosine=-0.5, mean_cosine=0.95).statistic(noisy, LOGITS)
+    assert mean == pytest.approx(0.98) and margin == pytest.approx(-0.5)  # the nearer bound: the worst row's
     zeros = np.zeros((2, 3))
     assert row_cosines(zeros, zeros).tolist() == [1.0, 1.0]
     one_zero = np.array([[1.0, 0, 0], [0, 0, 0]])
     assert row_cosines(one_zero, zeros).tolist() == [0.0, 1.0]
+
+
+def test_neighbours_kept_is_shown_beside_the_cosine_and_does_not_decide() -> None:
+    """Each row's nearest other row: a search over the rows. Two rows swapped with their neighbours' places read
+    as 2 of 4 kept; fewer than 3 rows have no neighbour to lose."""
+    rows = np.array([[1.0, 0.0, 0.0], [0.9, 0.1, 0.0], [0.0, 1.0, 0.0], [0.0, 0.9, 0.1]])
+    assert neighbours_kept(rows, rows) == 1.0
+    moved = rows.copy()
+    moved[1] = [0.1, 0.9, 0.0]  # row 1 now nearest row 2
+    assert neighbours_kept(moved, rows) == pytest.approx(0.5)
+    assert np.isnan(neighbours_kept(rows[:2], rows[:2]))
+    judged = CosineAgreement().compare(rows * 1.01, rows)
+    assert judged.passed and judged.detail.endswith("nearest other row kept by 4 of 4 rows")
 
 
 def test_relative_error_is_relative_to_the_whole_output() -> None:
@@ -98,11 +116,11 @@ def test_tensor_agreement_judges_unit_rows_by_cosine_and_the_rest_by_relative_er
     rows = rng.standard_normal((8, 16))
     unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
     policy = TensorAgreement()
-    assert isinstance(policy.chosen(unit), MinCosine) and isinstance(policy.chosen(rows), RelativeError)
+    assert isinstance(policy.chosen(unit), CosineAgreement) and isinstance(policy.chosen(rows), RelativeError)
     assert isinstance(policy.chosen(unit[:, :1] / np.abs(unit[:, :1])), RelativeError)  # one value a row: no direction
     # A unit-vector output is judged by its direction: a small rotation fails, a tiny rescale passes.
     judged = policy.compare(unit * 1.0005, unit)
-    assert judged.passed and judged.detail.startswith("cosine min")
+    assert judged.passed and judged.detail.startswith("cosine mean")
     rotated = unit + 0.3 * rng.standard_normal(unit.shape)
     assert not policy.compare(rotated / np.linalg.norm(rotated, axis=1, keepdims=True), unit).passed
     # Any other output keeps its scale: 3x is 200% off.
@@ -120,7 +138,7 @@ def test_tensor_agreement_judges_unit_rows_by_cosine_and_the_rest_by_relative_er
         (lambda: Exact(atol=-1.0), r"Exact.atol is -1.0; give a number >= 0"),
         (lambda: MetricDrop(float("nan")), r"MetricDrop.max_drop is nan"),
         (lambda: Top1Agreement(1.5), r"Top1Agreement.min_agreement is 1.5; give a number from 0 to 1"),
-        (lambda: MinCosine(0.9, percentile=101), r"MinCosine.percentile is 101"),
+        (lambda: CosineAgreement(0.9, mean_cosine=1.5), r"CosineAgreement.mean_cosine is 1.5"),
     ],
 )
 def test_a_bound_outside_its_range_is_refused_by_name(make, message: str) -> None:
@@ -131,10 +149,10 @@ def test_a_bound_outside_its_range_is_refused_by_name(make, message: str) -> Non
 def test_a_policy_records_its_name_and_bounds() -> None:
     assert Exact().to_dict() == {"policy": "exact", "atol": 1e-4, "rtol": 1e-3, "metric": 1e-3, "max_share": 1e-4,
                                  "hard": 10.0}  # fmt: skip
-    assert MinCosine(0.95, 1.0).to_dict() == {"policy": "min cosine", "min_cosine": 0.95, "percentile": 1.0}
+    assert CosineAgreement(0.95, 0.99).to_dict() == {"policy": "cosine", "min_cosine": 0.95, "mean_cosine": 0.99}
 
 
-@pytest.mark.parametrize("policy", [Top1Agreement(), MinCosine(), RelativeError()], ids=lambda p: p.name)
+@pytest.mark.parametrize("policy", [Top1Agreement(), CosineAgreement(), RelativeError()], ids=lambda p: p.name)
 @pytest.mark.parametrize("shape", [(0, 5), (5, 0)], ids=["no-rows", "no-columns"])
 def test_a_budget_over_no_values_fails_as_unmeasured(policy, shape: tuple[int, int]) -> None:
     empty = np.zeros(shape)
@@ -144,7 +162,20 @@ def test_a_budget_over_no_values_fails_as_unmeasured(policy, shape: tuple[int, i
 
 def test_a_drop_of_exactly_the_budget_meets_it() -> None:
     """4 of 400 samples is exactly 1 point, though 1.0 - 0.99 is 0.010000000000000009 in floats."""
-    from pipeline.verify.policies import MetricDrop
+    from pipeline.verify.budgets import MetricDrop
 
     assert MetricDrop(0.01).judge_metric("accuracy", 1.0, 0.99).passed
     assert not MetricDrop(0.01).judge_metric("accuracy", 1.0, 0.9875).passed
+
+
+def test_a_probability_maps_mask_iou_is_shown_beside_its_relative_error() -> None:
+    """PP-OCRv4's text detector (task tensor) outputs a [N, 1, H, W] probability map: the masks thresholded at
+    0.5 are what its user reads. Shown, not judged: the relative error decides."""
+    want = np.zeros((1, 1, 4, 4))
+    want[0, 0, :2] = 0.9  # 8 pixels of text
+    got = want.copy()
+    got[0, 0, 0, :2] = 0.1  # 2 of them lost
+    judged = TensorAgreement().compare(got, want)
+    assert not judged.passed and judged.detail.endswith("thresholded at 0.5, the masks' IoU 0.7500")
+    assert TensorAgreement().statistic(got, want)[2].endswith("the masks' IoU 0.7500")
+    assert "IoU" not in TensorAgreement().compare(want * 3, want * 2).detail  # not a probability map

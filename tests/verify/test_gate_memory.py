@@ -17,7 +17,8 @@ import onnx
 import onnx.parser
 
 from pipeline.runtime.runners import CHUNK_BYTES, FIRST_CALL, chunk_size, ort_runner, run_chunked
-from pipeline.verify.policies import Exact, TensorAgreement
+from pipeline.verify.budgets import TensorAgreement
+from pipeline.verify.policies import Exact
 
 
 def traced_peak(call: object) -> int:

@@ -314,6 +314,7 @@ def variants(manifest: dict[str, Any], hop: str) -> dict[str, Any]:
                                   if k in parity}}  # fmt: skip
         if kept := (variant.get("settings") or {}).get("kept"):  # int8-dynamic: per tensor where per channel missed
             found[name]["kept"] = kept
+            found[name]["note"] = (variant.get("note") or "")[:300]  # the other candidate's verdict
     return found
 
 

@@ -317,6 +317,9 @@ def variants(manifest: dict[str, Any], hop: str) -> dict[str, Any]:
                        "metrics": variant.get("metrics", {}), "size": variant.get("size"),
                        "parity": {k: parity[k] for k in ("passed", "failed", "max_abs", "max_rel", "budget_figure")
                                   if k in parity}}  # fmt: skip
+        if kept := (variant.get("settings") or {}).get("kept"):  # int8-dynamic: per tensor where per channel missed
+            found[name]["kept"] = kept
+            found[name]["note"] = (variant.get("note") or "")[:300]  # the other candidate's verdict
     return found
 
 
@@ -336,7 +339,8 @@ def table(rows: list[dict[str, Any]], hops: list[str]) -> str:
                 if not figure and variant["parity"].get("max_abs") is not None:
                     figure = f"max abs {variant['parity']['max_abs']:.2g}"
                 why = f": {variant['why'][:90]}" if variant["status"] != "passed" else ""
-                cell += f"<br>{name} {variant['status']}{f' ({figure})' if figure else ''}{why}"
+                kept = f" [{variant['kept']} kept]" if variant.get("kept") else ""
+                cell += f"<br>{name} {variant['status']}{kept}{f' ({figure})' if figure else ''}{why}"
             if result["status"] != "ok":
                 cell += f"<br>`{result['said'][:160]}`"
             cells.append(cell.replace("|", "\\|"))

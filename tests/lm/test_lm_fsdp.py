@@ -66,7 +66,7 @@ def pipe_train(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
     )
 
 
-@pytest.mark.slow  # two torchrun launches of 2 processes each and an export: about 60 s of wall time on 2 cores
+@pytest.mark.slow  # two torchrun launches of 2 processes each and an export: about 63 s of CPU
 def test_fsdp_lora_is_killed_resumes_and_exports_through_the_gate(tmp_path: Path) -> None:
     save_llama(tmp_path / "llama")
     rows = [

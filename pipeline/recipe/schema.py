@@ -299,8 +299,6 @@ class Recipe(Strict):
             raise ValueError("data.label_column: a text-generation model learns the text itself; remove it")
         if not generating and self.data.format is not None:
             raise ValueError(f"data.format reads language-model data (task: text-generation); task is {self.task!r}")
-        if hf and self.train.strategy == "fsdp":
-            raise ValueError("train.strategy fsdp is not available for model.arch hf; use ddp with --nproc")
         if hf and self.train.backend != "torch":
             raise ValueError("model.arch hf trains with train.backend torch (PEFT is torch); remove train.backend")
 

@@ -86,27 +86,66 @@ def broadcast(world: World, value: Any) -> Any:
     return box[0]
 
 
-def wrap(model: nn.Module, world: World, strategy: str, device: torch.device) -> nn.Module:
+def wrap(
+    model: nn.Module, world: World, strategy: str, device: torch.device, say: Callable[[str], None] | None = None
+) -> nn.Module:
     """DDP replicates the model and all-reduces gradients; FSDP shards parameters and optimizer state.
 
-    FSDP2 (`fully_shard`) shards each transformer block separately, then the rest of the model, so
-    only one block's full parameters exist at a time (ZeRO-3).
+    FSDP2 (`fully_shard`) shards each transformer block separately (`shard_units`), then the rest of
+    the model, so only one block's full parameters exist at a time (ZeRO-3). `say` gets one line
+    saying how the model was sharded.
     """
     if not world.distributed:
         return model
     if strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        from pipeline.train.zoo import Block
-
-        for module in model.modules():
-            if isinstance(module, Block):
-                fully_shard(module)
+        units, names = shard_units(model)
+        for module in units:
+            fully_shard(module)
         fully_shard(model)
+        if say is not None:
+            say(
+                f"fsdp: {len(units)} {'/'.join(names)} block(s) sharded one by one, then the rest at the root"
+                if units
+                else "fsdp: the model names no transformer block class (_no_split_modules): sharded at the root "
+                "as one unit, so every rank gathers all its parameters at once"
+            )
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def shard_units(model: nn.Module) -> tuple[list[nn.Module], list[str]]:
+    """The modules FSDP shards one by one, outermost first, and their class names.
+
+    The zoo's `Block`s; in a transformers model (under PEFT too) the classes it names in
+    `_no_split_modules` (LlamaDecoderLayer, GPT2Block, BertLayer...). A module holding a parameter
+    that is also used outside it (an embedding tied to the LM head) stays with the root: FSDP2 puts
+    each parameter in exactly one unit.
+    """
+    from pipeline.train.zoo import Block
+
+    wanted: set[str] = set()
+    for module in model.modules():
+        wanted.update(getattr(module, "_no_split_modules", None) or ())
+    owners: dict[int, set[str]] = {}  # parameter id -> every name it goes by (a tied weight has two)
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), set()).add(name)
+    units: list[nn.Module] = []
+    taken: list[str] = []  # the prefixes of the units chosen ("net.model.layers.0.")
+    for prefix, module in model.named_modules():  # outer modules come before the modules inside them
+        if not (isinstance(module, Block) or type(module).__name__ in wanted):
+            continue
+        inner = f"{prefix}."
+        if any(inner.startswith(outer) for outer in taken):
+            continue  # inside a unit already
+        if any(not n.startswith(inner) for p in module.parameters() for n in owners[id(p)]):
+            continue  # tied to a weight outside this module: the root holds it
+        units.append(module)
+        taken.append(inner)
+    return units, sorted({type(m).__name__ for m in units})
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -54,9 +54,11 @@ class TextClassifier(nn.Module):
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
         if self._state_keys is None:
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
-        given = set(state_dict)
-        if strict and given != self._state_keys:
-            missing, unexpected = sorted(self._state_keys - given), sorted(given - self._state_keys)
+        # The module's frozen base keys may come too (FSDP's set_model_state_dict adds every rank's own
+        # values of them); the trainable keys must all be there, and nothing the module lacks.
+        given, known = set(state_dict), set(super().state_dict())
+        if strict and (not self._state_keys <= given or not given <= known):
+            missing, unexpected = sorted(self._state_keys - given), sorted(given - known)
             raise RuntimeError(
                 f"the adapter state does not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}"
             )

@@ -92,7 +92,7 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
         for module in model.modules():
             if hasattr(module, "grad_checkpointing"):
                 module.grad_checkpointing = True
-    model = dist_.wrap(model, world, cfg.strategy, device)
+    model = dist_.wrap(model, world, cfg.strategy, device, say=run.monitor.message)
     objective = objective_for(run.recipe, splits.info)  # cross-entropy, or MSE / Huber on standardized targets
     optimizer = make_optimizer(model, cfg)
     scaler = torch.amp.GradScaler(device.type, enabled=run.precision == "fp16")

@@ -2,7 +2,7 @@
 
 fp16 is lossy: judged by box agreement over the evaluation split, as the detector's user would judge it. Before,
 it was held element by element (`exact`, atol 0.01) and refused for a max relative error of 0.0035, which is
-what fp16 rounding gives. The evaluation data is drawn here: faces on coloured shapes, which the detector
+what fp16 rounding gives. The evaluation data is drawn faces on coloured shapes (tests/faces.py), which the detector
 finds faces in (scores 0.25-0.6), so the budget has boxes to measure.
 """
 
@@ -11,36 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
-from PIL import Image, ImageDraw
 
 from pipeline.cli import main
 from tests import corpus
+from tests.faces import drawn_faces
 
 pytestmark = pytest.mark.slow  # onnx2tf converts a YOLOv8n: a minute or more
-
-
-def drawn_faces(root: Path, count: int = 24) -> Path:
-    """`count` 320x320 pictures: shapes on a flat colour, and a face (skin ellipse, two eyes, a mouth)."""
-    rng = np.random.default_rng(0)
-    root.mkdir(parents=True)
-    for k in range(count):
-        image = Image.new("RGB", (320, 320), tuple(int(v) for v in rng.integers(0, 255, 3)))
-        draw = ImageDraw.Draw(image)
-        for j in range(6):
-            x, y = rng.integers(0, 280, 2)
-            w, h = rng.integers(20, 160, 2)
-            colour = (224, 172, 140) if j % 2 else tuple(int(v) for v in rng.integers(0, 255, 3))
-            (draw.ellipse if j % 2 else draw.rectangle)([x, y, x + w, y + h], fill=colour)
-        cx, cy = rng.integers(80, 240, 2)
-        draw.ellipse([cx - 50, cy - 65, cx + 50, cy + 65], fill=(230, 180, 150))
-        draw.ellipse([cx - 25, cy - 20, cx - 10, cy - 10], fill=(40, 30, 20))
-        draw.ellipse([cx + 10, cy - 20, cx + 25, cy - 10], fill=(40, 30, 20))
-        draw.arc([cx - 25, cy + 10, cx + 25, cy + 40], 0, 180, fill=(150, 50, 50), width=4)
-        image.save(root / f"{k:02d}.png")
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,8 @@ from typing import Any, ClassVar
 import httpx
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from pipeline.artifact.directory import Artifact
-from pipeline.cli.group import main
 from pipeline.runtime.session import create_session
 from pipeline.serve.errors import RequestError, Unavailable
 from pipeline.serve.generation.detokenizer import Detokenizer
@@ -29,25 +27,21 @@ from pipeline.serve.generation.sequence import Request, Sequence
 from pipeline.serve.generation.served import Generator
 from pipeline.serve.generation.settings import GenerationSettings
 from pipeline.serve.routes import Request as HttpRequest
-from tests.lm.lm_models import LINES, save_llama
+from tests.lm.imported_lm import NAME, imported_llama
+from tests.lm.lm_models import LINES
 from tests.serve.serve_process import Server, start_server, wait_for
 
-pytestmark = pytest.mark.slow  # one import of a tiny Llama (about 15 s of CPU), shared by the module
+pytestmark = pytest.mark.slow  # one import of a tiny Llama (about 20 s of CPU) when the test model cache lacks it
 
-NAME = "tiny-llama"
 CONTEXT = 512  # long enough that a stream outlives its client's disconnect by many steps
 PROMPTS = ["The quick brown fox", "Once upon a time, in a small village by the sea", "def add(a, b):", "1, 2"]
 
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The source directory (transformers) and the served repository of one tiny Llama."""
-    base = tmp_path_factory.mktemp("lm-serve")
-    source = save_llama(base / "llama", max_position_embeddings=CONTEXT)
-    repository = base / "artifacts"
-    result = CliRunner().invoke(main, ["import", str(source), "--name", NAME, "--repository", str(repository)])
-    assert result.exit_code == 0, result.output
-    return source, repository
+    """The source directory (transformers) and the served repository of one tiny Llama: a copy of the
+    import cached across runs (tests/lm/imported_lm.py)."""
+    return imported_llama(tmp_path_factory.mktemp("lm-serve"), CONTEXT)
 
 
 @pytest.fixture(scope="module")

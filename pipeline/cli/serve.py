@@ -71,7 +71,7 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
     default=30.0,
     show_default=True,
     type=Number(None, 3600),
-    help="Per-request limit in seconds (queue + compute).",
+    help="Per-request limit in seconds (queue + compute; text generation: the wait for a place).",
 )
 @click.option(
     "--instances", default=1, show_default=True, type=Whole(None, 256), help="Batches of one model computing at once."
@@ -185,6 +185,8 @@ def serve(paths: tuple[str, ...], **options: Any) -> None:
             batching=BatchSettings(
                 o["max_batch_size"], o["max_queue_delay_ms"], o["max_queue"], o["timeout"], o["instances"]
             ),
-            generation=GenerationSettings(o["kv_cache_mb"], o["max_sequences"], o["max_waiting"], o["prefill_chunk"]),
+            generation=GenerationSettings(
+                o["kv_cache_mb"], o["max_sequences"], o["max_waiting"], o["prefill_chunk"], o["timeout"]
+            ),
         )
     )

@@ -119,7 +119,7 @@ class ServeApp:
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             body = await read_body(receive) if method in BODY_METHODS else b""
             handler, params = self._router.match(method, scope["path"])
-            return await handler(Request(headers, body, **params))
+            return await handler(Request(headers, body, receive=receive, **params))
         except RequestError as exc:
             return error_response(exc)
         except Exception:

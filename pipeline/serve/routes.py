@@ -123,6 +123,7 @@ class Request:
     model_name: str | None = None  # {model_name}; None on routes without one
     version: str | None = None  # {version} as sent; None: not in the path (the default version)
     label: str | None = None  # {label} as sent (/labels/{label}): the version a label names
+    receive: Any = None  # ASGI receive, after the body: a handler that waits long watches it for the client leaving
 
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -1,7 +1,8 @@
 """The generation engine of one model version: requests in, tokens and text out as they are made.
 
 `submit` checks the request against the context length and the pool, queues it (a full queue is a
-503 with Retry-After) and returns its `Sequence`. One task per engine loops while there is work:
+503 with Retry-After) and returns its `Sequence`; one that waits longer than `wait_s` for a place ends
+`timeout` (a 503 too). One task per engine loops while there is work:
 each step (`scheduler.py`: admit, a prefill chunk, one decode call for every running row) runs in the
 server's compute pool, off the event loop; its events are then put on each sequence's queue, and the
 metrics (time to first token, time per output token, token counts, running and waiting sequences,
@@ -22,7 +23,7 @@ from pipeline.artifact.generation import Generation
 from pipeline.serve.errors import RequestError, Unavailable
 from pipeline.serve.generation.kv_pool import KVPool
 from pipeline.serve.generation.scheduler import Feeds, Scheduler
-from pipeline.serve.generation.sequence import Request, Sequence
+from pipeline.serve.generation.sequence import TIMEOUT, Request, Sequence
 from pipeline.serve.generation.settings import GenerationSettings
 
 log = logging.getLogger("pipe.serve")
@@ -49,7 +50,7 @@ class Engine:
         self.pool = KVPool(generation.cache, int(settings.kv_cache_mb * 1024 * 1024))
         self.scheduler = Scheduler(
             self._run, generation.cache, self.pool, generation.eos_token_ids, settings.max_sequences,
-            settings.prefill_chunk,
+            settings.prefill_chunk, settings.wait_s,
         )  # fmt: skip
         self._executor = executor
         self._stats = stats
@@ -141,7 +142,7 @@ class Engine:
                 seq.last_token_at = now
                 if seq.events is not None:
                     seq.events.put_nowait(event)
-                if event.finish is not None and self._stats is not None:
+                if event.finish not in (None, TIMEOUT) and self._stats is not None:
                     self._stats.finished(len(seq.request.prompt), seq.generated)
             if self._stats is not None:
                 self._stats.stepped(report.decoded, report.prefilled, now - started)

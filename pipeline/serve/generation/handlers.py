@@ -4,24 +4,29 @@ and Triton's `/v2/models/{m}/generate` and `generate_stream`.
 Each reads its body (`params.py`, `openai_api.py`), makes the prompt's token ids (the chat template
 rendered and the text tokenized in a worker thread, off the event loop), has the engine check and
 queue it, and answers: whole once the sequence finishes, or as Server-Sent Events while it runs
-(`stream.py`; a disconnect cancels the sequence). The access log's record gets the tokens in and out.
+(`stream.py`), once it has its first token. Until then (and, unstreamed, until the answer is whole)
+the connection is watched: a client that leaves cancels its sequence, freed at the engine's next step,
+and the access log records 499 (nginx's "client closed request"). A request that waited past the
+server's --timeout for a place is a 503 with Retry-After, before any header of a stream is sent. The
+access log's record gets the tokens in and out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import orjson
 
-from pipeline.serve.errors import NotFound, RequestError
+from pipeline.serve.errors import NotFound, RequestError, Unavailable
 from pipeline.serve.generation import openai_api
 from pipeline.serve.generation.openai_api import Answer
 from pipeline.serve.generation.params import Params, read_params
+from pipeline.serve.generation.sequence import CANCELLED, TIMEOUT, Event, Sequence
 from pipeline.serve.generation.sequence import Request as Job
-from pipeline.serve.generation.sequence import Sequence
 from pipeline.serve.generation.served import Generator
 from pipeline.serve.generation.stream import DONE, Streaming, event
 from pipeline.serve.responses import Response, json_response
@@ -29,6 +34,8 @@ from pipeline.serve.routes import Request
 from pipeline.serve.timing import current_request
 
 TRITON_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream")
+CLIENT_GONE = 499  # nginx's "client closed request": the status logged for an answer nobody is left to read
+T = TypeVar("T")
 
 
 def _body(request: Request) -> dict[str, Any]:
@@ -52,16 +59,66 @@ async def _text(sequence: Sequence) -> tuple[str, str]:
             return "".join(parts), step.finish
 
 
+async def _steps(sequence: Sequence, first: Event) -> AsyncIterator[Event]:
+    """The sequence's events from `first` on, until its last."""
+    assert sequence.events is not None
+    step = first
+    while True:
+        yield step
+        if step.finish is not None:
+            return
+        step = await sequence.events.get()
+
+
+async def _until_gone(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _watching(request: Request, sequence: Sequence, work: Awaitable[T]) -> T:
+    """`work`'s result; the client leaving meanwhile cancels the sequence (its events then end `cancelled`)."""
+    if request.receive is None:  # called in process, without a connection
+        return await work
+    watcher = asyncio.get_running_loop().create_task(_until_gone(request.receive))
+    watcher.add_done_callback(lambda task: None if task.cancelled() or task.exception() else sequence.cancel())
+    try:
+        return await work
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher  # a stream's own watch (stream.py) takes `receive` over only once this one is gone
+
+
 def _count(sequence: Sequence) -> None:
     """The access log's tokens in and out."""
     if (record := current_request.get()) is not None:
         record.prompt_tokens, record.completion_tokens = len(sequence.request.prompt), sequence.generated
 
 
-def _finished(reason: str) -> str:
+def _finished(reason: str, generator: Generator) -> str:
+    """The finish reason of an answer, or the refusal it stands for."""
     if reason == "error":
         raise RequestError("generation failed on the server; the log has the traceback", 500)
+    if reason == CANCELLED:
+        raise RequestError("the client closed the connection before the answer was ready", CLIENT_GONE)
+    if reason == TIMEOUT:
+        settings = generator.engine.settings
+        raise Unavailable(
+            f"the request waited {settings.wait_s:g}s (--timeout) for a place beside the sequences being generated "
+            f"(--max-sequences {settings.max_sequences}, --kv-cache-mb {settings.kv_cache_mb:g}) and was removed "
+            "from the queue; the server is overloaded, retry after a moment"
+        )
     return reason
+
+
+async def _first(request: Request, sequence: Sequence, generator: Generator) -> Event:
+    """A stream's first event (its first token, or its end), before any header is sent: a refusal is still
+    an ordinary answer with its status."""
+    assert sequence.events is not None
+    first = await _watching(request, sequence, sequence.events.get())
+    if first.finish in (CANCELLED, TIMEOUT):
+        _finished(first.finish, generator)
+    return first
 
 
 class GenerationRoutes:
@@ -132,34 +189,36 @@ class GenerationRoutes:
         except RequestError as exc:
             return openai_api.error(exc)
         answer = Answer(chat, model.name)
-        if params.stream:
-            return Streaming(self._openai_stream(sequence, answer, usage_asked), sequence.cancel)
+        streaming = False
         try:
-            text, finish = await _text(sequence)
-            _count(sequence)
+            if params.stream:
+                first = await _first(request, sequence, generator)
+                streaming = True
+                return Streaming(self._openai_stream(sequence, first, answer, usage_asked), sequence.cancel)
+            text, finish = await _watching(request, sequence, _text(sequence))
             use = openai_api.usage(len(sequence.request.prompt), sequence.generated)
-            return json_response(answer.whole(text, _finished(finish), use))
+            return json_response(answer.whole(text, _finished(finish, generator), use))
         except RequestError as exc:
             return openai_api.error(exc)
         finally:
-            sequence.cancel()  # the handler ended early (its task cancelled): free the sequence's place
+            if not streaming:
+                sequence.cancel()  # the handler ended early (refused, or its task cancelled): free the place
+                _count(sequence)
 
-    async def _openai_stream(self, sequence: Sequence, answer: Answer, usage_asked: bool) -> AsyncIterator[bytes]:
-        assert sequence.events is not None
+    async def _openai_stream(
+        self, sequence: Sequence, first: Event, answer: Answer, usage_asked: bool
+    ) -> AsyncIterator[bytes]:
         try:
             if answer.chat:  # the assistant's role first, as OpenAI streams a chat
                 yield event(answer.chunk(None, first=True))
-            while True:
-                step = await sequence.events.get()
-                if step.finish == "cancelled":
+            async for step in _steps(sequence, first):
+                if step.finish == CANCELLED:
                     return
                 if step.finish == "error":
                     yield event({"error": {"message": "generation failed on the server", "type": "server_error"}})
                     return
                 if step.text or step.finish:
                     yield event(answer.chunk(step.text, step.finish))
-                if step.finish is not None:
-                    break
             if usage_asked:
                 yield event(answer.usage_chunk(openai_api.usage(len(sequence.request.prompt), sequence.generated)))
             yield DONE
@@ -194,17 +253,23 @@ class GenerationRoutes:
         sequence = await self._submit(generator, text, False, params)
         head = {"model_name": model.name, "model_version": str(model.version)}
         if params.stream:
-            return Streaming(self._triton_stream(sequence, head), sequence.cancel)
+            try:
+                first = await _first(request, sequence, generator)
+            except BaseException:
+                sequence.cancel()
+                _count(sequence)
+                raise
+            return Streaming(self._triton_stream(sequence, first, head), sequence.cancel)
         try:
-            answer, finish = await _text(sequence)
+            answer, finish = await _watching(request, sequence, _text(sequence))
         finally:
             sequence.cancel()
-        _count(sequence)
+            _count(sequence)
         return json_response(
             {
                 **head,
                 "text_output": answer,
-                "finish_reason": _finished(finish),
+                "finish_reason": _finished(finish, generator),
                 "prompt_tokens": len(sequence.request.prompt),
                 "completion_tokens": sequence.generated,
             }
@@ -213,12 +278,10 @@ class GenerationRoutes:
     async def generate_stream(self, request: Request) -> Response | Streaming:
         return await self.generate(request, stream=True)
 
-    async def _triton_stream(self, sequence: Sequence, head: dict[str, str]) -> AsyncIterator[bytes]:
-        assert sequence.events is not None
+    async def _triton_stream(self, sequence: Sequence, first: Event, head: dict[str, str]) -> AsyncIterator[bytes]:
         try:
-            while True:
-                step = await sequence.events.get()
-                if step.finish == "cancelled":
+            async for step in _steps(sequence, first):
+                if step.finish == CANCELLED:
                     return
                 if step.finish == "error":
                     yield event({"error": "generation failed on the server; the log has the traceback"})

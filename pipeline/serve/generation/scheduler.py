@@ -3,7 +3,8 @@ decode one token for every running sequence in ONE onnxruntime call.
 
 - **Admission** (between steps): waiting sequences, oldest first, join while fewer than
   `max_sequences` are active and the pool can reserve the blocks of their prompt plus their most new
-  tokens (`kv_pool.py`); the oldest that does not fit blocks those behind it (no starvation).
+  tokens (`kv_pool.py`); the oldest that does not fit blocks those behind it (no starvation). One that
+  has waited `wait_s` (the server's --timeout) is removed and ends `timeout` (its handler answers 503).
 - **Prefill, chunked**: the joining sequences feed at most `prefill_chunk` prompt tokens in all per
   step, as one call (rows padded on the right, their pasts gathered from the pool), so a long prompt
   stalls the running streams by one chunk's time per step, never by its whole length. A row whose
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,7 +33,7 @@ import numpy as np
 
 from pipeline.artifact.generation import CacheLayout
 from pipeline.serve.generation.kv_pool import KVPool, PoolFull
-from pipeline.serve.generation.sequence import CANCELLED, Event, Sequence
+from pipeline.serve.generation.sequence import CANCELLED, TIMEOUT, Event, Sequence
 
 log = logging.getLogger("pipe.serve")
 
@@ -52,7 +54,14 @@ class Scheduler:
     """The sequences of one model version: waiting, prefilling and running."""
 
     def __init__(
-        self, run: Run, cache: CacheLayout, pool: KVPool, eos_ids: list[int], max_sequences: int, prefill_chunk: int
+        self,
+        run: Run,
+        cache: CacheLayout,
+        pool: KVPool,
+        eos_ids: list[int],
+        max_sequences: int,
+        prefill_chunk: int,
+        wait_s: float = float("inf"),
     ) -> None:
         self._run = run
         self.cache = cache
@@ -60,6 +69,7 @@ class Scheduler:
         self._eos = frozenset(eos_ids)
         self.max_sequences = max_sequences
         self.prefill_chunk = prefill_chunk
+        self.wait_s = wait_s  # the longest a sequence may wait for a place (perf_counter seconds since submitted)
         self.waiting: collections.deque[Sequence] = collections.deque()  # extended between steps (engine.py)
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -70,9 +80,11 @@ class Scheduler:
         return bool(self.waiting or self.prefilling or self.running)
 
     def step(self) -> StepReport:
-        """One step: drop the cancelled, admit, prefill a chunk, decode every running row."""
+        """One step: drop the cancelled and those that waited too long, admit, prefill a chunk, decode every
+        running row."""
         events: list[tuple[Sequence, Event]] = []
         self._drop_cancelled(events)
+        self._expire(events)
         self._admit()
         prefilled = self._prefill(events) if self.prefilling else 0
         decoded = len(self.running)
@@ -103,6 +115,14 @@ class Scheduler:
             self.waiting.remove(seq)
             seq.finish = CANCELLED
             events.append((seq, Event("", 0, CANCELLED)))
+
+    def _expire(self, events: list[tuple[Sequence, Event]]) -> None:
+        """Waiting sequences past `wait_s` leave the queue (they hold no blocks yet)."""
+        deadline = time.perf_counter() - self.wait_s
+        for seq in [s for s in self.waiting if s.submitted < deadline]:
+            self.waiting.remove(seq)
+            seq.finish = TIMEOUT
+            events.append((seq, Event("", 0, TIMEOUT)))
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) + len(self.prefilling) < self.max_sequences:

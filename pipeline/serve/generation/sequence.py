@@ -17,7 +17,8 @@ import numpy as np
 from pipeline.serve.generation.detokenizer import Detokenizer
 from pipeline.serve.generation.sampler import Sampler, Sampling
 
-STOP, LENGTH, CANCELLED = "stop", "length", "cancelled"  # finish reasons (OpenAI's, and a cancel)
+# finish reasons: OpenAI's two, a cancel (the client left), and a wait for a place longer than --timeout
+STOP, LENGTH, CANCELLED, TIMEOUT = "stop", "length", "cancelled", "timeout"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """`pipe serve`'s settings for text-generation models (flags `--kv-cache-mb`, `--max-sequences`,
-`--max-waiting`, `--prefill-chunk`)."""
+`--max-waiting`, `--prefill-chunk`, and `--timeout` as the bound of a wait)."""
 
 from __future__ import annotations
 
@@ -14,3 +14,4 @@ class GenerationSettings:
     max_sequences: int = 32  # sequences decoded together (one onnxruntime call a step)
     max_waiting: int = 64  # requests waiting for a place; more are refused with 503 + Retry-After
     prefill_chunk: int = 256  # prompt tokens prefilled per step, over every joining prompt
+    wait_s: float = 30.0  # a request waiting longer for a place is removed and answered 503 (--timeout)

@@ -207,6 +207,24 @@ def test_a_cancelled_sequence_is_dropped_at_the_next_step(imported: tuple[Path, 
     assert finish == "cancelled" and generated < 10 and used == 0
 
 
+def test_a_sequence_waiting_past_the_bound_leaves_the_queue(imported: tuple[Path, Path]) -> None:
+    gen = _generator(imported[1], max_sequences=1, wait_s=0.05)
+
+    async def run() -> tuple[str | None, int, int]:
+        holder = gen.engine.submit(Request([1, 5, 6, 7], 400, Sampling(temperature=0)))
+        waiting = gen.engine.submit(Request([1, 8, 9], 4, Sampling(temperature=0)))
+        assert waiting.events is not None
+        finish = (await waiting.events.get()).finish
+        made, left = holder.generated, len(gen.engine.scheduler.waiting)
+        holder.cancel()
+        await _drain(holder)
+        return finish, made, left
+
+    finish, made, left = asyncio.run(run())
+    assert finish == "timeout" and 0 < made < 400 and left == 0  # it left while the one place was still taken
+    assert gen.engine.pool.used_blocks == 0
+
+
 def test_text_is_decoded_token_by_token_without_splitting_a_character(imported: tuple[Path, Path]) -> None:
     gen = _generator(imported[1])
     text = "héllo wörld: 日本語 🎉 naïve"

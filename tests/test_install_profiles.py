@@ -58,10 +58,11 @@ PART_PROFILES = {
     "pipeline.benchmark": ("report", "cpu"),  # the table and plot, onnxruntime sessions timed side by side
     "pipeline.report": ("report",),  # the curves drawn by matplotlib; the card is the manifest and reports/ read back
 }
-# A part's imports that are only used when present, each inside a function that leaves its work out with
-# the install command when the package is missing: pipe benchmark times a torch row only where torch is, and
-# pipe import of a transformers directory needs the `hf` profile (without it, the import says so).
-PART_OPTIONAL_IMPORTS = {"pipeline.benchmark": {"torch"}, "pipeline.export": {"transformers"}}
+# A part's imports that are only used when present, each inside a function that leaves its work out with the
+# install command when the package is missing: pipe benchmark times a torch row only where torch is (a
+# decoder's: transformers too), and pipe import of a transformers directory needs the `hf` profile (without it,
+# the import says so).
+PART_OPTIONAL_IMPORTS = {"pipeline.benchmark": {"torch", "transformers"}, "pipeline.export": {"transformers"}}
 # `pipe train` of `model.arch: hf` on `data.source: text` needs the `hf` profile too (without it, it says so).
 # A causal LM's data (pipeline/data/lm_tokens.py: chat templates rendered by a transformers fast tokenizer) is
 # read only for `model.arch: hf`, whose training checks for the `hf` profile first and names it.

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import io
 import shutil
+from typing import TYPE_CHECKING
 
 from pipeline.benchmark.outcome import BATCH, MAX_RUNS, THROUGHPUT_BATCH, BenchmarkOutcome, Result
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 STATUS_STYLE = {"reference": "cyan", "passed": "green", "failed": "red", "stale": "yellow"}
 
 
 def render(outcome: BenchmarkOutcome, width: int | None = None) -> str:
     """The table as text with ANSI colours (click.echo drops them when stdout is not a terminal)."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -51,16 +54,11 @@ def render(outcome: BenchmarkOutcome, width: int | None = None) -> str:
             *_timings(result, BATCH, THROUGHPUT_BATCH),
             escape(_note(result)),
         )
-    columns = width or shutil.get_terminal_size(fallback=(200, 24)).columns
-    buffer = io.StringIO()
-    console = Console(file=buffer, width=max(columns, 120), force_terminal=True, color_system="standard")
-    console.print(table)
-    return buffer.getvalue().rstrip("\n")
+    return _printed(table, width)
 
 
 def _render_decoder(outcome: BenchmarkOutcome, width: int | None) -> str:
     """A decoder's table: time to first token, prefill and decode tokens/s, each beside model.onnx's."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -88,6 +86,13 @@ def _render_decoder(outcome: BenchmarkOutcome, width: int | None) -> str:
         ]
         table.add_row(escape(row.name), row.runtime, row.precision, status, kib(row.size), *figures,
                       escape(_note(result)))  # fmt: skip
+    return _printed(table, width)
+
+
+def _printed(table: Table, width: int | None) -> str:
+    """The table as the terminal shows it: its width, at least 120 columns."""
+    from rich.console import Console
+
     columns = width or shutil.get_terminal_size(fallback=(200, 24)).columns
     buffer = io.StringIO()
     console = Console(file=buffer, width=max(columns, 120), force_terminal=True, color_system="standard")

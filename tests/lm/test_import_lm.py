@@ -193,10 +193,13 @@ def test_pipe_info_shows_the_generation_record(llama: tuple[Path, Artifact]) -> 
 
 
 @pytest.mark.slow  # shares one import of a tiny Llama; times two rows for a fraction of a second each
-def test_pipe_benchmark_times_a_decoder_as_tokens_beside_torch(llama: tuple[Path, Artifact], tmp_path: Path) -> None:
+def test_pipe_benchmark_times_a_decoder_as_tokens_beside_torch(
+    llama: tuple[Path, Artifact], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A decoder is timed as generations (time to first token, prefill and decode tokens/s), not as calls at
     batch 1 and 32; the torch row is transformers from the directory the model was imported from."""
     source, artifact = llama
+    monkeypatch.setenv("COLUMNS", "250")  # a terminal wide enough that no column header wraps (rich reads it)
     copy = tmp_path / "report.json"
     result = pipe("benchmark", str(artifact.root), "--seconds", "0.2", "--json", str(copy))
     assert result.exit_code == 0, result.output

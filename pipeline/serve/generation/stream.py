@@ -1,10 +1,11 @@
 """A streamed answer: Server-Sent Events sent as they are made, and a client's disconnect noticed.
 
-A handler returns a `Streaming` instead of `(status, body, headers)` once the request has its first
-token (every refusal before that, a wait past --timeout included, is an ordinary answer with its status). The app sends its headers, then
-each chunk as it comes, with no Content-Length (chunked transfer). While it streams, the request's
-`receive` is watched: `http.disconnect` (the client closed the connection) calls `on_disconnect`,
-which cancels the sequence, so the engine frees its place at its next step, and the stream ends.
+A handler returns a `Streaming` instead of `(status, body, headers)` once the request has its first token
+(every refusal before that, a wait past --timeout included, is an ordinary answer with its status). The app
+sends its headers, then each chunk as it comes, with no Content-Length (chunked transfer). While it streams,
+the request's `receive` is watched: `http.disconnect` (the client closed the connection) calls
+`on_disconnect`, which cancels the sequence, so the engine frees its place at its next step, and the stream
+ends.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ The machines this runs on are shared and noisy, so a variant is never timed alon
 with a number taken minutes earlier. All models are timed in the same window, interleaved: each
 round runs every model once, in a fresh random order (seeded, so a run is repeatable: a fixed
 rotation would leave each model behind the same neighbour most of the time, and a model after a
-cache-thrashing one was measured 10-17% slower for it), and rounds go on until every model has
+cache-thrashing one was measured 10-17% slower for it; `rounds.py`), and rounds go on until every model has
 `seconds` of samples. A burst of load
 from elsewhere then lands on every model alike, and the ratios between them hold even when the
 absolute milliseconds do not.
@@ -20,7 +20,6 @@ arrays freed by reference counting), so nothing piles up meanwhile; one collecti
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,10 +29,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipeline.core.errors import ArtifactError, InputError, first_line
+from pipeline.runtime.rounds import interleaved
 from pipeline.runtime.sample_axes import SampleAxes
 from pipeline.runtime.session import create_session
-
-ORDER_SEED = 0  # the rounds' random orders: the same on every run
 
 
 class InputSpec(Protocol):
@@ -242,44 +240,22 @@ def _time_interleaved(
     min_runs: int,
     max_runs: int,
 ) -> dict[str, list[int]]:
-    """Nanoseconds per `session.run`, per model, from rounds that run every unfinished model once."""
+    """Nanoseconds per `session.run`, per model, from rounds that run every unfinished model once (rounds.py)."""
     names = list(sessions)
     for _ in range(warmup):
         for name in names:
             _run(name, sessions[name], feeds[name], batch)
-    samples: dict[str, list[int]] = {name: [] for name in names}
-    total: dict[str, int] = dict.fromkeys(names, 0)
-    budget_ns = int(seconds * 1e9)
 
-    def finished(name: str) -> bool:
-        runs = len(samples[name])
-        return runs >= max_runs or (runs >= min_runs and total[name] >= budget_ns)
+    def timed(name: str) -> tuple[int]:
+        begin = time.perf_counter_ns()
+        try:
+            sessions[name].run(None, feeds[name])
+        except Exception as exc:  # with warmup=0 a model's first run is a timed one; name it like _run does
+            raise ArtifactError(f"model {name!r} failed to run at batch {batch}: {first_line(exc)}") from exc
+        return (time.perf_counter_ns() - begin,)
 
-    order = np.random.default_rng(ORDER_SEED)
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    name = names[0]
-    try:
-        while not all(finished(model) for model in names):
-            # Every model below max_runs runs each round, even one past its budget, so the slow
-            # models' samples keep sharing their window with the fast ones'.
-            for index in order.permutation(len(names)):
-                name = names[index]
-                if len(samples[name]) >= max_runs:
-                    continue
-                session, feed = sessions[name], feeds[name]
-                begin = time.perf_counter_ns()
-                session.run(None, feed)
-                elapsed = time.perf_counter_ns() - begin
-                samples[name].append(elapsed)
-                total[name] += elapsed
-    except Exception as exc:  # with warmup=0 a model's first run is a timed one; name it like _run does
-        raise ArtifactError(f"model {name!r} failed to run at batch {batch}: {first_line(exc)}") from exc
-    finally:
-        if was_enabled:
-            gc.enable()
-    return samples
+    runs = interleaved(names, timed, seconds, min_runs, max_runs)
+    return {name: [elapsed for (elapsed,) in runs[name]] for name in names}
 
 
 def _run(name: str, session: Session, feed: dict[str, np.ndarray], batch: int) -> None:

@@ -10,7 +10,7 @@ or the other way round, on one CPU).
 
 One measurement is a **generation**: the prefill, then `new_tokens` decode steps, each fed the token
 greedily chosen (outside the clock), never stopping at an EOS so every model does the same work. The
-machine is shared and noisy, so models are never timed alone: as in latency.py, every round runs one
+machine is shared and noisy, so models are never timed alone: as in latency.py (`rounds.py`), every round runs one
 generation of each model in a fresh random order (seeded), and rounds go on until each model has
 `seconds` of timed steps and at least `min_runs` generations. The garbage collector is off meanwhile.
 
@@ -21,7 +21,6 @@ benchmark`'s torch row), so the ratios between them come from one window of time
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -32,10 +31,9 @@ import numpy as np
 from pipeline.artifact.generation import CacheLayout
 from pipeline.core.errors import ArtifactError, InputError, first_line
 from pipeline.runtime.generate import first_step
+from pipeline.runtime.rounds import interleaved
 from pipeline.runtime.runners import OrtRunner, Runner
 from pipeline.runtime.session import create_session
-
-ORDER_SEED = 0  # the rounds' random orders: the same on every run
 
 
 @dataclass(frozen=True)
@@ -92,32 +90,11 @@ def measure_lm(
     for _ in range(warmup):
         for name in names:
             _generation(name, models[name], cache, ids, mask, new_tokens)
-    prefill: dict[str, list[int]] = {name: [] for name in names}
-    decode: dict[str, list[int]] = {name: [] for name in names}
-    total = dict.fromkeys(names, 0)
-    budget = int(seconds * 1e9)
-
-    def finished(name: str) -> bool:
-        runs = len(prefill[name])
-        return runs >= max_runs or (runs >= min_runs and total[name] >= budget)
-
-    order = np.random.default_rng(ORDER_SEED)
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        while not all(finished(name) for name in names):
-            for index in order.permutation(len(names)):
-                name = names[index]
-                if len(prefill[name]) >= max_runs:
-                    continue
-                steps = _generation(name, models[name], cache, ids, mask, new_tokens)
-                prefill[name].append(steps[0])
-                decode[name].extend(steps[1:])
-                total[name] += sum(steps)
-    finally:
-        if was_enabled:
-            gc.enable()
+    runs = interleaved(
+        names, lambda name: _generation(name, models[name], cache, ids, mask, new_tokens), seconds, min_runs, max_runs
+    )
+    prefill = {name: [steps[0] for steps in runs[name]] for name in names}
+    decode = {name: [step for steps in runs[name] for step in steps[1:]] for name in names}
     return {name: _speed(prefill[name], decode[name], ids.shape, new_tokens, threads) for name in names}
 
 

@@ -41,10 +41,11 @@ from pipeline.serve.protocols.tfclassify import TFClassify
 from pipeline.serve.protocols.tfserving import TFServing
 from pipeline.serve.protocols.v2 import V2
 from pipeline.serve.recognition import OUTPUTS as TEXTS
-from pipeline.serve.repository import LoadedVersion, Repository, version_number
+from pipeline.serve.repository import Repository
 from pipeline.serve.request_id import RequestId
 from pipeline.serve.responses import Response, error_body, error_response, json_response, send_response
 from pipeline.serve.routes import PUBLIC_PATHS, ROUTES, Request, Router
+from pipeline.serve.served_version import LoadedVersion, version_number
 from pipeline.serve.timing import current_request
 
 log = logging.getLogger("pipe.serve")

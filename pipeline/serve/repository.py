@@ -20,32 +20,31 @@ import asyncio
 import logging
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 from pipeline.artifact.directory import Artifact, locked
 from pipeline.artifact.labels import read_labels
-from pipeline.artifact.manifest import MANIFEST_NAME, Manifest
 from pipeline.core.errors import ArtifactError, InputError, PipelineError
 from pipeline.serve import scan
 from pipeline.serve.batching import Batcher, BatchSettings
-from pipeline.serve.detections import Detector
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.generation.served import Generator
 from pipeline.serve.generation.settings import GenerationSettings
-from pipeline.serve.images import ServedImages
 from pipeline.serve.metrics import Metrics
-from pipeline.serve.protocols.base import ModelIO
-from pipeline.serve.recognition import Recognizer
+from pipeline.serve.served_version import (
+    VERSION_DIGITS,
+    Answers,
+    LoadedVersion,
+    Stamp,
+    manifest_stamp,
+    version_number,
+)
 from pipeline.serve.session import ModelSession, SessionOptions
-from pipeline.serve.text import ServedText
 from pipeline.serve.variant_choice import Choice, NotExported, VariantRefused, choose
 from pipeline.serve.version_policy import HeldBack, admit, default_version, held_by_labels
 
 log = logging.getLogger("pipe.serve")
 
-Stamp = tuple[int, int, int]  # a manifest file's (inode, mtime_ns, size): an atomic rewrite changes it
-VERSION_DIGITS = 9  # the longest version directory name (pipeline.artifact.directory.is_version_name)
 LOAD_ERRORS = (ArtifactError, InputError, OSError)  # OSError: unreadable files
 
 
@@ -60,79 +59,6 @@ class RepositorySettings:
     policy: str = "all"  # which versions may be served: all, checked or promoted (version_policy.py)
 
 
-@dataclass(frozen=True)
-class Answers:
-    """What a version's manifest says about answering requests, beyond its model file."""
-
-    images: ServedImages  # which inputs take encoded pictures, and how
-    task: str
-    detector: Detector | None  # task detection only
-    text: ServedText = field(default_factory=ServedText)  # a model with a tokenizer: how it takes text
-    recognizer: Recognizer | None = None  # task text-recognition only: how its output reads as text
-
-    @classmethod
-    def of(cls, manifest: Manifest, root: Path) -> Answers:
-        return cls(ServedImages.of(manifest), manifest.task, Detector.of(manifest), ServedText.of(root, manifest),
-                   Recognizer.of(manifest))  # fmt: skip
-
-
-@dataclass
-class LoadedVersion:
-    """A verified artifact version with its session and batcher, ready for requests."""
-
-    name: str
-    version: int
-    root: Path
-    choice: Choice
-    session: ModelSession
-    batcher: Batcher
-    stamp: Stamp  # the manifest's stamp when it was last read
-    reload_error: str | None = None  # why the manifest's latest change was refused (this keeps serving)
-    images: ServedImages = field(default_factory=ServedImages)  # which inputs take encoded pictures, and how
-    task: str = "classification"  # the manifest's task
-    detector: Detector | None = None  # task detection: how the head output becomes boxes
-    text: ServedText = field(default_factory=ServedText)  # a model with a tokenizer: how it takes text
-    recognizer: Recognizer | None = None  # task text-recognition: how its output reads as text
-    generator: Generator | None = None  # task text-generation: the engine, tokenizer and chat template
-
-    def read(self, answers: Answers) -> None:
-        """Take what the manifest says about answering requests (read again when the manifest changes)."""
-        self.images, self.task, self.detector = answers.images, answers.task, answers.detector
-        self.text, self.recognizer = answers.text, answers.recognizer
-        self.__dict__.pop("io", None)  # the text input and a recognizer's outputs are part of what protocols see
-
-    async def close(self) -> None:
-        """Answer what it accepted, then stop."""
-        await self.batcher.close()
-        if self.generator is not None:
-            await self.generator.engine.close()
-
-    @property
-    def variant(self) -> str:
-        return self.choice.variant
-
-    @property
-    def file(self) -> str:
-        return self.choice.file
-
-    @cached_property
-    def io(self) -> ModelIO:
-        """Name, version and tensor specs: what the protocols see of this version."""
-        text = self.text.spec()
-        inputs = [text, *self.session.inputs] if text is not None else self.session.inputs
-        read = self.recognizer.specs() if self.recognizer is not None else []  # a recognizer's text outputs
-        max_rows = self.batcher.settings.max_batch_size if self.session.batchable else None
-        pinned = frozenset(self.session.pinned)
-        return ModelIO(self.name, self.version, inputs, [*read, *self.session.outputs], max_rows, pinned)
-
-
-def version_number(text: str) -> int | None:
-    """A version from a URL: ASCII digits only ('²' is a digit to Python, and int('²') fails), and no
-    longer than a version directory's name (int() refuses 4,300 digits or more)."""
-    digits = text.lstrip("0")
-    return int(text) if text.isascii() and text.isdigit() and len(digits) <= VERSION_DIGITS else None
-
-
 def _read_every_label_file(versions: dict[str, dict[int, Path]]) -> dict[str, dict[str, int] | ArtifactError]:
     """Model -> its labels, or why its labels file was refused: one model's bad file never stops the
     scan of the others (run in a worker thread)."""
@@ -144,11 +70,6 @@ def _read_every_label_file(versions: dict[str, dict[int, Path]]) -> dict[str, di
         except ArtifactError as exc:
             read[name] = exc
     return read
-
-
-def _stamp(root: Path) -> Stamp:
-    st = (root / MANIFEST_NAME).stat()
-    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 class Repository:
@@ -264,7 +185,7 @@ class Repository:
 
     async def _try_load(self, name: str, version: int, root: Path) -> LoadedVersion | None:
         try:
-            stamp = _stamp(root)  # before reading: a change made during the load is seen by the next scan
+            stamp = manifest_stamp(root)  # before reading: a change made during the load is seen by the next scan
         except OSError:  # removed since the scan: the next scan no longer finds it
             return None
         if (previous := self.failed.get((name, version))) and previous[0] == stamp:
@@ -303,7 +224,7 @@ class Repository:
         served (it failed, or is gone) refuses the version, as it would at startup: None.
         """
         try:
-            stamp = _stamp(loaded.root)
+            stamp = manifest_stamp(loaded.root)
         except OSError:  # removed while scanning: the next scan no longer finds it and unloads it
             return loaded
         if stamp == loaded.stamp:

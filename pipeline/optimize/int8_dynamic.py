@@ -23,7 +23,8 @@ from onnxruntime.quantization import quantize_dynamic
 from pipeline.core.errors import ArtifactError
 from pipeline.optimize.kind import Job, Made
 from pipeline.optimize.nodes import DYNAMIC_OP_TYPES, quantizable_nodes
-from pipeline.optimize.quantize import EXTRA_OPTIONS, Conversion, Quantizer, QuantSettings, int8_options, quiet_advice
+from pipeline.optimize.preprocess import quiet_advice
+from pipeline.optimize.quantize import EXTRA_OPTIONS, Conversion, Quantizer, QuantSettings, int8_options
 from pipeline.recipe.schema import OptimizeSpec
 from pipeline.runtime.external_data import move_model
 

@@ -15,7 +15,8 @@ from onnxruntime.quantization import QuantFormat, quantize_static
 
 from pipeline.optimize.calibration_feed import STRIDE, sample_reader
 from pipeline.optimize.nodes import decode_tail
-from pipeline.optimize.quantize import EXTRA_OPTIONS, METHODS, TYPES, Conversion, Quantizer, int8_options, quiet_advice
+from pipeline.optimize.preprocess import quiet_advice
+from pipeline.optimize.quantize import EXTRA_OPTIONS, METHODS, TYPES, Conversion, Quantizer, int8_options
 
 
 class StaticInt8(Quantizer):

@@ -3,7 +3,7 @@
 A quantizing kind (int8_dynamic.py, int8_static.py, fp16.py; `Quantizer` below) writes its file
 through one frame, whatever its conversion: the model is copied into scratch with every node named
 (nodes.py; the model given is never modified), the excluded nodes checked, calibration samples
-checked against the graph when the kind calibrates, onnxruntime's pre-processing run when the kind
+checked against the graph when the kind calibrates, onnxruntime's pre-processing (preprocess.py) run when the kind
 wants it, then the kind's own `convert` step, and the result refused when onnxruntime cannot load it
 or its signature changed (a symbolic dim that pre-processing renamed or fixed is put back first);
 metadata kept, exporter debug info dropped. All of it goes through onnxruntime's own tools, so what
@@ -12,13 +12,10 @@ is written is what onnxruntime runs. `quantizers.py` finds the kind for a `Quant
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
-import os
 import tempfile
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -26,10 +23,10 @@ from typing import ClassVar, Literal
 import numpy as np
 import onnx
 from onnx import helper
-from onnxruntime.quantization import CalibrationMethod, QuantType, quant_pre_process
+from onnxruntime.quantization import CalibrationMethod, QuantType
 
-from pipeline.core.errors import ArtifactError, InputError, PipelineError, first_line
-from pipeline.optimize.cache import Preprocessed, QuantCache
+from pipeline.core.errors import ArtifactError, InputError, PipelineError
+from pipeline.optimize.cache import QuantCache
 from pipeline.optimize.calibration_feed import Progress, check_calibration, sample_axes
 from pipeline.optimize.graph import (
     error_line,
@@ -53,8 +50,9 @@ from pipeline.optimize.nodes import (
     quantized_nodes,
 )
 from pipeline.optimize.order import sort_nodes
+from pipeline.optimize.preprocess import preprocess
 from pipeline.recipe.schema import OptimizeSpec
-from pipeline.runtime.external_data import SMALL_TENSOR, data_file, external, move_model, save_beside
+from pipeline.runtime.external_data import external, move_model, save_beside
 from pipeline.runtime.sample_axes import SampleAxes
 
 TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
@@ -245,7 +243,7 @@ class Quantizer(Kind[QuantSettings]):
         warnings: list[str] = []
         source, excluded, preprocessed = named_path, list(settings.nodes_to_exclude), False
         if settings.preprocess and self.preprocess:
-            source, excluded, preprocessed = _preprocess(named_path, scratch / "preprocessed.onnx", excluded, warnings,
+            source, excluded, preprocessed = preprocess(named_path, scratch / "preprocessed.onnx", excluded, warnings,
                                                          cache, big)  # fmt: skip
         out = scratch / "quantized.onnx"  # dst is written only once it checks out
         step = Conversion(source, load(source), out, settings, excluded, calibration if samples else None, samples,
@@ -304,98 +302,6 @@ def _calibrating(name: str, say: Callable[[str], None]) -> Progress:
             say(f"{name}: calibrating {done}/{total} samples")
 
     return progress
-
-
-class _PreprocessAdvice(logging.Filter):
-    """Drops two onnxruntime warnings that say nothing to a pipe user: its advice to run pre-processing
-    (pipe runs it, or reports why not), and "Axis 1 is out-of-range for weight" for every 1-D weight
-    (a LayerNorm scale) under per-channel quantization, which it then quantizes per tensor as it should.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        advice = "consider" in message and "pre-processing" in message
-        return not advice and "is out-of-range for weight" not in message
-
-
-@contextlib.contextmanager
-def quiet_advice() -> Iterator[None]:
-    root, advice = logging.getLogger(), _PreprocessAdvice()
-    root.addFilter(advice)
-    try:
-        yield
-    finally:
-        root.removeFilter(advice)
-
-
-@contextlib.contextmanager
-def _working_directory(path: Path) -> Iterator[None]:
-    """Run inside `path`: onnxruntime's symbolic shape inference, when it gives up, dumps
-    `sym_shape_infer_temp.onnx` and a uuid-named weights file into the current directory, which
-    would litter the user's working directory (or the repository). pipe optimize runs this on its
-    main thread alone, so changing the process's directory for the call is safe here.
-    """
-    before = Path.cwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(before)
-
-
-def _preprocess(
-    named: Path,
-    out: Path,
-    excluded: list[str],
-    warnings: list[str],
-    cache: QuantCache | None = None,
-    external: bool = False,
-) -> tuple[Path, list[str], bool]:
-    """onnxruntime's pre-processing of `named` into `out`: (the model to quantize, its exclusions, ran).
-
-    Symbolic shape inference fails on graphs holding contrib ops (e.g. after an extended graph
-    optimization), so a second try skips it. A node a fusion renamed (`MatMul_3` -> `MatMul_3/MatMulAddFusion`)
-    is followed to its new name; an excluded node that vanished keeps the model unprocessed.
-    With `cache`, a graph pre-processed before is not pre-processed again (same result, same warnings).
-    """
-    kept = cache.preprocessed(named, out) if cache is not None else None
-    if kept is None:
-        kept = _run_preprocess(named, out, external)
-        if cache is not None:
-            cache.keep_preprocessed(named, kept.path, kept.warnings)
-    warnings += kept.warnings
-    if kept.path is None:
-        return named, excluded, False
-    names = [node.name for node in load(out).graph.node]
-    followed = []
-    for name in excluded:
-        renamed = [n for n in names if n == name or n.startswith(f"{name}/")]
-        if not renamed:
-            warnings.append(f"pre-processing removed excluded node {name!r}; quantized without pre-processing")
-            return named, excluded, False
-        followed += renamed
-    return out, followed, True
-
-
-def _run_preprocess(named: Path, out: Path, external: bool = False) -> Preprocessed:
-    error, warnings = "", []
-    # a model with external data is written so again (onnxruntime's tool writes one file past 2 GiB otherwise)
-    saving = dict(save_as_external_data=True, all_tensors_to_one_file=True, external_data_location=data_file(out).name,
-                  external_data_size_threshold=SMALL_TENSOR) if external else {}  # fmt: skip
-    for skip_symbolic in (False, True):
-        try:
-            source, target = named.resolve(), out.resolve()  # absolute before the call runs elsewhere
-            with _working_directory(target.parent):
-                data_file(target).unlink(missing_ok=True)  # onnx appends to a data file that exists
-                quant_pre_process(str(source), str(target), skip_symbolic_shape=skip_symbolic, **saving)
-            break
-        except Exception as exc:  # shape inference raises bare Exception on graphs it cannot follow
-            error = f"{type(exc).__name__}: {first_line(exc)}"
-    else:
-        return Preprocessed(None, [f"pre-processing failed ({error}); quantized without it"])
-    if error:
-        warnings.append(f"symbolic shape inference failed ({error}); pre-processed with onnx shape inference only")
-    return Preprocessed(out, warnings)
 
 
 def check_output(

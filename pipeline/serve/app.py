@@ -27,7 +27,6 @@ from pipeline.serve.access_log import AccessLog
 from pipeline.serve.auth import ApiKey
 from pipeline.serve.body import BODY_METHODS, BodyLimit, read_body
 from pipeline.serve.config import ServeConfig
-from pipeline.serve.detections import OUTPUTS as DETECTIONS
 from pipeline.serve.detections import not_a_detector, placements_of
 from pipeline.serve.drain import CloseWhileDraining, Drain
 from pipeline.serve.errors import NotFound, RequestError, Unavailable
@@ -300,7 +299,7 @@ class ServeApp:
             decoded.inputs, decoded.placements = await model.images.converted(
                 decoded.inputs, model.session.input_by_name, model.batcher, arrived
             )
-            wanted = _output_names(model, decoded.outputs, detections=settings is not None)
+            wanted = model.output_names(decoded.outputs, detections=settings is not None)
             rows = model.session.check_inputs(decoded.inputs)
             results = await model.batcher.infer(decoded.inputs, rows, arrived)
             if settings is not None:
@@ -362,25 +361,6 @@ class ServeApp:
                 raise NotFound(f"model {name!r} has no version {version[:40]}; known: {sorted(states)}")
             states = {number: states[number]}
         return json_response(tfserving.status(states))
-
-
-def _output_names(model: LoadedVersion, asked: list[str] | None, detections: bool = False) -> list[str]:
-    """The outputs to answer with, in order: those asked for (each must exist), else every output; with
-    detections, the detections outputs by default, and the raw ones by name too (a detections output's
-    name wins over a raw output of the same name); a text recognizer's `text` and `confidence` likewise."""
-    valid = [s.name for s in model.session.outputs]
-    if detections:
-        valid = [*DETECTIONS, *(name for name in valid if name not in DETECTIONS)]
-    elif model.recognizer is not None:  # a recognizer answers text by default, its raw output by name
-        valid = [*TEXTS, *(name for name in valid if name not in TEXTS)]
-        if asked is None:
-            return list(TEXTS)
-    if asked is None:
-        return list(DETECTIONS) if detections else valid
-    unknown = sorted(set(asked) - set(valid))
-    if unknown:
-        raise RequestError(f"unknown output(s) {unknown} requested; the model's outputs are {valid}")
-    return asked
 
 
 def create_app() -> Any:

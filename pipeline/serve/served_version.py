@@ -12,10 +12,13 @@ from pathlib import Path
 
 from pipeline.artifact.manifest import MANIFEST_NAME, Manifest
 from pipeline.serve.batching import Batcher
+from pipeline.serve.detections import OUTPUTS as DETECTIONS
 from pipeline.serve.detections import Detector
+from pipeline.serve.errors import RequestError
 from pipeline.serve.generation.served import Generator
 from pipeline.serve.images import ServedImages
 from pipeline.serve.protocols.base import ModelIO
+from pipeline.serve.recognition import OUTPUTS as TEXTS
 from pipeline.serve.recognition import Recognizer
 from pipeline.serve.session import ModelSession
 from pipeline.serve.text import ServedText
@@ -89,6 +92,24 @@ class LoadedVersion:
         max_rows = self.batcher.settings.max_batch_size if self.session.batchable else None
         pinned = frozenset(self.session.pinned)
         return ModelIO(self.name, self.version, inputs, [*read, *self.session.outputs], max_rows, pinned)
+
+    def output_names(self, asked: list[str] | None, detections: bool = False) -> list[str]:
+        """The outputs to answer with, in order: those asked for (each must exist), else every output; with
+        detections, the detections outputs by default, and the raw ones by name too (a detections output's
+        name wins over a raw output of the same name); a text recognizer's `text` and `confidence` likewise."""
+        valid = [s.name for s in self.session.outputs]
+        if detections:
+            valid = [*DETECTIONS, *(name for name in valid if name not in DETECTIONS)]
+        elif self.recognizer is not None:  # a recognizer answers text by default, its raw output by name
+            valid = [*TEXTS, *(name for name in valid if name not in TEXTS)]
+            if asked is None:
+                return list(TEXTS)
+        if asked is None:
+            return list(DETECTIONS) if detections else valid
+        unknown = sorted(set(asked) - set(valid))
+        if unknown:
+            raise RequestError(f"unknown output(s) {unknown} requested; the model's outputs are {valid}")
+        return asked
 
 
 def version_number(text: str) -> int | None:

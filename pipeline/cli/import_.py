@@ -167,11 +167,11 @@ def import_cmd(
 def _labels(inline: str | None, file: Path | None, task: str | None) -> list[str]:
     """The labels flags: a recognizer's dictionary file read verbatim (its space lines are entries), else names."""
     from pipeline.core.errors import InputError
-    from pipeline.export.importer import read_labels
+    from pipeline.export.class_names import read_class_names
     from pipeline.export.recognizer import read_dictionary
 
     if task != "text-recognition":
-        return read_labels(inline, file)
+        return read_class_names(inline, file)
     if inline:
         raise InputError("--labels with --task text-recognition: give the dictionary with --labels-file FILE, one "
                          "entry per line (a comma or a space is an entry too)")  # fmt: skip

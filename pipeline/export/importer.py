@@ -26,7 +26,7 @@ import onnx
 from pipeline.artifact.dims import Shapes, apply_input_shapes
 from pipeline.artifact.directory import Artifact, allocate_version
 from pipeline.artifact.golden import Golden, save_golden
-from pipeline.artifact.manifest import TASKS, Lineage, Manifest, ModelSpec, check_name, label_problem
+from pipeline.artifact.manifest import TASKS, Lineage, Manifest, ModelSpec, check_name
 from pipeline.artifact.records import ImportRecord, Reading
 from pipeline.artifact.tensors import PinnedInput, TensorSpec
 from pipeline.artifact.tokens import limits_reading, write_tokenizer
@@ -354,39 +354,6 @@ def _one_at_a_time(run: Runner, inputs: list[TensorSpec]) -> Runner:
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     return reference
-
-
-def read_labels(inline: str | None, file: Path | None) -> list[str]:
-    """Class names from `--labels a,b,c` or `--labels-file` (one per line); blank or repeated names are refused."""
-    if inline and file:
-        raise InputError("pass --labels or --labels-file, not both")
-    if file is not None:
-        if not file.is_file():
-            raise InputError(f"labels file {file} not found; pass a text file with one class name per line")
-        try:
-            text = file.read_text(encoding="utf-8").removeprefix("\ufeff")  # a byte-order mark some editors write
-            names = [line.strip() for line in text.splitlines()]
-        except UnicodeDecodeError as exc:
-            raise InputError(f"labels file {file} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        while names and not names[-1]:  # blank lines at the end name nothing
-            names.pop()
-        if "" in names:  # dropping it would shift every class after it by one
-            raise InputError(
-                f"labels file {file}, line {names.index('') + 1} is empty or white space; a class name is one line of "
-                "text, one per class in output order (a text recognizer's dictionary, whose space lines are entries, "
-                "imports with --task text-recognition)"
-            )
-    else:
-        names = [s.strip() for s in inline.split(",")] if inline else []
-        if "" in names:
-            raise InputError(f"--labels {inline!r} has an empty class name; give names separated by single commas")
-    if problems := [p for p in map(label_problem, names) if p]:
-        where = f"labels file {file}" if file is not None else "--labels"
-        raise InputError(f"{where}: {problems[0]}; give plain names")
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise InputError(f"class names must be distinct; repeated: {', '.join(repeated)}")
-    return names
 
 
 def _precision(outputs: list[TensorSpec]) -> str:

@@ -141,6 +141,21 @@ def test_sixteen_sequences_decode_in_one_call_a_step_each_as_alone(imported: tup
     assert max(counting.decode_rows) == 16  # every running row in one onnxruntime call
 
 
+def test_prompts_are_prefilled_oldest_first_within_the_chunk(imported: tuple[Path, Path]) -> None:
+    """A chunk of 8 over three 6-token prompts: the oldest is prefilled whole in the first step (and has its
+    first token), the second gets the 2 tokens left, the third waits; nobody's first token waits for all."""
+    gen = _generator(imported[1], prefill_chunk=8)
+    scheduler = gen.engine.scheduler
+    seqs = [Sequence(Request([1, *range(10 + i, 15 + i)], 4, Sampling(temperature=0)), gen.tokenizer, None)
+            for i in range(3)]  # fmt: skip
+    scheduler.waiting.extend(seqs)
+    scheduler.step()
+    assert [s.stored for s in seqs] == [6, 2, 0]
+    assert [s.generated for s in seqs] == [1, 0, 0] and scheduler.running == seqs[:1]
+    scheduler.step()  # the first decodes its second token beside the next chunk
+    assert [s.stored for s in seqs] == [7, 6, 4] and [s.generated for s in seqs] == [2, 1, 0]
+
+
 def test_a_seed_repeats_sampling_whatever_runs_beside_it(imported: tuple[Path, Path]) -> None:
     gen = _generator(imported[1])
     ids = gen.encode(PROMPTS[0], True)

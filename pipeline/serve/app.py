@@ -360,7 +360,10 @@ class ServeApp:
             if number not in states:
                 raise NotFound(f"model {name!r} has no version {version[:40]}; known: {sorted(states)}")
             states = {number: states[number]}
-        return json_response(tfserving.status(states))
+        answer = tfserving.status(states)
+        if request.version is None and request.label is None and name in self._generation.generation_models():
+            answer = {**self._generation.model_object(name), **answer}  # OpenAI's retrieve reads the same path
+        return json_response(answer)
 
 
 def create_app() -> Any:

@@ -391,6 +391,12 @@ def test_refusals_are_openai_errors(server: Server, client: Any) -> None:
     answer = httpx.post(f"{server.url}/v2/models/{NAME}/generate", json={"text_input": 3})
     assert answer.status_code == 400 and "text_input must be a string" in answer.json()["error"]
     assert [m.id for m in client.models.list()] == [NAME]
+    retrieved = client.models.retrieve(NAME)  # GET /v1/models/{m}: TF Serving's status, OpenAI's fields beside
+    assert retrieved.id == NAME and retrieved.object == "model"
+    status = httpx.get(f"{server.url}/v1/models/{NAME}").json()
+    assert status["model_version_status"][0]["state"] == "AVAILABLE"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
 
 
 def test_metrics_count_tokens_and_time_them(server: Server, client: Any) -> None:

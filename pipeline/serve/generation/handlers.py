@@ -227,13 +227,14 @@ class GenerationRoutes:
             _count(sequence)
 
     async def models(self, request: Request) -> Response:
-        repo = self._repo()
-        data = []
-        for name in self.generation_models():
-            model = repo.get(name, None)
-            created = int(model.root.stat().st_mtime) if model.root.exists() else int(time.time())
-            data.append({"id": name, "object": "model", "created": created, "owned_by": "pipe"})
-        return json_response({"object": "list", "data": data})
+        return json_response({"object": "list", "data": [self.model_object(n) for n in self.generation_models()]})
+
+    def model_object(self, name: str) -> dict[str, Any]:
+        """OpenAI's model object of a served model: what `/v1/models` lists, and what `GET /v1/models/{m}`
+        (TF Serving's status route) adds for a text-generation model, so `client.models.retrieve` works."""
+        model = self._repo().get(name, None)
+        created = int(model.root.stat().st_mtime) if model.root.exists() else int(time.time())
+        return {"id": name, "object": "model", "created": created, "owned_by": "pipe"}
 
     # -- Triton's generate extension ---------------------------------------------------------------
 

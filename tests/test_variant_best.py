@@ -40,3 +40,19 @@ def test_best_serves_a_variant_only_when_faster_beyond_the_noise(tmp_path: Path,
     artifact = timed(tmp_path / "artifacts" / "toy" / "1", 0.010425, **variants)
     choice, _ = choose_quietly(artifact, {"*": "best"})
     assert choice.variant == served
+
+
+def test_best_serves_the_decoder_variant_with_the_fastest_decode_step(tmp_path: Path) -> None:
+    """A decoder's variants are timed as generations (decode_ms a step, prefill_ms), not p50_ms_b1."""
+    artifact = build_artifact(tmp_path / "artifacts" / "toy" / "1")
+    parent = artifact.manifest.files["model.onnx"].sha256
+    steps = {"fp32": (53.6, 84.7), "int8-weights": (23.9, 81.2), "int4-weights": (18.8, 79.1)}  # 135M, measured
+    for name, (decode, prefill) in steps.items():
+        file = "model.onnx" if name == "fp32" else f"variants/model.{name}.onnx"
+        if name != "fp32":
+            artifact.write_file(file, name.encode())
+        artifact.add_variant(name, Variant(file=file, precision=name[:4], format="onnx", stage="optimize",
+                                           parent=parent, latency={"decode_ms": decode, "prefill_ms": prefill}))  # fmt: skip
+    artifact.save()
+    choice, _ = choose_quietly(Artifact.load(artifact.root), {"*": "best"})
+    assert choice.variant == "int4-weights"

@@ -1,0 +1,190 @@
+"""The systems bench/bench_lm_serve.py compares, as one interface: `cell(prompts, new_tokens)` runs one request
+per prompt at once and returns `summary()`'s figures plus `outputs` (each stream's text), `close()` ends it.
+
+- `PipeServe`: `pipe serve` on 127.0.0.1 (onnxruntime, `--threads` intra-op threads, continuous batching
+  with `--max-sequences` 16), optionally a `--variant`; each stream an SSE `/v1/completions` request from its
+  own thread, timed at the client.
+- `Transformers`: `AutoModelForCausalLM.generate(do_sample=False)` in this process, the requests of a cell
+  served one at a time in arrival order (the simple server a user writes: a lock around generate), tokens
+  timed by a streamer; a request's time to first token includes its wait for those before it. It runs
+  `requests` of them for real and derives larger cells from them (`queued`), marked so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p95": float("nan")}
+    return {"p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95))}
+
+
+def summary(requests: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    """A cell's figures from its requests ({ttft, gaps, tokens}) and its wall time."""
+    tokens = sum(r["tokens"] for r in requests)
+    gaps = [g for r in requests for g in r["gaps"]]
+    return {"streams": len(requests), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "ttft_s": percentiles([r["ttft"] for r in requests]), "per_token_s": percentiles(gaps),
+            "short_streams": sum(r["tokens"] == 0 for r in requests)}  # fmt: skip
+
+
+def concurrent(prompts: list[list[int]], one: Callable[[list[int]], dict[str, Any]]) -> dict[str, Any]:
+    """Every prompt's request at once, each from its own thread: the cell's summary and each stream's output."""
+    results: list[dict[str, Any]] = [{} for _ in prompts]
+
+    def run(i: int) -> None:
+        results[i] = one(prompts[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cell = summary(results, time.perf_counter() - started)
+    cell["outputs"] = [r["text"] for r in results]
+    return cell
+
+
+class PipeServe:
+    """`pipe serve REPOSITORY` with `threads` onnxruntime threads, serving `variant` (None: model.onnx)."""
+
+    def __init__(self, repository: Path, model: str, threads: int, log: Path, variant: str | None = None) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        command = [sys.executable, "-m", "pipeline", "serve", str(repository), "--port", str(port), "--poll", "0",
+                   "--drain-seconds", "0", "--intra-op-threads", str(threads), "--inter-op-threads", "1",
+                   "--max-sequences", "16", "--kv-cache-mb", "1024"]  # fmt: skip
+        if variant:
+            command += ["--variant", variant]
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
+        self.model = model
+        self.proc = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+        self.url = f"http://127.0.0.1:{port}"
+        import httpx
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None:
+                raise SystemExit(f"pipe serve exited:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        self.close()
+        raise SystemExit("pipe serve was not ready in 300 s")
+
+    def stream(self, prompt: list[int], new_tokens: int) -> dict[str, Any]:
+        import httpx
+
+        body = {"model": self.model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        sent = time.perf_counter()
+        times, text, tokens = [], [], 0
+        with httpx.stream("POST", f"{self.url}/v1/completions", json=body, timeout=600) as answer:
+            for line in answer.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                elif chunk["choices"] and chunk["choices"][0]["text"]:
+                    times.append(time.perf_counter())
+                    text.append(chunk["choices"][0]["text"])
+        ttft = times[0] - sent if times else float("nan")
+        return {"ttft": ttft, "gaps": list(np.diff(times)), "tokens": tokens, "text": "".join(text).strip()}
+
+    def cell(self, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+        return concurrent(prompts, lambda p: self.stream(p, new_tokens))
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+class _Stamps:
+    """A generate streamer that timestamps each new token (its first put() is the prompt)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._prompt = True
+
+    def put(self, value: Any) -> None:
+        if self._prompt:
+            self._prompt = False
+            return
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+class Transformers:
+    """transformers' generate on the source directory, one request at a time, `threads` torch threads."""
+
+    def __init__(self, source: Path, threads: int, eos: int, requests: int) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        self.model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="eager").eval()
+        self.eos, self.requests = eos, requests
+        self.measured: dict[str, Any] | None = None
+
+    def run(self, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+        """The prompts served one after another, all arrived at the start."""
+        import torch
+        from transformers import GenerationConfig
+
+        config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, eos_token_id=self.eos, pad_token_id=0)
+        arrived = time.perf_counter()
+        results = []
+        for prompt in prompts:
+            stamps = _Stamps()
+            ids = torch.tensor([prompt])
+            with torch.no_grad():
+                out = self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                                          streamer=stamps)  # fmt: skip
+            made = out[0, len(prompt) :].tolist()
+            results.append({"ttft": stamps.times[0] - arrived, "gaps": list(np.diff(stamps.times)),
+                            "tokens": len(made), "text": " ".join(f"w{i}" for i in made if i != self.eos)})  # fmt: skip
+        cell = summary(results, time.perf_counter() - arrived)
+        cell["outputs"] = [r["text"] for r in results]
+        return cell
+
+    def cell(self, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+        """Up to `requests` prompts really run (once, then reused); the rest of the cell derived from them."""
+        if self.measured is None:
+            self.measured = self.run(prompts[: self.requests], new_tokens)
+        return queued(self.measured, len(prompts))
+
+    def close(self) -> None:
+        pass
+
+
+def queued(measured: dict[str, Any], streams: int) -> dict[str, Any]:
+    """A one-at-a-time server's cell of `streams` requests arriving at once, from the requests measured alone:
+    the same tokens/s and per-token times; request k's first token after k mean durations plus its own."""
+    duration = measured["wall_s"] / measured["streams"]
+    first = measured["ttft_s"]["p50"]
+    return {"derived_from_requests": measured["streams"], "streams": streams, "tokens_per_s": measured["tokens_per_s"],
+            "ttft_s": percentiles([k * duration + first for k in range(streams)]),
+            "per_token_s": measured["per_token_s"], "outputs": measured["outputs"][:streams]}  # fmt: skip

@@ -44,9 +44,12 @@ from lm_serve_model import NAME, VOCAB, prepare  # noqa: E402
 DEFAULT_SYSTEMS = ["pipe", "pipe:int4-weights", "transformers", "llama.cpp:F32", "llama.cpp:Q4_1", "genai"]
 
 
-def ids_of(text: str) -> list[int]:
-    """The bench tokenizer's words (`w123`) back to ids: outputs compare across systems as id lists."""
-    return [int(w[1:]) for w in text.split() if w[:1] == "w" and w[1:].isdigit()]
+def as_ids(output: str | list[int]) -> list[int]:
+    """A stream's output as token ids: the bench tokenizer's words (`w123`) read back, so that outputs compare
+    across systems whether they answer text or ids."""
+    if not isinstance(output, str):
+        return [int(i) for i in output]
+    return [int(w[1:]) for w in output.split() if w[:1] == "w" and w[1:].isdigit()]
 
 
 def start(system: str, args: argparse.Namespace, source: Path, repository: Path) -> Any:
@@ -84,27 +87,29 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS)
     parser.add_argument("--baseline-requests", type=int, default=2, help="transformers requests really run")
+    parser.add_argument("--alone", type=int, default=4, help="prompts each system also answers one at a time")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lm_serve.json")
     args = parser.parse_args()
     source, repository = prepare(args.dir)
     rng = np.random.default_rng(0)
     prompts = [[1, *rng.integers(3, VOCAB - 1, size=args.prompt_tokens - 1).tolist()] for _ in range(max(args.streams))]
     systems = {name: client for name in args.systems if (client := start(name, args, source, repository))}
-    alone: dict[str, list[list[int]]] = {}  # each system's outputs at one stream per prompt, for equality
+    alone: dict[str, list[list[int]]] = {}  # each system's answers to the first --alone prompts, one at a time
     cells: list[dict[str, Any]] = []
     lines = ["| system | tokens/s | TTFT p50 / p95 s | per token p50 / p95 ms | streams equal to alone |",
              "| --- | ---: | --- | --- | --- |"]  # fmt: skip
     try:
-        for client in systems.values():
+        for name, client in systems.items():
             client.cell(prompts[:1], 4)  # warm up
+            if name != "transformers":
+                answers = [client.cell([p], args.new_tokens)["outputs"][0] for p in prompts[: args.alone]]
+                alone[name] = [as_ids(o) for o in answers]
         for streams in args.streams:
             lines.append(f"| **{streams} stream{'s' * (streams > 1)}** | | | | |")
             for name, client in systems.items():
                 cell = client.cell(prompts[:streams], args.new_tokens)
-                outputs = [ids_of(o) if isinstance(o, str) else list(o) for o in cell.pop("outputs")]
-                if streams == 1 or name not in alone:
-                    alone[name] = outputs
-                elif "derived_from_requests" not in cell:
+                outputs = [as_ids(o) for o in cell.pop("outputs")]
+                if streams > 1 and name in alone:
                     same = sum(a == b for a, b in zip(outputs, alone[name], strict=False))
                     cell["same_as_alone"] = f"{same}/{min(len(outputs), len(alone[name]))}"
                 cell["first_ids"] = outputs[0][:8] if outputs else []

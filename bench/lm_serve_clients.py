@@ -147,7 +147,7 @@ class Transformers:
         torch.set_num_threads(threads)
         self.model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="eager").eval()
         self.eos, self.requests = eos, requests
-        self.measured: dict[str, Any] | None = None
+        self.measured: dict[int, dict[str, Any]] = {}  # by new tokens
 
     def run(self, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
         """The prompts served one after another, all arrived at the start."""
@@ -171,10 +171,13 @@ class Transformers:
         return cell
 
     def cell(self, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
-        """Up to `requests` prompts really run (once, then reused); the rest of the cell derived from them."""
-        if self.measured is None:
-            self.measured = self.run(prompts[: self.requests], new_tokens)
-        return queued(self.measured, len(prompts))
+        """Up to `requests` prompts really run (once per `new_tokens`, then reused); the rest of the cell derived
+        from them. One prompt alone is simply run."""
+        if len(prompts) == 1 and self.requests > 1:
+            return self.run(prompts, new_tokens)
+        if new_tokens not in self.measured:
+            self.measured[new_tokens] = self.run(prompts[: self.requests], new_tokens)
+        return queued(self.measured[new_tokens], len(prompts))
 
     def close(self) -> None:
         pass

@@ -132,6 +132,51 @@ def test_lm_speed_times_prefill_and_decode_side_by_side(optimized: tuple[Path, R
         measure_lm(ort_decoders(files), cache, ids, mask, new_tokens=0, min_runs=0)
 
 
+def test_serve_generates_with_a_weight_only_variant_each_stream_as_alone(optimized: tuple[Path, Result]) -> None:
+    """`pipe serve --variant int4-weights`'s engine on the trained Llama: the MatMulNBits graph decodes four
+    prompts in shared steps, each answer equal to its own served alone, and equal to the variant's own
+    greedy generation (pipeline/runtime/generate.py)."""
+    import asyncio
+
+    import onnx
+
+    from pipeline.runtime.generate import greedy
+    from pipeline.runtime.session import create_session
+    from pipeline.serve.generation.sampler import Sampling
+    from pipeline.serve.generation.sequence import Request
+    from pipeline.serve.generation.served import Generator
+    from pipeline.serve.generation.settings import GenerationSettings
+    from pipeline.serve.variant_choice import choose_quietly
+
+    root = optimized[0]
+    artifact = Artifact.load(root)
+    choice, _ = choose_quietly(artifact, {"*": "int4-weights"})
+    path = root / choice.file
+    assert "MatMulNBits" in {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
+    gen = Generator.of(root, artifact.manifest, create_session(path, "cpu", 1, 1, False), GenerationSettings(), None)
+    assert gen is not None
+    prompts = [gen.encode(text, True) for text in ("def add(a, b):", "for i in range(", "import os", "x = [")]
+
+    async def answers(batch: list[list[int]]) -> list[list[int]]:
+        seqs = [gen.engine.submit(Request(ids, 8, Sampling(temperature=0))) for ids in batch]
+        out = []
+        for seq in seqs:
+            while (await seq.events.get()).finish is None:
+                pass
+            out.append(seq.tokens[len(seq.request.prompt) :])
+        return out
+
+    alone = [asyncio.run(answers([ids]))[0] for ids in prompts]
+    assert asyncio.run(answers(prompts)) == alone
+    eos = artifact.manifest.generation.eos_token_ids
+    runner = ort_runner(path)
+    for ids, tokens in zip(prompts, alone, strict=True):
+        generation = artifact.manifest.generation
+        made = greedy(runner, generation.cache, np.array([ids]), np.ones((1, len(ids)), dtype=np.int64), 8, eos,
+                      generation.padding_id)  # fmt: skip
+        assert tokens == [int(t) for t in made.tokens[0][: len(tokens)]]
+
+
 def test_a_tied_lm_head_is_untied_and_quantized(tmp_path: Path) -> None:
     """An lm_head that reads the embedding through a Transpose (tied) is given its own weight and quantized."""
     import onnx

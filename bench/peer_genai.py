@@ -1,0 +1,438 @@
+"""onnxruntime-genai as a peer of `pipe serve` in bench/bench_lm_serve.py, on the very graph pipe serves.
+
+onnxruntime-genai has no HTTP server; what a user of it does for many prompts at once is its
+`Generator` with the prompts as one batch (greedy, `max_length` = prompt + new tokens, `min_length`
+the same so EOS never stops a stream early), or its `Engine` of requests. This peer runs either
+(`mode`): "generator", all of a cell's prompts in one `Generator` of batch size len(prompts); "engine",
+one `Engine` request per prompt. The graph is the artifact's `model.onnx` as pipe exported it
+(past/present concatenated per step, no GroupQueryAttention), named to onnxruntime-genai by a
+`genai_config.json` written into a temporary directory beside a symlink to the model (the artifact is
+only read). onnxruntime-genai's tokenizer cannot read the artifact's word-level tokenizer.json
+("Cannot know how to parse line"), so the peer is fed token ids and its ids are decoded here with the
+`tokenizers` library from that same tokenizer.json: `texts` are real decoded text.
+
+The peer lives in its own venv, outside the repository (about 15 s here; it pulls onnxruntime 1.32.0):
+
+    python3 -m venv /work/peers/genai
+    /work/peers/genai/bin/pip install onnxruntime-genai==0.18.0 numpy
+    # or: .venv/bin/python bench/peer_genai.py --install
+
+`start()` runs this file under that venv's Python as a worker (`--worker`) that loads the model once
+and serves cells over stdin/stdout as JSON lines. Every time is taken inside the worker, around
+onnxruntime-genai's own calls, in one process: a cell starts before the generator (or the requests)
+is made, a stream's time to first token is from that start to its first new id, its per-token times
+are between its successive new ids, and tokens/s is all streams' new ids over the cell's wall time.
+pipe is timed at an HTTP client; this peer pays no HTTP, no SSE and no JSON per token, which is in
+its favour.
+
+    .venv/bin/python bench/peer_genai.py [--dir /tmp/lm-serve-bench] [--streams 1 4 16]
+        [--modes generator engine] [--threads 2] [--check]     # figures; --check: greedy parity
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = Path("/work/peers/genai")
+PACKAGES = ["onnxruntime-genai==0.18.0", "numpy"]
+MODES = ("generator", "engine")
+
+
+def install(venv: Path = VENV) -> Path:
+    """Make the peer's venv (onnxruntime-genai pinned, and the onnxruntime it pulls); its Python."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *PACKAGES], check=True)
+    return python
+
+
+def genai_config(version: Path, threads: int, max_batch: int) -> dict[str, Any]:
+    """onnxruntime-genai's genai_config.json for an artifact version's decoder, from its manifest.
+
+    The graph's own input and output names (position_ids included), the cache layout the manifest
+    records, EOS/BOS/pad ids and the context length; `threads` intra-op threads; the Engine asked for
+    `max_batch` sequences. past_present_share_buffer stays false: a shared buffer needs a graph that
+    writes its present into the past in place (GroupQueryAttention); this graph concatenates.
+    """
+    manifest = json.loads((version / "manifest.json").read_text())
+    generation, cache = manifest["generation"], manifest["generation"]["cache"]
+    vocab = next(i["tokens"]["vocab_size"] for i in manifest["inputs"] if i["name"] == "input_ids")
+    past, present = cache["past"], cache["present"]
+    return {
+        "model": {
+            "type": "llama",
+            "bos_token_id": generation["bos_token_id"],
+            "eos_token_id": generation["eos_token_ids"],
+            "pad_token_id": generation["padding_id"],
+            "vocab_size": vocab,
+            "context_length": generation["context_length"],
+            "decoder": {
+                "session_options": {
+                    "log_id": "onnxruntime-genai",
+                    "intra_op_num_threads": threads,
+                    "inter_op_num_threads": 1,
+                    "provider_options": [],
+                },
+                "filename": "model.onnx",
+                "head_size": cache["head_size"],
+                "num_key_value_heads": cache["kv_heads"],
+                "num_hidden_layers": cache["layers"],
+                "inputs": {
+                    "input_ids": "input_ids",
+                    "attention_mask": "attention_mask",
+                    "position_ids": "position_ids",
+                    "past_key_names": past.format(layer="%d", kind="key"),
+                    "past_value_names": past.format(layer="%d", kind="value"),
+                },
+                "outputs": {
+                    "logits": "logits",
+                    "present_key_names": present.format(layer="%d", kind="key"),
+                    "present_value_names": present.format(layer="%d", kind="value"),
+                },
+            },
+        },
+        "search": {
+            "do_sample": False,
+            "num_beams": 1,
+            "past_present_share_buffer": False,
+            "max_length": generation["context_length"],
+        },
+        "engine": {"static_batching": {"max_batch_size": max_batch}},
+    }
+
+
+class GenaiPeer:
+    """A worker process running onnxruntime-genai on one artifact version; `cell` and `stop`."""
+
+    def __init__(self, version: Path, mode: str, threads: int, venv: Path, max_batch: int = 16) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is not one of {MODES}")
+        python = venv / "bin" / "python"
+        if not python.exists():
+            raise SystemExit(f"no onnxruntime-genai venv at {venv}: run `{sys.executable} {__file__} --install`")
+        self.mode = mode
+        self.directory = Path(tempfile.mkdtemp(prefix="peer-genai-"))
+        (self.directory / "model.onnx").symlink_to(version / "model.onnx")
+        config = genai_config(version, threads, max_batch)
+        (self.directory / "genai_config.json").write_text(json.dumps(config, indent=1))
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(version / "tokenizer" / "tokenizer.json"))
+        self.eos = set(config["model"]["eos_token_id"])
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        command = [str(python), __file__, "--worker", str(self.directory), "--mode", mode]
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.ready = self._read()  # {"load_s", "onnxruntime_genai", "onnxruntime", ...}
+
+    def _read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line:
+            raise SystemExit(f"the onnxruntime-genai worker exited ({self.proc.wait()}); its stderr is above")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise SystemExit(f"onnxruntime-genai failed: {answer['error']}")
+        return answer
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One request to the worker and its answer (raw per-stream records)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def generate(self, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+        """The worker's records of one cell: {"streams": [{ttft, gaps, tokens, ids}], "wall": s}."""
+        return self.ask({"op": "cell", "prompts": prompts, "new_tokens": new_tokens})
+
+    def cell(self, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+        """bench_lm_serve's `summary()` of one cell of len(prompts) streams, plus each stream's `texts`."""
+        from bench_lm_serve import summary
+
+        done = self.generate(prompts, new_tokens)
+        result = summary(done["streams"], done["wall"])
+        result["texts"] = [self.text(s["ids"]) for s in done["streams"]]
+        return result
+
+    def text(self, ids: list[int]) -> str:
+        """Generated ids as a client sees them: decoded by the artifact's tokenizer, EOS dropped."""
+        return self.tokenizer.decode([i for i in ids if i not in self.eos])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.ask({"op": "quit"})
+            except (SystemExit, BrokenPipeError):
+                pass
+            self.proc.wait(30)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def start(repository: Path, name: str = "llama-135m", version: int = 1, *, mode: str = "generator",
+          threads: int = 2, venv: Path = VENV) -> GenaiPeer:  # fmt: skip
+    """onnxruntime-genai on `repository/name/version/model.onnx`, model loaded: `.cell()`, `.stop()`."""
+    return GenaiPeer(Path(repository) / name / str(version), mode, threads, venv)
+
+
+# -- the worker (runs under the peer's venv: numpy and onnxruntime_genai only) ----------------------
+
+
+def generator_cell(og: Any, model: Any, prompts: list[list[int]], new_tokens: int, pad: int) -> dict[str, Any]:
+    """All prompts as one Generator batch, left-padded with the pad id; one timestamp per step."""
+    started = time.perf_counter()
+    longest = max(len(p) for p in prompts)
+    batch = np.full((len(prompts), longest), pad, dtype=np.int32)
+    for row, prompt in enumerate(prompts):
+        batch[row, longest - len(prompt) :] = prompt
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, batch_size=len(prompts), max_length=longest + new_tokens,
+                              min_length=longest + new_tokens)  # fmt: skip
+    generator = og.Generator(model, params)
+    generator.append_tokens(batch)  # the prefill of every row
+    times: list[float] = []
+    ids: list[list[int]] = [[] for _ in prompts]
+    while not generator.is_done():
+        generator.generate_next_token()
+        new = generator.get_next_tokens()  # [batch] int32
+        times.append(time.perf_counter())
+        for row, token in enumerate(new.tolist()):
+            ids[row].append(token)
+    wall = time.perf_counter() - started
+    gaps = np.diff(times).tolist()
+    streams = [{"ttft": times[0] - started, "gaps": gaps, "tokens": len(row), "ids": row} for row in ids]
+    return {"streams": streams, "wall": wall}
+
+
+def engine_cell(og: Any, engine: Any, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+    """One Engine request per prompt, all submitted at the cell's start; each token timed on its event."""
+    started = time.perf_counter()
+    requests = []
+    for prompt in prompts:
+        request = engine.create_request()
+        turn = og.TurnOptions(request)
+        turn.set_do_sample(False)
+        turn.set_max_generated_tokens(new_tokens)
+        turn.set_min_generated_tokens(new_tokens)
+        request.begin_turn(np.asarray(prompt, dtype=np.int32), turn)
+        requests.append(request)
+    row = {id(r): i for i, r in enumerate(requests)}
+    times: list[list[float]] = [[] for _ in prompts]
+    ids: list[list[int]] = [[] for _ in prompts]
+    events = engine.create_event_buffer(max(64, 2 * len(prompts)))
+    while engine.has_pending_requests():
+        engine.run(events)
+        now = time.perf_counter()
+        for k in range(len(events)):
+            event = events[k]
+            if event.flags & og.EngineEventFlags.FAILED:
+                raise RuntimeError(f"engine request failed: {event.error_code}")
+            if event.flags & og.EngineEventFlags.TOKEN:
+                i = row[id(event.request)]
+                times[i].append(now)
+                ids[i].append(int(event.token))
+    wall = time.perf_counter() - started
+    for request in requests:
+        request.close()
+    streams = [{"ttft": t[0] - started, "gaps": np.diff(t).tolist(), "tokens": len(i), "ids": i}
+               for t, i in zip(times, ids, strict=True)]  # fmt: skip
+    return {"streams": streams, "wall": wall}
+
+
+def worker(directory: Path, mode: str) -> None:
+    """Load the model once, then answer JSON lines on stdin until {"op": "quit"}."""
+    import onnxruntime
+    import onnxruntime_genai as og
+
+    def say(answer: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+    config = json.loads((directory / "genai_config.json").read_text())
+    started = time.perf_counter()
+    try:
+        model = og.Model(str(directory))
+        engine = og.Engine(model) if mode == "engine" else None
+    except RuntimeError as error:
+        say({"error": f"loading {directory}: {error}"})
+        return
+    ready = {"load_s": time.perf_counter() - started, "onnxruntime_genai": og.__version__,
+             "onnxruntime": onnxruntime.__version__}  # fmt: skip
+    if engine is not None:
+        capabilities = engine.get_capabilities()
+        ready["engine_max_batch"] = capabilities.configured_max_batch_size
+    say(ready)
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request["op"] == "quit":
+            say({"bye": True})
+            return
+        try:
+            if engine is not None:
+                say(engine_cell(og, engine, request["prompts"], request["new_tokens"]))
+            else:
+                pad = config["model"]["pad_token_id"]
+                say(generator_cell(og, model, request["prompts"], request["new_tokens"], pad))
+        except RuntimeError as error:
+            say({"error": str(error)})
+
+
+# -- alone: figures at 1, 4 and 16 streams, and the greedy checks ----------------------------------
+
+
+def pipe_greedy(repository: Path, prompts: list[list[int]], new_tokens: int, threads: int, log: Path) -> list[str]:
+    """pipe serve's unstreamed greedy text for each prompt (/v1/completions, temperature 0, concurrent)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from bench_lm_serve import start_pipe
+    from lm_serve_model import NAME
+
+    proc, url = start_pipe(repository, threads, log)
+    try:
+
+        def one(prompt: list[int]) -> str:
+            body = {"model": NAME, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0}
+            answer = httpx.post(f"{url}/v1/completions", json=body, timeout=900)
+            answer.raise_for_status()
+            return answer.json()["choices"][0]["text"]
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            return list(pool.map(one, prompts))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def share_buffer_probe(version: Path, prompt: list[int], new_tokens: int, threads: int, venv: Path) -> str:
+    """What onnxruntime-genai does with past_present_share_buffer true on this concatenating graph."""
+    directory = Path(tempfile.mkdtemp(prefix="peer-genai-share-"))
+    try:
+        (directory / "model.onnx").symlink_to(version / "model.onnx")
+        config = genai_config(version, threads, 16)
+        config["search"]["past_present_share_buffer"] = True
+        (directory / "genai_config.json").write_text(json.dumps(config))
+        script = (
+            "import sys, json, numpy as np, onnxruntime_genai as og\n"
+            "m = og.Model(sys.argv[1]); p = og.GeneratorParams(m); n = int(sys.argv[3])\n"
+            "prompt = json.loads(sys.argv[2])\n"
+            "p.set_search_options(do_sample=False, max_length=len(prompt) + n, min_length=len(prompt) + n)\n"
+            "g = og.Generator(m, p); g.append_tokens(np.array([prompt], dtype=np.int32)); out = []\n"
+            "while not g.is_done():\n    g.generate_next_token(); out.append(int(g.get_next_tokens()[0]))\n"
+            "print(json.dumps(out))\n"
+        )
+        done = subprocess.run([str(venv / "bin" / "python"), "-c", script, str(directory), json.dumps(prompt),
+                               str(new_tokens)], capture_output=True, text=True, timeout=900)  # fmt: skip
+        if done.returncode != 0:
+            return "error: " + (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        return done.stdout.strip().splitlines()[-1]
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def check(repository: Path, prompts: list[list[int]], new_tokens: int, threads: int, venv: Path) -> dict[str, Any]:
+    """Greedy parity: a batch against each prompt alone, left padding, the Engine, pipe serve."""
+    version = repository / "llama-135m" / "1"
+    report: dict[str, Any] = {"new_tokens": new_tokens}
+    peer = start(repository, threads=threads, venv=venv)
+    try:
+        batch = [s["ids"] for s in peer.generate(prompts, new_tokens)["streams"]]
+        alone = [peer.generate([p], new_tokens)["streams"][0]["ids"] for p in prompts]
+        report["batch_equals_alone"] = f"{sum(a == b for a, b in zip(batch, alone, strict=True))}/{len(prompts)}"
+        mixed = [p[: len(p) - 31 * k] for k, p in enumerate(prompts[:4])]  # 128, 97, 66, 35 tokens
+        padded = [s["ids"] for s in peer.generate(mixed, new_tokens)["streams"]]
+        mixed_alone = [peer.generate([p], new_tokens)["streams"][0]["ids"] for p in mixed]
+        same = sum(a == b for a, b in zip(padded, mixed_alone, strict=True))
+        report["left_padded_batch_equals_alone"] = f"{same}/{len(mixed)} (prompt lengths {[len(p) for p in mixed]})"
+        texts = [peer.text(ids) for ids in batch]
+        report["distinct_ids_per_stream"] = [len(set(ids)) for ids in batch]
+    finally:
+        peer.stop()
+    engine = start(repository, mode="engine", threads=threads, venv=venv)
+    try:
+        report["engine_max_batch"] = engine.ready.get("engine_max_batch")
+        served = [s["ids"] for s in engine.generate(prompts, new_tokens)["streams"]]
+        report["engine_equals_generator"] = f"{sum(a == b for a, b in zip(served, batch, strict=True))}/{len(prompts)}"
+    finally:
+        engine.stop()
+    piped = pipe_greedy(repository, prompts, new_tokens, threads, Path(tempfile.gettempdir()) / "peer-genai-pipe.log")
+    same = sum(a.strip() == b.strip() for a, b in zip(piped, texts, strict=True))
+    report["pipe_serve_equals_generator"] = f"{same}/{len(prompts)}"
+    report["share_buffer_true"] = share_buffer_probe(version, prompts[0], 8, threads, venv)
+    report["share_buffer_false_ids"] = batch[0][:8]
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/lm-serve-bench"))
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--venv", type=Path, default=VENV)
+    parser.add_argument("--check", action="store_true", help="greedy parity instead of figures")
+    parser.add_argument("--check-tokens", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    parser.add_argument("--install", action="store_true", help=f"make {VENV} and exit")
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=MODES, default="generator", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.mode)
+        return
+    if args.install:
+        print(install(args.venv))
+        return
+    sys.path.insert(0, str(ROOT / "bench"))
+    from lm_serve_model import VOCAB, prepare
+
+    _, repository = prepare(args.dir)
+    rng = np.random.default_rng(0)  # the prompts bench_lm_serve.py sends
+    prompts = [[1, *rng.integers(3, VOCAB - 1, size=args.prompt_tokens - 1).tolist()] for _ in range(max(args.streams))]
+    if args.check:
+        print(json.dumps(check(repository, prompts, args.check_tokens, args.threads, args.venv), indent=1))
+        return
+    results: dict[str, Any] = {"threads": args.threads, "prompt_tokens": args.prompt_tokens,
+                               "new_tokens": args.new_tokens, "modes": {}}  # fmt: skip
+    for mode in args.modes:
+        peer = start(repository, mode=mode, threads=args.threads, venv=args.venv)
+        results["versions"] = {k: peer.ready[k] for k in ("onnxruntime_genai", "onnxruntime")}
+        cells = []
+        try:
+            peer.cell(prompts[:1], 4)  # warm up
+            for streams in args.streams:
+                load_before = os.getloadavg()[0]
+                cell = peer.cell(prompts[:streams], args.new_tokens)
+                cell["load_1min"] = [load_before, os.getloadavg()[0]]
+                texts = cell.pop("texts")
+                cell["empty_texts"] = sum(not t.strip() for t in texts)
+                cells.append(cell)
+                print(f"{mode} {streams:>2} streams: {cell['tokens_per_s']:.1f} tok/s, TTFT p50/p95 "
+                      f"{cell['ttft_s']['p50']:.2f}/{cell['ttft_s']['p95']:.2f} s, per token p50/p95 "
+                      f"{cell['per_token_s']['p50'] * 1000:.0f}/{cell['per_token_s']['p95'] * 1000:.0f} ms, "
+                      f"load {load_before:.1f}->{os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+        finally:
+            peer.stop()
+        ready = peer.ready
+        results["modes"][mode] = {"load_s": ready["load_s"], "engine_max_batch": ready.get("engine_max_batch"),
+                                  "cells": cells}  # fmt: skip
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+    print(json.dumps({m: r["load_s"] for m, r in results["modes"].items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -190,12 +190,18 @@ def start(repository: Path, name: str = "llama-135m", version: int = 1, *, mode:
 
 
 def generator_cell(og: Any, model: Any, prompts: list[list[int]], new_tokens: int, pad: int) -> dict[str, Any]:
-    """All prompts as one Generator batch, left-padded with the pad id; one timestamp per step."""
+    """All prompts as one Generator batch, right-padded with the pad id; one timestamp per step.
+
+    onnxruntime-genai 0.18 reads a batch's trailing pad ids as padding (mask 0, positions of the real
+    tokens kept); leading pad ids it takes for tokens (mask 1), so a left-padded row generates other
+    ids than it does alone. The rows step together: each makes `new_tokens` ids (max_length is the
+    longest prompt's + new_tokens); the bench's prompts are of one length.
+    """
     started = time.perf_counter()
     longest = max(len(p) for p in prompts)
     batch = np.full((len(prompts), longest), pad, dtype=np.int32)
     for row, prompt in enumerate(prompts):
-        batch[row, longest - len(prompt) :] = prompt
+        batch[row, : len(prompt)] = prompt
     params = og.GeneratorParams(model)
     params.set_search_options(do_sample=False, batch_size=len(prompts), max_length=longest + new_tokens,
                               min_length=longest + new_tokens)  # fmt: skip
@@ -354,7 +360,7 @@ def check(repository: Path, prompts: list[list[int]], new_tokens: int, threads: 
         padded = [s["ids"] for s in peer.generate(mixed, new_tokens)["streams"]]
         mixed_alone = [peer.generate([p], new_tokens)["streams"][0]["ids"] for p in mixed]
         same = sum(a == b for a, b in zip(padded, mixed_alone, strict=True))
-        report["left_padded_batch_equals_alone"] = f"{same}/{len(mixed)} (prompt lengths {[len(p) for p in mixed]})"
+        report["padded_batch_equals_alone"] = f"{same}/{len(mixed)} (prompt lengths {[len(p) for p in mixed]})"
         texts = [peer.text(ids) for ids in batch]
         report["distinct_ids_per_stream"] = [len(set(ids)) for ids in batch]
     finally:

@@ -46,6 +46,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path("/work/peers/genai")
+BUILDER_VENV = Path("/work/peers/genai-builder")
 PACKAGES = ["onnxruntime-genai==0.18.0", "numpy"]
 MODES = ("generator", "engine")
 
@@ -115,25 +116,21 @@ def genai_config(version: Path, threads: int, max_batch: int) -> dict[str, Any]:
 
 
 class GenaiPeer:
-    """A worker process running onnxruntime-genai on one artifact version; `cell` and `stop`."""
+    """A worker process running onnxruntime-genai on a model directory (owned: removed by `stop`)."""
 
-    def __init__(self, version: Path, mode: str, threads: int, venv: Path, max_batch: int = 16) -> None:
+    def __init__(self, directory: Path, tokenizer: Path, mode: str, threads: int, venv: Path) -> None:
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is not one of {MODES}")
         python = venv / "bin" / "python"
         if not python.exists():
             raise SystemExit(f"no onnxruntime-genai venv at {venv}: run `{sys.executable} {__file__} --install`")
-        self.mode = mode
-        self.directory = Path(tempfile.mkdtemp(prefix="peer-genai-"))
-        (self.directory / "model.onnx").symlink_to(version / "model.onnx")
-        config = genai_config(version, threads, max_batch)
-        (self.directory / "genai_config.json").write_text(json.dumps(config, indent=1))
         from tokenizers import Tokenizer
 
-        self.tokenizer = Tokenizer.from_file(str(version / "tokenizer" / "tokenizer.json"))
-        self.eos = set(config["model"]["eos_token_id"])
+        self.mode, self.directory = mode, directory
+        self.tokenizer = Tokenizer.from_file(str(tokenizer))
+        self.eos = set(json.loads((directory / "genai_config.json").read_text())["model"]["eos_token_id"])
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        command = [str(python), __file__, "--worker", str(self.directory), "--mode", mode]
+        command = [str(python), __file__, "--worker", str(directory), "--mode", mode]
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.ready = self._read()  # {"load_s", "onnxruntime_genai", "onnxruntime", ...}
 
@@ -181,9 +178,42 @@ class GenaiPeer:
 
 
 def start(repository: Path, name: str = "llama-135m", version: int = 1, *, mode: str = "generator",
-          threads: int = 2, venv: Path = VENV) -> GenaiPeer:  # fmt: skip
-    """onnxruntime-genai on `repository/name/version/model.onnx`, model loaded: `.cell()`, `.stop()`."""
-    return GenaiPeer(Path(repository) / name / str(version), mode, threads, venv)
+          threads: int = 2, venv: Path = VENV, built: Path | None = None) -> GenaiPeer:  # fmt: skip
+    """onnxruntime-genai on `repository/name/version/model.onnx`, model loaded: `.cell()`, `.stop()`.
+
+    `built`: instead, a directory onnxruntime-genai's model builder made from the same source (`build`):
+    its own graph and genai_config.json, given the same threads and Engine batch.
+    """
+    artifact = Path(repository) / name / str(version)
+    directory = Path(tempfile.mkdtemp(prefix="peer-genai-"))
+    if built is None:
+        (directory / "model.onnx").symlink_to(artifact / "model.onnx")
+        config = genai_config(artifact, threads, max_batch=16)
+    else:
+        for path in Path(built).iterdir():
+            if path.name != "genai_config.json":
+                (directory / path.name).symlink_to(path.resolve())
+        config = json.loads((Path(built) / "genai_config.json").read_text())
+        options = config["model"]["decoder"]["session_options"]
+        options.update({"intra_op_num_threads": threads, "inter_op_num_threads": 1})
+        config["engine"] = {"static_batching": {"max_batch_size": 16}}
+    (directory / "genai_config.json").write_text(json.dumps(config, indent=1))
+    return GenaiPeer(directory, artifact / "tokenizer" / "tokenizer.json", mode, threads, venv)
+
+
+def build(source: Path, out: Path, venv: Path = BUILDER_VENV) -> Path:
+    """onnxruntime-genai's own graph of a transformers directory: its model builder, fp32 for the CPU.
+
+    The builder writes GroupQueryAttention with past_present_share_buffer true and no position_ids
+    input: what its docs tell a user to run. It needs torch and transformers beside onnxruntime-genai
+    (its own venv: `pip install onnxruntime-genai==0.18.0 torch==2.13.0 transformers onnx onnx-ir`,
+    about 4 minutes here; the build about 3).
+    """
+    cache = out.parent / f"{out.name}-cache"
+    command = [str(venv / "bin" / "python"), "-m", "onnxruntime_genai.models.builder", "-m", str(source),
+               "-i", str(source), "-o", str(out), "-p", "fp32", "-e", "cpu", "-c", str(cache)]  # fmt: skip
+    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return out
 
 
 # -- the worker (runs under the peer's venv: numpy and onnxruntime_genai only) ----------------------
@@ -347,11 +377,12 @@ def share_buffer_probe(version: Path, prompt: list[int], new_tokens: int, thread
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def check(repository: Path, prompts: list[list[int]], new_tokens: int, threads: int, venv: Path) -> dict[str, Any]:
-    """Greedy parity: a batch against each prompt alone, left padding, the Engine, pipe serve."""
+def check(repository: Path, prompts: list[list[int]], new_tokens: int, threads: int, venv: Path,
+          built: Path | None) -> dict[str, Any]:  # fmt: skip
+    """Greedy parity: a batch against each prompt alone, padding, the Engine, pipe serve, a shared buffer."""
     version = repository / "llama-135m" / "1"
-    report: dict[str, Any] = {"new_tokens": new_tokens}
-    peer = start(repository, threads=threads, venv=venv)
+    report: dict[str, Any] = {"new_tokens": new_tokens, "graph": str(built or version / "model.onnx")}
+    peer = start(repository, threads=threads, venv=venv, built=built)
     try:
         batch = [s["ids"] for s in peer.generate(prompts, new_tokens)["streams"]]
         alone = [peer.generate([p], new_tokens)["streams"][0]["ids"] for p in prompts]
@@ -365,7 +396,7 @@ def check(repository: Path, prompts: list[list[int]], new_tokens: int, threads: 
         report["distinct_ids_per_stream"] = [len(set(ids)) for ids in batch]
     finally:
         peer.stop()
-    engine = start(repository, mode="engine", threads=threads, venv=venv)
+    engine = start(repository, mode="engine", threads=threads, venv=venv, built=built)
     try:
         report["engine_max_batch"] = engine.ready.get("engine_max_batch")
         served = [s["ids"] for s in engine.generate(prompts, new_tokens)["streams"]]
@@ -375,8 +406,9 @@ def check(repository: Path, prompts: list[list[int]], new_tokens: int, threads: 
     piped = pipe_greedy(repository, prompts, new_tokens, threads, Path(tempfile.gettempdir()) / "peer-genai-pipe.log")
     same = sum(a.strip() == b.strip() for a, b in zip(piped, texts, strict=True))
     report["pipe_serve_equals_generator"] = f"{same}/{len(prompts)}"
-    report["share_buffer_true"] = share_buffer_probe(version, prompts[0], 8, threads, venv)
-    report["share_buffer_false_ids"] = batch[0][:8]
+    if built is None:
+        report["share_buffer_true"] = share_buffer_probe(version, prompts[0], 8, threads, venv)
+        report["share_buffer_false_ids"] = batch[0][:8]
     return report
 
 
@@ -392,6 +424,8 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="greedy parity instead of figures")
     parser.add_argument("--check-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    parser.add_argument("--built", type=Path, help="the model builder's directory to run instead of the artifact")
+    parser.add_argument("--build", action="store_true", help="make --built from DIR/source first (its own venv)")
     parser.add_argument("--install", action="store_true", help=f"make {VENV} and exit")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, default="generator", help=argparse.SUPPRESS)
@@ -405,16 +439,21 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     from lm_serve_model import VOCAB, prepare
 
-    _, repository = prepare(args.dir)
+    source, repository = prepare(args.dir)
+    if args.build:
+        if args.built is None:
+            parser.error("--build needs --built DIR (where the builder writes)")
+        build(source, args.built)
     rng = np.random.default_rng(0)  # the prompts bench_lm_serve.py sends
     prompts = [[1, *rng.integers(3, VOCAB - 1, size=args.prompt_tokens - 1).tolist()] for _ in range(max(args.streams))]
     if args.check:
-        print(json.dumps(check(repository, prompts, args.check_tokens, args.threads, args.venv), indent=1))
+        print(json.dumps(check(repository, prompts, args.check_tokens, args.threads, args.venv, args.built), indent=1))
         return
+    graph = str(args.built or "artifact")
     results: dict[str, Any] = {"threads": args.threads, "prompt_tokens": args.prompt_tokens,
-                               "new_tokens": args.new_tokens, "modes": {}}  # fmt: skip
+                               "new_tokens": args.new_tokens, "graph": graph, "modes": {}}  # fmt: skip
     for mode in args.modes:
-        peer = start(repository, mode=mode, threads=args.threads, venv=args.venv)
+        peer = start(repository, mode=mode, threads=args.threads, venv=args.venv, built=args.built)
         results["versions"] = {k: peer.ready[k] for k in ("onnxruntime_genai", "onnxruntime")}
         cells = []
         try:

@@ -1,37 +1,37 @@
-"""onnxruntime-genai as a peer of `pipe serve` in bench/bench_lm_serve.py, on the very graph pipe serves.
+"""onnxruntime-genai as a peer of `pipe serve` in bench/bench_lm_serve.py (`--systems genai[:OPTION]`).
 
-onnxruntime-genai has no HTTP server; what a user of it does for many prompts at once is its
-`Generator` with the prompts as one batch (greedy, `max_length` = prompt + new tokens, `min_length`
-the same so EOS never stops a stream early), or its `Engine` of requests. This peer runs either
-(`mode`): "generator", all of a cell's prompts in one `Generator` of batch size len(prompts); "engine",
-one `Engine` request per prompt. The graph is the artifact's `model.onnx` as pipe exported it
-(past/present concatenated per step, no GroupQueryAttention), named to onnxruntime-genai by a
-`genai_config.json` written into a temporary directory beside a symlink to the model (the artifact is
-only read). onnxruntime-genai's tokenizer cannot read the artifact's word-level tokenizer.json
-("Cannot know how to parse line"), so the peer is fed token ids and its ids are decoded here with the
-`tokenizers` library from that same tokenizer.json: `texts` are real decoded text.
+onnxruntime-genai has no HTTP server. What a user of it does with many prompts at once is its
+`Generator` with the prompts as one batch (greedy, max_length = prompt + new tokens, min_length the
+same so EOS never stops a stream early), or its `Engine`, one request per prompt (0.18's Engine on
+the CPU batches statically: its continuous batching needs a PagedAttention graph, which its model
+builder makes for CUDA fp16/bf16 only). OPTION: "generator" (default) or "engine" on the artifact's
+own model.onnx, the graph pipe serves (past/present concatenated; past_present_share_buffer false, as a
+shared buffer needs GroupQueryAttention), named to onnxruntime-genai by a genai_config.json written
+beside a symlink in a temporary directory (the artifact is only read); "builder" or "builder-engine"
+on the graph onnxruntime-genai's model builder makes from the same transformers source (`build`).
+Its tokenizer cannot read the artifact's word-level tokenizer.json ("Cannot know how to parse line"),
+so it is fed token ids; `outputs` are each stream's new ids.
 
-The peer lives in its own venv, outside the repository (about 15 s here; it pulls onnxruntime 1.32.0):
+The peer lives in its own venv outside the repository (15 s here; it pulls onnxruntime 1.32.0):
 
     python3 -m venv /work/peers/genai
-    /work/peers/genai/bin/pip install onnxruntime-genai==0.18.0 numpy
-    # or: .venv/bin/python bench/peer_genai.py --install
+    /work/peers/genai/bin/pip install onnxruntime-genai==0.18.0 numpy     # or: peer_genai.py --install
 
-`start()` runs this file under that venv's Python as a worker (`--worker`) that loads the model once
-and serves cells over stdin/stdout as JSON lines. Every time is taken inside the worker, around
-onnxruntime-genai's own calls, in one process: a cell starts before the generator (or the requests)
-is made, a stream's time to first token is from that start to its first new id, its per-token times
-are between its successive new ids, and tokens/s is all streams' new ids over the cell's wall time.
-pipe is timed at an HTTP client; this peer pays no HTTP, no SSE and no JSON per token, which is in
-its favour.
+`Peer` runs this file under that venv's Python as a worker (`--worker`) that loads the model once and
+answers cells as JSON lines on stdin/stdout. Times are taken in the worker around onnxruntime-genai's
+calls: a cell starts before the generator (or the requests) is made; a stream's time to first token
+is from there to its first new id, its per-token times between its successive ids; tokens/s is every
+stream's ids over the cell's wall time. pipe is timed at an HTTP client: this peer pays no HTTP, SSE
+or JSON per token, which is in its favour.
 
-    .venv/bin/python bench/peer_genai.py [--dir /tmp/lm-serve-bench] [--streams 1 4 16]
-        [--modes generator engine] [--threads 2] [--check]     # figures; --check: greedy parity
+    .venv/bin/python bench/peer_genai.py [--streams 1 4 16] [--options generator engine builder ...]
+    .venv/bin/python bench/peer_genai.py --check [--check-builder]    # greedy parity, 32 new tokens
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -47,8 +47,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path("/work/peers/genai")
 BUILDER_VENV = Path("/work/peers/genai-builder")
+BUILT = Path("/work/peers/genai-built")
 PACKAGES = ["onnxruntime-genai==0.18.0", "numpy"]
 MODES = ("generator", "engine")
+# genai:OPTION in bench_lm_serve.py: (the model builder's graph instead of the artifact's, the mode)
+OPTIONS = {"generator": (False, "generator"), "engine": (False, "engine"), "builder": (True, "generator"),
+           "builder-engine": (True, "engine")}  # fmt: skip
 
 
 def install(venv: Path = VENV) -> Path:
@@ -115,36 +119,51 @@ def genai_config(version: Path, threads: int, max_batch: int) -> dict[str, Any]:
     }
 
 
-class GenaiPeer:
-    """A worker process running onnxruntime-genai on a model directory (owned: removed by `stop`)."""
+def missing(venv: Path = VENV) -> str:
+    """Why this peer cannot run here ("" when it can): its venv is not made."""
+    if not (venv / "bin" / "python").exists():
+        return f"no onnxruntime-genai venv at {venv}: `.venv/bin/python bench/peer_genai.py --install`"
+    return ""
 
-    def __init__(self, directory: Path, tokenizer: Path, mode: str, threads: int, venv: Path) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode {mode!r} is not one of {MODES}")
-        python = venv / "bin" / "python"
-        if not python.exists():
-            raise SystemExit(f"no onnxruntime-genai venv at {venv}: run `{sys.executable} {__file__} --install`")
+
+class Peer:
+    """onnxruntime-genai in a worker process, model loaded; bench_lm_serve.py's `cell` and `close`.
+
+    `option` (`genai:OPTION`): "generator" (None), "engine", "builder" or "builder-engine": the
+    Generator or the Engine, on the artifact's model.onnx or on the model builder's own graph of
+    `source` (made once by `build`, kept under /work/peers/genai-built by the source's digest).
+    """
+
+    def __init__(self, source: Path, repository: Path, threads: int, log: Path, option: str | None = None,
+                 name: str = "llama-135m", venv: Path = VENV) -> None:  # fmt: skip
+        if (option or "generator") not in OPTIONS:
+            raise SystemExit(f"genai:{option} is not one of {', '.join(OPTIONS)}")
+        builder, mode = OPTIONS[option or "generator"]
+        if missing(venv):
+            raise SystemExit(missing(venv))
         from tokenizers import Tokenizer
 
-        self.mode, self.directory = mode, directory
-        self.tokenizer = Tokenizer.from_file(str(tokenizer))
-        self.eos = set(json.loads((directory / "genai_config.json").read_text())["model"]["eos_token_id"])
+        artifact = Path(repository) / name / "1"
+        self.directory = model_directory(artifact, build(Path(source)) if builder else None, threads)
+        self.tokenizer = Tokenizer.from_file(str(artifact / "tokenizer" / "tokenizer.json"))
+        self.eos = set(json.loads((self.directory / "genai_config.json").read_text())["model"]["eos_token_id"])
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        command = [str(python), __file__, "--worker", str(directory), "--mode", mode]
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        self.ready = self._read()  # {"load_s", "onnxruntime_genai", "onnxruntime", ...}
+        command = [str(venv / "bin" / "python"), __file__, "--worker", str(self.directory), "--mode", mode]
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("wb"),
+                                     text=True, env=env)  # fmt: skip
+        self.ready = self._read()  # {"load_s", "onnxruntime_genai", "onnxruntime", "engine_max_batch"}
 
     def _read(self) -> dict[str, Any]:
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line:
-            raise SystemExit(f"the onnxruntime-genai worker exited ({self.proc.wait()}); its stderr is above")
+            raise SystemExit(f"the onnxruntime-genai worker exited ({self.proc.wait()}): see its log")
         answer = json.loads(line)
         if "error" in answer:
             raise SystemExit(f"onnxruntime-genai failed: {answer['error']}")
         return answer
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        """One request to the worker and its answer (raw per-stream records)."""
+        """One request to the worker and its answer."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
@@ -155,19 +174,19 @@ class GenaiPeer:
         return self.ask({"op": "cell", "prompts": prompts, "new_tokens": new_tokens})
 
     def cell(self, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
-        """bench_lm_serve's `summary()` of one cell of len(prompts) streams, plus each stream's `texts`."""
-        from bench_lm_serve import summary
+        """`summary()` of one cell of len(prompts) streams, plus `outputs`: each stream's new ids."""
+        from lm_serve_clients import summary
 
         done = self.generate(prompts, new_tokens)
         result = summary(done["streams"], done["wall"])
-        result["texts"] = [self.text(s["ids"]) for s in done["streams"]]
+        result["outputs"] = [s["ids"] for s in done["streams"]]
         return result
 
     def text(self, ids: list[int]) -> str:
         """Generated ids as a client sees them: decoded by the artifact's tokenizer, EOS dropped."""
         return self.tokenizer.decode([i for i in ids if i not in self.eos])
 
-    def stop(self) -> None:
+    def close(self) -> None:
         if self.proc.poll() is None:
             try:
                 self.ask({"op": "quit"})
@@ -177,42 +196,46 @@ class GenaiPeer:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def start(repository: Path, name: str = "llama-135m", version: int = 1, *, mode: str = "generator",
-          threads: int = 2, venv: Path = VENV, built: Path | None = None) -> GenaiPeer:  # fmt: skip
-    """onnxruntime-genai on `repository/name/version/model.onnx`, model loaded: `.cell()`, `.stop()`.
+def model_directory(artifact: Path, built: Path | None, threads: int) -> Path:
+    """A temporary directory onnxruntime-genai loads: symlinks to the graph and its genai_config.json.
 
-    `built`: instead, a directory onnxruntime-genai's model builder made from the same source (`build`):
-    its own graph and genai_config.json, given the same threads and Engine batch.
+    `built` None: the artifact's model.onnx with `genai_config`. Otherwise the builder's directory, its
+    own config given the same threads and Engine batch.
     """
-    artifact = Path(repository) / name / str(version)
     directory = Path(tempfile.mkdtemp(prefix="peer-genai-"))
     if built is None:
         (directory / "model.onnx").symlink_to(artifact / "model.onnx")
         config = genai_config(artifact, threads, max_batch=16)
     else:
-        for path in Path(built).iterdir():
+        for path in built.iterdir():
             if path.name != "genai_config.json":
                 (directory / path.name).symlink_to(path.resolve())
-        config = json.loads((Path(built) / "genai_config.json").read_text())
-        options = config["model"]["decoder"]["session_options"]
-        options.update({"intra_op_num_threads": threads, "inter_op_num_threads": 1})
+        config = json.loads((built / "genai_config.json").read_text())
+        config["model"]["decoder"]["session_options"].update({"intra_op_num_threads": threads,
+                                                              "inter_op_num_threads": 1})  # fmt: skip
         config["engine"] = {"static_batching": {"max_batch_size": 16}}
     (directory / "genai_config.json").write_text(json.dumps(config, indent=1))
-    return GenaiPeer(directory, artifact / "tokenizer" / "tokenizer.json", mode, threads, venv)
+    return directory
 
 
-def build(source: Path, out: Path, venv: Path = BUILDER_VENV) -> Path:
-    """onnxruntime-genai's own graph of a transformers directory: its model builder, fp32 for the CPU.
+def build(source: Path, venv: Path = BUILDER_VENV) -> Path:
+    """onnxruntime-genai's own graph of a transformers directory (its model builder, fp32, CPU), made once.
 
     The builder writes GroupQueryAttention with past_present_share_buffer true and no position_ids
-    input: what its docs tell a user to run. It needs torch and transformers beside onnxruntime-genai
-    (its own venv: `pip install onnxruntime-genai==0.18.0 torch==2.13.0 transformers onnx onnx-ir`,
-    about 4 minutes here; the build about 3).
+    input: what its docs tell a user to run. It needs torch and transformers beside onnxruntime-genai,
+    in a venv of its own (about 4 minutes here; a build about 3):
+        python3 -m venv /work/peers/genai-builder
+        /work/peers/genai-builder/bin/pip install onnxruntime-genai==0.18.0 torch==2.13.0 transformers onnx onnx-ir
     """
-    cache = out.parent / f"{out.name}-cache"
+    digest = hashlib.sha256((source / "model.safetensors").read_bytes()).hexdigest()[:16]
+    out = BUILT / digest
+    if (out / "genai_config.json").exists():
+        return out
+    if not (venv / "bin" / "python").exists():
+        raise SystemExit(f"no model-builder venv at {venv}: see bench/peer_genai.py's build()")
     command = [str(venv / "bin" / "python"), "-m", "onnxruntime_genai.models.builder", "-m", str(source),
-               "-i", str(source), "-o", str(out), "-p", "fp32", "-e", "cpu", "-c", str(cache)]  # fmt: skip
-    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+               "-i", str(source), "-o", str(out), "-p", "fp32", "-e", "cpu", "-c", str(BUILT / "cache")]  # fmt: skip
+    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL)
     return out
 
 
@@ -327,36 +350,34 @@ def worker(directory: Path, mode: str) -> None:
 # -- alone: figures at 1, 4 and 16 streams, and the greedy checks ----------------------------------
 
 
-def pipe_greedy(repository: Path, prompts: list[list[int]], new_tokens: int, threads: int, log: Path) -> list[str]:
+def pipe_greedy(repository: Path, prompts: list[list[int]], new_tokens: int, threads: int) -> list[str]:
     """pipe serve's unstreamed greedy text for each prompt (/v1/completions, temperature 0, concurrent)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
-    from bench_lm_serve import start_pipe
+    from lm_serve_clients import PipeServe
     from lm_serve_model import NAME
 
-    proc, url = start_pipe(repository, threads, log)
+    pipe = PipeServe(repository, NAME, threads, Path(tempfile.gettempdir()) / "peer-genai-pipe.log")
     try:
 
         def one(prompt: list[int]) -> str:
             body = {"model": NAME, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0}
-            answer = httpx.post(f"{url}/v1/completions", json=body, timeout=900)
+            answer = httpx.post(f"{pipe.url}/v1/completions", json=body, timeout=900)
             answer.raise_for_status()
             return answer.json()["choices"][0]["text"]
 
         with ThreadPoolExecutor(len(prompts)) as pool:
             return list(pool.map(one, prompts))
     finally:
-        proc.terminate()
-        proc.wait(30)
+        pipe.close()
 
 
-def share_buffer_probe(version: Path, prompt: list[int], new_tokens: int, threads: int, venv: Path) -> str:
-    """What onnxruntime-genai does with past_present_share_buffer true on this concatenating graph."""
-    directory = Path(tempfile.mkdtemp(prefix="peer-genai-share-"))
+def share_buffer_probe(artifact: Path, prompt: list[int], new_tokens: int, threads: int, venv: Path) -> str:
+    """What onnxruntime-genai does with past_present_share_buffer true on the artifact's graph."""
+    directory = model_directory(artifact, None, threads)
     try:
-        (directory / "model.onnx").symlink_to(version / "model.onnx")
-        config = genai_config(version, threads, 16)
+        config = json.loads((directory / "genai_config.json").read_text())
         config["search"]["past_present_share_buffer"] = True
         (directory / "genai_config.json").write_text(json.dumps(config))
         script = (
@@ -377,12 +398,13 @@ def share_buffer_probe(version: Path, prompt: list[int], new_tokens: int, thread
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def check(repository: Path, prompts: list[list[int]], new_tokens: int, threads: int, venv: Path,
-          built: Path | None) -> dict[str, Any]:  # fmt: skip
+def check(source: Path, repository: Path, prompts: list[list[int]], new_tokens: int, threads: int,
+          builder: bool) -> dict[str, Any]:  # fmt: skip
     """Greedy parity: a batch against each prompt alone, padding, the Engine, pipe serve, a shared buffer."""
-    version = repository / "llama-135m" / "1"
-    report: dict[str, Any] = {"new_tokens": new_tokens, "graph": str(built or version / "model.onnx")}
-    peer = start(repository, threads=threads, venv=venv, built=built)
+    log = Path(tempfile.gettempdir()) / "peer-genai-check.log"
+    prefix = "builder-" if builder else ""
+    report: dict[str, Any] = {"new_tokens": new_tokens, "graph": "builder" if builder else "artifact"}
+    peer = Peer(source, repository, threads, log, "builder" if builder else "generator")
     try:
         batch = [s["ids"] for s in peer.generate(prompts, new_tokens)["streams"]]
         alone = [peer.generate([p], new_tokens)["streams"][0]["ids"] for p in prompts]
@@ -395,19 +417,20 @@ def check(repository: Path, prompts: list[list[int]], new_tokens: int, threads: 
         texts = [peer.text(ids) for ids in batch]
         report["distinct_ids_per_stream"] = [len(set(ids)) for ids in batch]
     finally:
-        peer.stop()
-    engine = start(repository, mode="engine", threads=threads, venv=venv, built=built)
+        peer.close()
+    engine = Peer(source, repository, threads, log, prefix + "engine")
     try:
         report["engine_max_batch"] = engine.ready.get("engine_max_batch")
         served = [s["ids"] for s in engine.generate(prompts, new_tokens)["streams"]]
         report["engine_equals_generator"] = f"{sum(a == b for a, b in zip(served, batch, strict=True))}/{len(prompts)}"
     finally:
-        engine.stop()
-    piped = pipe_greedy(repository, prompts, new_tokens, threads, Path(tempfile.gettempdir()) / "peer-genai-pipe.log")
+        engine.close()
+    piped = pipe_greedy(repository, prompts, new_tokens, threads)
     same = sum(a.strip() == b.strip() for a, b in zip(piped, texts, strict=True))
     report["pipe_serve_equals_generator"] = f"{same}/{len(prompts)}"
-    if built is None:
-        report["share_buffer_true"] = share_buffer_probe(version, prompts[0], 8, threads, venv)
+    if not builder:
+        artifact = repository / "llama-135m" / "1"
+        report["share_buffer_true"] = share_buffer_probe(artifact, prompts[0], 8, threads, VENV)
         report["share_buffer_false_ids"] = batch[0][:8]
     return report
 
@@ -416,16 +439,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/lm-serve-bench"))
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--options", nargs="+", choices=list(OPTIONS), default=["generator", "engine"])
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--venv", type=Path, default=VENV)
     parser.add_argument("--check", action="store_true", help="greedy parity instead of figures")
+    parser.add_argument("--check-builder", action="store_true", help="--check on the model builder's graph")
     parser.add_argument("--check-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
-    parser.add_argument("--built", type=Path, help="the model builder's directory to run instead of the artifact")
-    parser.add_argument("--build", action="store_true", help="make --built from DIR/source first (its own venv)")
     parser.add_argument("--install", action="store_true", help=f"make {VENV} and exit")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, default="generator", help=argparse.SUPPRESS)
@@ -434,26 +455,23 @@ def main() -> None:
         worker(args.worker, args.mode)
         return
     if args.install:
-        print(install(args.venv))
+        print(install())
         return
+    sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "bench"))
     from lm_serve_model import VOCAB, prepare
 
     source, repository = prepare(args.dir)
-    if args.build:
-        if args.built is None:
-            parser.error("--build needs --built DIR (where the builder writes)")
-        build(source, args.built)
     rng = np.random.default_rng(0)  # the prompts bench_lm_serve.py sends
     prompts = [[1, *rng.integers(3, VOCAB - 1, size=args.prompt_tokens - 1).tolist()] for _ in range(max(args.streams))]
-    if args.check:
-        print(json.dumps(check(repository, prompts, args.check_tokens, args.threads, args.venv, args.built), indent=1))
+    if args.check or args.check_builder:
+        report = check(source, repository, prompts, args.check_tokens, args.threads, args.check_builder)
+        print(json.dumps(report, indent=1))
         return
-    graph = str(args.built or "artifact")
     results: dict[str, Any] = {"threads": args.threads, "prompt_tokens": args.prompt_tokens,
-                               "new_tokens": args.new_tokens, "graph": graph, "modes": {}}  # fmt: skip
-    for mode in args.modes:
-        peer = start(repository, mode=mode, threads=args.threads, venv=args.venv, built=args.built)
+                               "new_tokens": args.new_tokens, "options": {}}  # fmt: skip
+    for option in args.options:
+        peer = Peer(source, repository, args.threads, Path(tempfile.gettempdir()) / f"peer-genai-{option}.log", option)
         results["versions"] = {k: peer.ready[k] for k in ("onnxruntime_genai", "onnxruntime")}
         cells = []
         try:
@@ -462,21 +480,19 @@ def main() -> None:
                 load_before = os.getloadavg()[0]
                 cell = peer.cell(prompts[:streams], args.new_tokens)
                 cell["load_1min"] = [load_before, os.getloadavg()[0]]
-                texts = cell.pop("texts")
-                cell["empty_texts"] = sum(not t.strip() for t in texts)
+                cell["distinct_ids"] = [len(set(ids)) for ids in cell.pop("outputs")]
                 cells.append(cell)
-                print(f"{mode} {streams:>2} streams: {cell['tokens_per_s']:.1f} tok/s, TTFT p50/p95 "
-                      f"{cell['ttft_s']['p50']:.2f}/{cell['ttft_s']['p95']:.2f} s, per token p50/p95 "
-                      f"{cell['per_token_s']['p50'] * 1000:.0f}/{cell['per_token_s']['p95'] * 1000:.0f} ms, "
-                      f"load {load_before:.1f}->{os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+                ttft, gap, load = cell["ttft_s"], cell["per_token_s"], cell["load_1min"]
+                print(f"genai:{option} {streams:>2} streams: {cell['tokens_per_s']:.1f} tok/s, TTFT p50/p95 "
+                      f"{ttft['p50']:.2f}/{ttft['p95']:.2f} s, per token p50/p95 {gap['p50'] * 1e3:.0f}/"
+                      f"{gap['p95'] * 1e3:.0f} ms, load {load[0]:.1f}->{load[1]:.1f}", flush=True)  # fmt: skip
         finally:
-            peer.stop()
+            peer.close()
         ready = peer.ready
-        results["modes"][mode] = {"load_s": ready["load_s"], "engine_max_batch": ready.get("engine_max_batch"),
-                                  "cells": cells}  # fmt: skip
+        results["options"][option] = {"load_s": ready["load_s"], "engine_max_batch": ready.get("engine_max_batch"),
+                                      "cells": cells}  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
-    print(json.dumps({m: r["load_s"] for m, r in results["modes"].items()}))
 
 
 if __name__ == "__main__":

@@ -235,7 +235,9 @@ def build(source: Path, venv: Path = BUILDER_VENV) -> Path:
         raise SystemExit(f"no model-builder venv at {venv}: see bench/peer_genai.py's build()")
     command = [str(venv / "bin" / "python"), "-m", "onnxruntime_genai.models.builder", "-m", str(source),
                "-i", str(source), "-o", str(out), "-p", "fp32", "-e", "cpu", "-c", str(BUILT / "cache")]  # fmt: skip
-    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL)
+    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"onnxruntime-genai's model builder failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return out
 
 

@@ -69,8 +69,9 @@ def genai_config(version: Path, threads: int, max_batch: int) -> dict[str, Any]:
 
     The graph's own input and output names (position_ids included), the cache layout the manifest
     records, EOS/BOS/pad ids and the context length; `threads` intra-op threads; the Engine asked for
-    `max_batch` sequences. past_present_share_buffer stays false: a shared buffer needs a graph that
-    writes its present into the past in place (GroupQueryAttention); this graph concatenates.
+    `max_batch` sequences (0.18's static scheduler still takes 4 at a time). past_present_share_buffer
+    stays false: a shared buffer needs a graph that writes its present into the past in place
+    (GroupQueryAttention); this graph concatenates.
     """
     manifest = json.loads((version / "manifest.json").read_text())
     generation, cache = manifest["generation"], manifest["generation"]["cache"]
@@ -288,7 +289,7 @@ def engine_cell(og: Any, engine: Any, prompts: list[list[int]], new_tokens: int)
         turn.set_min_generated_tokens(new_tokens)
         request.begin_turn(np.asarray(prompt, dtype=np.int32), turn)
         requests.append(request)
-    row = {id(r): i for i, r in enumerate(requests)}
+    row = {id(r): i for i, r in enumerate(requests)}  # an event's .request is the very object created
     times: list[list[float]] = [[] for _ in prompts]
     ids: list[list[int]] = [[] for _ in prompts]
     events = engine.create_event_buffer(max(64, 2 * len(prompts)))

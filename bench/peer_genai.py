@@ -152,7 +152,11 @@ class Peer:
         command = [str(venv / "bin" / "python"), __file__, "--worker", str(self.directory), "--mode", mode]
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("wb"),
                                      text=True, env=env)  # fmt: skip
-        self.ready = self._read()  # {"load_s", "onnxruntime_genai", "onnxruntime", "engine_max_batch"}
+        try:
+            self.ready = self._read()  # {"load_s", "onnxruntime_genai", "onnxruntime", "engine_max_batch"}
+        except SystemExit:
+            self.close()
+            raise
 
     def _read(self) -> dict[str, Any]:
         line = self.proc.stdout.readline() if self.proc.stdout else ""
@@ -203,18 +207,17 @@ def model_directory(artifact: Path, built: Path | None, threads: int) -> Path:
     `built` None: the artifact's model.onnx with `genai_config`. Otherwise the builder's directory, its
     own config given the same threads and Engine batch.
     """
-    directory = Path(tempfile.mkdtemp(prefix="peer-genai-"))
     if built is None:
-        (directory / "model.onnx").symlink_to(artifact / "model.onnx")
-        config = genai_config(artifact, threads, max_batch=16)
+        config, links = genai_config(artifact, threads, max_batch=16), [artifact / "model.onnx"]
     else:
-        for path in built.iterdir():
-            if path.name != "genai_config.json":
-                (directory / path.name).symlink_to(path.resolve())
         config = json.loads((built / "genai_config.json").read_text())
         config["model"]["decoder"]["session_options"].update({"intra_op_num_threads": threads,
                                                               "inter_op_num_threads": 1})  # fmt: skip
         config["engine"] = {"static_batching": {"max_batch_size": 16}}
+        links = [path.resolve() for path in built.iterdir() if path.name != "genai_config.json"]
+    directory = Path(tempfile.mkdtemp(prefix="peer-genai-"))
+    for path in links:
+        (directory / path.name).symlink_to(path)
     (directory / "genai_config.json").write_text(json.dumps(config, indent=1))
     return directory
 

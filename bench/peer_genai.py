@@ -17,7 +17,7 @@ The peer lives in its own venv outside the repository (15 s here; it pulls onnxr
     python3 -m venv /work/peers/genai
     /work/peers/genai/bin/pip install onnxruntime-genai==0.18.0 numpy     # or: peer_genai.py --install
 
-`Peer` runs this file under that venv's Python as a worker (`--worker`) that loads the model once and
+`Peer` runs bench/peer_genai_worker.py under that venv's Python: a worker that loads the model once and
 answers cells as JSON lines on stdin/stdout. Times are taken in the worker around onnxruntime-genai's
 calls: a cell starts before the generator (or the requests) is made; a stream's time to first token
 is from there to its first new id, its per-token times between its successive ids; tokens/s is every
@@ -38,7 +38,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,6 @@ VENV = Path("/work/peers/genai")
 BUILDER_VENV = Path("/work/peers/genai-builder")
 BUILT = Path("/work/peers/genai-built")
 PACKAGES = ["onnxruntime-genai==0.18.0", "numpy"]
-MODES = ("generator", "engine")
 # genai:OPTION in bench_lm_serve.py: (the model builder's graph instead of the artifact's, the mode)
 OPTIONS = {"generator": (False, "generator"), "engine": (False, "engine"), "builder": (True, "generator"),
            "builder-engine": (True, "engine")}  # fmt: skip
@@ -149,7 +147,8 @@ class Peer:
         self.tokenizer = Tokenizer.from_file(str(artifact / "tokenizer" / "tokenizer.json"))
         self.eos = set(json.loads((self.directory / "genai_config.json").read_text())["model"]["eos_token_id"])
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        command = [str(venv / "bin" / "python"), __file__, "--worker", str(self.directory), "--mode", mode]
+        worker = Path(__file__).with_name("peer_genai_worker.py")
+        command = [str(venv / "bin" / "python"), str(worker), str(self.directory), "--mode", mode]
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("wb"),
                                      text=True, env=env)  # fmt: skip
         try:
@@ -243,114 +242,6 @@ def build(source: Path, venv: Path = BUILDER_VENV) -> Path:
     if done.returncode != 0:
         raise SystemExit(f"onnxruntime-genai's model builder failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return out
-
-
-# -- the worker (runs under the peer's venv: numpy and onnxruntime_genai only) ----------------------
-
-
-def generator_cell(og: Any, model: Any, prompts: list[list[int]], new_tokens: int, pad: int) -> dict[str, Any]:
-    """All prompts as one Generator batch, right-padded with the pad id; one timestamp per step.
-
-    onnxruntime-genai 0.18 reads a batch's trailing pad ids as padding (mask 0, positions of the real
-    tokens kept); leading pad ids it takes for tokens (mask 1), so a left-padded row generates other
-    ids than it does alone. The rows step together: each makes `new_tokens` ids (max_length is the
-    longest prompt's + new_tokens); the bench's prompts are of one length.
-    """
-    started = time.perf_counter()
-    longest = max(len(p) for p in prompts)
-    batch = np.full((len(prompts), longest), pad, dtype=np.int32)
-    for row, prompt in enumerate(prompts):
-        batch[row, : len(prompt)] = prompt
-    params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, batch_size=len(prompts), max_length=longest + new_tokens,
-                              min_length=longest + new_tokens)  # fmt: skip
-    generator = og.Generator(model, params)
-    generator.append_tokens(batch)  # the prefill of every row
-    times: list[float] = []
-    ids: list[list[int]] = [[] for _ in prompts]
-    while not generator.is_done():
-        generator.generate_next_token()
-        new = generator.get_next_tokens()  # [batch] int32
-        times.append(time.perf_counter())
-        for row, token in enumerate(new.tolist()):
-            ids[row].append(token)
-    wall = time.perf_counter() - started
-    gaps = np.diff(times).tolist()
-    streams = [{"ttft": times[0] - started, "gaps": gaps, "tokens": len(row), "ids": row} for row in ids]
-    return {"streams": streams, "wall": wall}
-
-
-def engine_cell(og: Any, engine: Any, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
-    """One Engine request per prompt, all submitted at the cell's start; each token timed on its event."""
-    started = time.perf_counter()
-    requests = []
-    for prompt in prompts:
-        request = engine.create_request()
-        turn = og.TurnOptions(request)
-        turn.set_do_sample(False)
-        turn.set_max_generated_tokens(new_tokens)
-        turn.set_min_generated_tokens(new_tokens)
-        request.begin_turn(np.asarray(prompt, dtype=np.int32), turn)
-        requests.append(request)
-    row = {id(r): i for i, r in enumerate(requests)}  # an event's .request is the very object created
-    times: list[list[float]] = [[] for _ in prompts]
-    ids: list[list[int]] = [[] for _ in prompts]
-    events = engine.create_event_buffer(max(64, 2 * len(prompts)))
-    while engine.has_pending_requests():
-        engine.run(events)
-        now = time.perf_counter()
-        for k in range(len(events)):
-            event = events[k]
-            if event.flags & og.EngineEventFlags.FAILED:
-                raise RuntimeError(f"engine request failed: {event.error_code}")
-            if event.flags & og.EngineEventFlags.TOKEN:
-                i = row[id(event.request)]
-                times[i].append(now)
-                ids[i].append(int(event.token))
-    wall = time.perf_counter() - started
-    for request in requests:
-        request.close()
-    streams = [{"ttft": t[0] - started, "gaps": np.diff(t).tolist(), "tokens": len(i), "ids": i}
-               for t, i in zip(times, ids, strict=True)]  # fmt: skip
-    return {"streams": streams, "wall": wall}
-
-
-def worker(directory: Path, mode: str) -> None:
-    """Load the model once, then answer JSON lines on stdin until {"op": "quit"}."""
-    import onnxruntime
-    import onnxruntime_genai as og
-
-    def say(answer: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps(answer) + "\n")
-        sys.stdout.flush()
-
-    config = json.loads((directory / "genai_config.json").read_text())
-    started = time.perf_counter()
-    try:
-        model = og.Model(str(directory))
-        engine = og.Engine(model) if mode == "engine" else None
-    except RuntimeError as error:
-        say({"error": f"loading {directory}: {error}"})
-        return
-    ready = {"load_s": time.perf_counter() - started, "onnxruntime_genai": og.__version__,
-             "onnxruntime": onnxruntime.__version__}  # fmt: skip
-    if engine is not None:
-        capabilities = engine.get_capabilities()
-        ready["engine_max_batch"] = capabilities.configured_max_batch_size
-    say(ready)
-    for line in sys.stdin:
-        request = json.loads(line)
-        if request["op"] == "quit":
-            say({"bye": True})
-            return
-        try:
-            if engine is not None:
-                say(engine_cell(og, engine, request["prompts"], request["new_tokens"]))
-            else:
-                pad = config["model"]["pad_token_id"]
-                say(generator_cell(og, model, request["prompts"], request["new_tokens"], pad))
-        except RuntimeError as error:
-            say({"error": str(error)})
 
 
 # -- alone: figures at 1, 4 and 16 streams, and the greedy checks ----------------------------------
@@ -454,12 +345,7 @@ def main() -> None:
     parser.add_argument("--check-tokens", type=int, default=32)
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     parser.add_argument("--install", action="store_true", help=f"make {VENV} and exit")
-    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=MODES, default="generator", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        worker(args.worker, args.mode)
-        return
     if args.install:
         print(install())
         return

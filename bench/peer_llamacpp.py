@@ -10,8 +10,8 @@ one a user picks to serve many streams, and the one measured here. Its source co
 llama-cpp-python's sdist (vendor/llama.cpp), built with cmake.
 
 Install (outside the repository, in PEER = /work/peers/llamacpp or $LLAMACPP_PEER; `python
-bench/peer_llamacpp.py install` runs these steps; the build took about N minutes on this shared
-2-core machine):
+bench/peer_llamacpp.py install` runs these steps; the build took 16 minutes, 12.5 CPU-minutes, on
+this shared 2-core machine):
 
     python3 -m pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d PEER/dl
     tar xzf PEER/dl/llama_cpp_python-0.3.36.tar.gz -C PEER
@@ -169,10 +169,12 @@ _server: Server | None = None
 
 
 def start(source: Path = Path("/tmp/lm-serve-bench/source"), weights: str = "Q4_1", threads: int = 2,
-          parallel: int = 16, context: int = 512, log: Path | None = None, peer: Path = PEER) -> str:  # fmt: skip
+          parallel: int = 16, context: int = 512, extra: tuple[str, ...] = (), log: Path | None = None,
+          peer: Path = PEER) -> str:  # fmt: skip
     """Serve `weights` with llama-server on 127.0.0.1 as its docs advise for many streams: `parallel`
     slots (`-np`) of `context` tokens each (`-c` parallel x context: the KV cache is split between the
-    slots), continuous batching (`-cb`), `threads` threads for decode and prefill. Returns the URL."""
+    slots), continuous batching (`-cb`), `threads` threads for decode and prefill; `extra` flags after
+    those. Returns the URL."""
     global _server
     stop()
     model = gguf(source, weights, peer)
@@ -181,7 +183,7 @@ def start(source: Path = Path("/tmp/lm-serve-bench/source"), weights: str = "Q4_
         port = s.getsockname()[1]
     command = [str(binary("llama-server", peer)), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
                "-t", str(threads), "-tb", str(threads), "-np", str(parallel), "-c", str(parallel * context), "-cb",
-               "--alias", NAME]  # fmt: skip
+               "--alias", NAME, *extra]  # fmt: skip
     log = log or peer / f"server-{weights}.log"
     proc = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -300,7 +302,7 @@ def streams(prompts: list[list[int]], new_tokens: int, weights: str | None = Non
 # -- this peer alone: python bench/peer_llamacpp.py -------------------------------------------------
 
 
-def quiet(limit: float = 2.5, wait: float = 900) -> float:
+def quiet(limit: float = 2.5, wait: float = 120) -> float:
     """Wait up to `wait` seconds for the 1-minute load average to fall under `limit`; the load then."""
     deadline = time.monotonic() + wait
     while os.getloadavg()[0] >= limit and time.monotonic() < deadline:
@@ -323,7 +325,7 @@ def reference(source: Path, prompt: list[int], new_tokens: int) -> str:
 
 
 def measure(source: Path, weights: str, counts: list[int], prompts: list[list[int]], new_tokens: int,
-            threads: int, load_limit: float) -> dict[str, Any]:  # fmt: skip
+            threads: int, load_limit: float, load_wait: float) -> dict[str, Any]:  # fmt: skip
     """One GGUF served: a cell per stream count (with the load it ran under), whether every stream got
     its tokens, and whether the largest cell's greedy texts equal each prompt served alone, streamed
     and not streamed."""
@@ -332,7 +334,7 @@ def measure(source: Path, weights: str, counts: list[int], prompts: list[list[in
     record: dict[str, Any] = {"weights": weights, "command": _server.command[1:], **_server.settings, "cells": []}
     cell(prompts[:1], 4)  # warm up
     for n in counts:
-        load = quiet(load_limit)
+        load = quiet(load_limit, load_wait)
         figures, each = streams(prompts[:n], new_tokens)
         texts = figures.pop("texts")
         figures.update(load_1min=load, load_after=os.getloadavg()[0],
@@ -366,6 +368,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--load-limit", type=float, default=2.5, help="wait for a 1-minute load under this")
+    parser.add_argument("--load-wait", type=float, default=120, help="but at most this many seconds a cell")
     parser.add_argument("--reference-tokens", type=int, default=16, help="F32's first tokens vs transformers'")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "lm_serve_llamacpp.json")
     args = parser.parse_args()
@@ -378,10 +381,12 @@ def main() -> None:
     result: dict[str, Any] = {"peer": f"llama-server (llama.cpp vendored in llama-cpp-python {VERSION})",
                               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
                               "threads": args.threads, "greedy": GREEDY, "runs": []}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     try:
         for weights in args.weights:
             result["runs"].append(measure(args.source, weights, args.streams, prompts, args.new_tokens, args.threads,
-                                          args.load_limit))  # fmt: skip
+                                          args.load_limit, args.load_wait))  # fmt: skip
+            args.out.write_text(json.dumps(result, indent=1))
     finally:
         stop()
     first = {r["weights"]: r["texts_alone"] for r in result["runs"]}
@@ -394,7 +399,6 @@ def main() -> None:
         for weights, texts in first.items():
             same = sum(a == b for a, b in zip(texts, first["F32"], strict=True))
             result.setdefault("texts_equal_f32", {})[weights] = same
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}))
 

@@ -41,7 +41,17 @@ sys.path.insert(0, str(ROOT / "bench"))
 from lm_serve_clients import PipeServe, Transformers  # noqa: E402
 from lm_serve_model import NAME, VOCAB, prepare  # noqa: E402
 
-DEFAULT_SYSTEMS = ["pipe", "pipe:int4-weights", "transformers", "llama.cpp:F32", "llama.cpp:Q4_1", "genai"]
+DEFAULT_SYSTEMS = [
+    "pipe",
+    "pipe:int8-weights",
+    "pipe:int4-weights",
+    "transformers",
+    "llama.cpp:F32",
+    "llama.cpp:Q8_0",
+    "llama.cpp:Q4_1",
+    "genai",
+    "genai:builder",
+]
 
 
 def as_ids(output: str | list[int]) -> list[int]:

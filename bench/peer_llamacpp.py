@@ -55,7 +55,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_lm_serve import summary  # noqa: E402
+from lm_serve_clients import concurrent, summary  # noqa: E402
 from lm_serve_model import NAME, VOCAB  # noqa: E402
 
 PEER = Path(os.environ.get("LLAMACPP_PEER", "/work/peers/llamacpp"))
@@ -178,6 +178,13 @@ def start(source: Path = Path("/tmp/lm-serve-bench/source"), weights: str = "Q4_
     those. Returns the URL."""
     global _server
     stop()
+    _server = launch(source, weights, threads, parallel, context, extra, log, peer)
+    return _server.url
+
+
+def launch(source: Path, weights: str, threads: int = 2, parallel: int = 16, context: int = 512,
+           extra: tuple[str, ...] = (), log: Path | None = None, peer: Path = PEER) -> Server:  # fmt: skip
+    """A llama-server started as `start` says, ready; the caller ends it."""
     model = gguf(source, weights, peer)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -197,8 +204,7 @@ def start(source: Path = Path("/tmp/lm-serve-bench/source"), weights: str = "Q4_
                 props = httpx.get(f"{url}/props", timeout=5).json()
                 settings = {"total_slots": props.get("total_slots"),
                             "n_ctx_per_slot": props.get("default_generation_settings", {}).get("n_ctx")}  # fmt: skip
-                _server = Server(proc, url, weights, command, settings)
-                return url
+                return Server(proc, url, weights, command, settings)
         except httpx.TransportError:
             pass
         if proc.poll() is not None:
@@ -209,16 +215,43 @@ def start(source: Path = Path("/tmp/lm-serve-bench/source"), weights: str = "Q4_
 
 
 def stop() -> None:
-    """End the server this module started, if any."""
+    """End the server `start` started, if any."""
     global _server
     if _server is not None:
-        _server.proc.terminate()
-        try:
-            _server.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            _server.proc.kill()
-            _server.proc.wait()
+        end(_server)
         _server = None
+
+
+def end(server: Server) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
+
+
+def missing(peer: Path = PEER) -> str:
+    """Why this peer cannot run here ('' when it can)."""
+    if not binary("llama-server", peer).exists() or not binary("llama-quantize", peer).exists():
+        return f"llama-server is not built in {peer}: python bench/peer_llamacpp.py install (about 16 minutes)"
+    return ""
+
+
+class Peer:
+    """bench_lm_serve.py's system `llama.cpp:WEIGHTS`: its own llama-server on the GGUF of those weights."""
+
+    def __init__(self, source: Path, repository: Path, threads: int, log: Path, option: str | None = None) -> None:
+        weights = option or "Q4_1"
+        if weights not in WEIGHTS:
+            raise SystemExit(f"llama.cpp:{weights} is not one of {', '.join(WEIGHTS)}")
+        self.server = launch(source, weights, threads, log=log)
+
+    def cell(self, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+        return concurrent(prompts, lambda prompt: stream(self.server.url, prompt, new_tokens))
+
+    def close(self) -> None:
+        end(self.server)
 
 
 def _running(weights: str | None) -> Server:

@@ -64,7 +64,8 @@ def concurrent(prompts: list[list[int]], one: Callable[[list[int]], dict[str, An
 class PipeServe:
     """`pipe serve REPOSITORY` with `threads` onnxruntime threads, serving `variant` (None: model.onnx)."""
 
-    def __init__(self, repository: Path, model: str, threads: int, log: Path, variant: str | None = None) -> None:
+    def __init__(self, repository: Path, model: str, threads: int, log: Path, variant: str | None = None,
+                 extra: tuple[str, ...] = ()) -> None:  # fmt: skip
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -73,6 +74,7 @@ class PipeServe:
                    "--max-sequences", "16", "--kv-cache-mb", "1024"]  # fmt: skip
         if variant:
             command += ["--variant", variant]
+        command += extra
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
         self.model = model
         self.proc = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)

@@ -297,9 +297,43 @@ def _infer(url: str, artifact: Artifact, inputs: dict[str, np.ndarray]) -> dict[
     return {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in answer["outputs"]}
 
 
+def _generates_greedy_text(bin_dir: Path, tmp: Path) -> None:
+    """The serve profile's `pipe serve` generates with a decoder (onnxruntime, numpy, tokenizers and jinja2
+    only): an OpenAI completion at temperature 0 is the graph's greedy tokens, decoded."""
+    from pipeline.runtime.generate import greedy
+    from pipeline.runtime.runners import ort_runner
+    from pipeline.runtime.session import create_session
+    from pipeline.serve.generation.served import Generator
+    from pipeline.serve.generation.settings import GenerationSettings
+    from tests.lm.imported_lm import NAME, imported_llama
+
+    _, repository = imported_llama(tmp / "lm", 512)
+    root = repository / NAME / "1"
+    manifest = Artifact.load(root).manifest
+    generation = manifest.generation
+    gen = Generator.of(
+        root, manifest, create_session(root / "model.onnx", "cpu", 1, 1, False), GenerationSettings(), None
+    )
+    ids = gen.encode("def add(a, b):", True)
+    made = greedy(ort_runner(root / "model.onnx"), generation.cache, np.array([ids]), np.ones((1, len(ids)), np.int64),
+                  8, generation.eos_token_ids, generation.padding_id)  # fmt: skip
+    proc, url = _start(bin_dir / "pipe", repository, tmp / "serve-lm.log")
+    try:
+        body = {"model": NAME, "prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0}
+        request = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")  # fmt: skip
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answer = json.load(response)
+    finally:
+        _stop(proc)
+    tokens = [int(t) for t in made.tokens[0][: answer["usage"]["completion_tokens"]]]
+    assert answer["choices"][0]["text"] == gen.decode(tokens), answer
+
+
 @pytest.mark.slow
 def test_serve_profile_serves_without_torch_or_tensorflow(tmp_path: Path) -> None:
-    """`pip install .[serve]` in a fresh venv, then `pipe serve` from it answers a V2 inference.
+    """`pip install .[serve]` in a fresh venv, then `pipe serve` from it answers a V2 inference, and generates
+    text with a decoder (no torch, no transformers in that venv).
 
     PIPE_SERVE_PROFILE_ARTIFACT names an artifact to serve instead of the tiny imported one
     (`make check-serve-profile` passes the digits-cnn artifact that `make run` made).
@@ -311,9 +345,11 @@ def test_serve_profile_serves_without_torch_or_tensorflow(tmp_path: Path) -> Non
 
     bin_dir, pip_output = _install_serve_profile(tmp_path)
     assert not re.search(r"^(Collecting|Downloading) (torch|tensorflow)\b", pip_output, re.MULTILINE), pip_output
-    for heavy in ("torch", "tensorflow", "tf_keras", "onnx2tf"):
+    for heavy in ("torch", "tensorflow", "tf_keras", "onnx2tf", "transformers"):
         shown = subprocess.run([str(bin_dir / "pip"), "show", heavy], capture_output=True, text=True)
         assert shown.returncode != 0, f"{heavy} is installed by .[serve]:\n{shown.stdout}"
+    if not chosen:
+        _generates_greedy_text(bin_dir, tmp_path)
 
     proc, url = _start(bin_dir / "pipe", root, tmp_path / "serve.log")
     try:

@@ -14,6 +14,7 @@ per output token (between successive streamed pieces), p50 and p95, all taken at
 Systems (`--systems`; each is started once, then the cells run stream count by stream count, every system
 in turn, so each comparison is from one window of this shared machine):
 - `pipe`, `pipe:VARIANT`: `pipe serve` (bench/lm_serve_clients.py), model.onnx or a variant;
+- `pipe-engine`: pipe serve's generation engine in this process, without HTTP (not in the defaults);
 - `transformers`: `generate` served one request at a time (lm_serve_clients.py), `--baseline-requests`
   really run and larger cells derived from them (marked `derived_from_requests`);
 - `llama.cpp:QUANT` (F32, Q8_0, Q4_1): llama.cpp's own server on a GGUF of the same weights
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from lm_serve_clients import PipeServe, Transformers  # noqa: E402
+from lm_serve_clients import PipeEngine, PipeServe, Transformers  # noqa: E402
 from lm_serve_model import NAME, VOCAB, prepare  # noqa: E402
 
 DEFAULT_SYSTEMS = [
@@ -68,11 +69,13 @@ def start(system: str, args: argparse.Namespace, source: Path, repository: Path)
     log = args.dir / f"{system.replace(':', '-')}.log"
     if kind == "pipe":
         return PipeServe(repository, NAME, args.threads, log, option or None)
+    if kind == "pipe-engine":
+        return PipeEngine(repository, NAME, args.threads)
     if kind == "transformers":
         return Transformers(source, args.threads, VOCAB - 1, args.baseline_requests)
     peers = {"llama.cpp": "peer_llamacpp", "genai": "peer_genai"}
     if kind not in peers:
-        raise SystemExit(f"unknown system {system!r}: pipe[:VARIANT], transformers, llama.cpp:QUANT, genai")
+        raise SystemExit(f"unknown system {system!r}: pipe[:VARIANT], pipe-engine, transformers, llama.cpp:Q, genai")
     module = importlib.import_module(peers[kind])
     missing = module.missing()
     if missing:
@@ -119,7 +122,7 @@ def main() -> None:
             for name, client in systems.items():
                 cell = client.cell(prompts[:streams], args.new_tokens)
                 outputs = [as_ids(o) for o in cell.pop("outputs")]
-                if streams > 1 and name in alone:
+                if streams > 1 and alone.get(name):
                     same = sum(a == b for a, b in zip(outputs, alone[name], strict=False))
                     cell["same_as_alone"] = f"{same}/{min(len(outputs), len(alone[name]))}"
                 cell["first_ids"] = outputs[0][:8] if outputs else []

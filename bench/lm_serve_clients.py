@@ -193,3 +193,57 @@ def queued(measured: dict[str, Any], streams: int) -> dict[str, Any]:
     return {"derived_from_requests": measured["streams"], "streams": streams, "tokens_per_s": measured["tokens_per_s"],
             "ttft_s": percentiles([k * duration + first for k in range(streams)]),
             "per_token_s": measured["per_token_s"], "outputs": measured["outputs"][:streams]}  # fmt: skip
+
+
+class PipeEngine:
+    """pipe serve's generation engine in this process, without HTTP: the requests of a cell submitted at once,
+    their events read as a handler reads them; times from submission. It separates the engine's cost from
+    the server's HTTP, SSE and JSON."""
+
+    def __init__(self, repository: Path, model: str, threads: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from pipeline.artifact.directory import Artifact
+        from pipeline.runtime.session import create_session
+        from pipeline.serve.generation.served import Generator
+        from pipeline.serve.generation.settings import GenerationSettings
+
+        root = repository / model / "1"
+        session = create_session(root / "model.onnx", "cpu", threads, 1, True)
+        settings = GenerationSettings(kv_cache_mb=1024, max_sequences=16)  # as PipeServe starts pipe serve
+        made = Generator.of(root, Artifact.load(root).manifest, session, settings, ThreadPoolExecutor(1))
+        assert made is not None, f"{root} is not a text-generation model"
+        self.generator = made
+
+    def cell(self, prompts: list[list[int]], new_tokens: int) -> dict[str, Any]:
+        import asyncio
+
+        from pipeline.serve.generation.sampler import Sampling
+        from pipeline.serve.generation.sequence import Request
+
+        async def one(seq: Any, started: float) -> dict[str, Any]:
+            times, text = [], []
+            while True:
+                event = await seq.events.get()
+                if event.text:
+                    times.append(time.perf_counter())
+                    text.append(event.text)
+                if event.finish is not None:
+                    break
+            ttft = times[0] - started if times else float("nan")
+            return {"ttft": ttft, "gaps": list(np.diff(times)), "tokens": seq.generated, "text": "".join(text)}
+
+        async def run() -> tuple[list[dict[str, Any]], float]:
+            started = time.perf_counter()
+            engine = self.generator.engine
+            seqs = [engine.submit(Request(p, new_tokens, Sampling(temperature=0))) for p in prompts]
+            results = await asyncio.gather(*(one(s, started) for s in seqs))
+            return list(results), time.perf_counter() - started
+
+        results, wall = asyncio.run(run())
+        cell = summary(results, wall)
+        cell["outputs"] = [r["text"] for r in results]
+        return cell
+
+    def close(self) -> None:
+        pass

@@ -43,12 +43,17 @@ def summary(requests: list[dict[str, Any]], wall: float) -> dict[str, Any]:
             "short_streams": sum(r["tokens"] == 0 for r in requests)}  # fmt: skip
 
 
-def concurrent(prompts: list[list[int]], one: Callable[[list[int]], dict[str, Any]]) -> dict[str, Any]:
-    """Every prompt's request at once, each from its own thread: the cell's summary and each stream's output."""
+def run_all(prompts: list[list[int]], one: Callable[[list[int]], dict[str, Any]]) -> tuple[list[dict[str, Any]], float]:
+    """Every prompt's request at once, each from its own thread: their records, in order, and the wall time.
+    A request that raised raises here, in the caller's thread."""
     results: list[dict[str, Any]] = [{} for _ in prompts]
+    errors: list[BaseException] = []
 
     def run(i: int) -> None:
-        results[i] = one(prompts[i])
+        try:
+            results[i] = one(prompts[i])
+        except BaseException as error:
+            errors.append(error)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
     started = time.perf_counter()
@@ -56,7 +61,16 @@ def concurrent(prompts: list[list[int]], one: Callable[[list[int]], dict[str, An
         t.start()
     for t in threads:
         t.join()
-    cell = summary(results, time.perf_counter() - started)
+    wall = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return results, wall
+
+
+def concurrent(prompts: list[list[int]], one: Callable[[list[int]], dict[str, Any]]) -> dict[str, Any]:
+    """`run_all`'s cell: its summary and each stream's output."""
+    results, wall = run_all(prompts, one)
+    cell = summary(results, wall)
     cell["outputs"] = [r["text"] for r in results]
     return cell
 

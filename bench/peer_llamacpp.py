@@ -44,7 +44,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +54,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from lm_serve_clients import concurrent, summary  # noqa: E402
+from lm_serve_clients import concurrent, run_all, summary  # noqa: E402
 from lm_serve_model import NAME, VOCAB  # noqa: E402
 
 PEER = Path(os.environ.get("LLAMACPP_PEER", "/work/peers/llamacpp"))
@@ -310,24 +309,7 @@ def cell(prompts: list[list[int]], new_tokens: int, weights: str | None = None) 
 def streams(prompts: list[list[int]], new_tokens: int, weights: str | None = None) -> tuple[dict, list[dict]]:
     """cell()'s figures and texts, and each stream's own record (its `tokens` counted by the server)."""
     url = _running(weights).url
-    results: list[dict[str, Any]] = [{} for _ in prompts]
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = stream(url, prompts[i], new_tokens)
-        except BaseException as error:  # re-raised below, in the caller's thread
-            errors.append(error)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - started
-    if errors:
-        raise errors[0]
+    results, wall = run_all(prompts, lambda prompt: stream(url, prompt, new_tokens))
     result = summary(results, wall)
     result["texts"] = [r["text"] for r in results]
     return result, results

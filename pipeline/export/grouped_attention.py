@@ -6,8 +6,8 @@ runs every step over the whole cache: at 16 sequences of 256 tokens on SmolLM-13
 for 9 query heads) it writes three times the cache per layer. `grouped` computes the same products with
 the query heads of a group stacked instead ([batch, kv_heads, group x sequence, head_size] against the
 group's keys as they are), so the graph reads the cache once. Each score is the same dot product as
-eager's: on a random Llama of that shape the two give bitwise-equal logits in torch, and the exported graph
-decoded 1.7x (batch 1) to 3.6x (batch 16) more tokens a second on 2 threads (bench/bench_lm_serve.py).
+eager's: on a random Llama of that shape the two give bitwise-equal logits in torch; the two exported
+graphs' decode steps are timed side by side by bench/bench_grouped_attention.py (docs/language-models.md).
 
 The export (lm_module.py) switches a model to it only for the trace, and only for the families whose
 attention is transformers' plain `eager_attention_forward` (no logit soft-capping, no attention sinks);
@@ -71,10 +71,10 @@ def applies(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def grouped_while(model: torch.nn.Module) -> Iterator[bool]:
+def grouped_while(model: torch.nn.Module, enabled: bool = True) -> Iterator[bool]:
     """The model's attention grouped while inside (True), eager again after; unchanged (False) where it does
-    not apply."""
-    if not applies(model):
+    not apply, or when not `enabled` (bench/bench_grouped_attention.py exports both to compare them)."""
+    if not (enabled and applies(model)):
         yield False
         return
     _register()

@@ -26,9 +26,12 @@ from pipeline.runtime.generate import Generated, ended
 TRACE_BATCH, TRACE_SEQUENCE, TRACE_PAST = 2, 4, 3
 
 
-def export_decoder(decoder: CachedDecoder, layout: CacheLayout, path: Path, opset: int) -> ExportResult:
+def export_decoder(
+    decoder: CachedDecoder, layout: CacheLayout, path: Path, opset: int, grouped: bool = True
+) -> ExportResult:
     """The decoder to one ONNX graph with dynamic batch, sequence, past and total lengths (dynamo exporter), its
-    grouped-query attention traced without repeating the cache per query head (grouped_attention.py)."""
+    grouped-query attention traced without repeating the cache per query head (grouped_attention.py; `grouped`
+    False keeps eager's, for the bench comparing them)."""
     vocab_rows = int(decoder.model.get_input_embeddings().weight.shape[0])
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab_rows, (TRACE_BATCH, TRACE_SEQUENCE), generator=gen)
@@ -39,7 +42,7 @@ def export_decoder(decoder: CachedDecoder, layout: CacheLayout, path: Path, opse
     tokens = {0: "batch", 1: "sequence"}
     shapes = (tokens, {0: "batch", 1: "total_sequence"}, tokens, tuple({0: "batch", 2: "past_sequence"} for _ in past))
     external = needs_external_data(decoder)
-    with warnings.catch_warnings(), _torch_onnx_logs_quiet(), torch.no_grad(), grouped_while(decoder.model):
+    with warnings.catch_warnings(), _torch_onnx_logs_quiet(), torch.no_grad(), grouped_while(decoder.model, grouped):
         warnings.simplefilter("ignore")  # the exporter's own deprecation notes: nothing pipe can change
         program = torch.onnx.export(
             decoder.eval(),

@@ -1,0 +1,115 @@
+"""A decoder's graph exported with transformers' eager attention against the grouped one pipe exports
+(pipeline/export/grouped_attention.py): decode steps timed side by side, interleaved, at batch 1 and 16.
+
+    .venv/bin/python bench/bench_grouped_attention.py [--dir /tmp/lm-serve-bench] [--batches 1 16]
+        [--past 128] [--steps 24] [--rounds 3] [--threads 2] [--out bench/results/grouped_attention.json]
+
+The model is bench/lm_serve_model.py's (a random Llama of SmolLM-135M's shape: 9 query heads on 3 KV heads).
+Both graphs are exported from it by pipe's own export (`export_decoder`), the eager one with the grouping
+switched off; each round times `--steps` decode steps of each graph in turn after a `--past`-token prefill,
+feeding each step's presents back as the next past (as pipe serve's hot path does). Reported: the median
+step of each graph over the rounds, and eager / grouped. Both graphs' greedy tokens are compared too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from lm_serve_model import VOCAB, prepare  # noqa: E402
+
+
+def export_both(source: Path, directory: Path) -> dict[str, Path]:
+    """eager.onnx and grouped.onnx of the source model, exported once."""
+    paths = {"eager": directory / "eager.onnx", "grouped": directory / "grouped.onnx"}
+    if all(p.exists() for p in paths.values()):
+        return paths
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.export.lm_module import export_decoder
+    from pipeline.runtime.decoder import CachedDecoder, cache_layout
+
+    torch.set_num_threads(2)
+    model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="eager").eval()
+    decoder = CachedDecoder(model).eval()
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, path in paths.items():
+        export_decoder(decoder, cache_layout(decoder), path, 18, grouped=name == "grouped")
+    return paths
+
+
+def decode(session: Any, batch: int, past: int, steps: int) -> tuple[list[float], np.ndarray]:
+    """Step times after a prefill of `past` tokens, and the greedy tokens."""
+    names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values")]
+    outputs = [o.name for o in session.get_outputs()]
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": rng.integers(3, VOCAB - 1, (batch, past)), "attention_mask": np.ones((batch, past), np.int64),
+             "position_ids": np.tile(np.arange(past), (batch, 1))}  # fmt: skip
+    feeds.update({n: np.zeros((batch, 3, 0, 64), np.float32) for n in names})
+    out = session.run(outputs, feeds)
+    times, tokens, length = [], [], past
+    for _ in range(steps):
+        token = np.argmax(out[0][:, -1], axis=-1)
+        tokens.append(token)
+        feeds = {"input_ids": token[:, None].astype(np.int64), "attention_mask": np.ones((batch, length + 1), np.int64),
+                 "position_ids": np.full((batch, 1), length, np.int64)}  # fmt: skip
+        feeds.update(zip(names, out[1:], strict=True))
+        started = time.perf_counter()
+        out = session.run(outputs, feeds)
+        times.append(time.perf_counter() - started)
+        length += 1
+    return times[2:], np.stack(tokens, axis=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/lm-serve-bench"))
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--past", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "grouped_attention.json")
+    args = parser.parse_args()
+    source, _ = prepare(args.dir)
+    paths = export_both(source, args.dir / "attention")
+    from pipeline.runtime.session import create_session
+
+    sessions = {name: create_session(path, "cpu", args.threads, 1, True) for name, path in paths.items()}
+    rows = []
+    for batch in args.batches:
+        steps: dict[str, list[float]] = {name: [] for name in sessions}
+        tokens: dict[str, np.ndarray] = {}
+        for _ in range(args.rounds):
+            for name, session in sessions.items():
+                times, tokens[name] = decode(session, batch, args.past, args.steps)
+                steps[name] += times
+        median = {name: float(np.median(t)) for name, t in steps.items()}
+        row = {"batch": batch, "past": args.past, "step_ms": {k: v * 1e3 for k, v in median.items()},
+               "tokens_per_s": {k: batch / v for k, v in median.items()},
+               "eager_over_grouped": median["eager"] / median["grouped"],
+               "same_greedy_tokens": bool(np.array_equal(tokens["eager"], tokens["grouped"])),
+               "load_average": os.getloadavg()[0]}  # fmt: skip
+        rows.append(row)
+        ms = row["step_ms"]
+        print(f"batch {batch}: eager {ms['eager']:.1f} ms a step, grouped {ms['grouped']:.1f} ms: "
+              f"x{row['eager_over_grouped']:.2f}; same greedy tokens: {row['same_greedy_tokens']} "
+              f"(load {row['load_average']:.1f})", flush=True)  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -51,8 +51,9 @@ def test_best_serves_the_decoder_variant_with_the_fastest_decode_step(tmp_path: 
         file = "model.onnx" if name == "fp32" else f"variants/model.{name}.onnx"
         if name != "fp32":
             artifact.write_file(file, name.encode())
-        artifact.add_variant(name, Variant(file=file, precision=name[:4], format="onnx", stage="optimize",
-                                           parent=parent, latency={"decode_ms": decode, "prefill_ms": prefill}))  # fmt: skip
+        latency = {"decode_ms": decode, "prefill_ms": prefill}
+        record = Variant(file=file, precision=name[:4], format="onnx", stage="optimize", parent=parent, latency=latency)
+        artifact.add_variant(name, record)
     artifact.save()
     choice, _ = choose_quietly(Artifact.load(artifact.root), {"*": "best"})
     assert choice.variant == "int4-weights"

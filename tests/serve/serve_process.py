@@ -132,3 +132,11 @@ def _start_once(
         time.sleep(0.1)
     server.stop()
     raise RuntimeError(f"pipe serve was not ready within {READY_TIMEOUT_S}s:\n{server.logs()}")
+
+
+def metric(server: Server, name: str, model: str) -> float:
+    """One model's value of a Prometheus series on the server's /metrics."""
+    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
+        if line.startswith(name + "{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")

@@ -29,7 +29,7 @@ from pipeline.serve.generation.settings import GenerationSettings
 from pipeline.serve.routes import Request as HttpRequest
 from tests.lm.imported_lm import NAME, imported_llama
 from tests.lm.lm_models import LINES
-from tests.serve.serve_process import Server, start_server, wait_for
+from tests.serve.serve_process import Server, metric, start_server, wait_for
 
 pytestmark = pytest.mark.slow  # one import of a tiny Llama (about 20 s of CPU) when the test model cache lacks it
 
@@ -341,10 +341,7 @@ def test_sixteen_concurrent_streams_each_equal_its_single_answer(client: Any) ->
 
 
 def _metric(server: Server, name: str) -> float:
-    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
-        if line.startswith(name + "{") and f'model="{NAME}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not in /metrics")
+    return metric(server, name, NAME)
 
 
 def test_a_client_that_disconnects_frees_its_sequence(server: Server) -> None:

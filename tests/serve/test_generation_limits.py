@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.lm.imported_lm import NAME, imported_llama
-from tests.serve.serve_process import Server, start_server, wait_for
+from tests.serve.serve_process import Server, metric, start_server, wait_for
 
 pytestmark = pytest.mark.slow  # one import of a tiny Llama (about 20 s of CPU) when the test model cache lacks it
 
@@ -40,10 +40,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def _metric(server: Server, name: str) -> float:
-    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
-        if line.startswith(name + "{") and f'model="{NAME}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not in /metrics")
+    return metric(server, name, NAME)
 
 
 def _idle(server: Server) -> bool:

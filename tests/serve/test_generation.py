@@ -156,6 +156,41 @@ def test_prompts_are_prefilled_oldest_first_within_the_chunk(imported: tuple[Pat
     assert [s.stored for s in seqs] == [7, 6, 4] and [s.generated for s in seqs] == [2, 1, 0]
 
 
+def test_rows_leaving_and_joining_are_copied_from_the_last_calls_not_gathered(
+    imported: tuple[Path, Path], reference: Any
+) -> None:
+    """A, B and C decode from their prefill call's presents; B ends, then D joins: the next decode steps copy A's
+    and C's rows from the last decode's presents (C's not next to A's) and D's from its prefill's, so nothing is
+    gathered from the pool until A (the long prompt) ends and the presents are mostly holes beside C and D,
+    which are then gathered again. Every sequence equals its answer alone."""
+    gen = _generator(imported[1], prefill_chunk=64)
+    scheduler = gen.engine.scheduler
+    gathered: list[int] = []  # rows of each decode step's pool gather (a prefill gathers rows with nothing stored)
+    gather = scheduler.pool.gather
+
+    def recording(tables: list[np.ndarray], lengths: list[int]) -> Any:
+        if any(lengths):
+            gathered.append(len(tables))
+        return gather(tables, lengths)
+
+    scheduler.pool.gather = recording  # type: ignore[method-assign]
+    a, b, c, d = ([1, *range(40, 69)], 8), ([1, 7, 8, 9, 10, 11], 3), ([1, *range(100, 107)], 24), ([1, 5, 6, 7, 8], 16)
+    seqs = [Sequence(Request(ids, n, Sampling(temperature=0)), gen.tokenizer, None) for ids, n in (a, b, c, d)]
+    scheduler.waiting.extend(seqs[:3])
+    for _ in range(3):
+        scheduler.step()
+    assert seqs[1].finish == "length" and gathered == []
+    scheduler.waiting.append(seqs[3])  # joins while A and C run on
+    while seqs[0].finish is None:
+        scheduler.step()
+    assert gathered == [] and seqs[2].finish is None and seqs[3].finish is None
+    while scheduler.busy:
+        scheduler.step()
+    assert gathered == [2]
+    for seq, (ids, n) in zip(seqs, (a, b, c, d), strict=True):
+        assert seq.tokens[len(ids) :] == reference(ids, n)
+
+
 def test_a_seed_repeats_sampling_whatever_runs_beside_it(imported: tuple[Path, Path]) -> None:
     gen = _generator(imported[1])
     ids = gen.encode(PROMPTS[0], True)

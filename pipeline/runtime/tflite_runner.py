@@ -16,7 +16,9 @@ Why it lives in `pipeline/runtime/` although it is the edge stage's deliverable,
 program copies: the verifier and `pipe predict` run edge models through it too, and it imports
 nothing of pipe, so it can sit under any layer. pipeline/runtime/runners.py imports this one
 module (inside `tflite_candidate`); pyproject's import-linter contract `tflite-runner-alone`
-keeps this file free of every other pipe module and framework.
+keeps this file free of every other pipe module and framework. It stays one file past the ~400
+lines a module is usually split at: a device gets this file alone (`scp` it with the model), so the
+runner and its command line cannot live in two.
 
 `TFLiteRunner` speaks the verifier's runner shape (named arrays in, named arrays out) and hides
 what differs on a device: input names the converter rewrote (`names`), a batch size other than

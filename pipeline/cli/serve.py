@@ -102,7 +102,8 @@ def _variants(values: tuple[str, ...]) -> dict[str, str]:
     default=256,
     show_default=True,
     type=Whole(None, 1_000_000),
-    help="Text-generation models: prompt tokens prefilled per step (bounds the running streams' stall).",
+    help="Text-generation models: prompt tokens prefilled per step while streams run (bounds their stall); "
+    "up to 8 chunks when the joining prompts outnumber the running streams.",
 )
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="onnxruntime provider; auto uses CUDA when onnxruntime-gpu and a GPU are usable.")  # fmt: skip

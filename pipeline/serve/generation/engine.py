@@ -22,7 +22,7 @@ import numpy as np
 from pipeline.artifact.generation import Generation
 from pipeline.serve.errors import RequestError, Unavailable
 from pipeline.serve.generation.kv_pool import KVPool
-from pipeline.serve.generation.scheduler import Feeds, Scheduler
+from pipeline.serve.generation.scheduler import Feeds, Scheduler, burst_budget
 from pipeline.serve.generation.sequence import TIMEOUT, Request, Sequence
 from pipeline.serve.generation.settings import GenerationSettings
 
@@ -48,9 +48,10 @@ class Engine:
         self._session = session
         self._outputs = ["logits", *generation.cache.present_names()]
         self.pool = KVPool(generation.cache, int(settings.kv_cache_mb * 1024 * 1024))
+        burst = burst_budget(settings.prefill_chunk, _vocab(session, tokenizer))
         self.scheduler = Scheduler(
             self._run, generation.cache, self.pool, generation.eos_token_ids, settings.max_sequences,
-            settings.prefill_chunk, settings.wait_s,
+            settings.prefill_chunk, settings.wait_s, burst,
         )  # fmt: skip
         self._executor = executor
         self._stats = stats
@@ -62,8 +63,10 @@ class Engine:
     def describe(self) -> str:
         """One line for the load log: the pool and the batch."""
         pool = self.pool
+        s = self.scheduler
         return (f"KV cache pool of {pool.capacity_tokens} tokens ({pool.arena.nbytes / 2**20:.0f} MB), up to "
-                f"{self.settings.max_sequences} sequences a step, context {self.context_length}")  # fmt: skip
+                f"{self.settings.max_sequences} sequences a step, prompts prefilled {s.prefill_chunk} tokens a step "
+                f"({s.burst_chunk} when more join than run), context {self.context_length}")  # fmt: skip
 
     def _run(self, feeds: Feeds) -> list[np.ndarray]:
         return self._session.run(self._outputs, feeds)
@@ -181,3 +184,11 @@ class Engine:
             await asyncio.sleep(0.01)
         if self._task is not None:
             self._task.cancel()
+
+
+def _vocab(session: Any, tokenizer: Any) -> int:
+    """The logits' last dimension as the graph declares it, else the tokenizer's vocabulary."""
+    shape = next((o.shape for o in session.get_outputs() if o.name == "logits"), None)
+    if shape and isinstance(shape[-1], int):
+        return shape[-1]
+    return int(tokenizer.get_vocab_size())

@@ -142,22 +142,27 @@ def test_sixteen_sequences_decode_in_one_call_a_step_each_as_alone(imported: tup
     assert max(counting.decode_rows) == 16  # every running row in one onnxruntime call
 
 
+def _join_beside(gen: Generator, running: list[list[int]], joining: list[list[int]]) -> tuple[list[Sequence], ...]:
+    """Greedy sequences of the `running` prompts after their first step, and of the `joining` prompts after
+    their first step beside them (the scheduler stepped by hand)."""
+    scheduler = gen.engine.scheduler
+    made = []
+    for prompts, most in ((running, 8), (joining, 4)):
+        made.append([Sequence(Request(ids, most, Sampling(temperature=0)), gen.tokenizer, None) for ids in prompts])
+        scheduler.waiting.extend(made[-1])
+        scheduler.step()
+    return tuple(made)
+
+
 def test_prompts_are_prefilled_oldest_first_within_the_chunk(imported: tuple[Path, Path]) -> None:
     """While three sequences run, a chunk of 8 over three 6-token prompts: the oldest is prefilled whole in the
     first step (and has its first token), the second gets the 2 tokens left, the third waits; nobody's first
     token waits for all."""
     gen = _generator(imported[1], prefill_chunk=8)
-    scheduler = gen.engine.scheduler
-    running = [Sequence(Request([1, 5 + i], 8, Sampling(temperature=0)), gen.tokenizer, None) for i in range(3)]
-    scheduler.waiting.extend(running)
-    scheduler.step()
-    seqs = [Sequence(Request([1, *range(10 + i, 15 + i)], 4, Sampling(temperature=0)), gen.tokenizer, None)
-            for i in range(3)]  # fmt: skip
-    scheduler.waiting.extend(seqs)
-    scheduler.step()
+    running, seqs = _join_beside(gen, [[1, 5], [1, 6], [1, 7]], [[1, *range(10 + i, 15 + i)] for i in range(3)])
     assert [s.stored for s in seqs] == [6, 2, 0]
-    assert [s.generated for s in seqs] == [1, 0, 0] and scheduler.running == [*running, seqs[0]]
-    scheduler.step()  # the first decodes its second token beside the next chunk
+    assert [s.generated for s in seqs] == [1, 0, 0] and gen.engine.scheduler.running == [*running, seqs[0]]
+    gen.engine.scheduler.step()  # the first decodes its second token beside the next chunk
     assert [s.stored for s in seqs] == [7, 6, 4] and [s.generated for s in seqs] == [2, 1, 0]
 
 
@@ -166,16 +171,9 @@ def test_a_burst_is_prefilled_in_one_call(imported: tuple[Path, Path]) -> None:
     so the step prefills all three (up to 8 chunks of 8) and they decode with it from the next step; the
     logits' size caps that budget."""
     gen = _generator(imported[1], prefill_chunk=8)
-    scheduler = gen.engine.scheduler
-    assert scheduler.burst_chunk == 64
-    running = Sequence(Request([1, 5], 8, Sampling(temperature=0)), gen.tokenizer, None)
-    scheduler.waiting.append(running)
-    scheduler.step()
-    seqs = [Sequence(Request([1, *range(10 + i, 25 + i)], 4, Sampling(temperature=0)), gen.tokenizer, None)
-            for i in range(3)]  # fmt: skip
-    scheduler.waiting.extend(seqs)
-    scheduler.step()
-    assert [s.stored for s in seqs] == [16, 16, 16] and scheduler.running == [running, *seqs]
+    assert gen.engine.scheduler.burst_chunk == 64
+    running, seqs = _join_beside(gen, [[1, 5]], [[1, *range(10 + i, 25 + i)] for i in range(3)])
+    assert [s.stored for s in seqs] == [16, 16, 16] and gen.engine.scheduler.running == [*running, *seqs]
     assert burst_budget(256, 49_152) == 2048  # SmolLM's vocabulary: 2048 x 49,152 fp32 logits are 384 MiB
     assert burst_budget(256, 128_256) == 1046  # Llama 3's: 512 MiB of logits
     assert burst_budget(256, 1_000_000) == 256  # never below one chunk

@@ -13,7 +13,7 @@ decode one token for every running sequence in ONE onnxruntime call.
   one, and the step takes up to `burst_chunk` tokens (`burst_budget`: 8 chunks, fewer when the graph's
   logits for that many positions would pass 512 MB): a burst of prompts is prefilled in one call and
   decoded together from the next step, instead of joining two prompts a step beside decode calls of a
-  few rows (on the 135M bench model, 16 prompts of 128 tokens: 8 to 18% more tokens/s, the few running
+  few rows (on the 135M bench model, 16 prompts of 128 tokens: 9 to 18% more tokens/s, the few running
   streams held back once by that call). A row whose prompt is complete chooses its first token from
   its last real position's logits and runs from the next step on.
 - **Decode**: every running sequence feeds its last token, at its own position, over its own past:

@@ -12,9 +12,11 @@ each, width the longest row: a shorter row's tail is a hole the attention mask m
 positions are given explicitly, so a hole changes nothing: softmax gives a masked column exactly 0).
 The copy is one `np.take` per past tensor and head into the output (measured here on a 135M-shaped
 cache, 16 rows of 256 tokens: 0.49 s where a fancy index and a transpose took 1.1 s, on a loaded
-machine); the scheduler gathers only when the running rows change. The arena starts zeroed (the
-pages are taken from the system as they are written), and holes hold finite values, never NaN, so
-0 x hole is 0.
+machine); the scheduler gathers only for rows that no recent call's presents hold. The arena is
+zeroed when the model loads, every page written then: left to the first requests, taking the pages
+from the system cost the first burst of 16 streams on the 135M bench model 0.75 s of its prefill
+writes (first-touching 512 MB took 0.15-0.9 s here), so the memory the pool takes is taken at load,
+as the flag says. Holes hold finite values, never NaN, so 0 x hole is 0.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class KVPool:
         self.bytes_per_block = cache.bytes_per_token() * BLOCK
         self.blocks = max(1, budget_bytes // self.bytes_per_block)
         shape = (2 * cache.layers, cache.kv_heads, self.blocks * BLOCK, cache.head_size)
-        self.arena = np.zeros(shape, dtype=np.dtype(cache.dtype))
+        self.arena = np.empty(shape, dtype=np.dtype(cache.dtype))
+        self.arena.fill(0)  # every page taken now (module doc)
         self._free = list(range(self.blocks - 1, -1, -1))  # a stack: low blocks first
 
     @property
@@ -90,8 +93,14 @@ class KVPool:
         return list(past), mask
 
     def write(self, table: np.ndarray, start: int, values: np.ndarray) -> None:
-        """Store one row's new tokens: `values` [2L, kv_heads, tokens, head_size] at positions start.. of its table."""
-        self.arena[:, :, self.slots(table, start, start + values.shape[2]), :] = values
+        """Store one row's new tokens: `values` [2L, kv_heads, tokens, head_size] at positions start.. of its table,
+        a block at a time (a slice of the arena each: 2.5x faster than one fancy-indexed write of the slots for
+        128 tokens of the 135M bench model)."""
+        stop = start + values.shape[2]
+        blocks = self.arena.reshape(*self.arena.shape[:2], self.blocks, BLOCK, self.arena.shape[3])  # a view
+        for b in range(start // BLOCK, self.blocks_for(stop)):
+            lo, hi = max(start, b * BLOCK), min(stop, (b + 1) * BLOCK)
+            blocks[:, :, table[b], lo - b * BLOCK : hi - b * BLOCK] = values[:, :, lo - start : hi - start]
 
     def write_last(self, tables: list[np.ndarray], positions: list[int], values: np.ndarray) -> None:
         """Store one new token per row: `values` [2L, batch, kv_heads, head_size] at each row's position."""

@@ -363,10 +363,12 @@ def check_golden(runner: TFLiteRunner, golden: Path, atol: float | None = None, 
     }
 
 
-def _installed(runtime: str) -> bool:
+def _runtime_info(forced: str | None) -> dict[str, str | None]:
+    """The runtime this file would use (`forced`, else the first installed) and its version; None when none is."""
     from importlib.util import find_spec
 
-    return find_spec(runtime) is not None
+    runtime = forced or next((r for r in RUNTIMES if find_spec(r) is not None), None)
+    return {"runtime": runtime, "runtime_version": runtime_version(runtime) if runtime else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,10 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime-info", action="store_true", help="print the runtime this file would use, and exit")
     args = parser.parse_args(argv)
     if args.runtime_info:
-        runtime = args.runtime or next((r for r in RUNTIMES if _installed(r)), None)
-        version = runtime_version(runtime) if runtime else None
-        print(json.dumps({"runtime": runtime, "runtime_version": version, "numpy": np.__version__}))
-        return 0 if runtime else 1
+        info = _runtime_info(args.runtime)
+        print(json.dumps({**info, "numpy": np.__version__}))
+        return 0 if info["runtime"] else 1
     if args.model is None or args.golden is None:
         parser.error("give a .tflite model and a golden .npz (or --runtime-info)")
     bad = [pair for pair in args.name if "=" not in pair]
@@ -411,10 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError, OSError, ImportError) as exc:
         # The answer a device check needs: this runtime cannot load or run this model (e.g. an op
         # version newer than the interpreter), said as one JSON line like a result.
-        runtime = args.runtime or next((r for r in RUNTIMES if _installed(r)), None)
         error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        version = runtime_version(runtime) if runtime else None
-        print(json.dumps({"model": str(args.model), "runtime": runtime, "runtime_version": version, "error": error}))
+        print(json.dumps({"model": str(args.model), **_runtime_info(args.runtime), "error": error}))
         return 1
     print(json.dumps(result))
     failed = result["max_abs"] is None or any(o.get("non_finite") for o in result["outputs"].values())

@@ -101,7 +101,9 @@ class TrainRecord(StageRecord):
 class ExportRecord(StageRecord):
     """`pipe export`: settings are the recipe's export section and the command-line overrides."""
 
-    exporter: str  # dynamo | torchscript; ort: the ORT backend's trained ONNX model, gated as it is
+    # dynamo | torchscript; fused: a decoder written from its weights (export/fused_decoder.py);
+    # ort: the ORT backend's trained ONNX model, gated as it is
+    exporter: str
     opset: int  # the opset the file declares
     requested_opset: int
     external_data: bool

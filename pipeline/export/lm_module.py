@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from pipeline.artifact.generation import CacheLayout
+from pipeline.export.fused_decoder import refusal, write_decoder
 from pipeline.export.grouped_attention import grouped_while
 from pipeline.export.onnx_export import (
     ExportResult,
@@ -27,11 +28,15 @@ TRACE_BATCH, TRACE_SEQUENCE, TRACE_PAST = 2, 4, 3
 
 
 def export_decoder(
-    decoder: CachedDecoder, layout: CacheLayout, path: Path, opset: int, grouped: bool = True
+    decoder: CachedDecoder, layout: CacheLayout, path: Path, opset: int, grouped: bool = True, fused: bool = True
 ) -> ExportResult:
-    """The decoder to one ONNX graph with dynamic batch, sequence, past and total lengths (dynamo exporter), its
-    grouped-query attention traced without repeating the cache per query head (grouped_attention.py; `grouped`
-    False keeps eager's, for the bench comparing them)."""
+    """The decoder to one ONNX graph with dynamic batch, sequence, past and total lengths: written from the weights
+    with onnxruntime's fused kernels where the family allows it (fused_decoder.py, exporter `fused`), else traced
+    by the dynamo exporter, its grouped-query attention without repeating the cache per query head
+    (grouped_attention.py). `fused` False and `grouped` False are for the benches comparing them."""
+    if fused and refusal(decoder.model) is None:
+        external = write_decoder(decoder.model, layout, path, opset)
+        return ExportResult(exporter="fused", opset=opset, external_data=external)
     vocab_rows = int(decoder.model.get_input_embeddings().weight.shape[0])
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab_rows, (TRACE_BATCH, TRACE_SEQUENCE), generator=gen)

@@ -40,7 +40,7 @@ class ExportError(PipelineError):
 class ExportResult:
     """Which exporter produced the file, and why the preferred one was not used."""
 
-    exporter: str  # dynamo | torchscript
+    exporter: str  # dynamo | torchscript | fused (a decoder written from its weights, fused_decoder.py)
     opset: int  # the default-domain opset the file really declares
     external_data: bool  # weights in `<file>.data` beside the model
     fallback_reason: str | None = None  # why dynamo was not used (None when it was)

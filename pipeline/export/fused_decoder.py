@@ -1,0 +1,243 @@
+"""A Llama-family decoder written straight to ONNX with onnxruntime's fused kernels; the cache contract unchanged.
+
+The traced export (lm_module.py) writes each layer as the dozens of small ops eager PyTorch runs: RMSNorm as
+Pow, ReduceMean, Add, Sqrt, Reciprocal and two Muls, rotary embeddings as Slices, Negs, Concats and Muls, three
+projections for queries, keys and values and two for the MLP. At one sequence a decode step is a few
+milliseconds of matrix-vector products, and those ops' dispatch is a large part of it. This module writes
+the same arithmetic from the model's weights with one node where onnxruntime has a kernel for it:
+`SkipSimplifiedLayerNormalization` (the residual add and the next RMSNorm), `RotaryEmbedding` (at the
+graph's `position_ids`, from tables the model's own rotary module computes, its scaling included), one
+MatMul for queries, keys and values together and one for the MLP's gate and up projections. Attention stays
+grouped matrix products over the concatenated cache, as grouped_attention.py traces it: onnxruntime's
+`GroupQueryAttention` kernel was faster at one sequence but 5-20% slower at 16 (measured on the 135M bench
+model), and the same kernel reading a shared past/present buffer was slower still, its time growing with
+the buffer. On that model the fused graph's decode step is about 10% faster than the traced graph's, fp32
+and int4-weights alike, at 1 and at 16 sequences (docs/language-models.md gives the figures).
+
+The graph takes and gives what the traced one does (lm_module.py, docs/artifact-format.md): input_ids,
+attention_mask [batch, past + sequence] (0 for a hole or padding, anywhere), position_ids, one past key and
+value per layer; logits for every position and the presents (past + new, concatenated). It runs on
+onnxruntime only (com.microsoft kernels, CPU and CUDA); the export gate then compares it with the model run
+eagerly, as for any export. Families outside `applies` (another MLP, sliding-window attention, dynamic rope
+scaling, soft-capped logits...) are traced as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from pipeline.artifact.generation import CacheLayout
+from pipeline.runtime.external_data import save_model
+
+FAMILIES = frozenset({"llama", "mistral", "qwen2"})  # pre-norm decoders: RMSNorm, rotary attention, SiLU-gated MLP
+STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})  # tables fixed by position: computed once here
+MS = "com.microsoft"
+EXTERNAL_BYTES = 1_800_000_000  # past this the weights go beside the graph (protobuf's 2 GB limit)
+
+
+def refusal(model: torch.nn.Module) -> str | None:
+    """Why the model cannot be written by this module (None: it can)."""
+    config = getattr(model, "config", None)
+    family = getattr(config, "model_type", None)
+    if family not in FAMILIES:
+        return f"model type {family!r} is not one of {sorted(FAMILIES)}"
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"its MLP activation is {config.hidden_act!r}, not silu"
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
+        return f"its attention slides over {window} tokens"
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    kind = getattr(rotary, "rope_type", None)
+    if kind not in STATIC_ROPE:
+        return f"its rope scaling {kind!r} is not one of {sorted(STATIC_ROPE)}"
+    layers = getattr(model.model, "layers", None)
+    attention = getattr(layers[0], "self_attn", None) if layers else None
+    if attention is None or not hasattr(attention, "scaling") or not hasattr(attention, "head_dim"):
+        return "its attention module is not transformers' Llama-style one"
+    if config.num_attention_heads % config.num_key_value_heads:
+        return "its query heads are not a multiple of its KV heads"
+    return None
+
+
+@dataclass
+class _Graph:
+    """Nodes and weights as they are added."""
+
+    nodes: list[onnx.NodeProto]
+    weights: list[onnx.TensorProto]
+
+    def weight(self, name: str, value: np.ndarray) -> str:
+        self.weights.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs: Any) -> list[str]:
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=f"{op}_{len(self.nodes)}", domain=domain, **attrs))
+        return outputs
+
+
+def write_decoder(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int) -> bool:
+    """The decoder at `path` (weights beside it past 1.8 GB); returns whether they went beside it."""
+    config = model.config
+    weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    head = model.get_output_embeddings().weight.detach().float().numpy()
+    attention = model.model.layers[0].self_attn
+    heads, kv, size = config.num_attention_heads, layout.kv_heads, int(attention.head_dim)
+    g = _Graph([], [])
+    _rotary_tables(g, model, size)
+    _mask_bias(g, heads // kv)
+    eps = float(config.rms_norm_eps)
+    g.node("Gather", [g.weight("embed_tokens", weights["model.embed_tokens.weight"]), "input_ids"], ["h0"], axis=0)
+    x = _rms_norm(g, "h0", weights["model.layers.0.input_layernorm.weight"], eps)
+    residual = "h0"
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        x_mlp, residual = _attention(g, i, x, residual, weights, p, heads, kv, size, float(attention.scaling), eps)
+        following = f"model.layers.{i + 1}.input_layernorm.weight"
+        norm = weights[following] if following in weights else weights["model.norm.weight"]
+        x, residual = _mlp(g, i, x_mlp, residual, weights, p, norm, eps)
+    g.node("MatMul", [x, g.weight("lm_head", head.T)], ["logits"])
+    graph = helper.make_graph(g.nodes, "decoder", _inputs(layout), _outputs(layout, head.shape[0]), g.weights)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
+    proto.ir_version = 9  # opset 18's; onnxruntime-training's loader reads at most 10
+    proto.producer_name = "pipe"
+    external = sum(t.ByteSize() for t in g.weights) > EXTERNAL_BYTES
+    save_model(proto, path, external)
+    return external
+
+
+def _inputs(layout: CacheLayout) -> list[onnx.ValueInfoProto]:
+    tokens = ["batch", "sequence"]
+    made = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, tokens),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total_sequence"]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, tokens),
+    ]
+    shape = ["batch", layout.kv_heads, "past_sequence", layout.head_size]
+    return made + [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in layout.past_names()]
+
+
+def _outputs(layout: CacheLayout, vocab: int) -> list[onnx.ValueInfoProto]:
+    shape = ["batch", layout.kv_heads, "total_sequence", layout.head_size]
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", vocab])
+    return [logits] + [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in layout.present_names()]
+
+
+def _rotary_tables(g: _Graph, model: torch.nn.Module, size: int) -> None:
+    """cos and sin [max positions, head_size / 2] as the model's rotary module makes them (scaling included)."""
+    positions = torch.arange(model.config.max_position_embeddings)[None]
+    with torch.no_grad():
+        cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=torch.float32), positions)
+    g.weight("cos_cache", cos[0, :, : size // 2].float().numpy())
+    g.weight("sin_cache", sin[0, :, : size // 2].float().numpy())
+
+
+def _mask_bias(g: _Graph, group: int) -> None:
+    """`bias` [batch, 1, group x sequence, total]: 0 where a query may attend (the column is in its row's mask and
+    not after the query's own column), the float minimum elsewhere, as eager attention's mask; the query heads
+    of a KV head stacked along the sequence (the attention's layout below)."""
+    i64 = np.int64
+    g.weight("zero", np.array(0, i64))
+    g.weight("one", np.array(1, i64))
+    g.weight("axis_1", np.array([1], i64))
+    g.weight("axes_1_2", np.array([1, 2], i64))
+    g.node("Shape", ["attention_mask"], ["total_1d"], start=1, end=2)
+    g.node("Shape", ["input_ids"], ["sequence_1d"], start=1, end=2)
+    g.node("Squeeze", ["total_1d"], ["total"])
+    g.node("Sub", ["total_1d", "sequence_1d"], ["past_1d"])
+    g.node("Squeeze", ["past_1d"], ["past"])
+    g.node("Range", ["zero", "total", "one"], ["columns"])
+    g.node("Range", ["past", "total", "one"], ["query_columns"])
+    g.node("Unsqueeze", ["query_columns", "axis_1"], ["query_column"])
+    g.node("LessOrEqual", ["columns", "query_column"], ["causal"])  # [sequence, total]
+    g.node("Cast", ["attention_mask"], ["owned"], to=TensorProto.BOOL)
+    g.node("Unsqueeze", ["owned", "axes_1_2"], ["owned_4d"])  # [batch, 1, 1, total]
+    g.node("And", ["causal", "owned_4d"], ["allowed"])
+    minimum = g.weight("float_min", np.array(np.finfo(np.float32).min, np.float32))
+    g.node("Where", ["allowed", g.weight("float_zero", np.array(0, np.float32)), minimum], ["bias_1"])
+    g.node("Tile", ["bias_1", g.weight("group_tiles", np.array([1, 1, group, 1], i64))], ["bias"])
+
+
+def _rms_norm(g: _Graph, x: str, weight: np.ndarray, eps: float) -> str:
+    """The first layer's RMSNorm in standard ops (onnxruntime fuses them; the fused op is not ONNX's)."""
+    g.node("Mul", [x, x], ["norm0_squares"])
+    g.node("ReduceMean", ["norm0_squares", g.weight("axis_last", np.array([-1], np.int64))], ["norm0_mean"])
+    g.node("Add", ["norm0_mean", g.weight("norm0_eps", np.array(eps, np.float32))], ["norm0_var"])
+    g.node("Sqrt", ["norm0_var"], ["norm0_rms"])
+    g.node("Div", [x, "norm0_rms"], ["norm0_unit"])
+    return g.node("Mul", ["norm0_unit", g.weight("norm0_weight", weight)], ["x0"])[0]
+
+
+def _linear(g: _Graph, x: str, name: str, weights: dict[str, np.ndarray], keys: list[str]) -> str:
+    """x @ the named projections' weights side by side, plus their biases when any has one (zeros for the rest)."""
+    matrices = [weights[k + ".weight"] for k in keys]
+    out = g.node("MatMul", [x, g.weight(name, np.concatenate(matrices).T)], [name + "_out"])[0]
+    if any(k + ".bias" in weights for k in keys):
+        zeros = [np.zeros(m.shape[0], np.float32) for m in matrices]
+        parts = [weights.get(k + ".bias", z) for k, z in zip(keys, zeros, strict=True)]
+        out = g.node("Add", [out, g.weight(name + "_bias", np.concatenate(parts))], [name + "_biased"])[0]
+    return out
+
+
+def _attention(
+    g: _Graph, i: int, x: str, residual: str, weights: dict[str, np.ndarray], p: str,
+    heads: int, kv: int, size: int, scaling: float, eps: float,
+) -> tuple[str, str]:  # fmt: skip
+    """Layer i's attention on the normed `x`, added to `residual`, then normed for the MLP: (normed, residual)."""
+    group, n = heads // kv, f"layer{i}."
+    attn = p + "self_attn."
+    qkv = _linear(g, x, n + "qkv", weights, [attn + "q_proj", attn + "k_proj", attn + "v_proj"])
+    split = g.weight(n + "qkv_split", np.array([heads * size, kv * size, kv * size], np.int64))
+    q, k, v = g.node("Split", [qkv, split], [n + "q", n + "k", n + "v"], axis=-1)
+    rotary = ["position_ids", "cos_cache", "sin_cache"]
+    q = g.node("RotaryEmbedding", [q, *rotary], [n + "q_rotated"], domain=MS, num_heads=heads)[0]
+    k = g.node("RotaryEmbedding", [k, *rotary], [n + "k_rotated"], domain=MS, num_heads=kv)[0]
+    # queries [batch, kv, group x sequence, size]: a KV head's query heads stacked, read against its keys once
+    g.node("Reshape", [q, g.weight(n + "q_5d_shape", np.array([0, 0, kv, group, size], np.int64))], [n + "q_5d"])
+    g.node("Transpose", [n + "q_5d"], [n + "q_grouped_5d"], perm=[0, 2, 3, 1, 4])
+    g.node("Reshape", [n + "q_grouped_5d", g.weight(n + "q_4d_shape", np.array([0, 0, -1, size], np.int64))], [n + "q_4d"])
+    presents = []
+    for kind, new in (("key", k), ("value", v)):
+        g.node("Reshape", [new, g.weight(n + kind + "_4d_shape", np.array([0, 0, kv, size], np.int64))], [n + kind + "_4d"])
+        g.node("Transpose", [n + kind + "_4d"], [n + kind + "_heads"], perm=[0, 2, 1, 3])
+        past, present = f"past_key_values.{i}.{kind}", f"present.{i}.{kind}"
+        presents += g.node("Concat", [past, n + kind + "_heads"], [present], axis=2)
+    g.node("Transpose", [presents[0]], [n + "keys_t"], perm=[0, 1, 3, 2])
+    g.node("MatMul", [n + "q_4d", n + "keys_t"], [n + "scores"])
+    g.node("Mul", [n + "scores", g.weight(n + "scaling", np.array(scaling, np.float32))], [n + "scaled"])
+    g.node("Add", [n + "scaled", "bias"], [n + "masked"])
+    g.node("Softmax", [n + "masked"], [n + "weights"], axis=-1)
+    g.node("MatMul", [n + "weights", presents[1]], [n + "context"])
+    g.node("Reshape", [n + "context", g.weight(n + "c_5d_shape", np.array([0, 0, group, -1, size], np.int64))], [n + "c_5d"])
+    g.node("Transpose", [n + "c_5d"], [n + "c_tokens"], perm=[0, 3, 1, 2, 4])
+    g.node("Reshape", [n + "c_tokens", g.weight(n + "c_3d_shape", np.array([0, 0, heads * size], np.int64))], [n + "c_3d"])
+    out = _linear(g, n + "c_3d", n + "o", weights, [attn + "o_proj"])
+    norm = g.weight(n + "mlp_norm", weights[p + "post_attention_layernorm.weight"])
+    normed, _, _, summed = g.node("SkipSimplifiedLayerNormalization", [out, residual, norm],
+                                  [n + "mlp_in", "", "", n + "attended"], domain=MS, epsilon=eps)  # fmt: skip
+    return normed, summed
+
+
+def _mlp(
+    g: _Graph, i: int, x: str, residual: str, weights: dict[str, np.ndarray], p: str, norm: np.ndarray, eps: float
+) -> tuple[str, str]:
+    """Layer i's SiLU-gated MLP on the normed `x`, added to `residual`, then normed by the next layer's (or the
+    final) norm: (normed, residual)."""
+    n = f"layer{i}."
+    both = _linear(g, x, n + "gate_up", weights, [p + "mlp.gate_proj", p + "mlp.up_proj"])
+    inner = weights[p + "mlp.gate_proj.weight"].shape[0]
+    gate, up = g.node("Split", [both, g.weight(n + "gate_up_split", np.array([inner, inner], np.int64))],
+                      [n + "gate", n + "up"], axis=-1)  # fmt: skip
+    g.node("Sigmoid", [gate], [n + "gate_sigmoid"])
+    g.node("Mul", [gate, n + "gate_sigmoid"], [n + "gate_silu"])
+    g.node("Mul", [n + "gate_silu", up], [n + "gated"])
+    out = _linear(g, n + "gated", n + "down", weights, [p + "mlp.down_proj"])
+    normed, _, _, summed = g.node("SkipSimplifiedLayerNormalization", [out, residual, g.weight(n + "next_norm", norm)],
+                                  [n + "out_normed", "", "", n + "out"], domain=MS, epsilon=eps)  # fmt: skip
+    return normed, summed

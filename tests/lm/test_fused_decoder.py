@@ -1,0 +1,113 @@
+"""The decoder written from its weights with onnxruntime's fused kernels (pipeline/export/fused_decoder.py): the
+logits and presents of the model run in torch, on the inputs pipe's runtimes feed (left padding, holes in the
+past, a right-padded prompt chunk after a past), for each family it writes; the families it refuses are traced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.lm.lm_models import save_llama
+
+
+def _qwen2(directory: Path) -> Path:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from tests.lm.lm_models import VOCAB, save_bpe_tokenizer
+
+    save_bpe_tokenizer(directory)
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         use_sliding_window=False, tie_word_embeddings=True)  # fmt: skip
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_()  # the q, k and v biases are zeros at init: make them count
+    model.save_pretrained(directory)
+    return directory
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32, "rope_theta": 10000.0}  # fmt: skip
+SOURCES = {
+    "llama": lambda d: save_llama(d),
+    "llama-biases-llama3-rope": lambda d: save_llama(d, attention_bias=True, mlp_bias=True, rope_parameters=LLAMA3_ROPE),
+    "llama-one-kv-head-per-query": lambda d: save_llama(d, num_key_value_heads=4),
+    "qwen2-biases-tied": _qwen2,
+}
+
+
+def _load(source: Path):  # noqa: ANN202 (torch types stay out of the module's imports)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(source, attn_implementation="eager").float().eval()
+
+
+def _cases(layers: int, kv: int, size: int) -> list[dict[str, np.ndarray]]:
+    """A left-padded prompt batch from an empty past, and a right-padded chunk after a past with holes."""
+    rng = np.random.default_rng(0)
+    empty = {f"past_key_values.{i}.{k}": np.zeros((3, kv, 0, size), np.float32) for i in range(layers) for k in ("key", "value")}
+    mask = np.ones((3, 7), np.int64)
+    mask[1, :3] = 0
+    mask[2, :6] = 0
+    first = {"input_ids": rng.integers(3, 200, (3, 7)), "attention_mask": mask,
+             "position_ids": np.maximum(np.cumsum(mask, 1) - 1, 0), **empty}  # fmt: skip
+    past = {f"past_key_values.{i}.{k}": rng.standard_normal((2, kv, 5, size)).astype(np.float32)
+            for i in range(layers) for k in ("key", "value")}  # fmt: skip
+    chunk_mask = np.array([[1, 0, 1, 1, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1, 0]], np.int64)  # holes; row 1 padded right
+    chunk = {"input_ids": rng.integers(3, 200, (2, 3)), "attention_mask": chunk_mask,
+             "position_ids": np.array([[4, 5, 6], [3, 4, 4]]), **past}  # fmt: skip
+    return [first, chunk]
+
+
+@pytest.mark.parametrize("family", sorted(SOURCES))
+def test_the_fused_graph_gives_the_models_logits_and_presents(tmp_path: Path, family: str) -> None:
+    import onnxruntime as ort
+    import torch
+
+    from pipeline.export.fused_decoder import refusal
+    from pipeline.export.lm_module import export_decoder
+    from pipeline.runtime.decoder import CachedDecoder, cache_layout
+
+    model = _load(SOURCES[family](tmp_path / "source"))
+    assert refusal(model) is None
+    decoder = CachedDecoder(model).eval()
+    layout = cache_layout(decoder)
+    path = tmp_path / "model.onnx"
+    assert export_decoder(decoder, layout, path, 18).exporter == "fused"
+    graph = onnx.load(str(path)).graph
+    ops = {n.op_type for n in graph.node}
+    assert {"SkipSimplifiedLayerNormalization", "RotaryEmbedding"} <= ops and not {"Pow", "Neg", "Expand"} & ops
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for feeds in _cases(layout.layers, layout.kv_heads, layout.head_size):
+        got = session.run(None, feeds)
+        with torch.no_grad():
+            names = ["input_ids", "attention_mask", "position_ids", *layout.past_names()]
+            want = [t.numpy() for t in decoder(*(torch.from_numpy(feeds[n]) for n in names))]
+        mask = feeds["attention_mask"]
+        new = mask[:, -feeds["input_ids"].shape[1] :] == 1  # padding's logits are nobody's
+        np.testing.assert_allclose(got[0][new], want[0][new], atol=2e-5, rtol=1e-4)
+        for present, reference in zip(got[1:], want[1:], strict=True):
+            np.testing.assert_allclose(present.transpose(0, 2, 1, 3)[mask == 1], reference.transpose(0, 2, 1, 3)[mask == 1],
+                                       atol=2e-5, rtol=1e-4)  # fmt: skip
+
+
+def test_families_it_cannot_write_are_traced(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.export.fused_decoder import refusal
+    from tests.lm.lm_models import save_gpt2
+
+    gpt2 = AutoModelForCausalLM.from_pretrained(save_gpt2(tmp_path / "gpt2"))
+    assert "model type 'gpt2'" in (refusal(gpt2) or "")
+    dynamic = _load(save_llama(tmp_path / "dynamic", rope_parameters={"rope_type": "dynamic", "factor": 2.0,
+                                                                          "rope_theta": 10000.0}))  # fmt: skip
+    assert "rope scaling 'dynamic'" in (refusal(dynamic) or "")
+    gelu = _load(save_llama(tmp_path / "gelu", hidden_act="gelu"))
+    assert "not silu" in (refusal(gelu) or "")

@@ -42,7 +42,8 @@ SOURCES = [
     "pipeline/data/make_lm.py", "pipeline/data/lm_tokens.py", "pipeline/data/instructions.py",
     "pipeline/data/sources.py", "pipeline/data/splits.py", "pipeline/train/causal_lm.py",
     "pipeline/train/finish_lm.py", "pipeline/train/loop.py", "pipeline/train/objective.py",
-    "pipeline/export/causal_lm.py", "pipeline/export/lm_module.py", "pipeline/runtime/decoder.py",
+    "pipeline/export/causal_lm.py", "pipeline/export/lm_module.py", "pipeline/export/fused_decoder.py",
+    "pipeline/runtime/decoder.py",
     "pipeline/runtime/generate.py", "pipeline/artifact/generation.py", "tests/lm/trained_lm.py",
 ]  # fmt: skip
 

@@ -174,6 +174,10 @@ def _rms_norm(g: _Graph, x: str, weight: np.ndarray, eps: float) -> str:
     return g.node("Mul", ["norm0_unit", g.weight("norm0_weight", weight)], ["x0"])[0]
 
 
+def _reshape(g: _Graph, x: str, name: str, shape: list[int]) -> str:
+    return g.node("Reshape", [x, g.weight(name + "_shape", np.array(shape, np.int64))], [name])[0]
+
+
 def _linear(g: _Graph, x: str, name: str, weights: dict[str, np.ndarray], keys: list[str]) -> str:
     """x @ the named projections' weights side by side, plus their biases when any has one (zeros for the rest)."""
     matrices = [weights[k + ".weight"] for k in keys]
@@ -199,25 +203,23 @@ def _attention(
     q = g.node("RotaryEmbedding", [q, *rotary], [n + "q_rotated"], domain=MS, num_heads=heads)[0]
     k = g.node("RotaryEmbedding", [k, *rotary], [n + "k_rotated"], domain=MS, num_heads=kv)[0]
     # queries [batch, kv, group x sequence, size]: a KV head's query heads stacked, read against its keys once
-    g.node("Reshape", [q, g.weight(n + "q_5d_shape", np.array([0, 0, kv, group, size], np.int64))], [n + "q_5d"])
-    g.node("Transpose", [n + "q_5d"], [n + "q_grouped_5d"], perm=[0, 2, 3, 1, 4])
-    g.node("Reshape", [n + "q_grouped_5d", g.weight(n + "q_4d_shape", np.array([0, 0, -1, size], np.int64))], [n + "q_4d"])
+    g.node("Transpose", [_reshape(g, q, n + "q_5d", [0, 0, kv, group, size])], [n + "q_grouped"], perm=[0, 2, 3, 1, 4])
+    queries = _reshape(g, n + "q_grouped", n + "q_4d", [0, 0, -1, size])
     presents = []
     for kind, new in (("key", k), ("value", v)):
-        g.node("Reshape", [new, g.weight(n + kind + "_4d_shape", np.array([0, 0, kv, size], np.int64))], [n + kind + "_4d"])
-        g.node("Transpose", [n + kind + "_4d"], [n + kind + "_heads"], perm=[0, 2, 1, 3])
+        heads_first = _reshape(g, new, n + kind + "_4d", [0, 0, kv, size])
+        g.node("Transpose", [heads_first], [n + kind + "_heads"], perm=[0, 2, 1, 3])
         past, present = f"past_key_values.{i}.{kind}", f"present.{i}.{kind}"
         presents += g.node("Concat", [past, n + kind + "_heads"], [present], axis=2)
     g.node("Transpose", [presents[0]], [n + "keys_t"], perm=[0, 1, 3, 2])
-    g.node("MatMul", [n + "q_4d", n + "keys_t"], [n + "scores"])
+    g.node("MatMul", [queries, n + "keys_t"], [n + "scores"])
     g.node("Mul", [n + "scores", g.weight(n + "scaling", np.array(scaling, np.float32))], [n + "scaled"])
     g.node("Add", [n + "scaled", "bias"], [n + "masked"])
     g.node("Softmax", [n + "masked"], [n + "weights"], axis=-1)
     g.node("MatMul", [n + "weights", presents[1]], [n + "context"])
-    g.node("Reshape", [n + "context", g.weight(n + "c_5d_shape", np.array([0, 0, group, -1, size], np.int64))], [n + "c_5d"])
-    g.node("Transpose", [n + "c_5d"], [n + "c_tokens"], perm=[0, 3, 1, 2, 4])
-    g.node("Reshape", [n + "c_tokens", g.weight(n + "c_3d_shape", np.array([0, 0, heads * size], np.int64))], [n + "c_3d"])
-    out = _linear(g, n + "c_3d", n + "o", weights, [attn + "o_proj"])
+    context = _reshape(g, n + "context", n + "c_5d", [0, 0, group, -1, size])
+    g.node("Transpose", [context], [n + "c_tokens"], perm=[0, 3, 1, 2, 4])
+    out = _linear(g, _reshape(g, n + "c_tokens", n + "c_3d", [0, 0, heads * size]), n + "o", weights, [attn + "o_proj"])
     norm = g.weight(n + "mlp_norm", weights[p + "post_attention_layernorm.weight"])
     normed, _, _, summed = g.node("SkipSimplifiedLayerNormalization", [out, residual, norm],
                                   [n + "mlp_in", "", "", n + "attended"], domain=MS, epsilon=eps)  # fmt: skip

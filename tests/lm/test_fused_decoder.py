@@ -5,6 +5,7 @@ past, a right-padded prompt chunk after a past), for each family it writes; the 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -37,13 +38,15 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
                "original_max_position_embeddings": 32, "rope_theta": 10000.0}  # fmt: skip
 SOURCES = {
     "llama": lambda d: save_llama(d),
-    "llama-biases-llama3-rope": lambda d: save_llama(d, attention_bias=True, mlp_bias=True, rope_parameters=LLAMA3_ROPE),
+    "llama-biases-llama3-rope": lambda d: save_llama(
+        d, attention_bias=True, mlp_bias=True, rope_parameters=LLAMA3_ROPE
+    ),
     "llama-one-kv-head-per-query": lambda d: save_llama(d, num_key_value_heads=4),
     "qwen2-biases-tied": _qwen2,
 }
 
 
-def _load(source: Path):  # noqa: ANN202 (torch types stay out of the module's imports)
+def _load(source: Path) -> Any:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(source, attn_implementation="eager").float().eval()
@@ -52,14 +55,14 @@ def _load(source: Path):  # noqa: ANN202 (torch types stay out of the module's i
 def _cases(layers: int, kv: int, size: int) -> list[dict[str, np.ndarray]]:
     """A left-padded prompt batch from an empty past, and a right-padded chunk after a past with holes."""
     rng = np.random.default_rng(0)
-    empty = {f"past_key_values.{i}.{k}": np.zeros((3, kv, 0, size), np.float32) for i in range(layers) for k in ("key", "value")}
+    names = [f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    empty = {n: np.zeros((3, kv, 0, size), np.float32) for n in names}
     mask = np.ones((3, 7), np.int64)
     mask[1, :3] = 0
     mask[2, :6] = 0
     first = {"input_ids": rng.integers(3, 200, (3, 7)), "attention_mask": mask,
              "position_ids": np.maximum(np.cumsum(mask, 1) - 1, 0), **empty}  # fmt: skip
-    past = {f"past_key_values.{i}.{k}": rng.standard_normal((2, kv, 5, size)).astype(np.float32)
-            for i in range(layers) for k in ("key", "value")}  # fmt: skip
+    past = {n: rng.standard_normal((2, kv, 5, size)).astype(np.float32) for n in names}
     chunk_mask = np.array([[1, 0, 1, 1, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1, 0]], np.int64)  # holes; row 1 padded right
     chunk = {"input_ids": rng.integers(3, 200, (2, 3)), "attention_mask": chunk_mask,
              "position_ids": np.array([[4, 5, 6], [3, 4, 4]]), **past}  # fmt: skip
@@ -94,8 +97,8 @@ def test_the_fused_graph_gives_the_models_logits_and_presents(tmp_path: Path, fa
         new = mask[:, -feeds["input_ids"].shape[1] :] == 1  # padding's logits are nobody's
         np.testing.assert_allclose(got[0][new], want[0][new], atol=2e-5, rtol=1e-4)
         for present, reference in zip(got[1:], want[1:], strict=True):
-            np.testing.assert_allclose(present.transpose(0, 2, 1, 3)[mask == 1], reference.transpose(0, 2, 1, 3)[mask == 1],
-                                       atol=2e-5, rtol=1e-4)  # fmt: skip
+            owned = (present.transpose(0, 2, 1, 3)[mask == 1], reference.transpose(0, 2, 1, 3)[mask == 1])
+            np.testing.assert_allclose(*owned, atol=2e-5, rtol=1e-4)
 
 
 def test_families_it_cannot_write_are_traced(tmp_path: Path) -> None:

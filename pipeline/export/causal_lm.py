@@ -27,7 +27,7 @@ import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import onnx
 
@@ -58,9 +58,14 @@ from pipeline.verify.policies import Exact
 from pipeline.verify.report import GateReport
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
     from pipeline.export.onnx_export import ExportResult
+    from pipeline.runtime.decoder import CachedDecoder
+
+T = TypeVar("T")
 
 TASK = "text-generation"
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # transformers' class names for a decoder with its LM head
@@ -167,6 +172,7 @@ def import_causal_lm(
             "tokens": Reading(value=limits_reading(limits), source="config.json and the tokenizer"),
             "generation": Reading(value=_generation_reading(manifest.generation), source=_generation_source(source)),
         }
+        took = f"loaded in {loaded_s:.1f} s, exported and gated in {export_s:.1f} s ({result.exporter})"
         manifest.stages.import_ = ImportRecord(
             settings={
                 "task": TASK,
@@ -186,7 +192,7 @@ def import_causal_lm(
             parity=report.to_dict(),
             convention="Hugging Face",
             read=read,
-            notes=[f"loaded in {loaded_s:.1f} s, exported and gated in {export_s:.1f} s ({result.exporter})"],
+            notes=[took, *([result.fallback_reason] if result.fallback_reason else [])],
         )
         for rel in external_files(graph):  # a model past 2 GB: its weights beside the graph, hashed
             artifact.add_file(rel)
@@ -240,7 +246,6 @@ def export_gated(
 ) -> tuple[ExportResult, GateReport, Golden]:
     """Export `model` to `artifact.root/model.onnx` with its cache, record the specs and the generation
     record in the manifest, stamp the identity, and judge the graph; the caller raises on the report."""
-    from pipeline.export.lm_module import export_decoder
     from pipeline.runtime.decoder import CachedDecoder, cache_layout
 
     manifest, root = artifact.manifest, artifact.root
@@ -252,12 +257,14 @@ def export_gated(
     manifest.inputs, manifest.outputs = decoder_specs(limits, layout, vocab)
     manifest.generation = _generation_record(artifact, layout, source, padding)
     path = root / MODEL_FILE
-    result = export_decoder(decoder, layout, path, OPSET)
-    stamp(path, manifest)
     encoder = TextEncoder.of(root, manifest)
     assert encoder is not None  # the tokenizer and the ids input were just recorded
-    report, golden = decoder_gate(path, model, decoder, encoder, manifest, gate)
-    return result, report, golden
+
+    def judged() -> tuple[GateReport, Golden]:
+        stamp(path, manifest)
+        return decoder_gate(path, model, decoder, encoder, manifest, gate)
+
+    return _export_judged(decoder, layout, path, OPSET, judged)
 
 
 def export_trained(
@@ -266,7 +273,6 @@ def export_trained(
     """`pipe export` of a causal LM trained here: `model` (the trained wrapper, adapters merged) to `candidate`
     with the cache the manifest records, judged as an import is, plus the golden first step kept at training."""
     from pipeline.artifact.golden import load_golden
-    from pipeline.export.lm_module import export_decoder
     from pipeline.runtime.decoder import CachedDecoder, cache_layout
 
     manifest = artifact.manifest
@@ -277,16 +283,38 @@ def export_trained(
         raise InputError(
             f"{artifact.root}: the trained model's KV cache is not the one its manifest records; re-train the model"
         )
-    result = export_decoder(decoder, recorded.cache, candidate, opset)
     encoder = TextEncoder.of(artifact.root, manifest)
     if encoder is None:
         raise InputError(f"{artifact.root}: a text-generation model carries its tokenizer, and this one has none")
-    report, _ = decoder_gate(candidate, net, decoder, encoder, manifest, gate)
     golden = load_golden(artifact)
     policy = Exact(gate.atol, gate.rtol)
-    report.rows += compare("golden (recorded)", ort_runner(candidate)(golden.inputs), golden.outputs,
-                           manifest.outputs, policy, "onnx")  # fmt: skip
+
+    def judged() -> tuple[GateReport, None]:
+        report, _ = decoder_gate(candidate, net, decoder, encoder, manifest, gate)
+        report.rows += compare("golden (recorded)", ort_runner(candidate)(golden.inputs), golden.outputs,
+                               manifest.outputs, policy, "onnx")  # fmt: skip
+        return report, None
+
+    result, report, _ = _export_judged(decoder, recorded.cache, candidate, opset, judged)
     return result, report
+
+
+def _export_judged(
+    decoder: CachedDecoder, layout: CacheLayout, path: Path, opset: int, judged: Callable[[], tuple[GateReport, T]]
+) -> tuple[ExportResult, GateReport, T]:
+    """The decoder exported to `path` and judged by `judged`. A graph written from the weights (fused_decoder.py)
+    that fails its gate is traced instead and judged again, the failed row kept as the fallback reason: a family
+    the writer gets wrong still imports, and the record says so."""
+    from pipeline.export.lm_module import export_decoder
+
+    result = export_decoder(decoder, layout, path, opset)
+    report, extra = judged()
+    if report.passed or result.exporter != "fused":
+        return result, report, extra
+    row = report.failures[0]
+    traced = export_decoder(decoder, layout, path, opset, fused=False)
+    reason = f"the graph written with fused kernels failed the gate's {row.check!r} row ({row.detail}); traced instead"
+    return replace(traced, fallback_reason=reason), *judged()
 
 
 def decoder_gate(

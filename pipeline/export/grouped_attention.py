@@ -7,7 +7,7 @@ for 9 query heads) it writes three times the cache per layer. `grouped` computes
 the query heads of a group stacked instead ([batch, kv_heads, group x sequence, head_size] against the
 group's keys as they are), so the graph reads the cache once. Each score is the same dot product as
 eager's: on a random Llama of that shape the two give bitwise-equal logits in torch; the two exported
-graphs' decode steps are timed side by side by bench/bench_grouped_attention.py (docs/language-models.md).
+graphs' decode steps are timed side by side by bench/bench_decoder_graphs.py (docs/language-models.md).
 
 The export (lm_module.py) switches a model to it only for the trace, and only for the families whose
 attention is transformers' plain `eager_attention_forward` (no logit soft-capping, no attention sinks);
@@ -73,7 +73,7 @@ def applies(model: torch.nn.Module) -> bool:
 @contextlib.contextmanager
 def grouped_while(model: torch.nn.Module, enabled: bool = True) -> Iterator[bool]:
     """The model's attention grouped while inside (True), eager again after; unchanged (False) where it does
-    not apply, or when not `enabled` (bench/bench_grouped_attention.py exports both to compare them)."""
+    not apply, or when not `enabled` (bench/bench_decoder_graphs.py exports both to compare them)."""
     if not (enabled and applies(model)):
         yield False
         return

@@ -114,3 +114,29 @@ def test_families_it_cannot_write_are_traced(tmp_path: Path) -> None:
     assert "rope scaling 'dynamic'" in (refusal(dynamic) or "")
     gelu = _load(save_llama(tmp_path / "gelu", hidden_act="gelu"))
     assert "not silu" in (refusal(gelu) or "")
+
+
+@pytest.mark.slow  # two exports and two gates of the tiny Llama (about 30 s)
+def test_a_written_graph_that_fails_its_gate_is_traced_instead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault put in the written graph (its lm_head scaled): the gate fails it, the import traces the model instead,
+    passes, and records why."""
+    import pipeline.export.lm_module as lm_module
+    from pipeline.export.causal_lm import DecoderGate, import_causal_lm
+
+    written = lm_module.write_decoder
+
+    def faulty(model: Any, layout: Any, path: Path, opset: int) -> bool:
+        external = written(model, layout, path, opset)
+        proto = onnx.load(str(path))
+        head = next(t for t in proto.graph.initializer if t.name == "lm_head")
+        head.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(head) * 1.5, "lm_head"))
+        onnx.save(proto, str(path))
+        return external
+
+    monkeypatch.setattr(lm_module, "write_decoder", faulty)
+    gate = DecoderGate(steps=4, batches=(1, 2))
+    artifact = import_causal_lm(save_llama(tmp_path / "source"), "tiny", tmp_path / "artifacts", gate=gate,
+                                progress=lambda *_: None)  # fmt: skip
+    record = artifact.manifest.stages.import_
+    assert record is not None and record.settings["exporter"] == "dynamo" and record.parity["passed"]
+    assert any("fused kernels failed the gate's" in note and "traced instead" in note for note in record.notes)

@@ -1,14 +1,17 @@
-"""A decoder's graph exported with transformers' eager attention against the grouped one pipe exports
-(pipeline/export/grouped_attention.py): decode steps timed side by side, interleaved, at batch 1 and 16.
+"""A decoder's graphs side by side: traced with transformers' eager attention, traced grouped
+(pipeline/export/grouped_attention.py), and written with onnxruntime's fused kernels (the one pipe exports
+for Llama, pipeline/export/fused_decoder.py), each also with int4 weights: decode steps timed in turn.
 
-    .venv/bin/python bench/bench_grouped_attention.py [--dir /tmp/lm-serve-bench] [--batches 1 16]
-        [--past 128] [--steps 24] [--rounds 3] [--threads 2] [--out bench/results/grouped_attention.json]
+    .venv/bin/python bench/bench_decoder_graphs.py [--dir /tmp/lm-serve-bench] [--batches 1 16]
+        [--past 128] [--steps 24] [--rounds 3] [--threads 2] [--out bench/results/decoder_graphs.json]
 
 The model is bench/lm_serve_model.py's (a random Llama of SmolLM-135M's shape: 9 query heads on 3 KV heads).
-Both graphs are exported from it by pipe's own export (`export_decoder`), the eager one with the grouping
-switched off; each round times `--steps` decode steps of each graph in turn after a `--past`-token prefill,
-feeding each step's presents back as the next past (as pipe serve's hot path does). Reported: the median
-step of each graph over the rounds, and eager / grouped. Both graphs' greedy tokens are compared too.
+Every graph is made from it by pipe's own export (`export_decoder`, its switches set) and, for the int4
+ones, pipe's int4-weights conversion at its defaults (block 32, accuracy level 4); each round times
+`--steps` decode steps of each graph in turn after a `--past`-token prefill, feeding each step's presents
+back as the next past (as pipe serve's hot path does). Reported: the median step of each graph over the
+rounds, each graph's step over the written one's (same weights), and whether the fp32 graphs' greedy
+tokens agree.
 """
 
 from __future__ import annotations
@@ -29,24 +32,33 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from lm_serve_model import VOCAB, prepare  # noqa: E402
 
+GRAPHS = {"eager": {"fused": False, "grouped": False}, "grouped": {"fused": False}, "fused": {}}  # export switches
+INT4 = ("grouped", "fused")  # also timed with int4 weights
 
-def export_both(source: Path, directory: Path) -> dict[str, Path]:
-    """eager.onnx and grouped.onnx of the source model, exported once."""
-    paths = {"eager": directory / "eager.onnx", "grouped": directory / "grouped.onnx"}
+
+def export_all(source: Path, directory: Path) -> dict[str, Path]:
+    """Every graph of the source model (GRAPHS, then INT4's as NAME-int4), made once."""
+    paths = {name: directory / f"{name}.onnx" for name in GRAPHS} | {
+        f"{n}-int4": directory / f"{n}-int4.onnx" for n in INT4
+    }
     if all(p.exists() for p in paths.values()):
         return paths
     import torch
     from transformers import AutoModelForCausalLM
 
     from pipeline.export.lm_module import export_decoder
+    from pipeline.optimize.weight_only import WeightSettings, quantize_weights
     from pipeline.runtime.decoder import CachedDecoder, cache_layout
 
     torch.set_num_threads(2)
     model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="eager").eval()
     decoder = CachedDecoder(model).eval()
     directory.mkdir(parents=True, exist_ok=True)
-    for name, path in paths.items():
-        export_decoder(decoder, cache_layout(decoder), path, 18, grouped=name == "grouped")
+    for name, switches in GRAPHS.items():
+        export_decoder(decoder, cache_layout(decoder), paths[name], 18, **switches)
+    int4 = WeightSettings(bits=4, block_size=32, symmetric=True, accuracy_level=4, embeddings=False)
+    for name in INT4:
+        quantize_weights(paths[name], paths[f"{name}-int4"], int4)
     return paths
 
 
@@ -81,10 +93,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "grouped_attention.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "decoder_graphs.json")
     args = parser.parse_args()
     source, _ = prepare(args.dir)
-    paths = export_both(source, args.dir / "attention")
+    paths = export_all(source, args.dir / "graphs")
     from pipeline.runtime.session import create_session
 
     sessions = {name: create_session(path, "cpu", args.threads, 1, True) for name, path in paths.items()}
@@ -97,15 +109,14 @@ def main() -> None:
                 times, tokens[name] = decode(session, batch, args.past, args.steps)
                 steps[name] += times
         median = {name: float(np.median(t)) for name, t in steps.items()}
+        over = {name: median[name] / median["fused" if "int4" not in name else "fused-int4"] for name in median}
         row = {"batch": batch, "past": args.past, "step_ms": {k: v * 1e3 for k, v in median.items()},
-               "tokens_per_s": {k: batch / v for k, v in median.items()},
-               "eager_over_grouped": median["eager"] / median["grouped"],
-               "same_greedy_tokens": bool(np.array_equal(tokens["eager"], tokens["grouped"])),
+               "tokens_per_s": {k: batch / v for k, v in median.items()}, "over_fused": over,
+               "same_greedy_tokens": all(np.array_equal(tokens[n], tokens["fused"]) for n in GRAPHS),
                "load_average": os.getloadavg()[0]}  # fmt: skip
         rows.append(row)
-        ms = row["step_ms"]
-        print(f"batch {batch}: eager {ms['eager']:.1f} ms a step, grouped {ms['grouped']:.1f} ms: "
-              f"x{row['eager_over_grouped']:.2f}; same greedy tokens: {row['same_greedy_tokens']} "
+        cells = ", ".join(f"{name} {ms:.1f} ms (x{over[name]:.2f})" for name, ms in row["step_ms"].items())
+        print(f"batch {batch}: {cells}; fp32 greedy tokens agree: {row['same_greedy_tokens']} "
               f"(load {row['load_average']:.1f})", flush=True)  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=1))

@@ -96,6 +96,8 @@ def test_the_fused_graph_gives_the_models_logits_and_presents(tmp_path: Path, fa
         mask = feeds["attention_mask"]
         new = mask[:, -feeds["input_ids"].shape[1] :] == 1  # padding's logits are nobody's
         np.testing.assert_allclose(got[0][new], want[0][new], atol=2e-5, rtol=1e-4)
+        last = session.run(["logits"], {**feeds, "logits_from": np.array(-1, np.int64)})[0]  # the optional input
+        np.testing.assert_array_equal(last, got[0][:, -1:])
         for present, reference in zip(got[1:], want[1:], strict=True):
             owned = (present.transpose(0, 2, 1, 3)[mask == 1], reference.transpose(0, 2, 1, 3)[mask == 1])
             np.testing.assert_allclose(*owned, atol=2e-5, rtol=1e-4)

@@ -169,7 +169,7 @@ def test_prompts_are_prefilled_oldest_first_within_the_chunk(imported: tuple[Pat
 def test_a_burst_is_prefilled_in_one_call(imported: tuple[Path, Path]) -> None:
     """One sequence runs and three 16-token prompts arrive: more wait for a first token than for a next one,
     so the step prefills all three (up to 8 chunks of 8) and they decode with it from the next step; the
-    logits' size caps that budget."""
+    logits' size caps that budget where the graph computes every position's."""
     gen = _generator(imported[1], prefill_chunk=8)
     assert gen.engine.scheduler.burst_chunk == 64
     running, seqs = _join_beside(gen, [[1, 5]], [[1, *range(10 + i, 25 + i)] for i in range(3)])
@@ -177,6 +177,7 @@ def test_a_burst_is_prefilled_in_one_call(imported: tuple[Path, Path]) -> None:
     assert burst_budget(256, 49_152) == 2048  # SmolLM's vocabulary: 2048 x 49,152 fp32 logits are 384 MiB
     assert burst_budget(256, 128_256) == 1046  # Llama 3's: 512 MiB of logits
     assert burst_budget(256, 1_000_000) == 256  # never below one chunk
+    assert burst_budget(256, 0) == 2048  # a graph computing the last column's logits only: no cap by their size
 
 
 def test_rows_leaving_and_joining_are_copied_from_the_last_calls_not_gathered(

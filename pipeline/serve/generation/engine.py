@@ -48,10 +48,11 @@ class Engine:
         self._session = session
         self._outputs = ["logits", *generation.cache.present_names()]
         self.pool = KVPool(generation.cache, int(settings.kv_cache_mb * 1024 * 1024))
-        burst = burst_budget(settings.prefill_chunk, _vocab(session, tokenizer))
+        last_logits = _takes_logits_from(session)
+        burst = burst_budget(settings.prefill_chunk, 0 if last_logits else _vocab(session, tokenizer))
         self.scheduler = Scheduler(
             self._run, generation.cache, self.pool, generation.eos_token_ids, settings.max_sequences,
-            settings.prefill_chunk, settings.wait_s, burst,
+            settings.prefill_chunk, settings.wait_s, burst, last_logits,
         )  # fmt: skip
         self._executor = executor
         self._stats = stats
@@ -192,3 +193,9 @@ def _vocab(session: Any, tokenizer: Any) -> int:
     if shape and isinstance(shape[-1], int):
         return shape[-1]
     return int(tokenizer.get_vocab_size())
+
+
+def _takes_logits_from(session: Any) -> bool:
+    """The graph has the optional `logits_from` input (a written decoder: pipeline/export/fused_decoder.py)."""
+    overridable = getattr(session, "get_overridable_initializers", lambda: [])()
+    return any(i.name == "logits_from" for i in overridable)

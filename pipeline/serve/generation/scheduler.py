@@ -7,7 +7,9 @@ decode one token for every running sequence in ONE onnxruntime call.
   has waited `wait_s` (the server's --timeout) is removed and ends `timeout` (its handler answers 503).
 - **Prefill, chunked**: the joining sequences feed at most `prefill_chunk` prompt tokens in all per
   step, the oldest first (each as much of its prompt as the chunk has left), as one call (rows padded
-  on the right, their pasts gathered from the pool), so a long prompt stalls the running streams by one
+  on the left, so each row's last prompt token is the call's last column, their pasts gathered from the
+  pool; a graph taking `logits_from`, a written decoder's, is fed -1 and computes the logits of that
+  column only: pipeline/export/fused_decoder.py), so a long prompt stalls the running streams by one
   chunk's time per step, never by its whole length. When the joining prompts outnumber the running
   streams (nothing runs, or a burst arrived), more sequences wait for a first token than for a next
   one, and the step takes up to `burst_chunk` tokens (`burst_budget`: 8 chunks, fewer when the graph's
@@ -59,8 +61,11 @@ BURST_LOGITS_BYTES = 512 * 2**20  # ...fewer when the call's logits (every posit
 
 
 def burst_budget(prefill_chunk: int, vocab: int) -> int:
-    """The prompt tokens a step may prefill when the joining prompts outnumber the running (module doc, Prefill)."""
-    return max(prefill_chunk, min(BURST_CHUNKS * prefill_chunk, BURST_LOGITS_BYTES // (4 * max(vocab, 1))))
+    """The prompt tokens a step may prefill when the joining prompts outnumber the running (module doc, Prefill);
+    `vocab` 0 for a graph computing the last column's logits only (no cap by their size)."""
+    if vocab <= 0:
+        return BURST_CHUNKS * prefill_chunk
+    return max(prefill_chunk, min(BURST_CHUNKS * prefill_chunk, BURST_LOGITS_BYTES // (4 * vocab)))
 
 
 @dataclass(frozen=True)
@@ -85,8 +90,10 @@ class Scheduler:
         prefill_chunk: int,
         wait_s: float = float("inf"),
         burst_chunk: int | None = None,
+        last_logits: bool = False,
     ) -> None:
         self._run = run
+        self._last_logits = last_logits  # the graph takes `logits_from`: a prefill asks for its last column's only
         self.cache = cache
         self.pool = pool
         self._eos = frozenset(eos_ids)
@@ -234,19 +241,21 @@ class Scheduler:
         mask = np.zeros((len(rows), width), dtype=np.int64)
         positions = np.zeros((len(rows), width), dtype=np.int64)
         for i, (seq, n) in enumerate(zip(rows, takes, strict=True)):
-            ids[i, :n] = seq.request.prompt[seq.stored : seq.stored + n]
-            mask[i, :n] = 1
-            positions[i] = seq.stored + np.minimum(np.arange(width), n - 1)  # padding repeats a real position
+            ids[i, width - n :] = seq.request.prompt[seq.stored : seq.stored + n]
+            mask[i, width - n :] = 1
+            positions[i] = seq.stored + np.maximum(np.arange(width) - (width - n), 0)  # padding repeats a real one
         feeds = self._feeds(ids, mask, positions, self._gather(rows))
+        if self._last_logits:
+            feeds["logits_from"] = np.array(-1, dtype=np.int64)
         out = self._run(feeds)
         logits, presents = out[0], out[1:]
-        start = presents[0].shape[2] - width  # the new tokens' first column
+        end = presents[0].shape[2]  # the new tokens end every row
         for i, (seq, n) in enumerate(zip(rows, takes, strict=True)):
-            new = np.stack([p[i, :, start : start + n, :] for p in presents])  # [2L, kv, n, head]
+            new = np.stack([p[i, :, end - n : end, :] for p in presents])  # [2L, kv, n, head]
             self.pool.write(seq.blocks, seq.stored, new)
             seq.stored += n
             if not seq.prefilling:  # the whole prompt is in: its first token
-                events.append((seq, seq.take(seq.sampler.choose(logits[i, n - 1]), self._eos)))
+                events.append((seq, seq.take(seq.sampler.choose(logits[i, -1]), self._eos)))
         return sum(takes), (rows, presents, feeds["attention_mask"])
 
     def _decode(self, events: list[tuple[Sequence, Event]]) -> None:

@@ -140,10 +140,16 @@ def signature(model: onnx.ModelProto) -> dict[str, list[tuple[str, int, list[str
     }
 
 
+def _overridable(model: onnx.ModelProto) -> set[str]:
+    """Graph inputs that are also initializers: a default a runtime may override."""
+    return {v.name for v in model.graph.input} & {init.name for init in model.graph.initializer}
+
+
 def signature_changes(before: onnx.ModelProto, after: onnx.ModelProto) -> list[str]:
     """Every way `after` breaks the signature of `before`, as declared in the files.
 
-    Names, element types and ranks must stay. An input's fixed dims must stay, and its free dims stay free
+    Names, element types and ranks must stay, and an input with a default (an initializer listed as an input)
+    must stay one. An input's fixed dims must stay, and its free dims stay free
     (a batch frozen to 1 is a broken model that still loads). An output's dim may be written as the size
     shape inference computes or as an expression (`Divembedding_dim_1` as 384, a recognizer's 40 or its
     width as `floor((8210*...`): what it computes is held by running it (the gate compares every output
@@ -152,6 +158,9 @@ def signature_changes(before: onnx.ModelProto, after: onnx.ModelProto) -> list[s
     """
     old, new = signature(before), signature(after)
     problems = []
+    lost = sorted(_overridable(before) - _overridable(after))
+    if lost:  # onnxslim folds them (a written decoder's logits_from): a runtime could no longer set them
+        problems.append(f"inputs with a default {lost} became constants")
     for side in ("inputs", "outputs"):
         if [v[0] for v in old[side]] != [v[0] for v in new[side]]:
             problems.append(f"{side} {[v[0] for v in old[side]]} became {[v[0] for v in new[side]]}")

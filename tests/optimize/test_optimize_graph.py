@@ -126,6 +126,23 @@ def test_a_frozen_batch_or_renamed_output_is_a_signature_change() -> None:
     assert signature_changes(model("N", "y"), expression) == []
 
 
+def test_an_input_with_a_default_stays_one(tmp_path: Path) -> None:
+    """A written decoder's `logits_from` is an initializer listed as a graph input, which a runtime may override;
+    onnxslim folds it into a constant, so its result is refused and onnxruntime's (which keeps it) is the variant."""
+    text = f"""{HEADER}
+    g (float[N, S, 4] x, int64[1] start) => (float[N, M, 4] y)
+    <int64[1] start = {{0}}, int64[1] end = {{1000}}, int64[1] axis = {{1}}> {{ y = Slice(x, start, end, axis) }}"""
+    model = onnx.parser.parse_model(text)
+    folded = onnx.parser.parse_model(text)
+    folded.graph.input.pop()  # the default kept as a plain initializer: no longer settable
+    assert signature_changes(model, folded) == ["inputs with a default ['start'] became constants"]
+    src = tmp_path / "slice.onnx"
+    onnx.save(model, str(src))
+    optimize_graph(src, tmp_path / "opt.onnx")
+    optimized = onnx.load(str(tmp_path / "opt.onnx"))
+    assert "start" in {v.name for v in optimized.graph.input} & {t.name for t in optimized.graph.initializer}
+
+
 def test_metadata_props_survive(tmp_path: Path) -> None:
     src = cnn(tmp_path)
     model = onnx.load(str(src))

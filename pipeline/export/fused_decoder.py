@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import onnx
@@ -38,7 +38,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.artifact.generation import CacheLayout
-from pipeline.runtime.external_data import save_model
+from pipeline.runtime.external_data import SMALL_TENSOR, data_file
 
 FAMILIES = frozenset({"llama", "mistral", "qwen2"})  # pre-norm decoders: RMSNorm, rotary attention, SiLU-gated MLP
 STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})  # tables fixed by position: computed once here
@@ -73,14 +73,28 @@ def refusal(model: torch.nn.Module) -> str | None:
 
 @dataclass
 class _Graph:
-    """Nodes and weights as they are added."""
+    """Nodes and weights as they are added; with `data` (a model past EXTERNAL_BYTES), each weight of 1 KiB and more
+    is written to that file as it comes and the graph keeps only where it lies, so no second copy of the model
+    is held in memory."""
 
     nodes: list[onnx.NodeProto]
     weights: list[onnx.TensorProto]
+    data: BinaryIO | None = None
+    location: str = ""
 
     def weight(self, name: str, value: np.ndarray) -> str:
         contiguous = value if value.flags.c_contiguous else np.ascontiguousarray(value)  # which makes a scalar 1-D
-        self.weights.append(numpy_helper.from_array(contiguous, name))
+        if self.data is None or contiguous.nbytes < SMALL_TENSOR:
+            self.weights.append(numpy_helper.from_array(contiguous, name))
+            return name
+        tensor = onnx.TensorProto(name=name, dims=contiguous.shape,
+                                  data_type=helper.np_dtype_to_tensor_dtype(contiguous.dtype))  # fmt: skip
+        offset = self.data.tell()
+        contiguous.tofile(self.data)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, v in (("location", self.location), ("offset", offset), ("length", contiguous.nbytes)):
+            tensor.external_data.add(key=key, value=str(v))
+        self.weights.append(tensor)
         return name
 
     def node(self, op: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs: Any) -> list[str]:
@@ -89,13 +103,21 @@ class _Graph:
 
 
 def write_decoder(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int) -> bool:
-    """The decoder at `path` (weights beside it past 1.8 GB); returns whether they went beside it."""
+    """The decoder at `path` (weights beside it past 1.8 GB, as `<file>.data`); returns whether they went beside it."""
+    data = data_file(path)
+    data.unlink(missing_ok=True)
+    if sum(t.numel() * t.element_size() for t in model.state_dict().values()) <= EXTERNAL_BYTES:
+        return _write(model, layout, path, opset, _Graph([], []))
+    with data.open("wb") as file:
+        return _write(model, layout, path, opset, _Graph([], [], file, data.name))
+
+
+def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, g: _Graph) -> bool:
     config = model.config
     weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     head = model.get_output_embeddings().weight.detach().float().numpy()
     attention = model.model.layers[0].self_attn
     heads, kv, size = config.num_attention_heads, layout.kv_heads, int(attention.head_dim)
-    g = _Graph([], [])
     _rotary_tables(g, model, size)
     _mask_bias(g, heads // kv)
     eps = float(config.rms_norm_eps)
@@ -118,9 +140,8 @@ def write_decoder(model: torch.nn.Module, layout: CacheLayout, path: Path, opset
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
     proto.ir_version = 9  # opset 18's; onnxruntime-training's loader reads at most 10
     proto.producer_name = "pipe"
-    external = sum(t.ByteSize() for t in g.weights) > EXTERNAL_BYTES
-    save_model(proto, path, external)
-    return external
+    onnx.save(proto, str(path))  # the weights already in `g.data` when there is one
+    return g.data is not None
 
 
 def _inputs(layout: CacheLayout) -> list[onnx.ValueInfoProto]:

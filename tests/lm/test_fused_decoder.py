@@ -142,3 +142,28 @@ def test_a_written_graph_that_fails_its_gate_is_traced_instead(tmp_path: Path, m
     record = artifact.manifest.stages.import_
     assert record is not None and record.settings["exporter"] == "dynamo" and record.parity["passed"]
     assert any("fused kernels failed the gate's" in note and "traced instead" in note for note in record.notes)
+
+
+def test_past_the_size_limit_the_weights_are_streamed_beside_the_graph(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model past EXTERNAL_BYTES (1.8 GB; lowered here to 0 for the tiny Llama) has its weights written to
+    model.onnx.data as the graph is built; the graph gives what the same model written in one file gives."""
+    import onnxruntime as ort
+
+    import pipeline.export.fused_decoder as fused
+    from pipeline.runtime.decoder import CachedDecoder, cache_layout
+
+    model = _load(save_llama(tmp_path / "source"))
+    decoder = CachedDecoder(model).eval()
+    layout = cache_layout(decoder)
+    assert not fused.write_decoder(model, layout, tmp_path / "one.onnx", 18)
+    monkeypatch.setattr(fused, "EXTERNAL_BYTES", 0)
+    assert fused.write_decoder(model, layout, tmp_path / "model.onnx", 18)
+    data = tmp_path / "model.onnx.data"
+    assert data.stat().st_size > (tmp_path / "model.onnx").stat().st_size > 0
+    onnx.checker.check_model(str(tmp_path / "model.onnx"))
+    feeds = _cases(layout.layers, layout.kv_heads, layout.head_size)[1]
+    one, beside = (ort.InferenceSession(str(tmp_path / n)).run(None, feeds) for n in ("one.onnx", "model.onnx"))
+    for a, b in zip(one, beside, strict=True):
+        np.testing.assert_array_equal(a, b)

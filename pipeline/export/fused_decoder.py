@@ -11,10 +11,11 @@ MatMul for queries, keys and values together and one for the MLP's gate and up p
 grouped matrix products over the concatenated cache, as grouped_attention.py traces it: onnxruntime's
 `GroupQueryAttention` kernel was faster at one sequence but 5-20% slower at 16 (measured on the 135M bench
 model), and the same kernel reading a shared past/present buffer was slower still, its time growing with
-the buffer. On that model the fused graph's decode step is about 10% faster than the traced graph's, fp32
-and int4-weights alike, at 1 and at 16 sequences (docs/language-models.md gives the figures).
+the buffer. On that model a decode step of one sequence is 1.07x faster than the traced graph's in fp32 and
+1.22x with int4 weights; at 16 sequences the two are level within the machine's noise
+(bench/bench_decoder_graphs.py; docs/language-models.md gives the figures).
 
-The graph takes and gives what the traced one does (lm_module.py, docs/artifact-format.md): input_ids,
+The graph takes and gives what the traced one does (lm_module.py, docs/language-models.md): input_ids,
 attention_mask [batch, past + sequence] (0 for a hole or padding, anywhere), position_ids, one past key and
 value per layer; logits for every position and the presents (past + new, concatenated). One input is
 added, with a default: `logits_from` (int64 scalar, 0) is the first column whose logits are computed, so a
@@ -22,7 +23,7 @@ server prefilling prompts that end in the last column feeds -1 and skips the voc
 every other position (on the 135M bench model a fifth of a prefill's arithmetic, and 384 MiB of logits
 for a 2,048-token burst); a runtime that does not know it gets every position's. It runs on
 onnxruntime only (com.microsoft kernels, CPU and CUDA); the export gate then compares it with the model run
-eagerly, as for any export. Families outside `applies` (another MLP, sliding-window attention, dynamic rope
+eagerly, as for any export. Families `refusal` names (another MLP, sliding-window attention, dynamic rope
 scaling, soft-capped logits...) are traced as before.
 """
 

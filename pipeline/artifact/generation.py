@@ -30,6 +30,9 @@ from pipeline.core.errors import InputError
 PAST = "past_key_values.{layer}.{kind}"  # input names, kind: key | value
 PRESENT = "present.{layer}.{kind}"  # output names
 KINDS = ("key", "value")
+# optional inputs of a written decoder (inputs with a default; a runtime that does not know them is unaffected)
+LOGITS_FROM = "logits_from"  # int64 scalar, default 0: the first column whose logits are computed; -1 the last
+PRESENT_NEW_ONLY = "present_new_only"  # bool, default False: the presents hold the new tokens' keys and values only
 CHAT_TEMPLATE_FILE = "tokenizer/chat_template.jinja"  # in the version, listed under files
 GENERATION_CONFIG_FILE = "generation_config.json"  # in the version, listed under files
 # generation_config.json keys kept as the model's sampling defaults (a server's, when a request says nothing)

@@ -38,14 +38,13 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.artifact.generation import CacheLayout
+from pipeline.artifact.generation import LOGITS_FROM, PRESENT_NEW_ONLY, CacheLayout
 from pipeline.runtime.external_data import SMALL_TENSOR, data_file
 
 FAMILIES = frozenset({"llama", "mistral", "qwen2"})  # pre-norm decoders: RMSNorm, rotary attention, SiLU-gated MLP
 STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})  # tables fixed by position: computed once here
 MS = "com.microsoft"
 EXTERNAL_BYTES = 1_800_000_000  # past this the weights go beside the graph (protobuf's 2 GB limit)
-LOGITS_FROM = "logits_from"  # optional input: the first column whose logits are computed (module doc)
 
 
 def refusal(model: torch.nn.Module) -> str | None:
@@ -131,12 +130,14 @@ def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, 
         following = f"model.layers.{i + 1}.input_layernorm.weight"
         norm = weights[following] if following in weights else weights["model.norm.weight"]
         x, residual = _mlp(g, i, x_mlp, residual, weights, p, norm, eps)
+    _presents(g, config.num_hidden_layers)
     # logits from column `logits_from` on (a graph input with a default, 0: every position; -1: the last)
     g.weight(LOGITS_FROM, np.array(0, np.int64))
     g.node("Unsqueeze", [LOGITS_FROM, g.weight("axis_0", np.array([0], np.int64))], ["logits_start"])
     g.node("Slice", [x, "logits_start", g.weight("to_end", np.array([2**62], np.int64)), "axis_1"], ["logits_rows"])
     g.node("MatMul", ["logits_rows", g.weight("lm_head", head.T)], ["logits"])
-    inputs = [*_inputs(layout), helper.make_tensor_value_info(LOGITS_FROM, TensorProto.INT64, [])]
+    inputs = [*_inputs(layout), helper.make_tensor_value_info(LOGITS_FROM, TensorProto.INT64, []),
+              helper.make_tensor_value_info(PRESENT_NEW_ONLY, TensorProto.BOOL, [])]  # fmt: skip
     graph = helper.make_graph(g.nodes, "decoder", inputs, _outputs(layout, head.shape[0]), g.weights)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
     proto.ir_version = 9  # opset 18's; onnxruntime-training's loader reads at most 10
@@ -185,6 +186,7 @@ def _mask_bias(g: _Graph, group: int) -> None:
     g.node("Squeeze", ["total_1d"], ["total"])
     g.node("Sub", ["total_1d", "sequence_1d"], ["past_1d"])
     g.node("Squeeze", ["past_1d"], ["past"])
+    g.node("Concat", ["past_1d", "sequence_1d"], ["past_and_new"], axis=0)  # the attention's split of its weights
     g.node("Range", ["zero", "total", "one"], ["columns"])
     g.node("Range", ["past", "total", "one"], ["query_columns"])
     g.node("Unsqueeze", ["query_columns", "axis_1"], ["query_column"])
@@ -238,18 +240,24 @@ def _attention(
     # queries [batch, kv, group x sequence, size]: a KV head's query heads stacked, read against its keys once
     g.node("Transpose", [_reshape(g, q, n + "q_5d", [0, 0, kv, group, size])], [n + "q_grouped"], perm=[0, 2, 3, 1, 4])
     queries = _reshape(g, n + "q_grouped", n + "q_4d", [0, 0, -1, size])
-    presents = []
+    news = []
     for kind, new in (("key", k), ("value", v)):
         heads_first = _reshape(g, new, n + kind + "_4d", [0, 0, kv, size])
-        g.node("Transpose", [heads_first], [n + kind + "_heads"], perm=[0, 2, 1, 3])
-        past, present = f"past_key_values.{i}.{kind}", f"present.{i}.{kind}"
-        presents += g.node("Concat", [past, n + kind + "_heads"], [present], axis=2)
-    g.node("Transpose", [presents[0]], [n + "keys_t"], perm=[0, 1, 3, 2])
-    g.node("MatMul", [queries, n + "keys_t"], [n + "scores"])
+        news += g.node("Transpose", [heads_first], [n + kind + "_heads"], perm=[0, 2, 1, 3])
+    # the past and the new keys scored apart and the weights split again: the cache is read where it lies, never
+    # copied into a concatenation here (the presents are made once, after the layers: `_presents`)
+    past_key, past_value = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+    for part, keys in (("past", past_key), ("new", news[0])):
+        g.node("Transpose", [keys], [n + part + "_keys_t"], perm=[0, 1, 3, 2])
+        g.node("MatMul", [queries, n + part + "_keys_t"], [n + part + "_scores"])
+    g.node("Concat", [n + "past_scores", n + "new_scores"], [n + "scores"], axis=-1)
     g.node("Mul", [n + "scores", g.weight(n + "scaling", np.array(scaling, np.float32))], [n + "scaled"])
     g.node("Add", [n + "scaled", "bias"], [n + "masked"])
     g.node("Softmax", [n + "masked"], [n + "weights"], axis=-1)
-    g.node("MatMul", [n + "weights", presents[1]], [n + "context"])
+    g.node("Split", [n + "weights", "past_and_new"], [n + "past_weights", n + "new_weights"], axis=-1)
+    g.node("MatMul", [n + "past_weights", past_value], [n + "past_context"])
+    g.node("MatMul", [n + "new_weights", news[1]], [n + "new_context"])
+    g.node("Add", [n + "past_context", n + "new_context"], [n + "context"])
     context = _reshape(g, n + "context", n + "c_5d", [0, 0, group, -1, size])
     g.node("Transpose", [context], [n + "c_tokens"], perm=[0, 3, 1, 2, 4])
     out = _linear(g, _reshape(g, n + "c_tokens", n + "c_3d", [0, 0, heads * size]), n + "o", weights, [attn + "o_proj"])
@@ -257,6 +265,26 @@ def _attention(
     normed, _, _, summed = g.node("SkipSimplifiedLayerNormalization", [out, residual, norm],
                                   [n + "mlp_in", "", "", n + "attended"], domain=MS, epsilon=eps)  # fmt: skip
     return normed, summed
+
+
+def _presents(g: _Graph, layers: int) -> None:
+    """The presents, made once after the layers: past and new concatenated (the contract), or, with the optional
+    input `present_new_only` (a bool with the default False) fed True, the new tokens' keys and values only, for
+    a server that keeps each row's cache itself and appends them in place (module doc)."""
+    g.weight(PRESENT_NEW_ONLY, np.array(False))
+    whole, new_only, outputs = [], [], []
+    for i in range(layers):
+        for kind in ("key", "value"):
+            new, past = f"layer{i}.{kind}_heads", f"past_key_values.{i}.{kind}"
+            whole.append(helper.make_node("Concat", [past, new], [f"whole.{i}.{kind}"], axis=2))
+            new_only.append(helper.make_node("Identity", [new], [f"new.{i}.{kind}"]))
+            outputs.append(f"present.{i}.{kind}")
+
+    def branch(nodes: list[onnx.NodeProto], name: str) -> onnx.GraphProto:
+        made = [helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None) for node in nodes]
+        return helper.make_graph(nodes, name, [], made)
+
+    g.node("If", [PRESENT_NEW_ONLY], outputs, then_branch=branch(new_only, "new"), else_branch=branch(whole, "whole"))
 
 
 def _mlp(

@@ -96,8 +96,13 @@ def test_the_fused_graph_gives_the_models_logits_and_presents(tmp_path: Path, fa
         mask = feeds["attention_mask"]
         new = mask[:, -feeds["input_ids"].shape[1] :] == 1  # padding's logits are nobody's
         np.testing.assert_allclose(got[0][new], want[0][new], atol=2e-5, rtol=1e-4)
-        last = session.run(["logits"], {**feeds, "logits_from": np.array(-1, np.int64)})[0]  # the optional input
+        last = session.run(["logits"], {**feeds, "logits_from": np.array(-1, np.int64)})[0]  # the optional inputs
         np.testing.assert_array_equal(last, got[0][:, -1:])
+        sequence = feeds["input_ids"].shape[1]
+        only_new = session.run(None, {**feeds, "present_new_only": np.array(True)})
+        np.testing.assert_array_equal(only_new[0], got[0])
+        for present, whole in zip(only_new[1:], got[1:], strict=True):
+            np.testing.assert_array_equal(present, whole[:, :, -sequence:])
         for present, reference in zip(got[1:], want[1:], strict=True):
             owned = (present.transpose(0, 2, 1, 3)[mask == 1], reference.transpose(0, 2, 1, 3)[mask == 1])
             np.testing.assert_allclose(*owned, atol=2e-5, rtol=1e-4)

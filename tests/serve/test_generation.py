@@ -180,16 +180,13 @@ def test_a_burst_is_prefilled_in_one_call(imported: tuple[Path, Path]) -> None:
     assert burst_budget(256, 0) == 2048  # a graph computing the last column's logits only: no cap by their size
 
 
-def test_rows_leaving_and_joining_are_copied_from_the_last_calls_not_gathered(
-    imported: tuple[Path, Path], reference: Any
-) -> None:
-    """A, B and C decode from their prefill call's presents; B ends, then D joins: the next decode steps copy A's
-    and C's rows from the last decode's presents (C's not next to A's) and D's from its prefill's, so nothing is
-    gathered from the pool until A (the long prompt) ends and the presents are mostly holes beside C and D,
-    which are then gathered again. Every sequence equals its answer alone."""
+def test_rows_leaving_and_joining_move_in_the_batch_array(imported: tuple[Path, Path], reference: Any) -> None:
+    """A, B and C decode from one array; B ends and C takes its row; D joins into the next row, read from the
+    pool; C outgrows the array's width once. The array is made twice (for three rows, then wider), no decode
+    step gathers from the pool, and every sequence equals its answer alone."""
     gen = _generator(imported[1], prefill_chunk=64)
     scheduler = gen.engine.scheduler
-    gathered: list[int] = []  # rows of each decode step's pool gather (a prefill gathers rows with nothing stored)
+    gathered: list[int] = []  # rows of each pool gather with a past (a fresh prompt's prefill gathers nothing)
     gather = scheduler.pool.gather
 
     def recording(tables: list[np.ndarray], lengths: list[int]) -> Any:
@@ -198,19 +195,21 @@ def test_rows_leaving_and_joining_are_copied_from_the_last_calls_not_gathered(
         return gather(tables, lengths)
 
     scheduler.pool.gather = recording  # type: ignore[method-assign]
-    a, b, c, d = ([1, *range(40, 69)], 8), ([1, 7, 8, 9, 10, 11], 3), ([1, *range(100, 107)], 24), ([1, 5, 6, 7, 8], 16)
+    a, b, c, d = ([1, *range(40, 69)], 8), ([1, 7, 8, 9, 10, 11], 3), ([1, *range(100, 107)], 60), ([1, 5, 6, 7, 8], 16)
     seqs = [Sequence(Request(ids, n, Sampling(temperature=0)), gen.tokenizer, None) for ids, n in (a, b, c, d)]
     scheduler.waiting.extend(seqs[:3])
     for _ in range(3):
         scheduler.step()
-    assert seqs[1].finish == "length" and gathered == []
+    assert seqs[1].finish == "length" and scheduler.batch.remade == 1
+    width = scheduler.batch.data.shape[3]
     scheduler.waiting.append(seqs[3])  # joins while A and C run on
-    while seqs[0].finish is None:
+    for _ in range(2):
         scheduler.step()
-    assert gathered == [] and seqs[2].finish is None and seqs[3].finish is None
+    assert [id(s) for s in scheduler.batch.rows] == [id(seqs[0]), id(seqs[2]), id(seqs[3])]  # C in B's row
+    assert scheduler.batch.remade == 1
     while scheduler.busy:
         scheduler.step()
-    assert gathered == [2]
+    assert gathered == [] and scheduler.batch.remade == 2 and len(seqs[2].tokens) > width
     for seq, (ids, n) in zip(seqs, (a, b, c, d), strict=True):
         assert seq.tokens[len(ids) :] == reference(ids, n)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifact.generation import Generation
+from pipeline.artifact.generation import LOGITS_FROM, PRESENT_NEW_ONLY, Generation
 from pipeline.serve.errors import RequestError, Unavailable
 from pipeline.serve.generation.kv_pool import KVPool
 from pipeline.serve.generation.scheduler import Feeds, Scheduler, burst_budget
@@ -48,11 +48,12 @@ class Engine:
         self._session = session
         self._outputs = ["logits", *generation.cache.present_names()]
         self.pool = KVPool(generation.cache, int(settings.kv_cache_mb * 1024 * 1024))
-        last_logits = _takes_logits_from(session)
+        optional = _optional_inputs(session)
+        last_logits = LOGITS_FROM in optional
         burst = burst_budget(settings.prefill_chunk, 0 if last_logits else _vocab(session, tokenizer))
         self.scheduler = Scheduler(
             self._run, generation.cache, self.pool, generation.eos_token_ids, settings.max_sequences,
-            settings.prefill_chunk, settings.wait_s, burst, last_logits,
+            settings.prefill_chunk, settings.wait_s, burst, last_logits, PRESENT_NEW_ONLY in optional,
         )  # fmt: skip
         self._executor = executor
         self._stats = stats
@@ -164,6 +165,7 @@ class Engine:
             if seq.events is not None:
                 seq.events.put_nowait(Event("", seq.generated, "error"))
         s.running, s.prefilling = [], []
+        s.batch.clear()
         s.waiting.clear()
         self._incoming.clear()
 
@@ -195,7 +197,8 @@ def _vocab(session: Any, tokenizer: Any) -> int:
     return int(tokenizer.get_vocab_size())
 
 
-def _takes_logits_from(session: Any) -> bool:
-    """The graph has the optional `logits_from` input (a written decoder: pipeline/export/fused_decoder.py)."""
+def _optional_inputs(session: Any) -> set[str]:
+    """The graph's inputs with a default (a written decoder's `logits_from` and `present_new_only`:
+    pipeline/export/fused_decoder.py)."""
     overridable = getattr(session, "get_overridable_initializers", lambda: [])()
-    return any(i.name == "logits_from" for i in overridable)
+    return {i.name for i in overridable}

@@ -12,7 +12,11 @@ each, width the longest row: a shorter row's tail is a hole the attention mask m
 positions are given explicitly, so a hole changes nothing: softmax gives a masked column exactly 0).
 The copy is one `np.take` per past tensor and head into the output (measured here on a 135M-shaped
 cache, 16 rows of 256 tokens: 0.49 s where a fancy index and a transpose took 1.1 s, on a loaded
-machine); the scheduler gathers only for rows that no recent call's presents hold. The arena is
+machine); the scheduler gathers only a prefill's rows (a prompt's earlier chunks). A prompt stays in
+its blocks: a row whose prompt is complete is `read` into the running batch (batch_cache.py), which
+keeps the tokens it generates. The blocks reserved for those stay reserved, unused, so the pool still
+bounds the tokens the admitted sequences may reach; the batch's array, beside it, holds the running rows'
+whole caches (at most their reserved tokens and GROW columns a row). The arena is
 zeroed when the model loads, every page written then: left to the first requests, taking the pages
 from the system cost the first burst of 16 streams on the 135M bench model 0.75 s of its prefill
 writes (first-touching 512 MB took 0.15-0.9 s here), so the memory the pool takes is taken at load,
@@ -102,7 +106,10 @@ class KVPool:
             lo, hi = max(start, b * BLOCK), min(stop, (b + 1) * BLOCK)
             blocks[:, :, table[b], lo - b * BLOCK : hi - b * BLOCK] = values[:, :, lo - start : hi - start]
 
-    def write_last(self, tables: list[np.ndarray], positions: list[int], values: np.ndarray) -> None:
-        """Store one new token per row: `values` [2L, batch, kv_heads, head_size] at each row's position."""
-        slots = np.array([t[p // BLOCK] * BLOCK + p % BLOCK for t, p in zip(tables, positions, strict=True)])
-        self.arena[:, :, slots, :] = values.transpose(0, 2, 1, 3)
+    def read(self, table: np.ndarray, tokens: int, out: np.ndarray) -> None:
+        """Copy a row's first `tokens` tokens into `out` [2L, kv_heads, >= tokens, head_size], a block at a time
+        (the running batch's row: batch_cache.py)."""
+        blocks = self.arena.reshape(*self.arena.shape[:2], self.blocks, BLOCK, self.arena.shape[3])  # a view
+        for b in range(self.blocks_for(tokens)):
+            n = min(tokens, (b + 1) * BLOCK) - b * BLOCK
+            out[:, :, b * BLOCK : b * BLOCK + n] = blocks[:, :, table[b], :n]

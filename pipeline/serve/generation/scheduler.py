@@ -19,18 +19,15 @@ decode one token for every running sequence in ONE onnxruntime call.
   streams held back once by that call). A row whose prompt is complete chooses its first token from
   its last real position's logits and runs from the next step on.
 - **Decode**: every running sequence feeds its last token, at its own position, over its own past:
-  one call for all of them, whatever their lengths (holes masked). While the running rows stay the
-  same, the graph's presents of the last decode step are fed back as they are. When rows leave or
-  join, each row's past is copied whole from the presents it was last in (the last decode step's for
-  the rows that ran on, the last prefill call's for the rows whose prompt it completed: one copy a
-  row and tensor, with that row's mask); a row in neither (its prompt completed earlier while the
-  decode had other rows) is gathered from the pool, slot by slot. The whole batch is gathered again
-  when the copies would carry more than a quarter of holes beside the longest row (left by rows that
-  ended), which would otherwise cost attention every step. (Gathering a 135M model's 16 rows of
-  ~200 tokens from the pool took about what a decode step does here, and continuous batching changes
-  the rows at every join and every end.)
+  one call for all of them, whatever their lengths (holes masked). The running rows' keys and values are
+  one array the call reads in place and each new token is appended to (`batch_cache.py`): no copy of the
+  cache a step, a row that ends gives its place to the last row, a row whose prompt is complete is read
+  from the pool into the next free row. A graph taking `present_new_only` (a written decoder's) is fed
+  True in every call and gives the new tokens' keys and values only, not the whole cache concatenated.
 
-The graph's presents are written back to each row's blocks (only the new tokens' keys and values).
+The pool holds the prompts: a prefill writes its rows' new keys and values to their blocks and reads the
+pasts of prompts prefilled in several chunks from them; generated tokens stay in the running batch.
+
 Nothing of one row reaches another: the mask hides every column a row does not own, which the
 equality tests prove (tests/serve/test_generation.py).
 """
@@ -45,8 +42,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.artifact.generation import CacheLayout
-from pipeline.serve.generation.kv_pool import BLOCK, KVPool, PoolFull
+from pipeline.artifact.generation import LOGITS_FROM, PRESENT_NEW_ONLY, CacheLayout
+from pipeline.serve.generation.batch_cache import BatchCache
+from pipeline.serve.generation.kv_pool import KVPool, PoolFull
 from pipeline.serve.generation.sequence import CANCELLED, TIMEOUT, Event, Sequence
 
 log = logging.getLogger("pipe.serve")
@@ -54,7 +52,6 @@ log = logging.getLogger("pipe.serve")
 Feeds = dict[str, np.ndarray]
 Run = Callable[[Feeds], list[np.ndarray]]  # feeds -> [logits, *presents in the cache's order]
 Past = tuple[list[np.ndarray], np.ndarray]  # the past tensors of a batch's rows, and their mask [rows, width]
-Made = tuple[list[Sequence], list[np.ndarray], np.ndarray]  # a call's rows, its presents, their mask
 
 BURST_CHUNKS = 8  # a step whose joining prompts outnumber the running streams prefills up to this many chunks...
 BURST_LOGITS_BYTES = 512 * 2**20  # ...fewer when the call's logits (every position's, fp32) would pass this
@@ -91,9 +88,11 @@ class Scheduler:
         wait_s: float = float("inf"),
         burst_chunk: int | None = None,
         last_logits: bool = False,
+        new_presents: bool = False,
     ) -> None:
         self._run = run
         self._last_logits = last_logits  # the graph takes `logits_from`: a prefill asks for its last column's only
+        self._new_presents = new_presents  # the graph takes `present_new_only`: every call asks for the new only
         self.cache = cache
         self.pool = pool
         self._eos = frozenset(eos_ids)
@@ -104,8 +103,7 @@ class Scheduler:
         self.waiting: collections.deque[Sequence] = collections.deque()  # extended between steps (engine.py)
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
-        self._hot: Made | None = None  # the last decode call
-        self._joined: Made | None = None  # the last step's prefill call, when prompts completed in it
+        self.batch = BatchCache(cache, max_sequences)  # the running rows' keys and values
 
     @property
     def busy(self) -> bool:
@@ -118,7 +116,7 @@ class Scheduler:
         self._drop_cancelled(events)
         self._expire(events)
         self._admit()
-        prefilled, made = self._prefill(events) if self.prefilling else (0, None)
+        prefilled = self._prefill(events) if self.prefilling else 0
         decoded = len(self.running)
         if self.running:
             self._decode(events)
@@ -130,9 +128,8 @@ class Scheduler:
         joined = [s for s in self.prefilling if not s.prefilling]
         self.prefilling = [s for s in self.prefilling if s.prefilling]
         self.running += joined
-        self._joined = made if joined else None  # the next decode copies the joiners' pasts from it
         if not self.running:
-            self._hot = None  # nothing runs: let the last presents go
+            self.batch.clear()
         return StepReport(decoded, prefilled, events)
 
     def _drop_cancelled(self, events: list[tuple[Sequence, Event]]) -> None:
@@ -178,45 +175,9 @@ class Scheduler:
         feeds: Feeds = {"input_ids": ids, "attention_mask": np.concatenate([past_mask, new_mask], axis=1),
                         "position_ids": positions}  # fmt: skip
         feeds.update(zip(self.cache.past_names(), tensors, strict=True))
+        if self._new_presents:
+            feeds[PRESENT_NEW_ONLY] = np.array(True)
         return feeds
-
-    def _gather(self, rows: list[Sequence]) -> Past:
-        return self.pool.gather([s.blocks for s in rows], [s.stored for s in rows])
-
-    def _decode_past(self, rows: list[Sequence]) -> Past:
-        """The running rows' past (module doc, Decode): the last decode call's presents as they are while its
-        rows run on; else each row copied from the call it was last in, the rest gathered from the pool; the
-        whole batch from the pool when nothing holds a row, or when the copies would be wider than the longest
-        row by more than a quarter (holes of rows that ended)."""
-        hot = self._hot
-        if hot is not None and len(hot[0]) == len(rows) and all(a is b for a, b in zip(hot[0], rows, strict=True)):
-            return hot[1], hot[2]
-        made = [m for m in (hot, self._joined) if m is not None]
-        where = {id(seq): (k, i) for k, (seqs, _, _) in enumerate(made) for i, seq in enumerate(seqs)}
-        found = [(row, where[id(seq)]) for row, seq in enumerate(rows) if id(seq) in where]
-        longest = max(seq.stored for seq in rows)
-        width = max((made[k][2].shape[1] for _, (k, _) in found), default=0)
-        if not found or width > longest + max(BLOCK, longest // 4):
-            return self._gather(rows)
-        fresh = [row for row, seq in enumerate(rows) if id(seq) not in where]
-        parts = []  # (the batch's rows, the same rows in the source, its tensors, its mask)
-        for m, (_, presents, made_mask) in enumerate(made):
-            pairs = [(row, i) for row, (k, i) in found if k == m]
-            if pairs:
-                parts.append(([row for row, _ in pairs], [i for _, i in pairs], presents, made_mask))
-        if fresh:
-            gathered, gathered_mask = self._gather([rows[row] for row in fresh])
-            parts.append((fresh, list(range(len(fresh))), gathered, gathered_mask))
-        width = max(width, max(part[3].shape[1] for part in parts))
-        mask = np.zeros((len(rows), width), dtype=np.int64)
-        tensors = [np.empty((len(rows), p.shape[1], width, p.shape[3]), dtype=p.dtype) for p in parts[0][2]]
-        for dst_rows, src_rows, presents, part_mask in parts:
-            dst, src, w = _index(dst_rows), _index(src_rows), part_mask.shape[1]
-            mask[dst, :w] = part_mask[src]
-            for past, present in zip(tensors, presents, strict=True):
-                past[dst, :, :w] = present[src]
-                past[dst, :, w:] = 0  # holes hold zeros, never what the memory held
-        return tensors, mask
 
     def _chunk(self) -> list[tuple[Sequence, int]]:
         """The rows of this step's prefill and the prompt tokens each feeds: the oldest first, each as much of
@@ -233,7 +194,7 @@ class Scheduler:
             budget -= take
         return chunk
 
-    def _prefill(self, events: list[tuple[Sequence, Event]]) -> tuple[int, Made]:
+    def _prefill(self, events: list[tuple[Sequence, Event]]) -> int:
         chunk = self._chunk()
         rows, takes = [seq for seq, _ in chunk], [take for _, take in chunk]
         width = max(takes)
@@ -244,37 +205,28 @@ class Scheduler:
             ids[i, width - n :] = seq.request.prompt[seq.stored : seq.stored + n]
             mask[i, width - n :] = 1
             positions[i] = seq.stored + np.maximum(np.arange(width) - (width - n), 0)  # padding repeats a real one
-        feeds = self._feeds(ids, mask, positions, self._gather(rows))
+        feeds = self._feeds(ids, mask, positions, self.pool.gather([s.blocks for s in rows], [s.stored for s in rows]))
         if self._last_logits:
-            feeds["logits_from"] = np.array(-1, dtype=np.int64)
+            feeds[LOGITS_FROM] = np.array(-1, dtype=np.int64)
         out = self._run(feeds)
         logits, presents = out[0], out[1:]
-        end = presents[0].shape[2]  # the new tokens end every row
+        end = presents[0].shape[2]  # the new tokens end every row (and are all of it: `present_new_only`)
         for i, (seq, n) in enumerate(zip(rows, takes, strict=True)):
             new = np.stack([p[i, :, end - n : end, :] for p in presents])  # [2L, kv, n, head]
             self.pool.write(seq.blocks, seq.stored, new)
             seq.stored += n
             if not seq.prefilling:  # the whole prompt is in: its first token
                 events.append((seq, seq.take(seq.sampler.choose(logits[i, -1]), self._eos)))
-        return sum(takes), (rows, presents, feeds["attention_mask"])
+        return sum(takes)
 
     def _decode(self, events: list[tuple[Sequence, Event]]) -> None:
-        rows = self.running
+        rows = self.running = self.batch.hold(self.running, self.pool)
         ids = np.array([[s.tokens[-1]] for s in rows], dtype=np.int64)
         positions = np.array([[s.stored] for s in rows], dtype=np.int64)
-        feeds = self._feeds(ids, np.ones((len(rows), 1), dtype=np.int64), positions, self._decode_past(rows))
+        feeds = self._feeds(ids, np.ones((len(rows), 1), dtype=np.int64), positions, self.batch.past())
         out = self._run(feeds)
-        logits, presents = out[0], out[1:]
-        self._hot = (list(rows), presents, feeds["attention_mask"])
-        new = np.stack([p[:, :, -1, :] for p in presents])  # [2L, batch, kv, head]
-        self.pool.write_last([s.blocks for s in rows], [s.stored for s in rows], new)
+        self.batch.append(out[1:])
+        logits = out[0]
         for i, seq in enumerate(rows):
             seq.stored += 1
             events.append((seq, seq.take(seq.sampler.choose(logits[i, -1]), self._eos)))
-
-
-def _index(rows: list[int]) -> slice | list[int]:
-    """Rows as a slice when they are consecutive (numpy copies a slice without an intermediate array)."""
-    if rows and rows[-1] - rows[0] + 1 == len(rows):
-        return slice(rows[0], rows[-1] + 1)
-    return rows

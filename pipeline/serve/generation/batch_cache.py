@@ -1,0 +1,107 @@
+"""The running rows' KV cache: one array the decode calls read where it lies and append each new token to.
+
+`data` is [2 x layers, rows, kv_heads, width, head_size]: row i holds its sequence's `stored` tokens in
+columns 0.. and a hole after them (masked; zeros or an earlier row's finite values, never NaN, so a masked
+column weighs exactly 0). The past tensors of a decode call are `data[j, :batch]`, views of the array, not
+copies (a leading-axis slice of a C-ordered array is contiguous, and onnxruntime reads a contiguous numpy
+array in place), and the call's new keys and values are written into the column after each row's last
+(`append`). A written decoder fed `present_new_only` gives only those (pipeline/export/fused_decoder.py);
+another graph gives past and new concatenated and the last column is taken, so every decoder runs this way.
+
+What changes between steps changes in place: a row that ends takes the last row into its place (one row's
+tokens copied), a row joining (its prompt prefilled) is read from the pool into the next free row
+(`KVPool.read`). The array is made again (every row copied once) only when a row reaches its width
+(GROW columns more than the longest row are then made), when the rows outnumber it (it doubles, up to
+the server's --max-sequences), or when the width passes the longest row by more than max(2 x GROW, a
+quarter of it) (holes of rows that ended, which attention would otherwise read every step).
+
+Before it, the graph concatenated each step's past and new keys and values into presents and those were
+fed back: a copy of the whole cache in every step, the O(context) part of a step. On the 135M bench model,
+16 rows at 192 positions, onnxruntime's profile gave 17-19 ms of an 80 ms step to those Concats; without
+them the attention's reads of a cache that no copy just brought into the processor's caches take 5-6 ms
+more, and the step is 6-9 ms faster (docs/language-models.md, bench/bench_decoder_graphs.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Rows
+
+import numpy as np
+
+from pipeline.artifact.generation import CacheLayout
+from pipeline.serve.generation.kv_pool import BLOCK, KVPool
+from pipeline.serve.generation.sequence import Sequence
+
+GROW = 2 * BLOCK  # columns a full row's width grows by past the longest row
+
+
+class BatchCache:
+    """The keys and values of the sequences a decode call runs, in one array (module doc)."""
+
+    def __init__(self, cache: CacheLayout, max_rows: int) -> None:
+        self.cache = cache
+        self.max_rows = max_rows
+        self.rows: list[Sequence] = []
+        self.data = self._empty(0, 0)
+        self.remade = 0  # times the array was made again (tests, and the reason behind a slow step)
+
+    def _empty(self, rows: int, width: int) -> np.ndarray:
+        c = self.cache
+        return np.zeros((2 * c.layers, rows, c.kv_heads, width, c.head_size), dtype=np.dtype(c.dtype))
+
+    def clear(self) -> None:
+        """Nothing runs: let the array go."""
+        self.rows = []
+        self.data = self._empty(0, 0)
+
+    def hold(self, rows: Rows[Sequence], pool: KVPool) -> list[Sequence]:
+        """Hold exactly `rows` (the running sequences; a joiner's prompt is in the pool): returns them in the
+        array's row order, which the next decode call feeds."""
+        wanted = {id(seq) for seq in rows}
+        i = 0
+        while i < len(self.rows):
+            if id(self.rows[i]) in wanted:
+                i += 1
+                continue
+            last = self.rows.pop()
+            if i < len(self.rows):  # the last row takes the place of the one that ended
+                self.data[:, i, :, : last.stored] = self.data[:, len(self.rows), :, : last.stored]
+                self.rows[i] = last
+        held = {id(seq) for seq in self.rows}
+        joiners = [seq for seq in rows if id(seq) not in held]
+        self._fit(len(self.rows) + len(joiners), max(seq.stored for seq in rows))
+        for seq in joiners:
+            pool.read(seq.blocks, seq.stored, self.data[:, len(self.rows)])
+            self.rows.append(seq)
+        return list(self.rows)
+
+    def _fit(self, rows: int, longest: int) -> None:
+        """Room for `rows` rows and for one more token after the `longest` row's (module doc)."""
+        capacity, width = self.data.shape[1], self.data.shape[3]
+        narrow = longest >= width
+        wide = width > longest + 1 + max(2 * GROW, longest // 4)
+        if rows <= capacity and not narrow and not wide:
+            return
+        if rows > capacity:
+            capacity = min(self.max_rows, max(rows, 2 * capacity))
+        if narrow or wide:
+            width = longest + GROW
+        data = self._empty(max(capacity, rows), width)
+        kept = min(width, self.data.shape[3])
+        data[:, : len(self.rows), :, :kept] = self.data[:, : len(self.rows), :, :kept]
+        self.data = data
+        self.remade += 1
+
+    def past(self) -> tuple[list[np.ndarray], np.ndarray]:
+        """The past tensors of the rows (views of the array) and their mask [rows, width]."""
+        batch = len(self.rows)
+        stored = np.array([seq.stored for seq in self.rows], dtype=np.int64)
+        mask = (np.arange(self.data.shape[3])[None, :] < stored[:, None]).astype(np.int64)
+        return [self.data[j, :batch] for j in range(self.data.shape[0])], mask
+
+    def append(self, presents: list[np.ndarray]) -> None:
+        """Write a decode call's new keys and values (each present's last column) after each row's last token;
+        the caller then counts the token in each sequence's `stored`."""
+        new = np.stack([p[:, :, -1] for p in presents], axis=1)  # [rows, 2L, kv_heads, head_size]
+        columns = np.array([seq.stored for seq in self.rows], dtype=np.int64)
+        self.data[:, np.arange(len(self.rows)), :, columns, :] = new

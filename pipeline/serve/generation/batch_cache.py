@@ -19,7 +19,7 @@ Before it, the graph concatenated each step's past and new keys and values into 
 fed back: a copy of the whole cache in every step, the O(context) part of a step. On the 135M bench model,
 16 rows at 192 positions, onnxruntime's profile gave 17-19 ms of an 80 ms step to those Concats; without
 them the attention's reads of a cache that no copy just brought into the processor's caches take 5-6 ms
-more, and the step is 6-9 ms faster (docs/language-models.md, bench/bench_decoder_graphs.py).
+more, and the step is 6-9 ms faster (docs/language-models.md).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ machine); the scheduler gathers only a prefill's rows (a prompt's earlier chunks
 its blocks: a row whose prompt is complete is `read` into the running batch (batch_cache.py), which
 keeps the tokens it generates. The blocks reserved for those stay reserved, unused, so the pool still
 bounds the tokens the admitted sequences may reach; the batch's array, beside it, holds the running rows'
-whole caches (at most their reserved tokens and GROW columns a row). The arena is
+whole caches (every row as wide as the longest and a few columns more). The arena is
 zeroed when the model loads, every page written then: left to the first requests, taking the pages
 from the system cost the first burst of 16 streams on the 135M bench model 0.75 s of its prefill
 writes (first-touching 512 MB took 0.15-0.9 s here), so the memory the pool takes is taken at load,

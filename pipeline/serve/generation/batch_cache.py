@@ -86,7 +86,7 @@ class BatchCache:
             capacity = min(self.max_rows, max(rows, 2 * capacity))
         if narrow or wide:
             width = longest + GROW
-        data = self._empty(max(capacity, rows), width)
+        data = self._empty(capacity, width)
         kept = min(width, self.data.shape[3])
         data[:, : len(self.rows), :, :kept] = self.data[:, : len(self.rows), :, :kept]
         self.data = data

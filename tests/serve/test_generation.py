@@ -183,7 +183,7 @@ def test_a_burst_is_prefilled_in_one_call(imported: tuple[Path, Path]) -> None:
 def test_rows_leaving_and_joining_move_in_the_batch_array(imported: tuple[Path, Path], reference: Any) -> None:
     """A, B and C decode from one array; B ends and C takes its row; D joins into the next row, read from the
     pool; C outgrows the array's width once. The array is made twice (for three rows, then wider), no decode
-    step gathers from the pool, and every sequence equals its answer alone."""
+    step gathers from the pool, and every sequence equals its answer alone; run again, in the same memory."""
     gen = _generator(imported[1], prefill_chunk=64)
     scheduler = gen.engine.scheduler
     gathered: list[int] = []  # rows of each pool gather with a past (a fresh prompt's prefill gathers nothing)
@@ -212,6 +212,18 @@ def test_rows_leaving_and_joining_move_in_the_batch_array(imported: tuple[Path, 
     assert gathered == [] and scheduler.batch.remade == 2 and len(seqs[2].tokens) > width
     for seq, (ids, n) in zip(seqs, (a, b, c, d), strict=True):
         assert seq.tokens[len(ids) :] == reference(ids, n)
+    # the same four again: the array is made twice more, in the buffers the first run wrote (no new memory),
+    # whose holes hold the first run's keys and values, and nothing of them reaches the answers
+    assert scheduler.batch.allocated == 2
+    again = [Sequence(Request(ids, n, Sampling(temperature=0)), gen.tokenizer, None) for ids, n in (a, b, c, d)]
+    scheduler.waiting.extend(again[:3])
+    for _ in range(3):
+        scheduler.step()
+    scheduler.waiting.append(again[3])
+    while scheduler.busy:
+        scheduler.step()
+    assert scheduler.batch.remade == 4 and scheduler.batch.allocated == 2
+    assert [seq.tokens for seq in again] == [seq.tokens for seq in seqs]
 
 
 def test_a_seed_repeats_sampling_whatever_runs_beside_it(imported: tuple[Path, Path]) -> None:

@@ -11,6 +11,9 @@ its int8- and int4-weights variants made by `pipe optimize`). Each stream sends 
 (every stream's tokens / the cell's wall time), time to first token (request sent -> first text) and time
 per output token (between successive streamed pieces), p50 and p95, all taken at the client.
 
+Repeating a stream count (`--streams 1 16 1 16 1 16`) runs rounds: the table then ends with each system's
+median cell (by tokens/s) per stream count, every round's tokens/s beside it.
+
 Systems (`--systems`; each is started once, then the cells run stream count by stream count, every system
 in turn, so each comparison is from one window of this shared machine):
 - `pipe`, `pipe:VARIANT`: `pipe serve` (bench/lm_serve_clients.py), model.onnx or a variant;
@@ -91,6 +94,26 @@ def row(system: str, cell: dict[str, Any]) -> str:
             f"{gap['p50'] * 1e3:,.0f} / {gap['p95'] * 1e3:,.0f} | {cell.get('same_as_alone', '-')} |")  # fmt: skip
 
 
+def medians(cells: list[dict[str, Any]]) -> list[str]:
+    """Table rows of each system's median cell per stream count, when `--streams` repeats one (`1 16 1 16 1 16`:
+    rounds, each system in turn within each, so that a comparison rests on more than one window of this shared
+    machine); none otherwise."""
+    rounds: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for cell in cells:
+        rounds.setdefault((cell["streams"], cell["system"]), []).append(cell)
+    if all(len(c) == 1 for c in rounds.values()):
+        return []
+    lines, header = [], 0
+    for (streams, system), repeated in sorted(rounds.items(), key=lambda kv: kv[0][0]):
+        if streams != header:
+            header = streams
+            lines.append(f"| **{streams} stream{'s' * (streams > 1)}, median of {len(repeated)}** | | | | |")
+        median = sorted(repeated, key=lambda c: c["tokens_per_s"])[len(repeated) // 2]
+        spread = ", ".join(f"{c['tokens_per_s']:.1f}" for c in repeated)
+        lines.append(row(system, median).replace(f"| {system} |", f"| {system} ({spread}) |", 1))
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/lm-serve-bench"))
@@ -133,6 +156,7 @@ def main() -> None:
     finally:
         for client in systems.values():
             client.close()
+    lines += medians(cells)
     firsts = {c["system"]: c["first_ids"] for c in cells if c["streams"] == 1}
     result = {
         "model": "random-init Llama, SmolLM-135M shape (134.5 M parameters, vocabulary 49,152)",

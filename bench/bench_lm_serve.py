@@ -12,7 +12,8 @@ its int8- and int4-weights variants made by `pipe optimize`). Each stream sends 
 per output token (between successive streamed pieces), p50 and p95, all taken at the client.
 
 Repeating a stream count (`--streams 1 16 1 16 1 16`) runs rounds: the table then ends with each system's
-median cell (by tokens/s) per stream count, every round's tokens/s beside it.
+median cell (by tokens/s; of an even count the lower middle one) per stream count, every round's tokens/s
+beside it.
 
 Systems (`--systems`; each is started once, then the cells run stream count by stream count, every system
 in turn, so each comparison is from one window of this shared machine):
@@ -107,8 +108,9 @@ def medians(cells: list[dict[str, Any]]) -> list[str]:
     for (streams, system), repeated in sorted(rounds.items(), key=lambda kv: kv[0][0]):
         if streams != header:
             header = streams
-            lines.append(f"| **{streams} stream{'s' * (streams > 1)}, median of {len(repeated)}** | | | | |")
-        median = sorted(repeated, key=lambda c: c["tokens_per_s"])[len(repeated) // 2]
+            middle = "median" if len(repeated) % 2 else "lower middle"
+            lines.append(f"| **{streams} stream{'s' * (streams > 1)}, {middle} of {len(repeated)}** | | | | |")
+        median = sorted(repeated, key=lambda c: c["tokens_per_s"])[(len(repeated) - 1) // 2]
         spread = ", ".join(f"{c['tokens_per_s']:.1f}" for c in repeated)
         lines.append(row(system, median).replace(f"| {system} |", f"| {system} ({spread}) |", 1))
     return lines

@@ -33,6 +33,9 @@ KINDS = ("key", "value")
 # optional inputs of a written decoder (inputs with a default; a runtime that does not know them is unaffected)
 LOGITS_FROM = "logits_from"  # int64 scalar, default 0: the first column whose logits are computed; -1 the last
 PRESENT_NEW_ONLY = "present_new_only"  # bool, default False: the presents hold the new tokens' keys and values only
+# bool, default False: one token a row, each row's tokens from column 0 of pasts that are whole buffers, the
+# presents those buffers with the new keys and values written after each row's last (bind them to the same memory)
+DECODE_IN_PLACE = "decode_in_place"
 CHAT_TEMPLATE_FILE = "tokenizer/chat_template.jinja"  # in the version, listed under files
 GENERATION_CONFIG_FILE = "generation_config.json"  # in the version, listed under files
 # generation_config.json keys kept as the model's sampling defaults (a server's, when a request says nothing)

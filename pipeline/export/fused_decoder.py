@@ -29,6 +29,7 @@ scaling, soft-capped logits...) are traced as before.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -38,7 +39,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.artifact.generation import LOGITS_FROM, PRESENT_NEW_ONLY, CacheLayout
+from pipeline.artifact.generation import DECODE_IN_PLACE, LOGITS_FROM, PRESENT_NEW_ONLY, CacheLayout
 from pipeline.runtime.external_data import SMALL_TENSOR, data_file
 
 FAMILIES = frozenset({"llama", "mistral", "qwen2"})  # pre-norm decoders: RMSNorm, rotary attention, SiLU-gated MLP
@@ -81,6 +82,7 @@ class _Graph:
     weights: list[onnx.TensorProto]
     data: BinaryIO | None = None
     location: str = ""
+    made: int = 0  # nodes made so far, branches' included: each node's name is unique
 
     def weight(self, name: str, value: np.ndarray) -> str:
         contiguous = value if value.flags.c_contiguous else np.ascontiguousarray(value)  # which makes a scalar 1-D
@@ -98,8 +100,21 @@ class _Graph:
         return name
 
     def node(self, op: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs: Any) -> list[str]:
-        self.nodes.append(helper.make_node(op, inputs, outputs, name=f"{op}_{len(self.nodes)}", domain=domain, **attrs))
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=f"{op}_{self.made}", domain=domain, **attrs))
+        self.made += 1
         return outputs
+
+    def branch(self, name: str, make: Callable[[], list[str]]) -> onnx.GraphProto:
+        """A subgraph of the nodes `make` adds (their weights stay in the graph), its outputs the names it returns."""
+        outer, self.nodes = self.nodes, []
+        try:
+            outputs = make()
+            made = self.nodes
+        finally:
+            self.nodes = outer
+        return helper.make_graph(
+            made, name, [], [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+        )
 
 
 def write_decoder(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int) -> bool:
@@ -120,6 +135,7 @@ def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, 
     heads, kv, size = config.num_attention_heads, layout.kv_heads, int(attention.head_dim)
     _rotary_tables(g, model, size)
     _mask_bias(g, heads // kv)
+    _row_lengths(g)
     eps = float(config.rms_norm_eps)
     g.node("Gather", [g.weight("embed_tokens", weights["model.embed_tokens.weight"]), "input_ids"], ["h0"], axis=0)
     x = _rms_norm(g, "h0", weights["model.layers.0.input_layernorm.weight"], eps)
@@ -130,14 +146,16 @@ def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, 
         following = f"model.layers.{i + 1}.input_layernorm.weight"
         norm = weights[following] if following in weights else weights["model.norm.weight"]
         x, residual = _mlp(g, i, x_mlp, residual, weights, p, norm, eps)
-    _presents(g, config.num_hidden_layers)
     # logits from column `logits_from` on (a graph input with a default, 0: every position; -1: the last)
     g.weight(LOGITS_FROM, np.array(0, np.int64))
+    g.weight(PRESENT_NEW_ONLY, np.array(False))
+    g.weight(DECODE_IN_PLACE, np.array(False))
     g.node("Unsqueeze", [LOGITS_FROM, g.weight("axis_0", np.array([0], np.int64))], ["logits_start"])
     g.node("Slice", [x, "logits_start", g.weight("to_end", np.array([2**62], np.int64)), "axis_1"], ["logits_rows"])
     g.node("MatMul", ["logits_rows", g.weight("lm_head", head.T)], ["logits"])
     inputs = [*_inputs(layout), helper.make_tensor_value_info(LOGITS_FROM, TensorProto.INT64, []),
-              helper.make_tensor_value_info(PRESENT_NEW_ONLY, TensorProto.BOOL, [])]  # fmt: skip
+              helper.make_tensor_value_info(PRESENT_NEW_ONLY, TensorProto.BOOL, []),
+              helper.make_tensor_value_info(DECODE_IN_PLACE, TensorProto.BOOL, [])]  # fmt: skip
     graph = helper.make_graph(g.nodes, "decoder", inputs, _outputs(layout, head.shape[0]), g.weights)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
     proto.ir_version = 9  # opset 18's; onnxruntime-training's loader reads at most 10
@@ -224,12 +242,28 @@ def _linear(g: _Graph, x: str, name: str, weights: dict[str, np.ndarray], keys: 
     return out
 
 
+def _row_lengths(g: _Graph) -> None:
+    """For `decode_in_place`: each row's tokens before the new one (`seqlens`, int32 [batch]: its mask's count less
+    one, a row's tokens being its columns 0..) and the longest row with it (`total_tokens`, an int32 scalar), as
+    GroupQueryAttention takes them."""
+    g.node("ReduceSum", ["attention_mask", "axis_1"], ["row_tokens"], keepdims=0)
+    g.node("Sub", ["row_tokens", "one"], ["row_past"])
+    g.node("Cast", ["row_past"], ["seqlens"], to=TensorProto.INT32)
+    g.node("ReduceMax", ["row_tokens"], ["longest_row"], keepdims=0)
+    g.node("Cast", ["longest_row"], ["total_tokens"], to=TensorProto.INT32)
+
+
 def _attention(
     g: _Graph, i: int, x: str, residual: str, weights: dict[str, np.ndarray], p: str,
     heads: int, kv: int, size: int, scaling: float, eps: float,
 ) -> tuple[str, str]:  # fmt: skip
-    """Layer i's attention on the normed `x`, added to `residual`, then normed for the MLP: (normed, residual)."""
-    group, n = heads // kv, f"layer{i}."
+    """Layer i's attention on the normed `x`, added to `residual`, then normed for the MLP: (normed, residual).
+
+    One If on `decode_in_place` gives the attention's output and the layer's presents: fed True,
+    GroupQueryAttention reads each row's cache where it lies in the past buffers and writes the new keys and
+    values after the row's last token (in place when the presents are bound to the pasts' memory), one kernel
+    for what is otherwise some twenty nodes; else the grouped products of `_grouped`."""
+    n = f"layer{i}."
     attn = p + "self_attn."
     qkv = _linear(g, x, n + "qkv", weights, [attn + "q_proj", attn + "k_proj", attn + "v_proj"])
     split = g.weight(n + "qkv_split", np.array([heads * size, kv * size, kv * size], np.int64))
@@ -237,6 +271,31 @@ def _attention(
     rotary = ["position_ids", "cos_cache", "sin_cache"]
     q = g.node("RotaryEmbedding", [q, *rotary], [n + "q_rotated"], domain=MS, num_heads=heads)[0]
     k = g.node("RotaryEmbedding", [k, *rotary], [n + "k_rotated"], domain=MS, num_heads=kv)[0]
+    past = [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+
+    def in_place() -> list[str]:
+        return g.node("GroupQueryAttention", [q, k, v, *past, "seqlens", "total_tokens"],
+                      [n + "gqa_out", n + "gqa_key", n + "gqa_value"], domain=MS, num_heads=heads, kv_num_heads=kv,
+                      scale=scaling)  # fmt: skip
+
+    def grouped() -> list[str]:
+        return _grouped(g, n, q, k, v, past, heads, kv, size, scaling)
+
+    g.node("If", [DECODE_IN_PLACE], [n + "attention", f"present.{i}.key", f"present.{i}.value"],
+           then_branch=g.branch(n + "in_place", in_place), else_branch=g.branch(n + "grouped", grouped))  # fmt: skip
+    out = _linear(g, n + "attention", n + "o", weights, [attn + "o_proj"])
+    norm = g.weight(n + "mlp_norm", weights[p + "post_attention_layernorm.weight"])
+    normed, _, _, summed = g.node("SkipSimplifiedLayerNormalization", [out, residual, norm],
+                                  [n + "mlp_in", "", "", n + "attended"], domain=MS, epsilon=eps)  # fmt: skip
+    return normed, summed
+
+
+def _grouped(
+    g: _Graph, n: str, q: str, k: str, v: str, past: list[str], heads: int, kv: int, size: int, scaling: float
+) -> list[str]:
+    """The attention as grouped matrix products over the past and the new keys apart, and the layer's presents:
+    [output, present key, present value]."""
+    group = heads // kv
     # queries [batch, kv, group x sequence, size]: a KV head's query heads stacked, read against its keys once
     g.node("Transpose", [_reshape(g, q, n + "q_5d", [0, 0, kv, group, size])], [n + "q_grouped"], perm=[0, 2, 3, 1, 4])
     queries = _reshape(g, n + "q_grouped", n + "q_4d", [0, 0, -1, size])
@@ -245,9 +304,8 @@ def _attention(
         heads_first = _reshape(g, new, n + kind + "_4d", [0, 0, kv, size])
         news += g.node("Transpose", [heads_first], [n + kind + "_heads"], perm=[0, 2, 1, 3])
     # the past and the new keys scored apart and the weights split again: the cache is read where it lies, never
-    # copied into a concatenation here (the presents are made once, after the layers: `_presents`)
-    past_key, past_value = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
-    for part, keys in (("past", past_key), ("new", news[0])):
+    # copied into a concatenation here (the presents are concatenated only when asked: below)
+    for part, keys in (("past", past[0]), ("new", news[0])):
         g.node("Transpose", [keys], [n + part + "_keys_t"], perm=[0, 1, 3, 2])
         g.node("MatMul", [queries, n + part + "_keys_t"], [n + part + "_scores"])
     g.node("Concat", [n + "past_scores", n + "new_scores"], [n + "scores"], axis=-1)
@@ -255,36 +313,24 @@ def _attention(
     g.node("Add", [n + "scaled", "bias"], [n + "masked"])
     g.node("Softmax", [n + "masked"], [n + "weights"], axis=-1)
     g.node("Split", [n + "weights", "past_and_new"], [n + "past_weights", n + "new_weights"], axis=-1)
-    g.node("MatMul", [n + "past_weights", past_value], [n + "past_context"])
+    g.node("MatMul", [n + "past_weights", past[1]], [n + "past_context"])
     g.node("MatMul", [n + "new_weights", news[1]], [n + "new_context"])
     g.node("Add", [n + "past_context", n + "new_context"], [n + "context"])
     context = _reshape(g, n + "context", n + "c_5d", [0, 0, group, -1, size])
     g.node("Transpose", [context], [n + "c_tokens"], perm=[0, 3, 1, 2, 4])
-    out = _linear(g, _reshape(g, n + "c_tokens", n + "c_3d", [0, 0, heads * size]), n + "o", weights, [attn + "o_proj"])
-    norm = g.weight(n + "mlp_norm", weights[p + "post_attention_layernorm.weight"])
-    normed, _, _, summed = g.node("SkipSimplifiedLayerNormalization", [out, residual, norm],
-                                  [n + "mlp_in", "", "", n + "attended"], domain=MS, epsilon=eps)  # fmt: skip
-    return normed, summed
+    output = _reshape(g, n + "c_tokens", n + "c_3d", [0, 0, heads * size])
 
+    # the presents: past and new concatenated (the contract), or, with `present_new_only` fed True, the new only
+    def new_only() -> list[str]:
+        return [g.node("Identity", [new], [new + "_only"])[0] for new in news]
 
-def _presents(g: _Graph, layers: int) -> None:
-    """The presents, made once after the layers: past and new concatenated (the contract), or, with the optional
-    input `present_new_only` (a bool with the default False) fed True, the new tokens' keys and values only, for
-    a server that keeps each row's cache itself and appends them in place (module doc)."""
-    g.weight(PRESENT_NEW_ONLY, np.array(False))
-    whole, new_only, outputs = [], [], []
-    for i in range(layers):
-        for kind in ("key", "value"):
-            new, past = f"layer{i}.{kind}_heads", f"past_key_values.{i}.{kind}"
-            whole.append(helper.make_node("Concat", [past, new], [f"whole.{i}.{kind}"], axis=2))
-            new_only.append(helper.make_node("Identity", [new], [f"new.{i}.{kind}"]))
-            outputs.append(f"present.{i}.{kind}")
+    def whole() -> list[str]:
+        return [g.node("Concat", [old, new], [new + "_whole"], axis=2)[0] for old, new in zip(past, news, strict=True)]
 
-    def branch(nodes: list[onnx.NodeProto], name: str) -> onnx.GraphProto:
-        made = [helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None) for node in nodes]
-        return helper.make_graph(nodes, name, [], made)
-
-    g.node("If", [PRESENT_NEW_ONLY], outputs, then_branch=branch(new_only, "new"), else_branch=branch(whole, "whole"))
+    presents = [n + "present_key", n + "present_value"]
+    g.node("If", [PRESENT_NEW_ONLY], presents,
+           then_branch=g.branch(n + "new", new_only), else_branch=g.branch(n + "whole", whole))  # fmt: skip
+    return [output, *presents]
 
 
 def _mlp(

@@ -108,6 +108,57 @@ def test_the_fused_graph_gives_the_models_logits_and_presents(tmp_path: Path, fa
             np.testing.assert_allclose(*owned, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("family", sorted(SOURCES))
+def test_a_decode_in_place_writes_each_rows_new_column_into_the_buffers(tmp_path: Path, family: str) -> None:
+    """`decode_in_place`: three rows of 2, 5 and 3 tokens in past buffers 8 wide (holes of other values after
+    them), one token each, the presents bound to the pasts' memory: each row's logits are those of the same
+    row decoded alone over its exact past, its new keys and values are written at its own column, and nothing
+    else in the buffers changes."""
+    import onnxruntime as ort
+
+    from pipeline.export.lm_module import export_decoder
+    from pipeline.runtime.decoder import CachedDecoder, cache_layout
+
+    decoder = CachedDecoder(_load(SOURCES[family](tmp_path / "source"))).eval()
+    layout = cache_layout(decoder)
+    path = tmp_path / "model.onnx"
+    assert export_decoder(decoder, layout, path, 18).exporter == "fused"
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    lengths, width = np.array([2, 5, 3]), 8
+    buffers = [rng.standard_normal((3, layout.kv_heads, width, layout.head_size)).astype(np.float32)
+               for _ in layout.past_names()]  # fmt: skip
+    before = [b.copy() for b in buffers]
+    ids = rng.integers(3, 200, (3, 1))
+    alone = []
+    for row, n in enumerate(lengths):
+        feeds = {"input_ids": ids[row : row + 1], "attention_mask": np.ones((1, n + 1), np.int64),
+                 "position_ids": np.array([[n]]), **{name: b[row : row + 1, :, :n]
+                 for name, b in zip(layout.past_names(), before, strict=True)}}  # fmt: skip
+        alone.append(session.run(None, feeds))
+    mask = np.zeros((3, width + 1), np.int64)
+    mask[:, width] = 1
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    binding = session.io_binding()
+    for name, value in (("input_ids", ids), ("attention_mask", mask), ("position_ids", lengths[:, None]),
+                        ("decode_in_place", np.array(True))):  # fmt: skip
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value))  # an optional input too
+    for past, present, buffer in zip(layout.past_names(), layout.present_names(), buffers, strict=True):
+        value = ort.OrtValue.ortvalue_from_numpy(buffer)
+        binding.bind_ortvalue_input(past, value)
+        binding.bind_ortvalue_output(present, value)
+    binding.bind_output("logits")
+    session.run_with_iobinding(binding)
+    logits = binding.get_outputs()[-1].numpy()
+    for row, n in enumerate(lengths):
+        np.testing.assert_allclose(logits[row], alone[row][0][0], atol=2e-5, rtol=1e-4)
+        for buffer, old, whole in zip(buffers, before, alone[row][1:], strict=True):
+            np.testing.assert_allclose(buffer[row, :, n], whole[0, :, n], atol=2e-5, rtol=1e-4)  # the new column
+            kept = np.delete(buffer[row], n, axis=1), np.delete(old[row], n, axis=1)
+            np.testing.assert_array_equal(*kept)
+
+
 def test_families_it_cannot_write_are_traced(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 

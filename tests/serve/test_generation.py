@@ -87,18 +87,24 @@ async def _drain(seq: Sequence) -> tuple[list[int], str, str]:
 
 
 class Counting:
-    """The session's run, counting calls and the rows of each decode call (one new token per row)."""
+    """The scheduler's onnxruntime calls (and its decode calls in place), counting the rows of each decode call (one
+    new token per row)."""
 
     def __init__(self, engine: Engine) -> None:
         self.decode_rows: list[int] = []
-        run = engine._session.run
+        scheduler = engine.scheduler
 
-        def counted(names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-            if feeds["input_ids"].shape[1] == 1:
-                self.decode_rows.append(feeds["input_ids"].shape[0])
-            return run(names, feeds)
+        def counting(run: Any) -> Any:
+            def counted(feeds: dict[str, np.ndarray]) -> Any:
+                if feeds["input_ids"].shape[1] == 1:
+                    self.decode_rows.append(feeds["input_ids"].shape[0])
+                return run(feeds)
 
-        engine._session = type("S", (), {"run": staticmethod(counted)})()
+            return counted
+
+        scheduler._run = counting(scheduler._run)
+        if scheduler._run_in_place is not None:
+            scheduler._run_in_place = counting(scheduler._run_in_place)
 
 
 # -- the engine, in process ----------------------------------------------------------------------
@@ -186,6 +192,7 @@ def test_rows_leaving_and_joining_move_in_the_batch_array(imported: tuple[Path, 
     step gathers from the pool, and every sequence equals its answer alone; run again, in the same memory."""
     gen = _generator(imported[1], prefill_chunk=64)
     scheduler = gen.engine.scheduler
+    assert scheduler._run_in_place is not None  # a written decoder: its decode calls write into the array
     gathered: list[int] = []  # rows of each pool gather with a past (a fresh prompt's prefill gathers nothing)
     gather = scheduler.pool.gather
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.artifact.generation import LOGITS_FROM, PRESENT_NEW_ONLY, Generation
+from pipeline.artifact.generation import DECODE_IN_PLACE, LOGITS_FROM, PRESENT_NEW_ONLY, Generation
 from pipeline.serve.errors import RequestError, Unavailable
 from pipeline.serve.generation.kv_pool import KVPool
 from pipeline.serve.generation.scheduler import Feeds, Scheduler, burst_budget
@@ -51,9 +51,11 @@ class Engine:
         optional = _optional_inputs(session)
         last_logits = LOGITS_FROM in optional
         burst = burst_budget(settings.prefill_chunk, 0 if last_logits else _vocab(session, tokenizer))
+        self._in_place = dict(zip(generation.cache.past_names(), generation.cache.present_names(), strict=True))
         self.scheduler = Scheduler(
             self._run, generation.cache, self.pool, generation.eos_token_ids, settings.max_sequences,
             settings.prefill_chunk, settings.wait_s, burst, last_logits, PRESENT_NEW_ONLY in optional,
+            self._run_in_place if DECODE_IN_PLACE in optional else None,
         )  # fmt: skip
         self._executor = executor
         self._stats = stats
@@ -72,6 +74,22 @@ class Engine:
 
     def _run(self, feeds: Feeds) -> list[np.ndarray]:
         return self._session.run(self._outputs, feeds)
+
+    def _run_in_place(self, feeds: Feeds) -> np.ndarray:
+        """A decode call of a graph taking `decode_in_place`, fed True: each past tensor (a view of the running
+        batch's array) is bound as its present too, so the new keys and values are written into the array;
+        the logits."""
+        from onnxruntime import OrtValue
+
+        binding = self._session.io_binding()
+        for name, value in {**feeds, DECODE_IN_PLACE: np.array(True)}.items():
+            bound = OrtValue.ortvalue_from_numpy(value)  # the array's own memory, not a copy
+            binding.bind_ortvalue_input(name, bound)  # (an input with a default binds only this way)
+            if name in self._in_place:
+                binding.bind_ortvalue_output(self._in_place[name], bound)
+        binding.bind_output("logits")
+        self._session.run_with_iobinding(binding)
+        return binding.get_outputs()[-1].numpy()
 
     def check(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The new tokens a request may have (its max_tokens, else what the context leaves); 400 when its
@@ -198,7 +216,7 @@ def _vocab(session: Any, tokenizer: Any) -> int:
 
 
 def _optional_inputs(session: Any) -> set[str]:
-    """The graph's inputs with a default (a written decoder's `logits_from` and `present_new_only`:
-    pipeline/export/fused_decoder.py)."""
+    """The graph's inputs with a default (a written decoder's `logits_from`, `present_new_only` and
+    `decode_in_place`: pipeline/export/fused_decoder.py)."""
     overridable = getattr(session, "get_overridable_initializers", lambda: [])()
     return {i.name for i in overridable}

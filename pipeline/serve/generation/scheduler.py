@@ -51,6 +51,7 @@ log = logging.getLogger("pipe.serve")
 
 Feeds = dict[str, np.ndarray]
 Run = Callable[[Feeds], list[np.ndarray]]  # feeds -> [logits, *presents in the cache's order]
+RunInPlace = Callable[[Feeds], np.ndarray]  # a decode's feeds -> logits, the new keys and values written into its pasts
 Past = tuple[list[np.ndarray], np.ndarray]  # the past tensors of a batch's rows, and their mask [rows, width]
 
 BURST_CHUNKS = 8  # a step whose joining prompts outnumber the running streams prefills up to this many chunks...
@@ -89,8 +90,10 @@ class Scheduler:
         burst_chunk: int | None = None,
         last_logits: bool = False,
         new_presents: bool = False,
+        run_in_place: RunInPlace | None = None,
     ) -> None:
         self._run = run
+        self._run_in_place = run_in_place  # the graph takes `decode_in_place`: decode calls write into the array
         self._last_logits = last_logits  # the graph takes `logits_from`: a prefill asks for its last column's only
         self._new_presents = new_presents  # the graph takes `present_new_only`: every call asks for the new only
         self.cache = cache
@@ -224,9 +227,12 @@ class Scheduler:
         ids = np.array([[s.tokens[-1]] for s in rows], dtype=np.int64)
         positions = np.array([[s.stored] for s in rows], dtype=np.int64)
         feeds = self._feeds(ids, np.ones((len(rows), 1), dtype=np.int64), positions, self.batch.past())
-        out = self._run(feeds)
-        self.batch.append(out[1:])
-        logits = out[0]
+        if self._run_in_place is not None:
+            logits = self._run_in_place(feeds)
+        else:
+            out = self._run(feeds)
+            self.batch.append(out[1:])
+            logits = out[0]
         for i, seq in enumerate(rows):
             seq.stored += 1
             events.append((seq, seq.take(seq.sampler.choose(logits[i, -1]), self._eos)))

@@ -7,21 +7,26 @@ milliseconds of matrix-vector products, and those ops' dispatch is a large part 
 the same arithmetic from the model's weights with one node where onnxruntime has a kernel for it:
 `SkipSimplifiedLayerNormalization` (the residual add and the next RMSNorm), `RotaryEmbedding` (at the
 graph's `position_ids`, from tables the model's own rotary module computes, its scaling included), one
-MatMul for queries, keys and values together and one for the MLP's gate and up projections. Attention stays
-grouped matrix products over the concatenated cache, as grouped_attention.py traces it: onnxruntime's
-`GroupQueryAttention` kernel was faster at one sequence but 5-20% slower at 16 (measured on the 135M bench
-model), and the same kernel reading a shared past/present buffer was slower still, its time growing with
-the buffer. On that model a decode step of one sequence is 1.07x faster than the traced graph's in fp32 and
-1.22x with int4 weights; at 16 sequences the two are level within the machine's noise
-(bench/bench_decoder_graphs.py; docs/language-models.md gives the figures).
+MatMul for queries, keys and values together and one for the MLP's gate and up projections. Attention is
+grouped matrix products over the past and the new keys apart, as grouped_attention.py traces it (no key
+repeated per query head): onnxruntime's `GroupQueryAttention` there, given the mask as a bias so that any
+padding is hidden, was 5-20% slower at 16 sequences on the 135M bench model. On that model a decode step of
+one sequence is 1.07x faster than the traced graph's in fp32 and 1.22x with int4 weights; at 16 sequences
+the two are level within the machine's noise (bench/bench_decoder_graphs.py; docs/language-models.md).
 
 The graph takes and gives what the traced one does (lm_module.py, docs/language-models.md): input_ids,
 attention_mask [batch, past + sequence] (0 for a hole or padding, anywhere), position_ids, one past key and
-value per layer; logits for every position and the presents (past + new, concatenated). One input is
-added, with a default: `logits_from` (int64 scalar, 0) is the first column whose logits are computed, so a
+value per layer; logits for every position and the presents (past + new, concatenated). Three inputs are
+added, with defaults: `logits_from` (int64 scalar, 0) is the first column whose logits are computed, so a
 server prefilling prompts that end in the last column feeds -1 and skips the vocabulary projection of
 every other position (on the 135M bench model a fifth of a prefill's arithmetic, and 384 MiB of logits
-for a 2,048-token burst); a runtime that does not know it gets every position's. It runs on
+for a 2,048-token burst); a runtime that does not know it gets every position's. `present_new_only` (bool,
+False) makes the presents the new tokens' keys and values only, for a server that keeps the cache itself.
+`decode_in_place` (bool, False) switches each layer's attention, by an If, to `GroupQueryAttention` over
+pasts that are whole buffers, each row's tokens from column 0 (their count from the mask), writing each
+row's new keys and values after its last; bound to the pasts' memory, the presents are that append (pipe
+serve's decode: batch_cache.py). The kernel has no mask then, and on that layout was faster than the
+grouped products at 1, 4 and 16 rows (25.6 / 33.4 / 57.1 against 28.0 / 34.5 / 60.4 ms a step). It runs on
 onnxruntime only (com.microsoft kernels, CPU and CUDA); the export gate then compares it with the model run
 eagerly, as for any export. Families `refusal` names (another MLP, sliding-window attention, dynamic rope
 scaling, soft-capped logits...) are traced as before.

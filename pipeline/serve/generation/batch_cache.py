@@ -4,9 +4,10 @@
 columns 0.. and a hole after them (masked; zeros or an earlier row's finite values, never NaN, so a masked
 column weighs exactly 0). The past tensors of a decode call are `data[j, :batch]`, views of the array, not
 copies (a leading-axis slice of a C-ordered array is contiguous, and onnxruntime reads a contiguous numpy
-array in place), and the call's new keys and values are written into the column after each row's last
-(`append`). A written decoder fed `present_new_only` gives only those (pipeline/export/fused_decoder.py);
-another graph gives past and new concatenated and the last column is taken, so every decoder runs this way.
+array in place), and the call's new keys and values go into the column after each row's last: a written
+decoder fed `decode_in_place` writes them there itself, its presents bound to those views
+(pipeline/export/fused_decoder.py); another graph's are copied in (`append`: the presents' last column, or
+all of them where the graph takes `present_new_only`), so every decoder runs this way.
 
 What changes between steps changes in place: a row that ends takes the last row into its place (one row's
 tokens copied), a row joining (its prompt prefilled) is read from the pool into the next free row

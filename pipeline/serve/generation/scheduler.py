@@ -22,8 +22,10 @@ decode one token for every running sequence in ONE onnxruntime call.
   one call for all of them, whatever their lengths (holes masked). The running rows' keys and values are
   one array the call reads in place and each new token is appended to (`batch_cache.py`): no copy of the
   cache a step, a row that ends gives its place to the last row, a row whose prompt is complete is read
-  from the pool into the next free row. A graph taking `present_new_only` (a written decoder's) is fed
-  True in every call and gives the new tokens' keys and values only, not the whole cache concatenated.
+  from the pool into the next free row. A graph taking `decode_in_place` (a written decoder's) is fed
+  True with each present bound to its past, a view of the array (`run_in_place`, engine.py), and writes
+  the new keys and values there itself; another graph's presents are appended (their last column, or,
+  where it takes `present_new_only`, as every call here feeds it, all of them).
 
 The pool holds the prompts: a prefill writes its rows' new keys and values to their blocks and reads the
 pasts of prompts prefilled in several chunks from them; generated tokens stay in the running batch.

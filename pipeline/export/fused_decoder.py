@@ -271,19 +271,19 @@ def _attention(
     n = f"layer{i}."
     attn = p + "self_attn."
     qkv = _linear(g, x, n + "qkv", weights, [attn + "q_proj", attn + "k_proj", attn + "v_proj"])
-    split = g.weight(n + "qkv_split", np.array([heads * size, kv * size, kv * size], np.int64))
-    q, k, v = g.node("Split", [qkv, split], [n + "q", n + "k", n + "v"], axis=-1)
-    rotary = ["position_ids", "cos_cache", "sin_cache"]
-    q = g.node("RotaryEmbedding", [q, *rotary], [n + "q_rotated"], domain=MS, num_heads=heads)[0]
-    k = g.node("RotaryEmbedding", [k, *rotary], [n + "k_rotated"], domain=MS, num_heads=kv)[0]
     past = [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
 
-    def in_place() -> list[str]:
-        return g.node("GroupQueryAttention", [q, k, v, *past, "seqlens", "total_tokens"],
+    def in_place() -> list[str]:  # queries, keys and values packed; the rotation at each row's length, inside
+        return g.node("GroupQueryAttention", [qkv, "", "", *past, "seqlens", "total_tokens", "cos_cache", "sin_cache"],
                       [n + "gqa_out", n + "gqa_key", n + "gqa_value"], domain=MS, num_heads=heads, kv_num_heads=kv,
-                      scale=scaling)  # fmt: skip
+                      scale=scaling, do_rotary=1)  # fmt: skip
 
     def grouped() -> list[str]:
+        split = g.weight(n + "qkv_split", np.array([heads * size, kv * size, kv * size], np.int64))
+        q, k, v = g.node("Split", [qkv, split], [n + "q", n + "k", n + "v"], axis=-1)
+        rotary = ["position_ids", "cos_cache", "sin_cache"]
+        q = g.node("RotaryEmbedding", [q, *rotary], [n + "q_rotated"], domain=MS, num_heads=heads)[0]
+        k = g.node("RotaryEmbedding", [k, *rotary], [n + "k_rotated"], domain=MS, num_heads=kv)[0]
         return _grouped(g, n, q, k, v, past, heads, kv, size, scaling)
 
     g.node("If", [DECODE_IN_PLACE], [n + "attention", f"present.{i}.key", f"present.{i}.value"],

@@ -23,10 +23,11 @@ every other position (on the 135M bench model a fifth of a prefill's arithmetic,
 for a 2,048-token burst); a runtime that does not know it gets every position's. `present_new_only` (bool,
 False) makes the presents the new tokens' keys and values only, for a server that keeps the cache itself.
 `decode_in_place` (bool, False) switches each layer's attention, by an If, to `GroupQueryAttention` over
-pasts that are whole buffers, each row's tokens from column 0 (their count from the mask), writing each
-row's new keys and values after its last; bound to the pasts' memory, the presents are that append (pipe
-serve's decode: batch_cache.py). The kernel has no mask then, and on that layout was faster than the
-grouped products at 1, 4 and 16 rows (25.6 / 33.4 / 57.1 against 28.0 / 34.5 / 60.4 ms a step). It runs on
+pasts that are whole buffers, each row's tokens from column 0 (their count from the mask, the new token's
+position that count), the packed projection rotated inside the kernel, writing each row's new keys and
+values after its last; bound to the pasts' memory, the presents are that append (pipe serve's decode:
+batch_cache.py). The kernel has no mask then; on that layout a step was 5% faster than the grouped
+products at one and four rows and level at 16 (bench/bench_decode_in_place.py). It runs on
 onnxruntime only (com.microsoft kernels, CPU and CUDA); the export gate then compares it with the model run
 eagerly, as for any export. Families `refusal` names (another MLP, sliding-window attention, dynamic rope
 scaling, soft-capped logits...) are traced as before.

@@ -66,10 +66,11 @@ def reference(imported: tuple[Path, Path]) -> Any:
     return greedy
 
 
-def _generator(repository: Path, **settings: Any) -> Generator:
+def _generator(repository: Path, graph: Path | None = None, **settings: Any) -> Generator:
+    """The engine of the imported version, on its model.onnx or on `graph` (another graph of the same model)."""
     root = repository / NAME / "1"
     manifest = Artifact.load(root).manifest
-    session = create_session(root / "model.onnx", "cpu", 1, 1, False)
+    session = create_session(graph or root / "model.onnx", "cpu", 1, 1, False)
     made = Generator.of(root, manifest, session, GenerationSettings(**settings), None)
     assert made is not None
     return made
@@ -231,6 +232,36 @@ def test_rows_leaving_and_joining_move_in_the_batch_array(imported: tuple[Path, 
         scheduler.step()
     assert scheduler.batch.remade == 4 and scheduler.batch.allocated == 2
     assert [seq.tokens for seq in again] == [seq.tokens for seq in seqs]
+
+
+def test_a_traced_graph_decodes_by_appending_its_presents_last_column(
+    imported: tuple[Path, Path], reference: Any, tmp_path: Path
+) -> None:
+    """A graph without the written decoder's optional inputs (what a family the writer refuses is exported as:
+    here the tiny Llama traced on purpose) gives its presents concatenated; the engine appends their last column
+    to the batch array. Rows ending, joining and outgrowing the array, every sequence equals its answer alone."""
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.export.lm_module import export_decoder
+    from pipeline.runtime.decoder import CachedDecoder, cache_layout
+
+    decoder = CachedDecoder(AutoModelForCausalLM.from_pretrained(imported[0], attn_implementation="eager")).eval()
+    traced = tmp_path / "traced.onnx"
+    assert export_decoder(decoder, cache_layout(decoder), traced, 18, fused=False).exporter != "fused"
+    gen = _generator(imported[1], graph=traced, prefill_chunk=64)
+    scheduler = gen.engine.scheduler
+    assert scheduler._run_in_place is None and not scheduler._new_presents
+    asked = [([1, *range(40, 69)], 8), ([1, 7, 8, 9, 10, 11], 3), ([1, *range(100, 107)], 60), ([1, 5, 6, 7, 8], 16)]
+    seqs = [Sequence(Request(ids, n, Sampling(temperature=0)), gen.tokenizer, None) for ids, n in asked]
+    scheduler.waiting.extend(seqs[:3])
+    for _ in range(3):
+        scheduler.step()
+    scheduler.waiting.append(seqs[3])  # joins into the row the second left
+    while scheduler.busy:
+        scheduler.step()
+    assert scheduler.batch.remade >= 2
+    for seq, (ids, n) in zip(seqs, asked, strict=True):
+        assert seq.tokens[len(ids) :] == reference(ids, n)
 
 
 def test_a_seed_repeats_sampling_whatever_runs_beside_it(imported: tuple[Path, Path]) -> None:

@@ -6,6 +6,7 @@ save_pretrained. Random weights judge parity only (never quantization: their top
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 LINES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -82,3 +83,9 @@ def save_gpt2(directory: Path, seed: int = 0) -> Path:
     )
     GPT2LMHeadModel(config).eval().save_pretrained(directory)
     return directory
+
+
+def graph_nodes(graph: Any) -> list[Any]:
+    """An ONNX graph's nodes and those of its branches, depth first (a written decoder's attention is an If a layer)."""
+    branches = [a.g for node in graph.node for a in node.attribute if a.type == a.GRAPH]
+    return [*graph.node, *(node for branch in branches for node in graph_nodes(branch))]

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.lm.lm_models import save_llama
+from tests.lm.lm_models import graph_nodes, save_llama
 
 
 def _qwen2(directory: Path) -> Path:
@@ -52,12 +52,6 @@ def _load(source: Path) -> Any:
     return AutoModelForCausalLM.from_pretrained(source, attn_implementation="eager").float().eval()
 
 
-def _ops(graph: onnx.GraphProto) -> set[str]:
-    """The op types of a graph and of its branches (each layer's attention is an If)."""
-    branches = [a.g for n in graph.node for a in n.attribute if a.type == a.GRAPH]
-    return {n.op_type for n in graph.node}.union(*(_ops(b) for b in branches))
-
-
 def _cases(layers: int, kv: int, size: int) -> list[dict[str, np.ndarray]]:
     """A left-padded prompt batch from an empty past, and a right-padded chunk after a past with holes."""
     rng = np.random.default_rng(0)
@@ -90,7 +84,7 @@ def test_the_fused_graph_gives_the_models_logits_and_presents(tmp_path: Path, fa
     layout = cache_layout(decoder)
     path = tmp_path / "model.onnx"
     assert export_decoder(decoder, layout, path, 18).exporter == "fused"
-    ops = _ops(onnx.load(str(path)).graph)
+    ops = {node.op_type for node in graph_nodes(onnx.load(str(path)).graph)}
     assert {"SkipSimplifiedLayerNormalization", "RotaryEmbedding", "GroupQueryAttention"} <= ops
     assert not {"Pow", "Neg", "Expand"} & ops
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

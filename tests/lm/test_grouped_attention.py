@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from tests.lm.imported_lm import cached_llama
-from tests.lm.lm_models import save_llama
+from tests.lm.lm_models import graph_nodes, save_llama
 
 pytestmark = pytest.mark.slow  # the cached import of the tiny Llama (about 20 s of CPU when the cache lacks it)
 
@@ -41,11 +41,7 @@ def test_the_imported_graph_reads_the_cache_without_expanding_it() -> None:
     """The tiny Llama's import (4 query heads on 2 KV heads) passed its parity gate with grouped attention; its
     graph has no Expand feeding an attention MatMul (eager's repeat_kv made one per layer for keys and values)."""
     graph = onnx.load(str(cached_llama(512) / "artifacts" / "tiny-llama" / "1" / "model.onnx")).graph
-
-    def nodes(g: onnx.GraphProto) -> list[onnx.NodeProto]:  # the graph's and its branches' (a written decoder's If)
-        return [m for n in g.node for m in [n, *(x for a in n.attribute if a.type == a.GRAPH for x in nodes(a.g))]]
-
-    made_by = {out: node for node in nodes(graph) for out in node.output}
+    made_by = {out: node for node in graph_nodes(graph) for out in node.output}
 
     def expanded(name: str, depth: int = 4) -> bool:
         node = made_by.get(name)
@@ -54,6 +50,6 @@ def test_the_imported_graph_reads_the_cache_without_expanding_it() -> None:
         return node.op_type == "Expand" or any(expanded(i, depth - 1) for i in node.input)
 
     weights = {t.name for t in graph.initializer}
-    matmuls = [n for n in nodes(graph) if n.op_type == "MatMul" and not weights & set(n.input)]  # activations only
+    matmuls = [n for n in graph_nodes(graph) if n.op_type == "MatMul" and not weights & set(n.input)]  # activations
     assert len(matmuls) >= 4  # two attention products a layer
     assert not [n.name for n in matmuls if any(expanded(i) for i in n.input)]

@@ -35,6 +35,14 @@ from tests.serve.serve_process import Server, metric, start_server, wait_for
 pytestmark = pytest.mark.slow  # one import of a tiny Llama (about 20 s of CPU) when the test model cache lacks it
 
 CONTEXT = 512  # long enough that a stream outlives its client's disconnect by many steps
+# four requests (prompt ids, most new tokens): the second ends first, the fourth joins into its row, the third
+# outgrows the batch array's width
+LEAVE_AND_JOIN = (
+    ([1, *range(40, 69)], 8),
+    ([1, 7, 8, 9, 10, 11], 3),
+    ([1, *range(100, 107)], 60),
+    ([1, 5, 6, 7, 8], 16),
+)
 PROMPTS = ["The quick brown fox", "Once upon a time, in a small village by the sea", "def add(a, b):", "1, 2"]
 
 
@@ -203,7 +211,7 @@ def test_rows_leaving_and_joining_move_in_the_batch_array(imported: tuple[Path, 
         return gather(tables, lengths)
 
     scheduler.pool.gather = recording  # type: ignore[method-assign]
-    a, b, c, d = ([1, *range(40, 69)], 8), ([1, 7, 8, 9, 10, 11], 3), ([1, *range(100, 107)], 60), ([1, 5, 6, 7, 8], 16)
+    a, b, c, d = LEAVE_AND_JOIN
     seqs = [Sequence(Request(ids, n, Sampling(temperature=0)), gen.tokenizer, None) for ids, n in (a, b, c, d)]
     scheduler.waiting.extend(seqs[:3])
     for _ in range(3):
@@ -251,7 +259,7 @@ def test_a_traced_graph_decodes_by_appending_its_presents_last_column(
     gen = _generator(imported[1], graph=traced, prefill_chunk=64)
     scheduler = gen.engine.scheduler
     assert scheduler._run_in_place is None and not scheduler._new_presents
-    asked = [([1, *range(40, 69)], 8), ([1, 7, 8, 9, 10, 11], 3), ([1, *range(100, 107)], 60), ([1, 5, 6, 7, 8], 16)]
+    asked = LEAVE_AND_JOIN
     seqs = [Sequence(Request(ids, n, Sampling(temperature=0)), gen.tokenizer, None) for ids, n in asked]
     scheduler.waiting.extend(seqs[:3])
     for _ in range(3):

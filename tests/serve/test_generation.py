@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from pipeline.artifact.directory import Artifact
-from pipeline.runtime.session import create_session
+from pipeline.artifact.generation import DECODE_IN_PLACE
+from pipeline.runtime.session import constants_of
 from pipeline.serve.errors import RequestError, Unavailable
 from pipeline.serve.generation.detokenizer import Detokenizer
 from pipeline.serve.generation.engine import Engine
@@ -28,6 +29,7 @@ from pipeline.serve.generation.sequence import Request, Sequence
 from pipeline.serve.generation.served import Generator
 from pipeline.serve.generation.settings import GenerationSettings
 from pipeline.serve.routes import Request as HttpRequest
+from pipeline.serve.session import ModelSession, SessionOptions
 from tests.lm.imported_lm import NAME, imported_llama
 from tests.lm.lm_models import LINES
 from tests.serve.serve_process import Server, metric, start_server, wait_for
@@ -75,10 +77,11 @@ def reference(imported: tuple[Path, Path]) -> Any:
 
 
 def _generator(repository: Path, graph: Path | None = None, **settings: Any) -> Generator:
-    """The engine of the imported version, on its model.onnx or on `graph` (another graph of the same model)."""
+    """The engine of the imported version, on its model.onnx or on `graph` (another graph of the same model), the
+    session made as pipe serve makes it."""
     root = repository / NAME / "1"
     manifest = Artifact.load(root).manifest
-    session = create_session(graph or root / "model.onnx", "cpu", 1, 1, False)
+    session = ModelSession(graph or root / "model.onnx", SessionOptions("cpu", 1, 1, False), manifest).session
     made = Generator.of(root, manifest, session, GenerationSettings(**settings), None)
     assert made is not None
     return made
@@ -104,10 +107,10 @@ class Counting:
         scheduler = engine.scheduler
 
         def counting(run: Any) -> Any:
-            def counted(feeds: dict[str, np.ndarray]) -> Any:
+            def counted(feeds: dict[str, np.ndarray], *keep: bool) -> Any:
                 if feeds["input_ids"].shape[1] == 1:
                     self.decode_rows.append(feeds["input_ids"].shape[0])
-                return run(feeds)
+                return run(feeds, *keep)
 
             return counted
 
@@ -201,7 +204,8 @@ def test_rows_leaving_and_joining_move_in_the_batch_array(imported: tuple[Path, 
     step gathers from the pool, and every sequence equals its answer alone; run again, in the same memory."""
     gen = _generator(imported[1], prefill_chunk=64)
     scheduler = gen.engine.scheduler
-    assert scheduler._run_in_place is not None  # a written decoder: its decode calls write into the array
+    # a written decoder, served with `decode_in_place` a constant: its calls write into the array and the scratch
+    assert scheduler._run_in_place is not None and constants_of(gen.engine._session) == {DECODE_IN_PLACE}
     gathered: list[int] = []  # rows of each pool gather with a past (a fresh prompt's prefill gathers nothing)
     gather = scheduler.pool.gather
 
@@ -229,8 +233,8 @@ def test_rows_leaving_and_joining_move_in_the_batch_array(imported: tuple[Path, 
     for seq, (ids, n) in zip(seqs, (a, b, c, d), strict=True):
         assert seq.tokens[len(ids) :] == reference(ids, n)
     # the same four again: the array is made twice more, in the buffers the first run wrote (no new memory),
-    # whose holes hold the first run's keys and values, and nothing of them reaches the answers
-    assert scheduler.batch.allocated == 2
+    # whose holes hold the first run's keys and values (and its prefills'), and nothing of them reaches the answers
+    allocated = scheduler.batch.allocated
     again = [Sequence(Request(ids, n, Sampling(temperature=0)), gen.tokenizer, None) for ids, n in (a, b, c, d)]
     scheduler.waiting.extend(again[:3])
     for _ in range(3):
@@ -238,7 +242,7 @@ def test_rows_leaving_and_joining_move_in_the_batch_array(imported: tuple[Path, 
     scheduler.waiting.append(again[3])
     while scheduler.busy:
         scheduler.step()
-    assert scheduler.batch.remade == 4 and scheduler.batch.allocated == 2
+    assert scheduler.batch.remade == 4 and scheduler.batch.allocated == allocated
     assert [seq.tokens for seq in again] == [seq.tokens for seq in seqs]
 
 

@@ -70,6 +70,12 @@ class BatchCache:
             self.allocated += 1
         return self._buffers[self._spare][:size].reshape(shape)
 
+    def scratch(self, rows: int, width: int) -> np.ndarray:
+        """[2 x layers, rows, kv_heads, width, head_size] in the spare buffer, for a prefill call in place
+        (scheduler.py) to read its past from and write its new keys and values into, before the step's decode
+        (which may remake the array into that buffer): prefills too write into memory written before."""
+        return self._view(rows, width)
+
     def clear(self) -> None:
         """Nothing runs: no rows (the buffers stay, for the next batch)."""
         self.rows = []

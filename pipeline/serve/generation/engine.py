@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.artifact.generation import DECODE_IN_PLACE, LOGITS_FROM, PRESENT_NEW_ONLY, Generation
+from pipeline.runtime.session import constants_of
 from pipeline.serve.errors import RequestError, Unavailable
 from pipeline.serve.generation.kv_pool import KVPool
 from pipeline.serve.generation.scheduler import Feeds, Scheduler, burst_budget
@@ -50,14 +51,16 @@ class Engine:
         self.pool = KVPool(generation.cache, int(settings.kv_cache_mb * 1024 * 1024))
         optional = _optional_inputs(session)
         last_logits = LOGITS_FROM in optional
-        burst = burst_budget(settings.prefill_chunk, 0 if last_logits else _vocab(session, tokenizer))
+        self._vocab = _vocab(session, tokenizer)
+        burst = burst_budget(settings.prefill_chunk, 0 if last_logits else self._vocab)
         self._in_place = dict(zip(generation.cache.past_names(), generation.cache.present_names(), strict=True))
-        self._binding: Any = None  # a decode in place's IOBinding, the batch array's views bound (`_run_in_place`)
+        self._binding: Any = (None, None)  # a decode in place's IOBinding, the batch array's views bound, and its
+        # logits (`_run_in_place`)
         self._bound_at: tuple[int, tuple[int, ...]] | None = None
         self.scheduler = Scheduler(
             self._run, generation.cache, self.pool, generation.eos_token_ids, settings.max_sequences,
             settings.prefill_chunk, settings.wait_s, burst, last_logits, PRESENT_NEW_ONLY in optional,
-            self._run_in_place if DECODE_IN_PLACE in optional else None,
+            self._run_in_place if DECODE_IN_PLACE in constants_of(session) else None,
         )  # fmt: skip
         self._executor = executor
         self._stats = stats
@@ -77,28 +80,34 @@ class Engine:
     def _run(self, feeds: Feeds) -> list[np.ndarray]:
         return self._session.run(self._outputs, feeds)
 
-    def _run_in_place(self, feeds: Feeds) -> np.ndarray:
-        """A decode call of a graph taking `decode_in_place`, fed True: each past tensor (a view of the running
-        batch's array) is bound as its present too, so the new keys and values are written into the array;
-        the logits. The views stay bound while the array and its rows do (binding 60 of them anew took about
-        a millisecond a step on the 135M bench model); the tokens, mask and positions are bound each call."""
+    def _run_in_place(self, feeds: Feeds, keep: bool) -> np.ndarray:
+        """A call of a written decoder whose `decode_in_place` is a constant True (pipe serve's session of one:
+        serve/session.py): each past tensor (a view of the running batch's array, or of a prefill's scratch) is
+        bound as its present too, so the new keys and values are written into it; the logits. With `keep` (a
+        decode) the views stay bound while the array and its rows do (binding 60 of them anew took about a
+        millisecond a step on the 135M bench model); the tokens, mask and positions are bound each call."""
         from onnxruntime import OrtValue
 
         first = feeds[next(iter(self._in_place))]
         where = (first.__array_interface__["data"][0], first.shape)  # the views' memory: the array's, its rows
-        if self._binding is None or self._bound_at != where:
-            self._binding, self._bound_at = self._session.io_binding(), where
+        binding, logits = self._binding if keep and self._bound_at == where else (None, None)
+        if binding is None or logits is None:
+            binding = self._session.io_binding()
             for name, present in self._in_place.items():
                 bound = OrtValue.ortvalue_from_numpy(feeds[name])  # the array's own memory, not a copy
-                self._binding.bind_ortvalue_input(name, bound)
-                self._binding.bind_ortvalue_output(present, bound)
-            self._binding.bind_ortvalue_input(DECODE_IN_PLACE, OrtValue.ortvalue_from_numpy(np.array(True)))
-            self._binding.bind_output("logits")
+                binding.bind_ortvalue_input(name, bound)
+                binding.bind_ortvalue_output(present, bound)
+            # the logits of one column a row (a decode's token, a prefill's last: `logits_from` -1) into an array
+            # of ours, read without get_outputs(), which wraps all 61 outputs (0.3 ms a step)
+            logits = np.empty((first.shape[0], 1, self._vocab), dtype=np.float32)
+            binding.bind_ortvalue_output("logits", OrtValue.ortvalue_from_numpy(logits))
+            if keep:
+                self._binding, self._bound_at = (binding, logits), where
         for name, value in feeds.items():
             if name not in self._in_place:  # (an input with a default binds only as an OrtValue)
-                self._binding.bind_ortvalue_input(name, OrtValue.ortvalue_from_numpy(value))
-        self._session.run_with_iobinding(self._binding)
-        return self._binding.get_outputs()[-1].numpy()
+                binding.bind_ortvalue_input(name, OrtValue.ortvalue_from_numpy(value))
+        self._session.run_with_iobinding(binding)
+        return logits
 
     def check(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The new tokens a request may have (its max_tokens, else what the context leaves); 400 when its
@@ -193,7 +202,7 @@ class Engine:
                 seq.events.put_nowait(Event("", seq.generated, "error"))
         s.running, s.prefilling = [], []
         s.batch.clear()
-        self._binding = None  # bound afresh at the next decode
+        self._binding, self._bound_at = (None, None), None  # bound afresh at the next decode
         s.waiting.clear()
         self._incoming.clear()
 

@@ -53,7 +53,9 @@ log = logging.getLogger("pipe.serve")
 
 Feeds = dict[str, np.ndarray]
 Run = Callable[[Feeds], list[np.ndarray]]  # feeds -> [logits, *presents in the cache's order]
-RunInPlace = Callable[[Feeds], np.ndarray]  # a decode's feeds -> logits, the new keys and values written into its pasts
+# feeds, whether to keep the binding (a decode's: its pasts are bound again next step) -> logits, the new keys and
+# values written into the pasts
+RunInPlace = Callable[[Feeds, bool], np.ndarray]
 Past = tuple[list[np.ndarray], np.ndarray]  # the past tensors of a batch's rows, and their mask [rows, width]
 
 BURST_CHUNKS = 8  # a step whose joining prompts outnumber the running streams prefills up to this many chunks...
@@ -95,10 +97,11 @@ class Scheduler:
         run_in_place: RunInPlace | None = None,
     ) -> None:
         self._run = run
-        self._run_in_place = run_in_place  # the graph takes `decode_in_place`: decode calls write into the array
+        self._run_in_place = run_in_place  # a written decoder served in place: every call writes into its pasts
         self._last_logits = last_logits  # the graph takes `logits_from`: a prefill asks for its last column's only
         self._new_presents = new_presents  # the graph takes `present_new_only`: every call asks for the new only
         self.cache = cache
+        self._past_names = cache.past_names()  # (made once: 60 str.format calls were 0.1 ms of every step)
         self.pool = pool
         self._eos = frozenset(eos_ids)
         self.max_sequences = max_sequences
@@ -179,7 +182,7 @@ class Scheduler:
         tensors, past_mask = past
         feeds: Feeds = {"input_ids": ids, "attention_mask": np.concatenate([past_mask, new_mask], axis=1),
                         "position_ids": positions}  # fmt: skip
-        feeds.update(zip(self.cache.past_names(), tensors, strict=True))
+        feeds.update(zip(self._past_names, tensors, strict=True))
         if self._new_presents:
             feeds[PRESENT_NEW_ONLY] = np.array(True)
         return feeds
@@ -201,6 +204,34 @@ class Scheduler:
 
     def _prefill(self, events: list[tuple[Sequence, Event]]) -> int:
         chunk = self._chunk()
+        if self._run_in_place is not None:
+            for rows, take in _calls(chunk):
+                self._prefill_call(rows, take, events)
+        else:
+            self._prefill_padded(chunk, events)
+        return sum(take for _, take in chunk)
+
+    def _prefill_call(self, rows: list[Sequence], take: int, events: list[tuple[Sequence, Event]]) -> None:
+        """One prefill call in place: the rows' `take` next prompt tokens, their pasts (one row's, or none) and
+        their new keys and values in the batch's scratch, then copied to the pool."""
+        assert self._run_in_place is not None
+        start = rows[0].stored
+        width = start + take
+        buffers = self.batch.scratch(len(rows), width)
+        if start:
+            self.pool.read(rows[0].blocks, start, buffers[:, 0])
+        feeds: Feeds = {"input_ids": np.array([s.request.prompt[start:width] for s in rows], dtype=np.int64),
+                        "attention_mask": np.ones((len(rows), width), dtype=np.int64),
+                        "position_ids": np.tile(np.arange(start, width, dtype=np.int64), (len(rows), 1))}  # fmt: skip
+        feeds.update(zip(self._past_names, buffers, strict=True))
+        if self._last_logits:
+            feeds[LOGITS_FROM] = np.array(-1, dtype=np.int64)
+        logits = self._run_in_place(feeds, False)
+        for i, seq in enumerate(rows):
+            self._stored(seq, buffers[:, i, :, start:width], logits[i, -1], events)
+
+    def _prefill_padded(self, chunk: list[tuple[Sequence, int]], events: list[tuple[Sequence, Event]]) -> None:
+        """One prefill call of the whole chunk, rows padded on the left, the presents copied to the pool."""
         rows, takes = [seq for seq, _ in chunk], [take for _, take in chunk]
         width = max(takes)
         ids = np.zeros((len(rows), width), dtype=np.int64)
@@ -217,12 +248,15 @@ class Scheduler:
         logits, presents = out[0], out[1:]
         end = presents[0].shape[2]  # the new tokens end every row (and are all of it: `present_new_only`)
         for i, (seq, n) in enumerate(zip(rows, takes, strict=True)):
-            new = np.stack([p[i, :, end - n : end, :] for p in presents])  # [2L, kv, n, head]
-            self.pool.write(seq.blocks, seq.stored, new)
-            seq.stored += n
-            if not seq.prefilling:  # the whole prompt is in: its first token
-                events.append((seq, seq.take(seq.sampler.choose(logits[i, -1]), self._eos)))
-        return sum(takes)
+            self._stored(seq, np.stack([p[i, :, end - n : end, :] for p in presents]), logits[i, -1], events)
+
+    def _stored(self, seq: Sequence, new: np.ndarray, logits: np.ndarray, events: list[tuple[Sequence, Event]]) -> None:
+        """A prefilled row's new keys and values ([2L, kv_heads, tokens, head_size]) into its pool blocks; its
+        first token from its last position's `logits` when its whole prompt is in."""
+        self.pool.write(seq.blocks, seq.stored, new)
+        seq.stored += new.shape[2]
+        if not seq.prefilling:
+            events.append((seq, seq.take(seq.sampler.choose(logits), self._eos)))
 
     def _decode(self, events: list[tuple[Sequence, Event]]) -> None:
         rows = self.running = self.batch.hold(self.running, self.pool)
@@ -230,7 +264,7 @@ class Scheduler:
         positions = np.array([[s.stored] for s in rows], dtype=np.int64)
         feeds = self._feeds(ids, np.ones((len(rows), 1), dtype=np.int64), positions, self.batch.past())
         if self._run_in_place is not None:
-            logits = self._run_in_place(feeds)
+            logits = self._run_in_place(feeds, True)
         else:
             out = self._run(feeds)
             self.batch.append(out[1:])
@@ -238,3 +272,17 @@ class Scheduler:
         for i, seq in enumerate(rows):
             seq.stored += 1
             events.append((seq, seq.take(seq.sampler.choose(logits[i, -1]), self._eos)))
+
+
+def _calls(chunk: list[tuple[Sequence, int]]) -> list[tuple[list[Sequence], int]]:
+    """A chunk's prefill calls in place, (rows, tokens each): onnxruntime's GroupQueryAttention takes several
+    rows of several tokens only when none has a past, so rows starting their prompt with the same take go in
+    one call (a burst of prompts of one length: one call), every other row alone."""
+    starting: dict[int, list[Sequence]] = {}
+    alone: list[tuple[list[Sequence], int]] = []
+    for seq, take in chunk:
+        if seq.stored:
+            alone.append(([seq], take))
+        else:
+            starting.setdefault(take, []).append(seq)
+    return [(rows, take) for take, rows in starting.items()] + alone

@@ -7,7 +7,9 @@ buffer and appends to it, never concatenating the cache into presents a step.
 - `grouped`: pipe's written graph (the imported artifact's model.onnx) fed `present_new_only`, its pasts
   views of one array, the new column copied in after each call (pipe serve's decode before `decode_in_place`);
 - `in_place`: the same graph fed `decode_in_place`, each present bound to its past's memory (IOBinding), so
-  its GroupQueryAttention writes the new column itself (pipe serve's decode now);
+  its GroupQueryAttention writes the new column itself, through an If a layer;
+- `pinned`: the same graph with `decode_in_place` a constant True, so that onnxruntime drops the Ifs (pipe
+  serve's session: serve/session.py), bound the same way; its prefill too writes into the buffers;
 - `builder`: onnxruntime-genai's model builder's graph of the same weights (GroupQueryAttention, past and
   present bound to one buffer, as onnxruntime-genai runs it; skipped when bench/peer_genai.py's builder
   venv is not made).
@@ -61,6 +63,10 @@ def decode(way: str, session: Any, batch: int, past: int, steps: int) -> tuple[l
     new_only = {"present_new_only": np.array(True)}
     if way == "builder":  # its prefill writes into the buffers; it takes no position_ids
         logits = bound(session, {"input_ids": ids, "attention_mask": np.ones((batch, past), np.int64)}, buffers)
+    elif way == "pinned":  # likewise (one prompt length: one call, as pipe serve's prefill in place)
+        feeds = {"input_ids": ids, "attention_mask": np.ones((batch, past), np.int64), "logits_from": np.array(-1),
+                 "position_ids": np.tile(np.arange(past), (batch, 1))}  # fmt: skip
+        logits = bound(session, feeds, buffers)
     else:
         feeds = {"input_ids": ids, "attention_mask": np.ones((batch, past), np.int64), "logits_from": np.array(-1),
                  "position_ids": np.tile(np.arange(past), (batch, 1)), **new_only}  # fmt: skip
@@ -79,10 +85,9 @@ def decode(way: str, session: Any, batch: int, past: int, steps: int) -> tuple[l
         else:
             feeds = {"input_ids": token[:, None], "attention_mask": mask.astype(np.int64),
                      "position_ids": np.full((batch, 1), length, np.int64)}  # fmt: skip
-            if way == "in_place":
-                logits = bound(
-                    session, {**feeds, "decode_in_place": np.array(True)}, dict(zip(names, cache, strict=True))
-                )
+            if way in ("in_place", "pinned"):
+                flag = {"decode_in_place": np.array(True)} if way == "in_place" else {}
+                logits = bound(session, {**feeds, **flag}, dict(zip(names, cache, strict=True)))
             else:
                 out = session.run(
                     None, {**feeds, "present_new_only": np.array(True), **dict(zip(names, cache, strict=True))}
@@ -108,13 +113,14 @@ def main() -> None:
 
     from pipeline.runtime.session import create_session
 
-    graphs = {"grouped": repository / NAME / "1" / "model.onnx"}
-    graphs["in_place"] = graphs["grouped"]
+    graphs = {way: repository / NAME / "1" / "model.onnx" for way in ("grouped", "in_place", "pinned")}
     if missing := peer_genai.missing(peer_genai.BUILDER_VENV):
         print(f"builder: skipped ({missing})", flush=True)
     else:
         graphs["builder"] = peer_genai.build(source) / "model.onnx"
-    sessions = {way: create_session(path, "cpu", args.threads, 1, True) for way, path in graphs.items()}
+    pinned = {"decode_in_place": np.array(True)}  # as pipe serve makes its session (serve/session.py)
+    sessions = {way: create_session(path, "cpu", args.threads, 1, True, constants=pinned if way == "pinned" else None)
+                for way, path in graphs.items()}  # fmt: skip
     rows = []
     for batch in args.batches:
         steps: dict[str, list[float]] = {way: [] for way in sessions}

@@ -263,26 +263,20 @@ def _running(weights: str | None) -> Server:
 def stream(url: str, prompt: list[int], new_tokens: int) -> dict[str, Any]:
     """One streamed /v1/completions request: its time to first text, the gaps between pieces, the tokens
     the server counted (usage) and the text."""
-    import httpx
+    from lm_serve_clients import sse
 
     body = {"model": NAME, "prompt": prompt, "max_tokens": new_tokens, "stream": True,
             "stream_options": {"include_usage": True}, **GREEDY}  # fmt: skip
     sent = time.perf_counter()
     times, text, tokens = [], [], 0
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as answer:
-        if answer.status_code != 200:
-            raise RuntimeError(f"llama-server answered {answer.status_code}: {answer.read()[:500]!r}")
-        for line in answer.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"llama-server streamed an error: {chunk['error']}")
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
-                times.append(time.perf_counter())
-                text.append(chunk["choices"][0]["text"])
+    for chunk in sse(f"{url}/v1/completions", body):
+        if "error" in chunk:
+            raise RuntimeError(f"llama-server streamed an error: {chunk['error']}")
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
+        if chunk.get("choices") and chunk["choices"][0].get("text"):
+            times.append(time.perf_counter())
+            text.append(chunk["choices"][0]["text"])
     ttft = times[0] - sent if times else float("nan")
     return {"ttft": ttft, "gaps": list(np.diff(times)), "tokens": tokens, "pieces": len(times), "text": "".join(text)}
 

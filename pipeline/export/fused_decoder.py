@@ -26,9 +26,11 @@ False) makes the presents the new tokens' keys and values only, for a server tha
 `decode_in_place` (bool, False) switches each layer's attention, by an If, to `GroupQueryAttention` over
 pasts that are whole buffers, each row's tokens from column 0 (their count from the mask, the new token's
 position that count), the packed projection rotated inside the kernel, writing each row's new keys and
-values after its last; bound to the pasts' memory, the presents are that append (pipe serve's decode:
-batch_cache.py). The kernel has no mask then; on that layout a step was 5% faster than the grouped
-products at one and four rows and level at 16 (bench/bench_decode_in_place.py). It runs on
+values after its last; bound to the pasts' memory, the presents are that append. pipe serve makes its
+session with the input a constant True, so that onnxruntime folds the Ifs away, and runs every call so,
+prefills included (serve/session.py, serve/generation/scheduler.py). The kernel has no mask then; on
+that layout a step is within 2% of onnxruntime-genai's builder graph at one and four rows, 3% behind
+at 16 (bench/bench_decode_in_place.py; docs/language-models.md). It runs on
 onnxruntime only (com.microsoft kernels, CPU and CUDA); the export gate then compares it with the model run
 eagerly, as for any export. Families `refusal` names (another MLP, sliding-window attention, dynamic rope
 scaling, soft-capped logits...) are traced as before.

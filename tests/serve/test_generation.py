@@ -24,7 +24,7 @@ from pipeline.serve.generation.detokenizer import Detokenizer
 from pipeline.serve.generation.engine import Engine
 from pipeline.serve.generation.handlers import GenerationRoutes
 from pipeline.serve.generation.sampler import Sampling
-from pipeline.serve.generation.scheduler import burst_budget
+from pipeline.serve.generation.scheduler import _calls, burst_budget
 from pipeline.serve.generation.sequence import Request, Sequence
 from pipeline.serve.generation.served import Generator
 from pipeline.serve.generation.settings import GenerationSettings
@@ -196,6 +196,18 @@ def test_a_burst_is_prefilled_in_one_call(imported: tuple[Path, Path]) -> None:
     assert burst_budget(256, 128_256) == 1046  # Llama 3's: 512 MiB of logits
     assert burst_budget(256, 1_000_000) == 256  # never below one chunk
     assert burst_budget(256, 0) == 2048  # a graph computing the last column's logits only: no cap by their size
+
+
+def test_prefill_calls_in_place_group_the_rows_starting_a_prompt_of_one_length() -> None:
+    """GroupQueryAttention takes several rows of several tokens only when none has a past: rows starting their
+    prompt with the same take share a call, in the chunk's order; a row continuing its prompt goes alone."""
+    from types import SimpleNamespace
+
+    a, b, c, d, e = (SimpleNamespace(stored=s) for s in (0, 0, 8, 0, 4))
+    calls = _calls([(a, 16), (b, 16), (c, 8), (d, 5), (e, 16)])  # type: ignore[list-item]
+    assert [([id(r) for r in rows], take) for rows, take in calls] == [
+        ([id(a), id(b)], 16), ([id(d)], 5), ([id(c)], 8), ([id(e)], 16)
+    ]  # fmt: skip
 
 
 def test_rows_leaving_and_joining_move_in_the_batch_array(imported: tuple[Path, Path], reference: Any) -> None:

@@ -5,9 +5,10 @@ columns 0.. and a hole after them (masked; zeros or an earlier row's finite valu
 column weighs exactly 0). The past tensors of a decode call are `data[j, :batch]`, views of the array, not
 copies (a leading-axis slice of a C-ordered array is contiguous, and onnxruntime reads a contiguous numpy
 array in place), and the call's new keys and values go into the column after each row's last: a written
-decoder fed `decode_in_place` writes them there itself, its presents bound to those views
-(pipeline/export/fused_decoder.py); another graph's are copied in (`append`: the presents' last column, or
-all of them where the graph takes `present_new_only`), so every decoder runs this way.
+decoder with `decode_in_place` a constant True (pipe serve's session of one) writes them there itself,
+its presents bound to those views (pipeline/export/fused_decoder.py); another graph's are copied in
+(`append`: the presents' last column, or all of them where the graph takes `present_new_only`), so every
+decoder runs this way.
 
 What changes between steps changes in place: a row that ends takes the last row into its place (one row's
 tokens copied), a row joining (its prompt prefilled) is read from the pool into the next free row
@@ -22,7 +23,9 @@ that made the first touch of a new array far slower than the copy itself: on the
 rows of 128-token prompts and 128 new tokens, the four remakes and the joiners' reads took 1.2-1.9 s of
 a 13 s run in fresh arrays against 0.12 s in written ones. A buffer grows (to twice what is asked, so a
 row's next few widths fit) and never shrinks: it keeps the largest batch the server ran, as
-onnxruntime's own arena keeps its largest call.
+onnxruntime's own arena keeps its largest call. Between remakes the spare is a prefill's scratch
+(`scratch`): a written decoder's prefill in place writes its rows' keys and values there before they go
+to the pool (scheduler.py).
 
 Before it, the graph concatenated each step's past and new keys and values into presents and those were
 fed back: a copy of the whole cache in every step, the O(context) part of a step. On the 135M bench model,

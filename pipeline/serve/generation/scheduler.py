@@ -6,26 +6,31 @@ decode one token for every running sequence in ONE onnxruntime call.
   tokens (`kv_pool.py`); the oldest that does not fit blocks those behind it (no starvation). One that
   has waited `wait_s` (the server's --timeout) is removed and ends `timeout` (its handler answers 503).
 - **Prefill, chunked**: the joining sequences feed at most `prefill_chunk` prompt tokens in all per
-  step, the oldest first (each as much of its prompt as the chunk has left), as one call (rows padded
-  on the left, so each row's last prompt token is the call's last column, their pasts gathered from the
-  pool; a graph taking `logits_from`, a written decoder's, is fed -1 and computes the logits of that
-  column only: pipeline/export/fused_decoder.py), so a long prompt stalls the running streams by one
-  chunk's time per step, never by its whole length. When the joining prompts outnumber the running
-  streams (nothing runs, or a burst arrived), more sequences wait for a first token than for a next
-  one, and the step takes up to `burst_chunk` tokens (`burst_budget`: 8 chunks, fewer when the graph's
-  logits for that many positions would pass 512 MB): a burst of prompts is prefilled in one call and
-  decoded together from the next step, instead of joining two prompts a step beside decode calls of a
-  few rows (on the 135M bench model, 16 prompts of 128 tokens: 9 to 18% more tokens/s, the few running
-  streams held back once by that call). A row whose prompt is complete chooses its first token from
-  its last real position's logits and runs from the next step on.
+  step, the oldest first (each as much of its prompt as the chunk has left), so a long prompt stalls the
+  running streams by one chunk's time per step, never by its whole length. A written decoder served
+  in place (`run_in_place`: its `decode_in_place` a constant True, serve/session.py) prefills into the
+  batch array's spare buffer (`BatchCache.scratch`): rows starting their prompt with the same number of
+  tokens in one call, a row continuing its prompt alone, its past read from the pool (onnxruntime's
+  GroupQueryAttention takes several rows of several tokens only without a past); fed `logits_from` -1,
+  it computes the last column's logits only (pipeline/export/fused_decoder.py). Another graph gets the
+  whole chunk in one call, rows padded on the left so each row's last prompt token is the call's last
+  column, their pasts gathered from the pool, `logits_from` -1 where it takes it. When the joining
+  prompts outnumber the running streams (nothing runs, or a burst arrived), more sequences wait for a
+  first token than for a next one, and the step takes up to `burst_chunk` tokens (`burst_budget`: 8
+  chunks, fewer when the graph's logits for that many positions would pass 512 MB): a burst of prompts
+  is prefilled in one step (one call for prompts of one length) and decoded together from the next,
+  instead of joining two prompts a step beside decode calls of a few rows (on the 135M bench model, 16
+  prompts of 128 tokens: 9 to 18% more tokens/s, the few running streams held back once by that call).
+  A row whose prompt is complete chooses its first token from its last real position's logits and runs
+  from the next step on.
 - **Decode**: every running sequence feeds its last token, at its own position, over its own past:
   one call for all of them, whatever their lengths (holes masked). The running rows' keys and values are
   one array the call reads in place and each new token is appended to (`batch_cache.py`): no copy of the
   cache a step, a row that ends gives its place to the last row, a row whose prompt is complete is read
-  from the pool into the next free row. A graph taking `decode_in_place` (a written decoder's) is fed
-  True with each present bound to its past, a view of the array (`run_in_place`, engine.py), and writes
-  the new keys and values there itself; another graph's presents are appended (their last column, or,
-  where it takes `present_new_only`, as every call here feeds it, all of them).
+  from the pool into the next free row. A written decoder served in place has each present bound to its
+  past, a view of the array (`run_in_place`, engine.py), and writes the new keys and values there itself;
+  another graph's presents are appended (their last column, or, where it takes `present_new_only`, as
+  every call here feeds it, all of them).
 
 The pool holds the prompts: a prefill writes its rows' new keys and values to their blocks and reads the
 pasts of prompts prefilled in several chunks from them; generated tokens stay in the running batch.

@@ -318,17 +318,46 @@ def test_the_pool_bounds_the_sequences_and_refuses_what_never_fits(imported: tup
     running: list[int] = []
 
     async def run() -> list[list[int]]:
-        seqs = [engine.submit(Request(ids, 12, Sampling(temperature=0))) for _ in range(3)]
-        with pytest.raises(Unavailable, match="--max-waiting 3"):
-            engine.submit(Request(ids, 12, Sampling(temperature=0)))
+        seqs: list[Sequence] = []  # the step thread admits at most two while they are submitted: 3 to 5 get in
+        with pytest.raises(Unavailable, match=r"^3 requests are already waiting for this model \(--max-waiting 3\)"):
+            for _ in range(6):
+                seqs.append(engine.submit(Request(ids, 12, Sampling(temperature=0))))
+        assert 3 <= len(seqs) <= 5
         while not all(s.finish for s in seqs):
             running.append(len(engine.scheduler.running) + len(engine.scheduler.prefilling))
             await asyncio.sleep(0)
         return [(await _drain(s))[0] for s in seqs]
 
     made = asyncio.run(run())
-    assert made[0] == made[1] == made[2] and max(running) == 2
+    assert all(m == made[0] for m in made) and max(running) == 2
     assert engine.pool.used_blocks == 0
+
+
+def test_a_step_that_raises_ends_its_sequences_with_error_and_the_engine_serves_on(imported: tuple[Path, Path]) -> None:
+    """A decode call that raises (a device fault): the sequences of that step end `error` with their blocks freed,
+    and the step thread goes on to serve the next request."""
+    gen = _generator(imported[1])
+    scheduler = gen.engine.scheduler
+    run, faults = scheduler._run_in_place, [RuntimeError("a device fault")]
+    assert run is not None
+
+    def failing_once(feeds: dict[str, np.ndarray], keep: bool) -> np.ndarray:
+        if keep and faults:
+            raise faults.pop()
+        return run(feeds, keep)
+
+    scheduler._run_in_place = failing_once
+    greedy = Sampling(temperature=0)
+
+    async def go() -> tuple[list[str], tuple[list[int], str, str]]:
+        first = [gen.engine.submit(Request([1, 5, 6 + i], 8, greedy)) for i in range(2)]
+        ended = [(await _drain(seq))[2] for seq in first]
+        return ended, await _drain(gen.engine.submit(Request([1, 5, 6], 8, greedy)))
+
+    ended, (tokens, _, finish) = asyncio.run(go())
+    assert ended == ["error", "error"] and finish == "length" and len(tokens) == 8
+    assert gen.engine.pool.used_blocks == 0
+    wait_for(lambda: not gen.engine._stepping, 5)  # the step thread stops once nothing is left to do
 
 
 def gen_bytes(repository: Path) -> int:

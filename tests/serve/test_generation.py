@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -358,6 +359,25 @@ def test_a_step_that_raises_ends_its_sequences_with_error_and_the_engine_serves_
     assert ended == ["error", "error"] and finish == "length" and len(tokens) == 8
     assert gen.engine.pool.used_blocks == 0
     wait_for(lambda: not gen.engine._stepping, 5)  # the step thread stops once nothing is left to do
+
+
+def test_requests_from_one_event_loop_after_another_are_all_answered(imported: tuple[Path, Path]) -> None:
+    """An engine driven from a new event loop as soon as the last one closed (a bench's cells, tests): the step
+    thread may still be running for the old loop when the new request comes; its events reach the new one."""
+    gen = _generator(imported[1])
+    post = gen.engine._post
+
+    def post_then_stall(call: Any, *args: Any) -> None:  # the step thread descheduled after handing out events
+        post(call, *args)
+        time.sleep(0.05)
+
+    gen.engine._post = post_then_stall  # type: ignore[method-assign]
+
+    async def one(i: int) -> str:
+        seq = gen.engine.submit(Request([1, 5, 6 + i], 2, Sampling(temperature=0)))
+        return (await asyncio.wait_for(_drain(seq), 30))[2]
+
+    assert [asyncio.run(one(i)) for i in range(8)] == ["length"] * 8
 
 
 def gen_bytes(repository: Path) -> int:

@@ -68,6 +68,7 @@ class Engine:
         self._lock = threading.Lock()  # guards `_incoming` and `_stepping`, shared with the step thread
         self._incoming: list[Sequence] = []  # submitted since the last step
         self._stepping = False  # `_steps` runs (started by the request that found it stopped)
+        self._loop: Any = None  # the event loop of the latest request (asyncio.AbstractEventLoop)
         self._steps_done: asyncio.Future | None = None
         self._closed = False
 
@@ -150,13 +151,14 @@ class Engine:
         seq = Sequence(request, self.tokenizer, loop)
         with self._lock:
             self._incoming.append(seq)
+            self._loop = loop  # where the step thread hands events out (one loop in a server; a test's in turn)
             start, self._stepping = not self._stepping, True
         if start:
-            self._steps_done = loop.run_in_executor(self._executor, self._steps, loop)
+            self._steps_done = loop.run_in_executor(self._executor, self._steps)
         self._report()
         return seq
 
-    def _steps(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _steps(self) -> None:
         """Steps one after another while there is work, in one of the compute pool's threads (which it holds until
         then); each step's events are handed to the event loop, which never gates the next step: starting every
         step from the event loop left the step thread idle 0.5 ms (one stream) to 0.9 ms (16 streams) between
@@ -175,10 +177,20 @@ class Engine:
                 report = s.step()
             except Exception:  # a server fault: every sequence ends with it, the engine stays up
                 log.exception("generation step failed")
-                _post(loop, self._tell_failed, self._failed())
+                self._post(self._tell_failed, self._failed())
                 continue
             now = time.perf_counter()
-            _post(loop, self._hand_out, report, now, now - started)
+            self._post(self._hand_out, report, now, now - started)
+
+    def _post(self, call: Any, *args: Any) -> None:
+        """`call(*args)` on the event loop of the latest request, from the step thread; dropped when that loop
+        has closed (its requests' readers are gone with it: a server shutting down)."""
+        with self._lock:
+            loop = self._loop
+        try:
+            loop.call_soon_threadsafe(call, *args)
+        except RuntimeError:
+            pass
 
     def _hand_out(self, report: StepReport, now: float, took: float) -> None:
         """A step's events to their sequences' queues, and its metrics (`now`: when it returned)."""
@@ -238,15 +250,6 @@ class Engine:
         self._closed = True
         while self._stepping:
             await asyncio.sleep(0.01)
-
-
-def _post(loop: asyncio.AbstractEventLoop, call: Any, *args: Any) -> None:
-    """`call(*args)` on the event loop, from the step thread; dropped when that loop has closed (its requests'
-    readers are gone with it: a test's loop, a server shutting down)."""
-    try:
-        loop.call_soon_threadsafe(call, *args)
-    except RuntimeError:
-        pass
 
 
 def _vocab(session: Any, tokenizer: Any) -> int:

@@ -380,6 +380,22 @@ def test_requests_from_one_event_loop_after_another_are_all_answered(imported: t
     assert [asyncio.run(one(i)) for i in range(8)] == ["length"] * 8
 
 
+def test_a_request_once_the_compute_pool_is_shut_down_is_refused_and_leaves_nothing(
+    imported: tuple[Path, Path],
+) -> None:
+    gen = _generator(imported[1])
+    pool = ThreadPoolExecutor(1)
+    pool.shutdown()
+    gen.engine._executor = pool
+
+    async def submit() -> None:
+        gen.engine.submit(Request([1, 5, 6], 2, Sampling(temperature=0)))
+
+    with pytest.raises(Unavailable, match="shutting down"):
+        asyncio.run(submit())
+    assert not gen.engine._stepping and gen.engine._incoming == []
+
+
 def gen_bytes(repository: Path) -> int:
     generation = Artifact.load(repository / NAME / "1").manifest.generation
     assert generation is not None

@@ -154,7 +154,13 @@ class Engine:
             self._loop = loop  # where the step thread hands events out (one loop in a server; a test's in turn)
             start, self._stepping = not self._stepping, True
         if start:
-            self._steps_done = loop.run_in_executor(self._executor, self._steps)
+            try:
+                self._steps_done = loop.run_in_executor(self._executor, self._steps)
+            except RuntimeError:  # the compute pool was shut down: the server is stopping
+                with self._lock:
+                    self._incoming.remove(seq)
+                    self._stepping = False
+                raise Unavailable("the server is shutting down; retry") from None
         self._report()
         return seq
 

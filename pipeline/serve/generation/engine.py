@@ -58,10 +58,11 @@ class Engine:
         self._binding: Any = (None, None)  # a decode in place's IOBinding, the batch array's views bound, and its
         # logits (`_run_in_place`)
         self._bound_at: tuple[int, tuple[int, ...]] | None = None
+        in_place = DECODE_IN_PLACE in constants_of(session)  # its presents are the pasts: `present_new_only` unused
         self.scheduler = Scheduler(
             self._run, generation.cache, self.pool, generation.eos_token_ids, settings.max_sequences,
-            settings.prefill_chunk, settings.wait_s, burst, last_logits, PRESENT_NEW_ONLY in optional,
-            self._run_in_place if DECODE_IN_PLACE in constants_of(session) else None,
+            settings.prefill_chunk, settings.wait_s, burst, last_logits, PRESENT_NEW_ONLY in optional and not in_place,
+            self._run_in_place if in_place else None,
         )  # fmt: skip
         self._executor = executor
         self._stats = stats
@@ -69,7 +70,6 @@ class Engine:
         self._incoming: list[Sequence] = []  # submitted since the last step
         self._stepping = False  # `_steps` runs (started by the request that found it stopped)
         self._loop: Any = None  # the event loop of the latest request (asyncio.AbstractEventLoop)
-        self._steps_done: asyncio.Future | None = None
         self._closed = False
 
     def describe(self) -> str:
@@ -155,7 +155,7 @@ class Engine:
             start, self._stepping = not self._stepping, True
         if start:
             try:
-                self._steps_done = loop.run_in_executor(self._executor, self._steps)
+                loop.run_in_executor(self._executor, self._steps)
             except RuntimeError:  # the compute pool was shut down: the server is stopping
                 with self._lock:
                     self._incoming.remove(seq)

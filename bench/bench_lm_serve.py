@@ -16,7 +16,8 @@ median cell (by tokens/s; of an even count the lower middle one) per stream coun
 beside it.
 
 Systems (`--systems`; each is started once, then the cells run stream count by stream count, every system
-in turn, so each comparison is from one window of this shared machine):
+in turn, so each comparison is from one window of this shared machine; a stream count's next round starts
+one system later, so that no system always runs first, or always after the same one):
 - `pipe`, `pipe:VARIANT`: `pipe serve` (bench/lm_serve_clients.py), model.onnx or a variant;
 - `pipe-engine`: pipe serve's generation engine in this process, without HTTP (not in the defaults);
 - `transformers`: `generate` served one request at a time (lm_serve_clients.py), `--baseline-requests`
@@ -142,9 +143,11 @@ def main() -> None:
             if name != "transformers":
                 answers = [client.cell([p], args.new_tokens)["outputs"][0] for p in prompts[: args.alone]]
                 alone[name] = [as_ids(o) for o in answers]
-        for streams in args.streams:
+        for turn, streams in enumerate(args.streams):
             lines.append(f"| **{streams} stream{'s' * (streams > 1)}** | | | | |")
-            for name, client in systems.items():
+            shift = args.streams[:turn].count(streams) % len(systems)  # this stream count's round, 0 first
+            order = list(systems.items())
+            for name, client in order[shift:] + order[:shift]:
                 cell = client.cell(prompts[:streams], args.new_tokens)
                 outputs = [as_ids(o) for o in cell.pop("outputs")]
                 if streams > 1 and alone.get(name):

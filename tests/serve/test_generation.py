@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -99,6 +100,18 @@ async def _drain(seq: Sequence) -> tuple[list[int], str, str]:
             return seq.tokens[len(seq.request.prompt) :], text, event.finish
 
 
+class Gated(ThreadPoolExecutor):
+    """A compute pool whose jobs start once `open` is set: requests submitted before are all waiting when the
+    step thread starts, however the threads are scheduled."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.open = threading.Event()
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return super().submit(lambda: self.open.wait(30) and fn(*args, **kwargs))
+
+
 class Counting:
     """The scheduler's onnxruntime calls (and its decode calls in place), counting the rows of each decode call (one
     new token per row)."""
@@ -152,10 +165,13 @@ def test_sixteen_sequences_decode_in_one_call_a_step_each_as_alone(imported: tup
 
     async def run(batch: list[list[int]]) -> list[list[int]]:
         seqs = [gen.engine.submit(Request(ids, 12, Sampling(temperature=0))) for ids in batch]
+        gate.open.set()
         return [(await _drain(s))[0] for s in seqs]
 
+    gen.engine._executor = gate = Gated()  # the step thread starts with all 16 waiting
     alone = [asyncio.run(run([ids]))[0] for ids in prompts]
     counting = Counting(gen.engine)
+    gate.open.clear()
     together = asyncio.run(run(prompts))
     assert together == alone
     assert max(counting.decode_rows) == 16  # every running row in one onnxruntime call
@@ -343,7 +359,7 @@ def test_a_step_that_raises_ends_its_sequences_with_error_and_the_engine_serves_
     assert run is not None
 
     def failing_once(feeds: dict[str, np.ndarray], keep: bool) -> np.ndarray:
-        if keep and faults:
+        if keep and faults and len(feeds["input_ids"]) == 2:  # the first decode of both (the second may join late)
             raise faults.pop()
         return run(feeds, keep)
 
@@ -351,7 +367,7 @@ def test_a_step_that_raises_ends_its_sequences_with_error_and_the_engine_serves_
     greedy = Sampling(temperature=0)
 
     async def go() -> tuple[list[str], tuple[list[int], str, str]]:
-        first = [gen.engine.submit(Request([1, 5, 6 + i], 8, greedy)) for i in range(2)]
+        first = [gen.engine.submit(Request([1, 5, 6 + i], 64, greedy)) for i in range(2)]
         ended = [(await _drain(seq))[2] for seq in first]
         return ended, await _drain(gen.engine.submit(Request([1, 5, 6], 8, greedy)))
 
@@ -406,17 +422,18 @@ def test_a_cancelled_sequence_is_dropped_at_the_next_step(imported: tuple[Path, 
     gen = _generator(imported[1])
     assert gen.engine.check(500, None) == gen.engine.check(500, 100) == 12  # what the context leaves
 
-    async def run() -> tuple[int, str, int]:
+    async def run() -> tuple[int, int, str, int]:
         seq = gen.engine.submit(Request([1, 5, 6, 7], 400, Sampling(temperature=0)))
         assert seq.events is not None
         while seq.generated < 3:
             await seq.events.get()
         seq.cancel()
+        at_cancel = seq.generated  # the step thread may be in a step that makes one more token
         _, _, finish = await _drain(seq)
-        return seq.generated, finish, gen.engine.pool.used_blocks
+        return at_cancel, seq.generated, finish, gen.engine.pool.used_blocks
 
-    generated, finish, used = asyncio.run(run())
-    assert finish == "cancelled" and generated < 10 and used == 0
+    at_cancel, generated, finish, used = asyncio.run(run())
+    assert finish == "cancelled" and generated <= at_cancel + 1 and used == 0
 
 
 def test_a_sequence_waiting_past_the_bound_leaves_the_queue(imported: tuple[Path, Path]) -> None:

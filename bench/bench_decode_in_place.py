@@ -16,6 +16,13 @@ buffer and appends to it, never concatenating the cache into presents a step.
 The model is bench/lm_serve_model.py's (a random Llama of SmolLM-135M's shape). Each round prefills `--past`
 tokens a row and times `--steps` greedy steps of each way in turn (buffers `--past` + `--steps` wide).
 Reported: each way's median step over the rounds, over `in_place`'s, and whether the greedy tokens agree.
+
+At one row, beside them in each round, `blas`: numpy's BLAS (on every core) multiplying a hidden state by a
+matrix of as many fp32 weights as the graph's MatMuls hold (537.9 MB on this model), `--steps` times: a
+matrix-vector product, bound by how fast memory delivers the weights, which no graph at fp32 reads in fewer
+bytes. It is the step without attention, norms or Python, with one product for 151: the floor of a step at
+one row. (With more rows it is no floor: numpy's product of 4 rows by one tall matrix took twice as long as
+a whole step of the graph, whose MatMuls onnxruntime runs on weights it packed at load.)
 """
 
 from __future__ import annotations
@@ -98,6 +105,26 @@ def decode(way: str, session: Any, batch: int, past: int, steps: int) -> tuple[l
     return times[2:], np.stack(tokens, axis=1)
 
 
+def matmul_weights(path: Path) -> int:
+    """How many weights the graph's MatMuls read (the initializers they take), the embedding's Gather aside."""
+    import onnx
+
+    graph = onnx.load(str(path)).graph
+    sizes = {i.name: int(np.prod(i.dims)) for i in graph.initializer}
+    return sum(sizes.get(name, 0) for node in graph.node if node.op_type == "MatMul" for name in node.input)
+
+
+def blas(weights: np.ndarray, steps: int) -> list[float]:
+    """Times of `steps` products of one hidden state by `weights` (`blas` in the module doc)."""
+    state = np.ones(weights.shape[1], np.float32)
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        weights @ state
+        times.append(time.perf_counter() - started)
+    return times[2:]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/lm-serve-bench"))
@@ -121,14 +148,18 @@ def main() -> None:
     pinned = {"decode_in_place": np.array(True)}  # as pipe serve makes its session (serve/session.py)
     sessions = {way: create_session(path, "cpu", args.threads, 1, True, constants=pinned if way == "pinned" else None)
                 for way, path in graphs.items()}  # fmt: skip
+    hidden = 576  # bench/lm_serve_model.py's
+    weights = np.full((matmul_weights(graphs["pinned"]) // hidden, hidden), 0.01, np.float32)
     rows = []
     for batch in args.batches:
-        steps: dict[str, list[float]] = {way: [] for way in sessions}
+        steps: dict[str, list[float]] = {way: [] for way in [*sessions, *["blas"] * (batch == 1)]}
         tokens: dict[str, np.ndarray] = {}
         for _ in range(args.rounds):
             for way, session in sessions.items():
                 times, tokens[way] = decode(way, session, batch, args.past, args.steps)
                 steps[way] += times
+            if batch == 1:
+                steps["blas"] += blas(weights, args.steps)
         median = {way: float(np.median(t)) * 1e3 for way, t in steps.items()}
         row = {"batch": batch, "past": args.past, "step_ms": median,
                "over_in_place": {way: ms / median["in_place"] for way, ms in median.items()},
@@ -139,7 +170,8 @@ def main() -> None:
         print(f"batch {batch}: {cells}; greedy tokens as in_place: {row['same_greedy_tokens']} "
               f"(load {row['load_average']:.1f})", flush=True)  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"threads": args.threads, "steps": args.steps, "rows": rows}, indent=1))
+    result = {"threads": args.threads, "steps": args.steps, "blas_weights_mb": weights.nbytes / 1e6, "rows": rows}
+    args.out.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -149,7 +149,8 @@ def main() -> None:
     sessions = {way: create_session(path, "cpu", args.threads, 1, True, constants=pinned if way == "pinned" else None)
                 for way, path in graphs.items()}  # fmt: skip
     hidden = 576  # bench/lm_serve_model.py's
-    weights = np.full((matmul_weights(graphs["pinned"]) // hidden, hidden), 0.01, np.float32)
+    weights = np.full((matmul_weights(graphs["pinned"]) // hidden if 1 in args.batches else 0, hidden), 0.01,
+                      np.float32)  # fmt: skip
     rows = []
     for batch in args.batches:
         steps: dict[str, list[float]] = {way: [] for way in [*sessions, *["blas"] * (batch == 1)]}

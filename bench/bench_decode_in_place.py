@@ -14,8 +14,9 @@ buffer and appends to it, never concatenating the cache into presents a step.
   present bound to one buffer, as onnxruntime-genai runs it; skipped when bench/peer_genai.py's builder
   venv is not made).
 The model is bench/lm_serve_model.py's (a random Llama of SmolLM-135M's shape). Each round prefills `--past`
-tokens a row and times `--steps` greedy steps of each way in turn (buffers `--past` + `--steps` wide).
-Reported: each way's median step over the rounds, over `in_place`'s, and whether the greedy tokens agree.
+tokens a row and times `--steps` greedy steps of each way in turn (buffers `--past` + `--steps` wide), each
+round starting one way later than the last. Reported: each way's median step over the rounds, over
+`in_place`'s, and whether the greedy tokens agree.
 
 At one row, beside them in each round, `blas`: numpy's BLAS (on every core) multiplying a hidden state by a
 matrix of as many fp32 weights as the graph's MatMuls hold (537.9 MB on this model), `--steps` times: a
@@ -155,8 +156,9 @@ def main() -> None:
     for batch in args.batches:
         steps: dict[str, list[float]] = {way: [] for way in [*sessions, *["blas"] * (batch == 1)]}
         tokens: dict[str, np.ndarray] = {}
-        for _ in range(args.rounds):
-            for way, session in sessions.items():
+        for turn in range(args.rounds):
+            order = list(sessions.items())
+            for way, session in order[turn % len(order) :] + order[: turn % len(order)]:
                 times, tokens[way] = decode(way, session, batch, args.past, args.steps)
                 steps[way] += times
             if batch == 1:

@@ -150,15 +150,18 @@ def main() -> None:
     sessions = {way: create_session(path, "cpu", args.threads, 1, True, constants=pinned if way == "pinned" else None)
                 for way, path in graphs.items()}  # fmt: skip
     hidden = 576  # bench/lm_serve_model.py's
-    weights = np.full((matmul_weights(graphs["pinned"]) // hidden if 1 in args.batches else 0, hidden), 0.01,
-                      np.float32)  # fmt: skip
+    floor_rows = matmul_weights(graphs["pinned"]) // hidden if 1 in args.batches else 0  # timed at one row only
+    weights = np.full((floor_rows, hidden), 0.01, np.float32)
     rows = []
     for batch in args.batches:
-        steps: dict[str, list[float]] = {way: [] for way in [*sessions, *["blas"] * (batch == 1)]}
+        steps: dict[str, list[float]] = {way: [] for way in sessions}
+        if batch == 1:
+            steps["blas"] = []
         tokens: dict[str, np.ndarray] = {}
+        order = list(sessions.items())
         for turn in range(args.rounds):
-            order = list(sessions.items())
-            for way, session in order[turn % len(order) :] + order[: turn % len(order)]:
+            shift = turn % len(order)
+            for way, session in order[shift:] + order[:shift]:
                 times, tokens[way] = decode(way, session, batch, args.past, args.steps)
                 steps[way] += times
             if batch == 1:

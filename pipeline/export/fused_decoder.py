@@ -29,11 +29,12 @@ position that count), the packed projection rotated inside the kernel, writing e
 values after its last; bound to the pasts' memory, the presents are that append. pipe serve makes its
 session with the input a constant True, so that onnxruntime folds the Ifs away, and runs every call so,
 prefills included (serve/session.py, serve/generation/scheduler.py). The kernel has no mask then; on
-that layout a step is within 2% of onnxruntime-genai's builder graph at one and four rows, 3% behind
-at 16 (bench/bench_decode_in_place.py; docs/language-models.md). It runs on
-onnxruntime only (com.microsoft kernels, CPU and CUDA); the export gate then compares it with the model run
-eagerly, as for any export. Families `refusal` names (another MLP, sliding-window attention, dynamic rope
-scaling, soft-capped logits...) are traced as before.
+that layout a step is level with onnxruntime-genai's builder graph, the same kernels layer for layer,
+within 1-3% either way (bench/bench_decode_in_place.py, bench/bench_decode_step_parts.py;
+docs/language-models.md). It runs on onnxruntime only (com.microsoft kernels; on CUDA, GroupQueryAttention
+has fp16 and bf16 kernels only, so the fp32 in-place branch has none there); the export gate then
+compares it with the model run eagerly, as for any export. Families `refusal` names (another MLP,
+sliding-window attention, dynamic rope scaling, soft-capped logits...) are traced as before.
 """
 
 from __future__ import annotations

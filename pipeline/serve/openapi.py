@@ -2,7 +2,8 @@
 
 `tests/serve/test_openapi_and_imports.py` checks that every documented operation answers, and
 `test_fuzz.py` sends generated requests to each one (none may get a 5xx). Model names are listed
-as an enum of what is being served, so a fuzzer exploring the document reaches real models.
+as an enum of what is being served, in paths and in the OpenAI bodies' `model`, so a fuzzer exploring
+the document reaches real models (`tests/serve/test_generation_fuzz.py`: a served language model).
 """
 
 from __future__ import annotations
@@ -20,15 +21,23 @@ _ERRORS = {400: "bad request", 401: "missing or wrong API key (only with --api-k
            415: "a Content-Encoding other than identity (send the body uncompressed)",
            503: "overloaded or not ready: retry after the Retry-After header's seconds"}  # fmt: skip
 _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
+_EVENT_FIELDS = {
+    "data": {"type": "string", "description": "a JSON chunk, or [DONE] at the end"},
+    "event": {"type": "string"},
+    "id": {"type": "string"},
+    "retry": {"type": "integer"},
+}
 _ANSWERS = {
     JSON: {"type": "object"},
     TEXT: {"type": "string"},
     BINARY: {"type": "string", "format": "binary"},
-    EVENTS: {"type": "string"},
+    # one Server-Sent Event, as OpenAPI 3.2 writes a text/event-stream item (and tools read 3.0's schema): its
+    # data a JSON chunk of the route's answer, or OpenAI's closing [DONE]
+    EVENTS: {"type": "object", "required": ["data"], "properties": _EVENT_FIELDS},
 }
 
 
-def _operation(route: Route) -> dict[str, Any]:
+def _operation(route: Route, model: dict[str, Any]) -> dict[str, Any]:
     error = {JSON: {"schema": ERROR}}
     answers = {kind: {"schema": _ANSWERS[kind]} for kind in route.answers}
     if route.returns is not None:
@@ -41,16 +50,20 @@ def _operation(route: Route) -> dict[str, Any]:
         responses["503"]["headers"] = _RETRY_AFTER
     operation: dict[str, Any] = {"summary": route.summary}
     if route.body is not None:
-        operation["requestBody"] = {"required": route.body_required, "content": {JSON: {"schema": route.body}}}
+        body = route.body
+        if "model" in body.get("properties", {}):  # the OpenAI routes name their model in the body
+            body = {**body, "properties": {**body["properties"], "model": model}}
+        operation["requestBody"] = {"required": route.body_required, "content": {JSON: {"schema": body}}}
     operation["responses"] = responses
     return operation
 
 
 def document(models: list[str]) -> dict[str, Any]:
-    """The OpenAPI document, with `model_name` limited to the served models."""
+    """The OpenAPI document, with model names (`model_name`, the OpenAI bodies' `model`) limited to the served
+    models."""
+    model = {"type": "string", "enum": models or [""]}
     parameters = {
-        "model_name": {"name": "model_name", "in": "path", "required": True,
-                       "schema": {"type": "string", "enum": models or [""]}},
+        "model_name": {"name": "model_name", "in": "path", "required": True, "schema": model},
         "version": {"name": "version", "in": "path", "required": True,
                     "schema": {"type": "string", "pattern": "^[0-9]+$"}},
         "label": {"name": "label", "in": "path", "required": True,
@@ -62,7 +75,7 @@ def document(models: list[str]) -> dict[str, Any]:
             item = paths.setdefault(path, {})
             if names := re.findall(r"\{(\w+)\}", path):
                 item["parameters"] = [parameters[name] for name in names]
-            item[route.method.lower()] = _operation(route)
+            item[route.method.lower()] = _operation(route, model)
     return {
         "openapi": "3.0.3",
         "info": {"title": "pipe serve", "version": __version__,

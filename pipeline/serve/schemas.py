@@ -18,17 +18,20 @@ ERROR = {
     },
     "required": ["error"],
 }
+# a generation's settings; each may be null, read as left out (OpenAI's schema makes them nullable)
 _SAMPLING = {
-    "max_tokens": {"type": "integer", "minimum": 1},
-    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-    "top_p": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1},
-    "top_k": {"type": "integer", "minimum": -1},
-    "seed": {"type": "integer"},
-    "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}]},
-    "stream": {"type": "boolean"},
-}
-_OPENAI = {"model": {"type": "string"}, "n": {"type": "integer", "enum": [1]}, **_SAMPLING,
-           "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}}}  # fmt: skip
+    "max_tokens": {"type": "integer", "minimum": 1, "nullable": True},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2, "nullable": True},
+    "top_p": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1, "nullable": True},
+    "top_k": {"type": "integer", "minimum": -1, "nullable": True},
+    "seed": {"type": "integer", "nullable": True},
+    "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}],
+             "nullable": True},
+    "stream": {"type": "boolean", "nullable": True},
+}  # fmt: skip
+_OPENAI = {"model": {"type": "string"}, "n": {"type": "integer", "enum": [1], "nullable": True}, **_SAMPLING,
+           "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}},
+                              "nullable": True}}  # fmt: skip
 CHAT_REQUEST = {
     "type": "object",
     "required": ["model", "messages"],

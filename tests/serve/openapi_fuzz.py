@@ -42,10 +42,13 @@ class FuzzResult:
     operations: int = 0
 
 
-def fuzz(base_url: str, cases_per_operation: int, seed: int = 0) -> FuzzResult:
-    """Send `cases_per_operation` generated requests (half positive, half negative) to every operation."""
+def fuzz(base_url: str, cases_per_operation: int, seed: int = 0, paths: tuple[str, ...] = ()) -> FuzzResult:
+    """Send `cases_per_operation` generated requests (half positive, half negative) to every operation, or to
+    those whose path ends with one of `paths`."""
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
+    if paths:
+        operations = [o for o in operations if o.path.endswith(paths)]
     result = FuzzResult(operations=len(operations))
     positive = cases_per_operation - cases_per_operation // 2
     for operation in operations:
@@ -78,7 +81,8 @@ def _run(operation, mode: GenerationMode, count: int, base_url: str, seed: int, 
         try:
             case.validate_response(response, checks=CHECKS)
         except (Failure, FailureGroup, AssertionError) as exc:
-            result.mismatches.append(f"{where} -> {response.status_code}: {_one_line(exc)}")
+            sent = "" if case.body is None else f" (body {case.body!r:.300})"
+            result.mismatches.append(f"{where} -> {response.status_code}: {_one_line(exc)}{sent}")
 
     try:
         send()

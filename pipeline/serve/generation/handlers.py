@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -247,10 +248,19 @@ class GenerationRoutes:
         settings = body.get("parameters", {})
         if not isinstance(settings, dict):
             raise RequestError(f"parameters must be an object, got {settings!r:.60}")
+        twice = next((k for k in TRITON_PARAMS if k in body and k in settings and body[k] != settings[k]), None)
+        if twice is not None:  # which one was meant is not ours to guess
+            raise RequestError(
+                f"{twice} is given twice, {body[twice]!r:.40} at the top of the body and {settings[twice]!r:.40} "
+                "under parameters; give it once",
+                param=twice,
+            )
         merged = {**{k: body[k] for k in TRITON_PARAMS if k in body}, **settings}
         if "stop_words" in merged and "stop" not in merged:  # TensorRT-LLM's name
             merged["stop"] = merged["stop_words"]
-        params = read_params({**merged, "stream": stream or merged.get("stream", False)}, generator.generation.defaults)
+        params = read_params(merged, generator.generation.defaults)  # every given setting checked, stream too
+        if stream:  # generate_stream streams whatever the body says
+            params = dataclasses.replace(params, stream=True)
         sequence = await self._submit(generator, text, False, params)
         head = {"model_name": model.name, "model_version": str(model.version)}
         if params.stream:

@@ -1,7 +1,8 @@
 """A generation request's settings read from its JSON body, strictly: every wrong value is a 400 naming
 the field, the value and what it takes (the OpenAI routes and Triton's generate share this).
 
-What a request leaves out comes from the artifact's sampling defaults (`generation.defaults`, from
+What a request leaves out, or sends as null (OpenAI's schema makes every setting nullable, and clients send
+nulls), comes from the artifact's sampling defaults (`generation.defaults`, from
 generation_config.json: `do_sample: false` means greedy), then OpenAI's own (temperature 1, top_p 1).
 `top_k` 0 (or -1, as vLLM spells it) keeps every token.
 """
@@ -62,11 +63,12 @@ def _stops(value: Any, key: str) -> tuple[str, ...]:
 
 
 def read_params(body: dict[str, Any], defaults: dict[str, Any], stop_key: str = "stop") -> Params:
-    """The settings of a request body (OpenAI's names)."""
-    n = body.get("n", 1)
-    if n != 1 or isinstance(n, bool):
+    """The settings of a request body (OpenAI's names; a null is a setting left out, as OpenAI reads it)."""
+    n = body.get("n")
+    if n is not None and (n != 1 or isinstance(n, bool)):
         raise RequestError(f"n must be 1 (one answer per request), got {n!r:.20}; send several requests", param="n")
-    stream = body.get("stream", False)
+    stream = body.get("stream")
+    stream = False if stream is None else stream
     if not isinstance(stream, bool):
         raise RequestError(f"stream must be true or false, got {stream!r:.20}", param="stream")
     tokens = _whole(body, "max_completion_tokens", 1, 10**7)

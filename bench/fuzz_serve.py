@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/fuzz_serve.py [--cases-per-operation 200] [--workers 1]
 
-Starts a server on 127.0.0.1 over a repository of small real models (the tests' builders), sends
+Starts a server on 127.0.0.1 over a repository of small real models (the tests' builders, and the tests'
+tiny imported Llama, so the generation routes run real generations), sends
 positive and negative cases to every documented operation, and checks each answer: no 5xx, and a
 status code, content type, headers and body the document declares; schema-invalid requests must be
 refused. Prints the counts and writes bench/results/fuzz_serve.json. Exit 1 when anything failed.
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "serve"))  # the model builders, server runner and fuzzer the tests use
 
 
@@ -28,9 +30,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "fuzz_serve.json")
     args = parser.parse_args()
 
+    import shutil
+
     from openapi_fuzz import fuzz
     from serve_models import embed, mlp, strings, two_in_two_out, write_artifact
     from serve_process import start_server
+
+    from tests.lm.imported_lm import NAME, imported_llama
 
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "artifacts"
@@ -39,6 +45,8 @@ def main() -> int:
         write_artifact(repo, "pair", 1, two_in_two_out())
         write_artifact(repo, "embed", 1, embed())
         write_artifact(repo, "strings", 1, strings())
+        _, language = imported_llama(Path(tmp) / "lm", 512)  # the generation tests' cached import
+        shutil.copytree(language / NAME, repo / NAME)
         server = start_server([repo], Path(tmp) / "serve.log", "--poll", "0", "--workers", str(args.workers))
         started = time.perf_counter()
         try:

@@ -25,6 +25,16 @@ def positive(value: int | None) -> str | None:
     return None if value is None or value >= 1 else f"expected a number >= 1, got {value}"
 
 
+def non_negative(value: int | None) -> str | None:
+    return None if value is None or value >= 0 else f"expected a number >= 0, got {value}"
+
+
+def token_ids(values: list[int]) -> str | None:
+    """A list of token ids: none negative."""
+    negative = [v for v in values if v < 0]
+    return f"token ids are >= 0, got {negative[:3]}" if negative else None
+
+
 def unprintable(text: str) -> str:
     """The control and format characters in `text` (newline, tab, NUL, a byte-order mark, a zero-width space)."""
     return ", ".join(repr(ch) for ch in sorted({ch for ch in text if unicodedata.category(ch) in UNPRINTABLE}))

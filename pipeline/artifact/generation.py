@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifact.checks import positive
+from pipeline.artifact.checks import non_negative, one_of, positive, token_ids
 from pipeline.core.errors import InputError
 
 PAST = "past_key_values.{layer}.{kind}"  # input names, kind: key | value
@@ -40,6 +40,7 @@ CHAT_TEMPLATE_FILE = "tokenizer/chat_template.jinja"  # in the version, listed u
 GENERATION_CONFIG_FILE = "generation_config.json"  # in the version, listed under files
 # generation_config.json keys kept as the model's sampling defaults (a server's, when a request says nothing)
 DEFAULT_KEYS = ("max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "repetition_penalty")
+CACHE_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class CacheLayout:
     layers: int = field(metadata={"check": positive})
     kv_heads: int = field(metadata={"check": positive})  # grouped-query attention: fewer than the query heads
     head_size: int = field(metadata={"check": positive})
-    dtype: str = "float32"
+    dtype: str = field(default="float32", metadata={"check": one_of(CACHE_DTYPES)})
     past: str = PAST  # input name pattern ({layer}, {kind})
     present: str = PRESENT  # output name pattern
 
@@ -63,7 +64,7 @@ class CacheLayout:
 
     def bytes_per_token(self) -> int:
         """Cache bytes one token of one row takes (keys and values of every layer)."""
-        width = {"float32": 4, "float16": 2, "bfloat16": 2}.get(self.dtype, 4)
+        width = 4 if self.dtype == "float32" else 2
         return 2 * self.layers * self.kv_heads * self.head_size * width
 
 
@@ -72,10 +73,13 @@ class Generation:
     """How a text-generation model generates (manifest `generation`, task `text-generation` only)."""
 
     cache: CacheLayout
-    eos_token_ids: list[int]  # generation stops at any of these (generation_config.json, else config.json)
-    padding_id: int  # fills a prompt's left padding (the pad token, else the first EOS id, as transformers does)
-    bos_token_id: int | None = None
-    context_length: int | None = None  # max_position_embeddings: prompt plus generated tokens
+    # generation stops at any of these (generation_config.json, else config.json)
+    eos_token_ids: list[int] = field(metadata={"check": token_ids})
+    # fills a prompt's left padding (the pad token, else the first EOS id, as transformers does)
+    padding_id: int = field(metadata={"check": non_negative})
+    bos_token_id: int | None = field(default=None, metadata={"check": non_negative})
+    # max_position_embeddings: prompt plus generated tokens
+    context_length: int | None = field(default=None, metadata={"check": positive})
     chat_template: str | None = None  # CHAT_TEMPLATE_FILE when the tokenizer has one
     chat_template_sha256: str | None = None  # its sha256: in the identity digest
     generation_config: str | None = None  # GENERATION_CONFIG_FILE when the source has one
@@ -159,10 +163,16 @@ def generation_record(
 
 
 def generation_problems(
-    record: Generation | None, task: str, input_names: list[str], output_names: list[str], files: dict[str, Any]
+    record: Generation | None,
+    task: str,
+    input_names: list[str],
+    output_names: list[str],
+    files: dict[str, Any],
+    vocab_size: int | None = None,
 ) -> list[str]:
     """What a manifest's generation record says against the rest: a record without the task (or the task
-    without one), a cache tensor the graph lacks, a file not listed."""
+    without one), a cache tensor the graph lacks, a file not listed, a token id past the vocabulary of the
+    token ids input (`vocab_size`, when it records one)."""
     if task == "text-generation" and record is None:
         return ["generation: missing; a text-generation model records its cache layout and EOS ids"]
     if record is None:
@@ -176,6 +186,12 @@ def generation_problems(
         problems.append(f"generation.cache: present outputs {missing[:2]} are not outputs of the model")
     if not record.eos_token_ids:
         problems.append("generation.eos_token_ids: empty; generation could not stop")
+    if vocab_size is not None:
+        ids = {"eos_token_ids": record.eos_token_ids, "padding_id": [record.padding_id],
+               "bos_token_id": [] if record.bos_token_id is None else [record.bos_token_id]}  # fmt: skip
+        for key, values in ids.items():
+            if outside := [v for v in values if v >= vocab_size]:
+                problems.append(f"generation.{key}: {outside[:3]} past the vocabulary (ids 0..{vocab_size - 1})")
     for key, rel in (("chat_template", record.chat_template), ("generation_config", record.generation_config)):
         if rel is not None and rel not in files:
             problems.append(f"generation.{key}: {rel!r} is not listed in files, so it cannot be verified")

@@ -274,12 +274,14 @@ def _contradictions(manifest: Manifest) -> list[str]:
     problems += _feature_contradictions(manifest.inputs)
     problems += preprocessing_problems(manifest.inputs)  # an image record that cannot be applied: refused up front
     problems += _task_contradictions(manifest)
+    ids = next((s.tokens for s in manifest.inputs if s.tokens is not None and s.tokens.role == "ids"), None)
     problems += generation_problems(
         manifest.generation,
         manifest.task,
         [s.name for s in manifest.inputs],
         [s.name for s in manifest.outputs],
         manifest.files,
+        ids.vocab_size if ids is not None else None,
     )
     return problems
 

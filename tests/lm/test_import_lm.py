@@ -139,6 +139,34 @@ def test_a_generation_record_must_name_the_graphs_cache(llama: tuple[Path, Artif
         Manifest.from_dict(data)
 
 
+@pytest.mark.slow  # shares one import of a tiny Llama
+@pytest.mark.parametrize(
+    ("where", "value", "refusal"),
+    [
+        (("context_length",), -5, r"generation.context_length: expected a number >= 1, got -5"),
+        (("cache", "dtype"), "int8", r"generation.cache.dtype: 'int8' is not one of float32, float16, bfloat16"),
+        (("padding_id",), -1, r"generation.padding_id: expected a number >= 0, got -1"),
+        (("bos_token_id",), -2, r"generation.bos_token_id: expected a number >= 0, got -2"),
+        (("eos_token_ids",), [2, -7], r"generation.eos_token_ids: token ids are >= 0, got \[-7\]"),
+        (("eos_token_ids",), [2, 320], r"generation.eos_token_ids: \[320\] past the vocabulary \(ids 0..319\)"),
+        (("padding_id",), 400, r"generation.padding_id: \[400\] past the vocabulary"),
+    ],
+)
+def test_a_generation_record_edited_out_of_range_is_refused(
+    llama: tuple[Path, Artifact], where: tuple[str, ...], value: object, refusal: str
+) -> None:
+    """A manifest edited by hand: a context length, cache dtype or token id no generation can use is refused
+    when the manifest is read (pipe info, serve and export read it so), not met as a 400 at the first request."""
+    _, artifact = llama
+    data = json.loads(json.dumps(artifact.manifest.to_dict()))
+    record = data["generation"]
+    for key in where[:-1]:
+        record = record[key]
+    record[where[-1]] = value
+    with pytest.raises(ArtifactError, match=refusal):
+        Manifest.from_dict(data)
+
+
 def test_text_generation_is_refused_for_an_encoder_and_an_onnx_file(tmp_path: Path) -> None:
     from tests.conftest import LINEAR
 

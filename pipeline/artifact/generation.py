@@ -43,6 +43,41 @@ DEFAULT_KEYS = ("max_new_tokens", "do_sample", "temperature", "top_p", "top_k", 
 CACHE_DTYPES = ("float32", "float16", "bfloat16")
 
 
+def _number_at_least(low: float, above: bool = False, high: float = float("inf")) -> Any:
+    def problem(value: Any) -> str | None:
+        fine = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and (value > low if above else value >= low) and value <= high)  # fmt: skip
+        most = f" and at most {high:g}" if high < float("inf") else ""
+        return None if fine else f"a number {'above' if above else 'at least'} {low:g}{most}"
+
+    return problem
+
+
+def _whole_at_least(low: int) -> Any:
+    def problem(value: Any) -> str | None:
+        fine = isinstance(value, int) and not isinstance(value, bool) and value >= low
+        return None if fine else f"a whole number at least {low}"
+
+    return problem
+
+
+# what each sampling default may hold (transformers' own bounds): a server reads them as they are
+DEFAULT_CHECKS = {
+    "max_new_tokens": _whole_at_least(1),
+    "do_sample": lambda value: None if isinstance(value, bool) else "true or false",
+    "temperature": _number_at_least(0),
+    "top_p": _number_at_least(0, above=True, high=1),
+    "top_k": _whole_at_least(0),
+    "repetition_penalty": _number_at_least(0, above=True),
+}
+
+
+def defaults_problems(defaults: dict[str, Any]) -> list[str]:
+    """The sampling defaults (generation_config.json's DEFAULT_KEYS) that hold what no generation can use."""
+    return [f"{key} {value!r:.40} is not {expected}" for key, value in defaults.items()
+            if key in DEFAULT_CHECKS and (expected := DEFAULT_CHECKS[key](value))]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class CacheLayout:
     """The KV cache of a decoder graph: one key and one value tensor per layer, [batch, kv_heads, length, head_size]."""
@@ -117,6 +152,9 @@ def read_generation(model_dir: Path, tokenizer_dir: Path | None = None) -> Gener
     bos = _ids(gen.get("bos_token_id", config.get("bos_token_id")), "bos_token_id", gen_path)
     pad = _ids(gen.get("pad_token_id", config.get("pad_token_id")), "pad_token_id", gen_path)
     context = config.get("max_position_embeddings") or config.get("n_positions")
+    defaults = {k: gen[k] for k in DEFAULT_KEYS if k in gen and gen[k] is not None}
+    if problems := defaults_problems(defaults):
+        raise InputError(f"{gen_path}: {'; '.join(problems)}; fix generation_config.json or remove the key")
     template_file = tokenizer_dir / "chat_template.jinja"
     if template_file.is_file():
         template: str | None = template_file.read_text(encoding="utf-8")
@@ -130,7 +168,7 @@ def read_generation(model_dir: Path, tokenizer_dir: Path | None = None) -> Gener
         context_length=int(context) if isinstance(context, int) and context > 0 else None,
         chat_template=template,
         generation_config=gen_path if gen_path.is_file() else None,
-        defaults={k: gen[k] for k in DEFAULT_KEYS if k in gen and gen[k] is not None},
+        defaults=defaults,
     )
 
 
@@ -195,6 +233,7 @@ def generation_problems(
     for key, rel in (("chat_template", record.chat_template), ("generation_config", record.generation_config)):
         if rel is not None and rel not in files:
             problems.append(f"generation.{key}: {rel!r} is not listed in files, so it cannot be verified")
+    problems += [f"generation.defaults: {problem}" for problem in defaults_problems(record.defaults)]
     if (record.chat_template is None) != (record.chat_template_sha256 is None):
         problems.append("generation.chat_template_sha256: given with no chat_template, or missing for one")
     return problems

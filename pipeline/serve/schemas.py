@@ -28,6 +28,9 @@ _SAMPLING = {
     "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}],
              "nullable": True},
     "stream": {"type": "boolean", "nullable": True},
+    "repetition_penalty": {"type": "number", "minimum": 0.01, "maximum": 10, "nullable": True},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2, "nullable": True},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2, "nullable": True},
 }  # fmt: skip
 _OPENAI = {"model": {"type": "string"}, "n": {"type": "integer", "enum": [1], "nullable": True}, **_SAMPLING,
            "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}},

@@ -66,8 +66,8 @@ def reference(imported: tuple[Path, Path]) -> Any:
     model = AutoModelForCausalLM.from_pretrained(imported[0], attn_implementation="eager").eval()
     tokenizer = AutoTokenizer.from_pretrained(imported[0])
 
-    def greedy(ids: list[int], steps: int) -> list[int]:
-        config = GenerationConfig(do_sample=False, max_new_tokens=steps, eos_token_id=2, pad_token_id=0)
+    def greedy(ids: list[int], steps: int, **options: Any) -> list[int]:
+        config = GenerationConfig(do_sample=False, max_new_tokens=steps, eos_token_id=2, pad_token_id=0, **options)
         with torch.no_grad():
             out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
                                  generation_config=config)  # fmt: skip
@@ -595,10 +595,27 @@ def test_triton_generate_and_generate_stream(server: Server, reference: Any) -> 
     assert "".join(e["text_output"] for e in events) == text and events[-1]["finish_reason"] == whole["finish_reason"]
 
 
+def test_a_repetition_penalty_gives_transformers_tokens_under_it(server: Server, client: Any, reference: Any) -> None:
+    """Greedy under repetition_penalty 1.3 (OpenAI route, a vLLM-style extra field; Triton's generate) makes
+    the tokens transformers' generate makes under the same penalty, and they differ from plain greedy's."""
+    ids = reference.tokenizer(LINES[1])["input_ids"]
+    plain, penalized = reference(ids, 16), reference(ids, 16, repetition_penalty=1.3)
+    assert plain != penalized  # the penalty changes this prompt's answer
+    answer = client.completions.create(model=NAME, prompt=ids, max_tokens=16, temperature=0,
+                                       extra_body={"repetition_penalty": 1.3})  # fmt: skip
+    assert answer.choices[0].text == reference.tokenizer.decode(penalized, skip_special_tokens=True)
+    body = {"text_input": LINES[1], "parameters": {"max_tokens": 16, "temperature": 0, "repetition_penalty": 1.3}}
+    whole = httpx.post(f"{server.url}/v2/models/{NAME}/generate", json=body).json()
+    assert whole["text_output"] == reference.tokenizer.decode(penalized, skip_special_tokens=True)
+
+
 def test_refusals_are_openai_errors(server: Server, client: Any) -> None:
     import openai
 
-    for bad, param in (({"temperature": 5}, "temperature"), ({"n": 2}, "n"), ({"top_p": 0}, "top_p")):
+    refusals = (({"temperature": 5}, "temperature"), ({"n": 2}, "n"), ({"top_p": 0}, "top_p"),
+                ({"presence_penalty": 3}, "presence_penalty"), ({"frequency_penalty": -2.5}, "frequency_penalty"),
+                ({"extra_body": {"repetition_penalty": 0}}, "repetition_penalty"))  # fmt: skip
+    for bad, param in refusals:
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(model=NAME, prompt="hi", max_tokens=2, **bad)
         assert refused.value.body["param"] == param

@@ -34,7 +34,8 @@ from pipeline.serve.responses import Response, json_response
 from pipeline.serve.routes import Request
 from pipeline.serve.timing import current_request
 
-TRITON_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream")
+TRITON_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "repetition_penalty",
+                 "frequency_penalty", "presence_penalty")  # fmt: skip
 CLIENT_GONE = 499  # nginx's "client closed request": the status logged for an answer nobody is left to read
 T = TypeVar("T")
 

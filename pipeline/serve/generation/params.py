@@ -3,7 +3,9 @@ the field, the value and what it takes (the OpenAI routes and Triton's generate 
 
 What a request leaves out, or sends as null (OpenAI's schema makes every setting nullable, and clients send
 nulls), comes from the artifact's sampling defaults (`generation.defaults`, from
-generation_config.json: `do_sample: false` means greedy), then OpenAI's own (temperature 1, top_p 1).
+generation_config.json: `do_sample: false` means greedy; its max_new_tokens, temperature, top_p, top_k and
+repetition_penalty), then OpenAI's own (temperature 1, top_p 1, no penalty, as many tokens as the context
+leaves).
 `top_k` 0 (or -1, as vLLM spells it) keeps every token.
 """
 
@@ -18,6 +20,7 @@ from pipeline.serve.generation.sampler import Sampling
 MAX_STOPS = 4  # OpenAI's limit on `stop`
 MAX_STOP_CHARS = 256
 MAX_SEED = 2**63 - 1
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 10.0  # 1 is off; above 1 repeats less, below 1 more
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ def read_params(body: dict[str, Any], defaults: dict[str, Any], stop_key: str = 
         raise RequestError(f"stream must be true or false, got {stream!r:.20}", param="stream")
     tokens = _whole(body, "max_completion_tokens", 1, 10**7)
     tokens = _whole(body, "max_tokens", 1, 10**7) if tokens is None else tokens
+    if tokens is None:  # the model's own limit (generation_config.json's max_new_tokens), else the context's
+        tokens = defaults.get("max_new_tokens")  # (defaults are checked when the manifest is read)
     temperature = _number(body, "temperature", 0, 2)
     if temperature is None:
         greedy = defaults.get("do_sample") is False
@@ -86,5 +91,10 @@ def read_params(body: dict[str, Any], defaults: dict[str, Any], stop_key: str = 
     top_k = _whole(body, "top_k", -1, 10**9)
     top_k = int(defaults.get("top_k", 0) or 0) if top_k is None else max(top_k, 0)
     seed = _whole(body, "seed", -MAX_SEED, MAX_SEED)
-    sampling = Sampling(temperature, top_p, top_k, None if seed is None else seed % 2**63)
+    repetition = _number(body, "repetition_penalty", MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
+    repetition = float(defaults.get("repetition_penalty", 1.0)) if repetition is None else repetition
+    frequency = _number(body, "frequency_penalty", -2, 2)
+    presence = _number(body, "presence_penalty", -2, 2)
+    sampling = Sampling(temperature, top_p, top_k, None if seed is None else seed % 2**63,
+                        repetition, frequency or 0.0, presence or 0.0)  # fmt: skip
     return Params(tokens, sampling, _stops(body.get(stop_key), stop_key), stream)

@@ -261,7 +261,7 @@ class Scheduler:
         self.pool.write(seq.blocks, seq.stored, new)
         seq.stored += new.shape[2]
         if not seq.prefilling:
-            events.append((seq, seq.take(seq.sampler.choose(logits), self._eos)))
+            events.append((seq, seq.take(seq.sampler.choose(logits, seq.tokens, len(seq.request.prompt)), self._eos)))
 
     def _decode(self, events: list[tuple[Sequence, Event]]) -> None:
         rows = self.running = self.batch.hold(self.running, self.pool)
@@ -276,7 +276,8 @@ class Scheduler:
             logits = out[0]
         for i, seq in enumerate(rows):
             seq.stored += 1
-            events.append((seq, seq.take(seq.sampler.choose(logits[i, -1]), self._eos)))
+            chosen = seq.sampler.choose(logits[i, -1], seq.tokens, len(seq.request.prompt))
+            events.append((seq, seq.take(chosen, self._eos)))
 
 
 def _calls(chunk: list[tuple[Sequence, int]]) -> list[tuple[list[Sequence], int]]:

@@ -5,8 +5,9 @@ positive cases of /v1/chat/completions and /v1/completions, like Triton's genera
 of a real imported Llama with every sampling setting the schema allows (a max_tokens past the context,
 top_k -1, seeds, stop strings, streamed or not), and the negative ones send what the schema forbids.
 None may get a 5xx or an answer the document does not declare, and the server must stay up and quiet.
-The tests after it pin what the first runs found: nulls as OpenAI clients send them, a Triton setting
-given twice, generate_stream's own `stream` checked, and each streamed event as the document states it.
+The tests after it pin what the runs found: nulls as OpenAI clients send them, a chat message without
+content, a Triton setting given twice, generate_stream's own `stream` checked, and each streamed event as
+the document states it.
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ def test_openai_settings_sent_as_null_are_left_out(server: Server) -> None:
     assert answer.json()["usage"]["completion_tokens"] <= 3
     completion = _post(server, "/v1/completions", {"model": NAME, "prompt": "hi", **nulls, "max_tokens": 2})
     assert completion.status_code == 200 and completion.json()["object"] == "text_completion"
+
+
+def test_a_chat_message_without_content_is_refused(server: Server) -> None:
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}, {"role": "user"}], "max_tokens": 2}
+    answer = _post(server, "/v1/chat/completions", chat)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "messages"
+    assert "messages[1] must be an object with a string role and a content" in answer.json()["error"]["message"]
 
 
 def test_a_triton_setting_given_twice_differently_is_refused(server: Server) -> None:

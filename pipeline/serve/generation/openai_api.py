@@ -61,10 +61,10 @@ def messages(body: dict[str, Any]) -> list[dict[str, str]]:
         )
     read = []
     for i, message in enumerate(given):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise RequestError(f"messages[{i}] must be an object with a string role, got {message!r:.60}",
-                               param="messages")  # fmt: skip
-        read.append({"role": message["role"], "content": _text(message.get("content", ""), f"messages[{i}]")})
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or "content" not in message:
+            raise RequestError(f"messages[{i}] must be an object with a string role and a content, got "
+                               f"{message!r:.60}", param="messages")  # fmt: skip
+        read.append({"role": message["role"], "content": _text(message["content"], f"messages[{i}]")})
     return read
 
 

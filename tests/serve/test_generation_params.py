@@ -3,10 +3,14 @@ read them, the model's own defaults where a request is silent."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from pipeline.artifact.generation import defaults_problems
+from pipeline.artifact.generation import defaults_problems, read_generation
+from pipeline.core.errors import InputError
 from pipeline.serve.errors import RequestError
 from pipeline.serve.generation.params import read_params
 from pipeline.serve.generation.sampler import Sampler, Sampling, penalized
@@ -59,3 +63,12 @@ def test_defaults_no_generation_can_use_are_named() -> None:
     assert defaults_problems({"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}) == []
     problems = defaults_problems({"repetition_penalty": 0, "top_p": 1.5, "max_new_tokens": 0, "do_sample": "yes"})
     assert [p.split()[0] for p in problems] == ["repetition_penalty", "top_p", "max_new_tokens", "do_sample"]
+
+
+def test_an_import_refuses_a_generation_config_no_generation_can_use(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 2, "max_position_embeddings": 64}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"repetition_penalty": 0.0, "top_k": 20}))
+    with pytest.raises(InputError, match=r"generation_config.json: repetition_penalty 0.0 is not a number above 0"):
+        read_generation(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.05, "top_k": 20}))
+    assert read_generation(tmp_path).defaults == {"repetition_penalty": 1.05, "top_k": 20}

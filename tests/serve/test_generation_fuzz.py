@@ -7,7 +7,8 @@ top_k -1, seeds, stop strings, streamed or not), and the negative ones send what
 None may get a 5xx or an answer the document does not declare, and the server must stay up and quiet.
 The tests after it pin what the runs found: nulls as OpenAI clients send them, a chat message without
 content, a Triton setting given twice, generate_stream's own `stream` checked, and each streamed event as
-the document states it.
+the document states it; and an OpenAI feature pipe serve lacks (log probabilities, tools, JSON mode...) is
+a 400 naming it, not an answer without it.
 """
 
 from __future__ import annotations
@@ -73,6 +74,31 @@ def test_a_chat_message_without_content_is_refused(server: Server) -> None:
     answer = _post(server, "/v1/chat/completions", chat)
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "messages"
     assert "messages[1] must be an object with a string role and a content" in answer.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("asked", "why"),
+    [({"logprobs": True}, "no log probabilities"), ({"top_logprobs": 3}, "no log probabilities"),
+     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "no tool calling"),
+     ({"tool_choice": "required"}, "no tool calling"), ({"response_format": {"type": "json_object"}}, "JSON mode"),
+     ({"logit_bias": {"5": 10}}, "no logit bias"), ({"best_of": 2}, "one answer per request")],
+)  # fmt: skip
+def test_an_openai_feature_pipe_lacks_is_refused_not_ignored(
+    server: Server, asked: dict[str, object], why: str
+) -> None:
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **asked}
+    answer = _post(server, "/v1/chat/completions", chat)
+    (key,) = asked
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == key
+    assert why in answer.json()["error"]["message"] and f"leave {key} out" in answer.json()["error"]["message"]
+
+
+def test_an_openai_feature_asked_off_is_served(server: Server) -> None:
+    off = {"logprobs": False, "tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "echo": False}
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **off}
+    assert _post(server, "/v1/chat/completions", chat).status_code == 200
+    completion = {"model": NAME, "prompt": "hi", "max_tokens": 2, "logprobs": 0, "best_of": 1, "suffix": None}
+    assert _post(server, "/v1/completions", completion).status_code == 200
 
 
 def test_a_triton_setting_given_twice_differently_is_refused(server: Server) -> None:

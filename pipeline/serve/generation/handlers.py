@@ -175,6 +175,7 @@ class GenerationRoutes:
             model, generator = self._generator(body.get("model"))
             defaults = generator.generation.defaults
             params = read_params(body, defaults)
+            openai_api.refuse_unsupported(body)
             usage_asked = openai_api.include_usage(body)
             if chat:
                 if generator.chat is None:

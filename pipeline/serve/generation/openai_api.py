@@ -23,6 +23,21 @@ from pipeline.serve.responses import JSON_HEADERS, Response
 _TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
           429: "rate_limit_exceeded", 503: "server_error"}  # fmt: skip
 MAX_MESSAGES = 1024
+# OpenAI request fields pipe serve does not implement: the values that ask for nothing (served as if left out),
+# and why any other is refused; a client asking for one gets a 400 naming it, never an answer without it
+UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "logprobs": ((None, False, 0), "the answers carry no log probabilities"),
+    "top_logprobs": ((None, 0), "the answers carry no log probabilities"),
+    "logit_bias": ((None, {}), "it has no logit bias"),
+    "tools": ((None, []), "it has no tool calling"),
+    "tool_choice": ((None, "none", "auto"), "it has no tool calling"),
+    "functions": ((None, []), "it has no function calling"),
+    "function_call": ((None, "none", "auto"), "it has no function calling"),
+    "response_format": ((None, {"type": "text"}), "it has no constrained output (JSON mode or a schema)"),
+    "best_of": ((None, 1), "it makes one answer per request"),
+    "echo": ((None, False), "its answers do not repeat the prompt"),
+    "suffix": ((None, ""), "it does not insert text before a suffix"),
+}
 
 
 def error(exc: RequestError) -> Response:
@@ -49,6 +64,14 @@ def _text(content: Any, where: str) -> str:
         f"got {content!r:.60}",
         param="messages",
     )
+
+
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    """A 400 naming the first OpenAI feature the request asks for that pipe serve does not implement."""
+    for key, (idle, why) in UNSUPPORTED.items():
+        value = body.get(key)
+        if not any(value == v and type(value) is type(v) for v in idle):
+            raise RequestError(f"{key} {value!r:.40} is not supported: pipe serve {why}; leave {key} out", param=key)
 
 
 def messages(body: dict[str, Any]) -> list[dict[str, str]]:

@@ -9,7 +9,8 @@ constant True, every past bound as its present):
 - `by_context`: the step at contexts of 16 to 384 tokens in a 512-wide buffer (three rounds, the contexts in
   turn each round; the median): the slope is what attention costs per token of context, the intercept
   the weights' MatMuls and the rest.
-- `by_op`: onnxruntime's profile of 30 steps at a 192-token context, kernel time by op type (the profiler
+- `by_op`: onnxruntime's profile of 30 steps at a 192-token context, read as `pipe optimize` reads one
+  (pipeline/optimize/profile.py): each kind of op's median kernel time a step, and its share (the profiler
   adds its own time: the shares are what to read, not the sum).
 - `attention`: the attention of one step alone (30 layers, each its own cache, so they come from memory as
   in a step) at a 192-token context in a 256-wide buffer: GroupQueryAttention in place, as the serve's
@@ -42,21 +43,13 @@ CONTEXTS = (16, 64, 128, 192, 256, 384)
 PROFILED_CONTEXT = 192
 
 
-def serve_session(root: Path, threads: int, profile: str | None = None) -> Any:
-    """pipe serve's session of the artifact (serve/session.py's constants), profiled to `profile` when given."""
-    import onnxruntime as ort
-
+def serve_session(root: Path, threads: int, profile: Path | None = None) -> Any:
+    """pipe serve's session of the artifact (serve/session.py's constant), profiled into `profile` when given."""
     from pipeline.artifact.generation import DECODE_IN_PLACE
-    from pipeline.runtime.session import with_constants
+    from pipeline.runtime.session import create_session
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    if profile:
-        options.enable_profiling = True
-        options.profile_file_prefix = profile
-    model = with_constants(root / "model.onnx", {DECODE_IN_PLACE: np.array(True)}, options)
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    return create_session(root / "model.onnx", "cpu", threads, 1, True, profile=profile,
+                          constants={DECODE_IN_PLACE: np.array(True)})  # fmt: skip
 
 
 def step_binding(session: Any, cache: np.ndarray, context: int) -> Any:
@@ -106,26 +99,22 @@ def by_context(root: Path, rows: int, threads: int, layout: tuple[int, int, int]
 
 
 def by_op(root: Path, rows: int, threads: int, layout: tuple[int, int, int]) -> dict[str, Any]:
+    import tempfile
+
+    from pipeline.optimize.profile import WARMUP, read_profile
+
     layers, kv_heads, head = layout
-    session = serve_session(root, threads, profile=f"/tmp/decode_step_parts_{os.getpid()}")
-    cache = np.zeros((2 * layers, rows, kv_heads, 256, head), dtype=np.float32)
-    binding = step_binding(session, cache, PROFILED_CONTEXT)
-    steps = 30
-    step_ms = timed(lambda: session.run_with_iobinding(binding), steps) * 1e3
-    trace = Path(session.end_profiling())
-    try:
-        events = json.loads(trace.read_text())
-    finally:
-        trace.unlink()
-    kernels: dict[str, float] = {}
-    for event in events:
-        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-            op = event["args"]["op_name"]
-            kernels[op] = kernels.get(op, 0.0) + event["dur"] / 1e3
-    total = sum(kernels.values())
-    ranked = sorted(kernels.items(), key=lambda kv: -kv[1])
-    ops = {op: {"ms_a_step": ms / (steps + 2), "share": ms / total} for op, ms in ranked if ms / total >= 0.001}
-    return {"profiled_step_ms": step_ms, "ops": ops}
+    with tempfile.TemporaryDirectory() as scratch:
+        session = serve_session(root, threads, profile=Path(scratch))
+        cache = np.zeros((2 * layers, rows, kv_heads, 256, head), dtype=np.float32)
+        binding = step_binding(session, cache, PROFILED_CONTEXT)
+        for _ in range(WARMUP + 30):  # the reader leaves the first WARMUP out
+            session.run_with_iobinding(binding)
+        profile = read_profile(Path(session.end_profiling()), Path(scratch))
+    total = profile.kernels_ms
+    ops = {kind: {"ms_a_step": t.ms, "share": t.ms / total} for kind, t in profile.kinds.items()
+           if t.ms >= 0.001 * total}  # fmt: skip
+    return {"profiled_step_ms": profile.run_ms, "ops": ops}
 
 
 def attention_graphs(heads: int, kv_heads: int, head: int, scale: float) -> tuple[bytes, bytes]:

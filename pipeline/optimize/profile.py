@@ -80,11 +80,12 @@ def profile_side_by_side(
     for _ in range(WARMUP + RUNS):
         for name, session in sessions.items():
             session.run(None, feeds[name])
-    return {name: _read(Path(session.end_profiling()), scratch / name) for name, session in sessions.items()}
+    return {name: read_profile(Path(session.end_profiling()), scratch / name) for name, session in sessions.items()}
 
 
-def _read(trace: Path, scratch: Path) -> Profile:
-    """A profile from onnxruntime's trace, leaving out the warm-up runs.
+def read_profile(trace: Path, scratch: Path) -> Profile:
+    """A profile from onnxruntime's trace (`create_session(..., profile=scratch)`), leaving out the first
+    WARMUP runs.
 
     Each kind's time is its median over the runs: on a shared machine a run now and then is
     descheduled mid-kernel, and a mean would charge that to whichever kernel was running.

@@ -51,6 +51,7 @@ test-fast: venv edge-runtime ort-runtime
 
 lint: venv
 	$(BIN)/ruff check pipeline tests bench
+	$(BIN)/ruff format --check pipeline tests bench
 	$(BIN)/lint-imports --no-cache --no-logo
 
 # The serve profile alone (docs/install.md): `.[serve]` into a fresh venv (pinned by the lock, no

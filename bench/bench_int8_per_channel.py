@@ -82,12 +82,16 @@ def main() -> None:
                                **{f"speedup_b{b}": speedup(timed["fp32"], timed[scales], b)
                                   for b in (1, 32)}}  # fmt: skip
                 f = row[scales]
-                out(f"{name:10s} {scales:12s} min cosine {f['min_cosine']:.4f}  mean {f['mean_cosine']:.4f}  "
+                out(
+                    f"{name:10s} {scales:12s} min cosine {f['min_cosine']:.4f}  mean {f['mean_cosine']:.4f}  "
                     f"neighbours kept {f['neighbours_kept']:.3f}  speedup b1 {f['speedup_b1']:.2f}x  "
-                    f"b32 {f['speedup_b32']:.2f}x  size {f['size_ratio']:.2f}x")
+                    f"b32 {f['speedup_b32']:.2f}x  size {f['size_ratio']:.2f}x"
+                )
             per_channel_vs_tensor = {f"b{b}": speedup(timed["per-tensor"], timed["per-channel"], b) for b in (1, 32)}
-            out(f"{name:10s} per-channel vs per-tensor: {per_channel_vs_tensor['b1']:.2f}x at batch 1, "
-                f"{per_channel_vs_tensor['b32']:.2f}x at batch 32 (> 1: per channel faster)")
+            out(
+                f"{name:10s} per-channel vs per-tensor: {per_channel_vs_tensor['b1']:.2f}x at batch 1, "
+                f"{per_channel_vs_tensor['b32']:.2f}x at batch 32 (> 1: per channel faster)"
+            )
             results[name] = {**row, "per_channel_vs_per_tensor": per_channel_vs_tensor,
                              "samples": len(next(iter(golden.values())))}  # fmt: skip
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -330,7 +330,7 @@ def _onnxruntime_pass(
     checker refuses (PP-OCRv4's recognizer); basic's folding is still worth having. ArtifactError when no level
     makes one, naming each level's problem and `--graph none`."""
     refused: list[tuple[str, str]] = []
-    for tried in LOWER_FIRST[LOWER_FIRST.index(level):]:
+    for tried in LOWER_FIRST[LOWER_FIRST.index(level) :]:
         run_onnxruntime(src, path, tried, external)
         optimized = load(path)
         problem = _checked(optimized, original, path)

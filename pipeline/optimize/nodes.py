@@ -60,8 +60,10 @@ def already_int8(source: Path, kind: str) -> str:
     if not held:
         return ""
     ops = ", ".join(f"{n} {op.split('.')[-1]}" for op, n in sorted(held.items(), key=lambda kv: -kv[1]))
-    return (f"{kind} not made: the model is quantized already ({ops}): its weights are int8 as shipped, and "
-            "onnxruntime's quantizers do not quantize a quantized graph again")
+    return (
+        f"{kind} not made: the model is quantized already ({ops}): its weights are int8 as shipped, and "
+        "onnxruntime's quantizers do not quantize a quantized graph again"
+    )
 
 
 def name_nodes(model: onnx.ModelProto) -> int:

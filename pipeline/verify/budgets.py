@@ -33,6 +33,7 @@ DEFAULT_MIN_MATCHED = 0.9  # detectors: at least 9 boxes in 10 found again (same
 MATCH_IOU = 0.5  # detectors: two boxes of one class are the same object at this IoU or more
 UNIT_NORM = 1e-3  # tensor outputs: rows whose L2 norm is within this of 1 are directions (cosine judges them)
 
+
 @dataclass(frozen=True)
 class MetricDrop(Policy):
     """Lossy hops with targets: the task metric may drop by at most `max_drop` (for MAE, rise).
@@ -270,7 +271,6 @@ def row_cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     return np.where(both_zero, 1.0, cosines)
 
 
-
 def neighbours_kept(got: np.ndarray, want: np.ndarray) -> float:
     """The share of rows whose nearest other row (by cosine) is the same under `got` as under `want`: a search
     over the rows themselves. NaN with fewer than 3 rows (one other row is always the nearest)."""
@@ -286,6 +286,7 @@ def neighbours_kept(got: np.ndarray, want: np.ndarray) -> float:
         return similarity.argmax(axis=1)
 
     return float(np.mean(nearest(got) == nearest(want)))
+
 
 DEFAULT_MIN_TEXT_AGREEMENT = 0.95  # text recognizers: at most 1 text in 20 read otherwise (docs/optimize.md)
 

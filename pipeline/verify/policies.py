@@ -31,7 +31,6 @@ DEFAULT_HARD = 10.0
 REL_FLOOR = 1e-4  # the max-rel figure of budgeted policies divides by at least this (as Exact's atol)
 
 
-
 @dataclass(frozen=True)
 class Judgement:
     """A policy's verdict on one comparison, with the figures every row shows."""

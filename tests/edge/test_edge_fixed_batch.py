@@ -28,8 +28,17 @@ def upsampler(path: Path) -> Path:
     w = numpy_helper.from_array(rng.normal(0, 0.5, (2, 3, 2, 2)).astype(np.float32), "w")
     nodes = [  # as PP-OCRv4's detector upsamples: a conv, then a 2x2 ConvTranspose of stride 2, no bias
         helper.make_node("Conv", ["x", "c"], ["h"], "conv", pads=[1] * 4),
-        helper.make_node("ConvTranspose", ["h", "w"], ["u"], "up", kernel_shape=[2, 2], strides=[2, 2],
-                         pads=[0] * 4, dilations=[1, 1], group=1),
+        helper.make_node(
+            "ConvTranspose",
+            ["h", "w"],
+            ["u"],
+            "up",
+            kernel_shape=[2, 2],
+            strides=[2, 2],
+            pads=[0] * 4,
+            dilations=[1, 1],
+            group=1,
+        ),
         helper.make_node("Relu", ["u"], ["y"], "relu"),
     ]
     graph = helper.make_graph(

@@ -118,9 +118,11 @@ def test_a_scalar_input_left_unpinned_is_refused_naming_the_flag(silero: Path, t
         (["--input-value", "sr=16000", "--batch-axis", "state:one"], "expected NAME:AXIS with AXIS a whole number"),
         (["--input-value", "sr=16000", "--batch-axis", "state:3"], "'state' has 3 dims"),
         (["--input-value", "sr=16000", "--batch-axis", "stat:1"], "--batch-axis names ['stat']"),
-        (["--input-value", "sr=16000", "--input-shape", "input:?,576"],  # state's batch left undeclared
-         "it runs when 'state' dim 1 (state_dim1) is the batch size: if that axis holds the samples, declare it "
-         "with --batch-axis state:1"),
+        (
+            ["--input-value", "sr=16000", "--input-shape", "input:?,576"],  # state's batch left undeclared
+            "it runs when 'state' dim 1 (state_dim1) is the batch size: if that axis holds the samples, declare it "
+            "with --batch-axis state:1",
+        ),
     ],
 )
 def test_pins_and_batch_axes_the_model_cannot_take_are_refused(

@@ -61,7 +61,7 @@ check-serve-profile: run
 	PIPE_SERVE_PROFILE_ARTIFACT=artifacts/digits-cnn $(BIN)/python -m pytest -s -p no:cacheprovider -m slow \
 		tests/test_install_profiles.py::test_serve_profile_serves_without_torch_or_tensorflow
 
-# A device-like runtime for edge models (docs/DESIGN.md section 5): Python 3.11 with only numpy<2 and
+# A device-like runtime for edge models (docs/edge.md, The device-like check): Python 3.11 with only numpy<2 and
 # tflite-runtime 2.14, the interpreter many devices still have. It cannot share .venv (tflite-runtime
 # needs numpy<2), so it is a venv of its own; the stamp names the pins, so a second call installs nothing.
 EDGE_PYTHON := $(shell command -v python3.11)
@@ -80,7 +80,7 @@ $(EDGE_STAMP):
 	@rm -f $(EDGE_VENV)/.installed-*
 	@touch $@
 
-# The ONNX Runtime training runtime (docs/DESIGN.md section 5, docs/install.md): onnxruntime-training
+# The ONNX Runtime training runtime (docs/install.md, Training with ONNX Runtime): onnxruntime-training
 # 1.19.2, the last release, is the same `onnxruntime` module as .venv's 1.32 and older, so it cannot
 # share .venv. It is installed alone into a directory (`--target`, no dependencies: onnx, protobuf,
 # sympy and the rest come from .venv) with the numpy it was built for; `pipe train --backend ort` runs
@@ -101,7 +101,7 @@ $(ORT_STAMP): | venv
 	@rm -f $(ORT_DIR)/.installed-*
 	@touch $@
 
-# pipeline/edge/runner.py run by $(EDGE_VENV)'s Python on a tiny .tflite and its golden.npz: it must run
+# pipeline/runtime/tflite_runner.py run by $(EDGE_VENV)'s Python on a tiny .tflite and its golden.npz: it must run
 # there with tflite_runtime and match, with neither tensorflow nor torch importable.
 edge-check: venv edge-runtime
 	$(BIN)/python -m pytest -p no:cacheprovider -m slow tests/edge/test_edge_runner.py -k tflite_runtime

@@ -1,7 +1,7 @@
 """Conversion that tries what works: a short ordered list of onnx2tf settings, each result judged.
 
 onnx2tf converts many graphs only with the right options, and which ones is known for the models
-people bring (shared/DESIGN.md section 5): a YOLOv8 head needs onnxslim first, onnx2tf's own onnxsim
+people bring (docs/edge.md, The conversion): a YOLOv8 head needs onnxslim first, onnx2tf's own onnxsim
 off, `disable_group_convolution` and `enable_batchmatmul_unfold` (Ultralytics' own TFLite export
 uses them); an attention block that onnx2tf stops on may pass with its parameter-replacement file,
 or without onnxslim, where a GELU's Erf must become builtin ops (`replace_to_pseudo_operators`): as

@@ -12,7 +12,7 @@ copy's inputs first (pipeline/edge/shapes.py), and `EdgeSettings.onnx2tf` adds o
 what int8's one scale per tensor cannot hold out of the copy (pipeline/edge/scaling.py); the inputs and
 outputs of each `Converted` then carry `normalize` and `boxes_normalized_by` for the caller.
 
-What this module does about onnx2tf's habits (shared/DESIGN.md section 5):
+What this module does about onnx2tf's habits (docs/edge.md, The conversion):
 - it downloads sample images whenever every input is a fixed-size 3-channel 4-D image, unless
   `calibration_image_sample_data_20x128x128x3_float32.npy` is in its working directory: that file
   is always written there, made from the caller's samples (zeros when there is no such input),

@@ -2,7 +2,7 @@
 
 Devices run fixed shapes: tflite-runtime 2.14 aborts (SIGABRT, heap corruption) on a model converted
 with free spatial dims that LiteRT runs, and onnx2tf converts a YOLOv8 head only with its image size
-fixed (shared/DESIGN.md section 5). So every free dim of model.onnx's inputs but the batch is fixed
+fixed (docs/edge.md, The conversion). So every free dim of model.onnx's inputs but the batch is fixed
 before conversion, at a size the artifact knows, in this order:
 
 1. `--input-shape NAME:d0,d1,...` (the recipe's `edge.input_shapes`), the syntax of `pipe import`;

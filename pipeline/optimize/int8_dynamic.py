@@ -1,7 +1,7 @@
 """`int8-dynamic`: int8 weights ahead of time, activations quantized as they come (onnxruntime's quantize_dynamic).
 
 It pays on MatMul/Gemm (transformers); it never takes Conv, which onnxruntime would make ConvInteger,
-measured 7.8x slower than fp32 on a PP-LCNet (DESIGN.md section 5): a graph without MatMul/Gemm/Gather
+measured 7.8x slower than fp32 on a PP-LCNet (docs/optimize.md): a graph without MatMul/Gemm/Gather
 weights is not made (a note says so, and says to use static).
 
 Weight scales are per channel unless the section says (`per_channel`). Where the section leaves it unset and

@@ -21,7 +21,7 @@ from pipeline.optimize.graph import load, op_counts
 MODES = ("dynamic", "static", "fp16")
 # op types each mode's quantizer works on: onnxruntime's own registries (dynamic turns Gemm into MatMul).
 # Dynamic int8 never takes Conv: onnxruntime makes it ConvInteger, whose kernel is slow (7.8x slower than
-# fp32 on a PP-LCNet at 224x224, DESIGN.md section 5): conv nets get static QDQ int8 instead.
+# fp32 on a PP-LCNet at 224x224, docs/optimize.md): conv nets get static QDQ int8 instead.
 DYNAMIC_OP_TYPES = tuple(sorted(set(IntegerOpsRegistry) - {"Conv"}))  # what quantize_dynamic is told to take
 DYNAMIC_OPS = frozenset(DYNAMIC_OP_TYPES) | {"Gemm"}
 STATIC_OPS = frozenset(QDQRegistry) | frozenset(QLinearOpsRegistry)

@@ -3,7 +3,7 @@
 onnxruntime's two int8 paths suit different graphs. Dynamic int8 quantizes weights ahead of time and
 activations at run time; it pays on MatMul/Gemm (transformers: 1.0-1.1x here, smaller) and never
 touches Conv: onnxruntime would make it ConvInteger, measured 7.8x slower than fp32 on a PP-LCNet
-(DESIGN.md section 5). Static QDQ int8 fixes activation ranges from real samples; it is the int8
+(docs/optimize.md). Static QDQ int8 fixes activation ranges from real samples; it is the int8
 of conv nets (per-channel weights, uint8 activations: int8 activations were 3x slower on that
 PP-LCNet). So the weight bytes in Conv against those in MatMul/Gemm/Gather decide the order of the
 families, and whether dynamic is tried at all.

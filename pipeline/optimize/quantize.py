@@ -61,7 +61,7 @@ METHODS = {
     "entropy": CalibrationMethod.Entropy,
     "percentile": CalibrationMethod.Percentile,
 }
-# onnxruntime's quantizer cannot type weights a transformers fusion made unless told (DESIGN.md section 5)
+# onnxruntime's quantizer cannot type weights a transformers fusion made unless told
 EXTRA_OPTIONS = {"DefaultTensorType": onnx.TensorProto.FLOAT}
 
 

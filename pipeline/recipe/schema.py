@@ -1,4 +1,4 @@
-"""Recipes: one YAML file per model, declaring it end to end (DESIGN.md section 3).
+"""Recipes: one YAML file per model, declaring it end to end (docs/recipes.md).
 
 Every section is a strict schema: an unknown key or a wrong type is refused with the key's dotted
 path and what is allowed. The `model` section is a union keyed on `arch` and the `lora` section

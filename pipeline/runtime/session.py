@@ -1,7 +1,7 @@
 """The one onnxruntime session factory: provider choice, thread settings, load errors as ArtifactError.
 
 onnxruntime-gpu lists CUDA among the available providers even where CUDA cannot load, and then
-silently runs on CPU (DESIGN.md section 5). So the provider list asked for is only a wish: callers
+silently runs on CPU (docs/install.md, Serving on a GPU). So the provider list asked for is only a wish: callers
 read back `session.get_providers()`, and a session that did not get its first choice is logged.
 """
 

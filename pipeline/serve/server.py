@@ -88,7 +88,7 @@ _PROBE_MODEL = bytes.fromhex(
 
 def _check_cuda() -> None:
     """`--provider cuda` must mean CUDA: onnxruntime-gpu lists it even where it cannot load and would then
-    run every model on CPU (DESIGN.md section 5), so a probe session must really get it."""
+    run every model on CPU (docs/install.md, Serving on a GPU), so a probe session must really get it."""
     import onnxruntime as ort
 
     from pipeline.runtime.session import CUDA

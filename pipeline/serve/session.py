@@ -2,7 +2,7 @@
 
 Sessions are made by the project's one factory, `pipeline.runtime.session.create_session` (provider
 choice, threads, spin). onnxruntime lists CUDA as available even where it cannot load and then
-silently runs on CPU (DESIGN.md section 5), so the provider in use is read back from
+silently runs on CPU (docs/install.md, Serving on a GPU), so the provider in use is read back from
 `session.get_providers()` and reported, never assumed.
 """
 

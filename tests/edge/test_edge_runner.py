@@ -402,8 +402,8 @@ def test_runner_in_the_tflite_runtime_environment(models: Path, tmp_path: Path) 
         assert result["runtime"] == "tflite_runtime" and result["runtime_version"] == "2.14.0", result
         assert result["numpy"].startswith("1."), result
 
-    # DESIGN.md section 5: the TF 2.21 converter's dynamic-range models do not run on tflite-runtime 2.14
-    # (they do on LiteRT): the edge stage must not ship one for this runtime by default.
+    # The TF 2.21 converter's dynamic-range models do not run on tflite-runtime 2.14 (docs/edge.md, The
+    # device-like check; they do on LiteRT): the edge stage must not ship one for this runtime by default.
     model, npz = str(models / "wide.dynamic.tflite"), str(models / "wide.golden.npz")
     code, result = run_cli(sys.executable, RUNNER, model, npz, "--name", "y=Identity")
     assert code == 0 and result["runtime"] == "ai_edge_litert" and 0 < result["max_abs"] < 1, result

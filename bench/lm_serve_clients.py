@@ -234,7 +234,7 @@ class PipeEngine:
         from concurrent.futures import ThreadPoolExecutor
 
         from pipeline.artifact.directory import Artifact
-        from pipeline.serve.generation.served import Generator
+        from pipeline.serve.generation.served import TextGenerator
         from pipeline.serve.generation.settings import GenerationSettings
         from pipeline.serve.session import ModelSession, SessionOptions
 
@@ -242,7 +242,7 @@ class PipeEngine:
         manifest = Artifact.load(root).manifest
         session = ModelSession(root / "model.onnx", SessionOptions("cpu", threads, 1, True), manifest).session
         settings = GenerationSettings(kv_cache_mb=1024, max_sequences=16)  # as PipeServe starts pipe serve
-        made = Generator.of(root, manifest, session, settings, ThreadPoolExecutor(1))
+        made = TextGenerator.of(root, manifest, session, settings, ThreadPoolExecutor(1))
         assert made is not None, f"{root} is not a text-generation model"
         self.generator = made
 
@@ -250,7 +250,7 @@ class PipeEngine:
         import asyncio
 
         from pipeline.serve.generation.sampler import Sampling
-        from pipeline.serve.generation.sequence import Request
+        from pipeline.serve.generation.sequence import Job
 
         async def one(seq: Any, started: float) -> dict[str, Any]:
             times, text = [], []
@@ -267,7 +267,7 @@ class PipeEngine:
         async def run() -> tuple[list[dict[str, Any]], float]:
             started = time.perf_counter()
             engine = self.generator.engine
-            seqs = [engine.submit(Request(p, new_tokens, Sampling(temperature=0))) for p in prompts]
+            seqs = [engine.submit(Job(p, new_tokens, Sampling(temperature=0))) for p in prompts]
             results = await asyncio.gather(*(one(s, started) for s in seqs))
             return list(results), time.perf_counter() - started
 

@@ -303,7 +303,7 @@ def _generates_greedy_text(bin_dir: Path, tmp: Path) -> None:
     from pipeline.runtime.generate import greedy
     from pipeline.runtime.runners import ort_runner
     from pipeline.runtime.session import create_session
-    from pipeline.serve.generation.served import Generator
+    from pipeline.serve.generation.served import TextGenerator
     from pipeline.serve.generation.settings import GenerationSettings
     from tests.lm.imported_lm import NAME, imported_llama
 
@@ -311,7 +311,7 @@ def _generates_greedy_text(bin_dir: Path, tmp: Path) -> None:
     root = repository / NAME / "1"
     manifest = Artifact.load(root).manifest
     generation = manifest.generation
-    gen = Generator.of(
+    gen = TextGenerator.of(
         root, manifest, create_session(root / "model.onnx", "cpu", 1, 1, False), GenerationSettings(), None
     )
     ids = gen.encode("def add(a, b):", True)

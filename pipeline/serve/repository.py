@@ -28,7 +28,7 @@ from pipeline.core.errors import ArtifactError, InputError, PipelineError
 from pipeline.serve import scan
 from pipeline.serve.batching import Batcher, BatchSettings
 from pipeline.serve.errors import NotFound, RequestError
-from pipeline.serve.generation.served import Generator
+from pipeline.serve.generation.served import TextGenerator
 from pipeline.serve.generation.settings import GenerationSettings
 from pipeline.serve.metrics import Metrics
 from pipeline.serve.served_version import (
@@ -273,7 +273,7 @@ class Repository:
             if choice == current:
                 return choice, None, answers
             session = ModelSession(artifact.path(choice.file), self._session_options, artifact.manifest)
-            session.generator = Generator.prepare(root, artifact.manifest, session.session)  # text-generation
+            session.generator = TextGenerator.prepare(root, artifact.manifest, session.session)  # text-generation
             return choice, session, answers
 
     def _serve(

@@ -15,7 +15,7 @@ from pipeline.serve.batching import Batcher
 from pipeline.serve.detections import OUTPUTS as DETECTIONS
 from pipeline.serve.detections import Detector
 from pipeline.serve.errors import RequestError
-from pipeline.serve.generation.served import Generator
+from pipeline.serve.generation.served import TextGenerator
 from pipeline.serve.images import ServedImages
 from pipeline.serve.protocols.base import ModelIO
 from pipeline.serve.recognition import OUTPUTS as TEXTS
@@ -61,7 +61,7 @@ class LoadedVersion:
     detector: Detector | None = None  # task detection: how the head output becomes boxes
     text: ServedText = field(default_factory=ServedText)  # a model with a tokenizer: how it takes text
     recognizer: Recognizer | None = None  # task text-recognition: how its output reads as text
-    generator: Generator | None = None  # task text-generation: the engine, tokenizer and chat template
+    generator: TextGenerator | None = None  # task text-generation: the engine, tokenizer and chat template
 
     def read(self, answers: Answers) -> None:
         """Take what the manifest says about answering requests (read again when the manifest changes)."""

@@ -143,8 +143,8 @@ def test_serve_generates_with_a_weight_only_variant_each_stream_as_alone(optimiz
     from pipeline.runtime.generate import greedy
     from pipeline.runtime.session import create_session
     from pipeline.serve.generation.sampler import Sampling
-    from pipeline.serve.generation.sequence import Request
-    from pipeline.serve.generation.served import Generator
+    from pipeline.serve.generation.sequence import Job
+    from pipeline.serve.generation.served import TextGenerator
     from pipeline.serve.generation.settings import GenerationSettings
     from pipeline.serve.variant_choice import choose_quietly
 
@@ -153,17 +153,19 @@ def test_serve_generates_with_a_weight_only_variant_each_stream_as_alone(optimiz
     choice, _ = choose_quietly(artifact, {"*": "int4-weights"})
     path = root / choice.file
     assert "MatMulNBits" in {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
-    gen = Generator.of(root, artifact.manifest, create_session(path, "cpu", 1, 1, False), GenerationSettings(), None)
+    gen = TextGenerator.of(
+        root, artifact.manifest, create_session(path, "cpu", 1, 1, False), GenerationSettings(), None
+    )
     assert gen is not None
     prompts = [gen.encode(text, True) for text in ("def add(a, b):", "for i in range(", "import os", "x = [")]
 
     async def answers(batch: list[list[int]]) -> list[list[int]]:
-        seqs = [gen.engine.submit(Request(ids, 8, Sampling(temperature=0))) for ids in batch]
+        seqs = [gen.engine.submit(Job(ids, 8, Sampling(temperature=0))) for ids in batch]
         out = []
         for seq in seqs:
             while (await seq.events.get()).finish is None:
                 pass
-            out.append(seq.tokens[len(seq.request.prompt) :])
+            out.append(seq.tokens[len(seq.job.prompt) :])
         return out
 
     alone = [asyncio.run(answers([ids]))[0] for ids in prompts]

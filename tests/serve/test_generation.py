@@ -27,8 +27,8 @@ from pipeline.serve.generation.engine import Engine
 from pipeline.serve.generation.handlers import GenerationRoutes
 from pipeline.serve.generation.sampler import Sampling
 from pipeline.serve.generation.scheduler import _calls, burst_budget
-from pipeline.serve.generation.sequence import Request, Sequence
-from pipeline.serve.generation.served import Generator
+from pipeline.serve.generation.sequence import Job, Sequence
+from pipeline.serve.generation.served import TextGenerator
 from pipeline.serve.generation.settings import GenerationSettings
 from pipeline.serve.routes import Request as HttpRequest
 from pipeline.serve.session import ModelSession, SessionOptions
@@ -78,13 +78,13 @@ def reference(imported: tuple[Path, Path]) -> Any:
     return greedy
 
 
-def _generator(repository: Path, graph: Path | None = None, **settings: Any) -> Generator:
+def _generator(repository: Path, graph: Path | None = None, **settings: Any) -> TextGenerator:
     """The engine of the imported version, on its model.onnx or on `graph` (another graph of the same model), the
     session made as pipe serve makes it."""
     root = repository / NAME / "1"
     manifest = Artifact.load(root).manifest
     session = ModelSession(graph or root / "model.onnx", SessionOptions("cpu", 1, 1, False), manifest).session
-    made = Generator.of(root, manifest, session, GenerationSettings(**settings), None)
+    made = TextGenerator.of(root, manifest, session, GenerationSettings(**settings), None)
     assert made is not None
     return made
 
@@ -97,7 +97,7 @@ async def _drain(seq: Sequence) -> tuple[list[int], str, str]:
         event = await seq.events.get()
         text += event.text
         if event.finish is not None:
-            return seq.tokens[len(seq.request.prompt) :], text, event.finish
+            return seq.tokens[len(seq.job.prompt) :], text, event.finish
 
 
 class Gated(ThreadPoolExecutor):
@@ -150,7 +150,7 @@ def test_greedy_equals_transformers_while_requests_join_mid_decode(imported: tup
     async def run() -> list[tuple[list[int], str, str]]:
         seqs = []
         for ids in prompts:
-            seqs.append(gen.engine.submit(Request(ids, 24, Sampling(temperature=0))))
+            seqs.append(gen.engine.submit(Job(ids, 24, Sampling(temperature=0))))
             await asyncio.sleep(0.003)  # later ones join while the first decode
         return [await _drain(s) for s in seqs]
 
@@ -168,7 +168,7 @@ def test_sixteen_sequences_decode_in_one_call_a_step_each_as_alone(imported: tup
     prompts = [[1, *rng.integers(3, 300, size=int(rng.integers(2, 30))).tolist()] for _ in range(16)]
 
     async def run(batch: list[list[int]]) -> list[list[int]]:
-        seqs = [gen.engine.submit(Request(ids, 12, Sampling(temperature=0))) for ids in batch]
+        seqs = [gen.engine.submit(Job(ids, 12, Sampling(temperature=0))) for ids in batch]
         gate.open.set()
         return [(await _drain(s))[0] for s in seqs]
 
@@ -182,13 +182,13 @@ def test_sixteen_sequences_decode_in_one_call_a_step_each_as_alone(imported: tup
     assert max(counting.decode_rows) == 16  # every running row in one onnxruntime call
 
 
-def _join_beside(gen: Generator, running: list[list[int]], joining: list[list[int]]) -> tuple[list[Sequence], ...]:
+def _join_beside(gen: TextGenerator, running: list[list[int]], joining: list[list[int]]) -> tuple[list[Sequence], ...]:
     """Greedy sequences of the `running` prompts after their first step, and of the `joining` prompts after
     their first step beside them (the scheduler stepped by hand)."""
     scheduler = gen.engine.scheduler
     made = []
     for prompts, most in ((running, 8), (joining, 4)):
-        made.append([Sequence(Request(ids, most, Sampling(temperature=0)), gen.tokenizer, None) for ids in prompts])
+        made.append([Sequence(Job(ids, most, Sampling(temperature=0)), gen.tokenizer, None) for ids in prompts])
         scheduler.waiting.extend(made[-1])
         scheduler.step()
     return tuple(made)
@@ -250,7 +250,7 @@ def test_rows_leaving_and_joining_move_in_the_batch_array(imported: tuple[Path, 
 
     scheduler.pool.gather = recording  # type: ignore[method-assign]
     a, b, c, d = LEAVE_AND_JOIN
-    seqs = [Sequence(Request(ids, n, Sampling(temperature=0)), gen.tokenizer, None) for ids, n in (a, b, c, d)]
+    seqs = [Sequence(Job(ids, n, Sampling(temperature=0)), gen.tokenizer, None) for ids, n in (a, b, c, d)]
     scheduler.waiting.extend(seqs[:3])
     for _ in range(3):
         scheduler.step()
@@ -269,7 +269,7 @@ def test_rows_leaving_and_joining_move_in_the_batch_array(imported: tuple[Path, 
     # the same four again: the array is made twice more, in the buffers the first run wrote (no new memory),
     # whose holes hold the first run's keys and values (and its prefills'), and nothing of them reaches the answers
     allocated = scheduler.batch.allocated
-    again = [Sequence(Request(ids, n, Sampling(temperature=0)), gen.tokenizer, None) for ids, n in (a, b, c, d)]
+    again = [Sequence(Job(ids, n, Sampling(temperature=0)), gen.tokenizer, None) for ids, n in (a, b, c, d)]
     scheduler.waiting.extend(again[:3])
     for _ in range(3):
         scheduler.step()
@@ -298,7 +298,7 @@ def test_a_traced_graph_decodes_by_appending_its_presents_last_column(
     scheduler = gen.engine.scheduler
     assert scheduler._run_in_place is None and not scheduler._new_presents
     asked = LEAVE_AND_JOIN
-    seqs = [Sequence(Request(ids, n, Sampling(temperature=0)), gen.tokenizer, None) for ids, n in asked]
+    seqs = [Sequence(Job(ids, n, Sampling(temperature=0)), gen.tokenizer, None) for ids, n in asked]
     scheduler.waiting.extend(seqs[:3])
     for _ in range(3):
         scheduler.step()
@@ -315,13 +315,13 @@ def test_a_seed_repeats_sampling_whatever_runs_beside_it(imported: tuple[Path, P
     ids = gen.encode(PROMPTS[0], True)
     sampling = Sampling(temperature=0.9, top_p=0.95, top_k=50, seed=7)
 
-    async def run(requests: list[Request]) -> list[list[int]]:
+    async def run(requests: list[Job]) -> list[list[int]]:
         seqs = [gen.engine.submit(r) for r in requests]
         return [(await _drain(s))[0] for s in seqs]
 
-    first = asyncio.run(run([Request(ids, 16, sampling)]))[0]
-    beside = asyncio.run(run([Request(ids, 16, Sampling(temperature=1.0, seed=1)), Request(ids, 16, sampling)]))[1]
-    other = asyncio.run(run([Request(ids, 16, Sampling(temperature=0.9, top_p=0.95, top_k=50, seed=8))]))[0]
+    first = asyncio.run(run([Job(ids, 16, sampling)]))[0]
+    beside = asyncio.run(run([Job(ids, 16, Sampling(temperature=1.0, seed=1)), Job(ids, 16, sampling)]))[1]
+    other = asyncio.run(run([Job(ids, 16, Sampling(temperature=0.9, top_p=0.95, top_k=50, seed=8))]))[0]
     assert first == beside
     assert first != other
 
@@ -345,7 +345,7 @@ def test_the_pool_bounds_the_sequences_and_refuses_what_never_fits(imported: tup
         seqs: list[Sequence] = []
         with pytest.raises(Unavailable, match=r"^3 requests are already waiting for this model \(--max-waiting 3\)"):
             for _ in range(6):
-                seqs.append(engine.submit(Request(ids, 12, Sampling(temperature=0))))
+                seqs.append(engine.submit(Job(ids, 12, Sampling(temperature=0))))
         assert 3 <= len(seqs) <= 5
         gate.open.set()
         while not all(s.finish for s in seqs):
@@ -376,9 +376,9 @@ def test_a_step_that_raises_ends_its_sequences_with_error_and_the_engine_serves_
     greedy = Sampling(temperature=0)
 
     async def go() -> tuple[list[str], tuple[list[int], str, str]]:
-        first = [gen.engine.submit(Request([1, 5, 6 + i], 64, greedy)) for i in range(2)]
+        first = [gen.engine.submit(Job([1, 5, 6 + i], 64, greedy)) for i in range(2)]
         ended = [(await _drain(seq))[2] for seq in first]
-        return ended, await _drain(gen.engine.submit(Request([1, 5, 6], 8, greedy)))
+        return ended, await _drain(gen.engine.submit(Job([1, 5, 6], 8, greedy)))
 
     ended, (tokens, _, finish) = asyncio.run(go())
     assert ended == ["error", "error"] and finish == "length" and len(tokens) == 8
@@ -399,7 +399,7 @@ def test_requests_from_one_event_loop_after_another_are_all_answered(imported: t
     gen.engine._post = post_then_stall  # type: ignore[method-assign]
 
     async def one(i: int) -> str:
-        seq = gen.engine.submit(Request([1, 5, 6 + i], 2, Sampling(temperature=0)))
+        seq = gen.engine.submit(Job([1, 5, 6 + i], 2, Sampling(temperature=0)))
         return (await asyncio.wait_for(_drain(seq), 30))[2]
 
     assert [asyncio.run(one(i)) for i in range(8)] == ["length"] * 8
@@ -414,7 +414,7 @@ def test_a_request_once_the_compute_pool_is_shut_down_is_refused_and_leaves_noth
     gen.engine._executor = pool
 
     async def submit() -> None:
-        gen.engine.submit(Request([1, 5, 6], 2, Sampling(temperature=0)))
+        gen.engine.submit(Job([1, 5, 6], 2, Sampling(temperature=0)))
 
     with pytest.raises(Unavailable, match="shutting down"):
         asyncio.run(submit())
@@ -432,7 +432,7 @@ def test_a_cancelled_sequence_is_dropped_at_the_next_step(imported: tuple[Path, 
     assert gen.engine.check(500, None) == gen.engine.check(500, 100) == 12  # what the context leaves
 
     async def run() -> tuple[int, int, str, int]:
-        seq = gen.engine.submit(Request([1, 5, 6, 7], 400, Sampling(temperature=0)))
+        seq = gen.engine.submit(Job([1, 5, 6, 7], 400, Sampling(temperature=0)))
         assert seq.events is not None
         while seq.generated < 3:
             await seq.events.get()
@@ -449,8 +449,8 @@ def test_a_sequence_waiting_past_the_bound_leaves_the_queue(imported: tuple[Path
     gen = _generator(imported[1], max_sequences=1, wait_s=0.05)
 
     async def run() -> tuple[str | None, int, int]:
-        holder = gen.engine.submit(Request([1, 5, 6, 7], 400, Sampling(temperature=0)))
-        waiting = gen.engine.submit(Request([1, 8, 9], 4, Sampling(temperature=0)))
+        holder = gen.engine.submit(Job([1, 5, 6, 7], 400, Sampling(temperature=0)))
+        waiting = gen.engine.submit(Job([1, 8, 9], 4, Sampling(temperature=0)))
         assert waiting.events is not None
         finish = (await waiting.events.get()).finish
         made, left = holder.generated, len(gen.engine.scheduler.waiting)

@@ -11,7 +11,6 @@ a 400 naming the error, never a 500.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pipeline.core.errors import ArtifactError
 from pipeline.serve.errors import RequestError
@@ -39,7 +38,7 @@ class ChatTemplate:
     def load(cls, path: Path, special: dict[str, str]) -> ChatTemplate:
         return cls(path.read_text(encoding="utf-8"), special)
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
+    def render(self, messages: list[dict[str, str]]) -> str:
         import jinja2
 
         try:

@@ -10,7 +10,10 @@ starts on the prompt's last tokens, so the first word's spacing is the one it ha
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 PROMPT_WINDOW = 5  # prompt tokens the first decodings start from
 REPLACEMENT = "\ufffd"
@@ -19,7 +22,7 @@ REPLACEMENT = "\ufffd"
 class Detokenizer:
     """One sequence's text, token by token."""
 
-    def __init__(self, tokenizer: Any, prompt: list[int]) -> None:
+    def __init__(self, tokenizer: Tokenizer, prompt: list[int]) -> None:
         self._tokenizer = tokenizer
         self._ids = list(prompt[-PROMPT_WINDOW:])
         self._prefix = 0  # the window's start

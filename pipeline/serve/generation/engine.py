@@ -1,12 +1,13 @@
 """The generation engine of one model version: requests in, tokens and text out as they are made.
 
-`submit` checks the request against the context length and the pool, queues it (a full queue is a
+`check` fits a request to the context length and the pool; `submit` queues its `Job` (a full queue is a
 503 with Retry-After) and returns its `Sequence`; one that waits longer than `wait_s` for a place ends
-`timeout` (a 503 too). One job in the server's compute pool steps while there is work (`_steps`), off
+`timeout` (a 503 too). One task in the server's compute pool steps while there is work (`_steps`), off
 the event loop: each step (`scheduler.py`: admit, a prefill chunk, one decode call for every running
 row) follows the last at once, and its events go to the event loop, which puts them on each sequence's
 queue and writes the metrics (time to first token, time per output token, token counts, running and
 waiting sequences, pool use). New requests join between steps; a cancelled one is dropped at the next.
+A step that raises ends every sequence `error` (`Scheduler.abort_all`), and the engine serves on.
 """
 
 from __future__ import annotations
@@ -15,18 +16,24 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.artifact.generation import DECODE_IN_PLACE, LOGITS_FROM, PRESENT_NEW_ONLY, Generation
-from pipeline.runtime.session import constants_of
+from pipeline.artifact.generation import Generation
 from pipeline.serve.errors import RequestError, Unavailable
+from pipeline.serve.generation.features import GraphFeatures
 from pipeline.serve.generation.kv_pool import KVPool
-from pipeline.serve.generation.scheduler import Feeds, Scheduler, StepReport, burst_budget
-from pipeline.serve.generation.sequence import TIMEOUT, Request, Sequence
+from pipeline.serve.generation.scheduler import Feeds, Scheduler, StepReport
+from pipeline.serve.generation.sequence import Event, FinishReason, Job, Sequence
 from pipeline.serve.generation.settings import GenerationSettings
+from pipeline.serve.generation.stats import GenerationStats
+
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession, IOBinding
+    from tokenizers import Tokenizer
 
 log = logging.getLogger("pipe.serve")
 
@@ -36,12 +43,12 @@ class Engine:
 
     def __init__(
         self,
-        session: Any,  # onnxruntime.InferenceSession
+        session: InferenceSession,
         generation: Generation,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         settings: GenerationSettings,
         executor: Executor | None,
-        stats: Any = None,  # GenerationStats, or None (tests)
+        stats: GenerationStats | None = None,  # None: no metrics (tests)
     ) -> None:
         self.generation = generation
         self.tokenizer = tokenizer
@@ -50,26 +57,26 @@ class Engine:
         self._session = session
         self._outputs = ["logits", *generation.cache.present_names()]
         self.pool = KVPool(generation.cache, int(settings.kv_cache_mb * 1024 * 1024))
-        optional = _optional_inputs(session)
-        last_logits = LOGITS_FROM in optional
-        self._vocab = _vocab(session, tokenizer)
-        burst = burst_budget(settings.prefill_chunk, 0 if last_logits else self._vocab)
+        graph = GraphFeatures.of(session, tokenizer)
+        self._vocab = graph.vocab
         self._in_place = dict(zip(generation.cache.past_names(), generation.cache.present_names(), strict=True))
-        self._binding: Any = (None, None)  # a decode in place's IOBinding, the batch array's views bound, and its
-        # logits (`_run_in_place`)
+        # a decode in place's IOBinding, the batch array's views bound, and its logits (`_run_in_place`)
+        self._binding: tuple[IOBinding, np.ndarray] | tuple[None, None] = (None, None)
         self._bound_at: tuple[int, tuple[int, ...]] | None = None
-        in_place = DECODE_IN_PLACE in constants_of(session)  # its presents are the pasts: `present_new_only` unused
         self.scheduler = Scheduler(
-            self._run, generation.cache, self.pool, generation.eos_token_ids, settings.max_sequences,
-            settings.prefill_chunk, settings.wait_s, burst, last_logits, PRESENT_NEW_ONLY in optional and not in_place,
-            self._run_in_place if in_place else None,
-        )  # fmt: skip
+            pool=self.pool,
+            settings=settings,
+            graph=graph,
+            eos_ids=generation.eos_token_ids,
+            run=self._run,
+            run_in_place=self._run_in_place,
+        )
         self._executor = executor
         self._stats = stats
         self._lock = threading.Lock()  # guards `_incoming` and `_stepping`, shared with the step thread
         self._incoming: list[Sequence] = []  # submitted since the last step
         self._stepping = False  # `_steps` runs (started by the request that found it stopped)
-        self._loop: Any = None  # the event loop of the latest request (asyncio.AbstractEventLoop)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop of the latest request
         self._closed = False
 
     def describe(self) -> str:
@@ -137,8 +144,8 @@ class Engine:
             )
         return wanted
 
-    def submit(self, request: Request) -> Sequence:
-        """Queue a checked request; 503 with Retry-After when the waiting queue is full or the engine stopped."""
+    def submit(self, job: Job) -> Sequence:
+        """Queue a checked job; 503 with Retry-After when the waiting queue is full or the engine stopped."""
         if self._closed:
             raise Unavailable("the model is being unloaded; retry")
         waiting = len(self.scheduler.waiting) + len(self._incoming)
@@ -148,7 +155,7 @@ class Engine:
                 f"{self.settings.max_waiting}); retry after a moment"
             )
         loop = asyncio.get_running_loop()
-        seq = Sequence(request, self.tokenizer, loop)
+        seq = Sequence(job, self.tokenizer, loop)
         with self._lock:
             self._incoming.append(seq)
             self._loop = loop  # where the step thread hands events out (one loop in a server; a test's in turn)
@@ -188,11 +195,12 @@ class Engine:
             now = time.perf_counter()
             self._post(self._hand_out, report, now, now - started)
 
-    def _post(self, call: Any, *args: Any) -> None:
+    def _post(self, call: Callable[..., None], *args: object) -> None:
         """`call(*args)` on the event loop of the latest request, from the step thread; dropped when that loop
         has closed (its requests' readers are gone with it: a server shutting down)."""
         with self._lock:
             loop = self._loop
+        assert loop is not None  # set by the request that started the step thread
         try:
             loop.call_soon_threadsafe(call, *args)
         except RuntimeError:
@@ -204,40 +212,30 @@ class Engine:
             if seq.first_token_at is None and event.tokens > 0:
                 seq.first_token_at = now
                 self._observe("first_token", now - seq.submitted)
-            elif event.tokens > 0 and seq.last_token_at is not None and event.finish != "cancelled":
+            elif event.tokens > 0 and seq.last_token_at is not None and event.finish != FinishReason.CANCELLED:
                 self._observe("per_token", now - seq.last_token_at)
             seq.last_token_at = now
             if seq.events is not None:
                 seq.events.put_nowait(event)
-            if event.finish not in (None, TIMEOUT) and self._stats is not None:
-                self._stats.finished(len(seq.request.prompt), seq.generated)
+            if event.finish not in (None, FinishReason.TIMEOUT) and self._stats is not None:
+                self._stats.finished(len(seq.job.prompt), seq.generated)
         if self._stats is not None:
             self._stats.stepped(report.decoded, report.prefilled, took)
         self._report()
 
-    def _failed(self) -> list[Sequence]:
-        """After a step raised, in the step thread: every sequence ends `error`, its blocks freed; the ended."""
-        s = self.scheduler
+    def _failed(self) -> list[tuple[Sequence, Event]]:
+        """After a step raised, in the step thread: every sequence, the submitted too, ends `error`, its blocks
+        freed (`Scheduler.abort_all`); the events telling them."""
         with self._lock:
-            ended = [*s.running, *s.prefilling, *s.waiting, *self._incoming]
+            self.scheduler.waiting.extend(self._incoming)
             self._incoming.clear()
-        for seq in ended:
-            seq.finish = "error"
-            if seq.blocks.size:
-                self.pool.release(seq.blocks)
-                seq.blocks = np.zeros(0, dtype=np.int64)
-        s.running, s.prefilling = [], []
-        s.waiting.clear()
-        s.batch.clear()
         self._binding, self._bound_at = (None, None), None  # bound afresh at the next decode
-        return ended
+        return self.scheduler.abort_all(FinishReason.ERROR)
 
-    def _tell_failed(self, ended: list[Sequence]) -> None:
-        from pipeline.serve.generation.sequence import Event
-
-        for seq in ended:
+    def _tell_failed(self, events: list[tuple[Sequence, Event]]) -> None:
+        for seq, event in events:
             if seq.events is not None:
-                seq.events.put_nowait(Event("", seq.generated, "error"))
+                seq.events.put_nowait(event)
         self._report()
 
     def _observe(self, what: str, seconds: float) -> None:
@@ -256,18 +254,3 @@ class Engine:
         self._closed = True
         while self._stepping:
             await asyncio.sleep(0.01)
-
-
-def _vocab(session: Any, tokenizer: Any) -> int:
-    """The logits' last dimension as the graph declares it, else the tokenizer's vocabulary."""
-    shape = next((o.shape for o in session.get_outputs() if o.name == "logits"), None)
-    if shape and isinstance(shape[-1], int):
-        return shape[-1]
-    return int(tokenizer.get_vocab_size())
-
-
-def _optional_inputs(session: Any) -> set[str]:
-    """The graph's inputs with a default (a written decoder's `logits_from`, `present_new_only` and
-    `decode_in_place`: pipeline/export/fused_decoder.py)."""
-    overridable = getattr(session, "get_overridable_initializers", lambda: [])()
-    return {i.name for i in overridable}

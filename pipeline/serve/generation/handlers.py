@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -26,13 +26,16 @@ from pipeline.serve.errors import NotFound, RequestError, Unavailable
 from pipeline.serve.generation import openai_api
 from pipeline.serve.generation.openai_api import Answer
 from pipeline.serve.generation.params import Params, read_params
-from pipeline.serve.generation.sequence import CANCELLED, TIMEOUT, Event, Sequence
-from pipeline.serve.generation.sequence import Request as Job
-from pipeline.serve.generation.served import Generator
-from pipeline.serve.generation.stream import DONE, Streaming, event
+from pipeline.serve.generation.sequence import Event, FinishReason, Job, Sequence
+from pipeline.serve.generation.served import TextGenerator
+from pipeline.serve.generation.stream import DONE, Receive, Streaming, event
 from pipeline.serve.responses import Response, json_response
 from pipeline.serve.routes import Request
 from pipeline.serve.timing import current_request
+
+if TYPE_CHECKING:
+    from pipeline.serve.repository import Repository
+    from pipeline.serve.served_version import LoadedVersion
 
 TRITON_PARAMS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "repetition_penalty",
                  "frequency_penalty", "presence_penalty")  # fmt: skip
@@ -50,7 +53,7 @@ def _body(request: Request) -> dict[str, Any]:
     return body
 
 
-async def _text(sequence: Sequence) -> tuple[str, str]:
+async def _text(sequence: Sequence) -> tuple[str, FinishReason]:
     """The whole answer and its finish reason, once the sequence ends."""
     assert sequence.events is not None
     parts = []
@@ -72,7 +75,7 @@ async def _steps(sequence: Sequence, first: Event) -> AsyncIterator[Event]:
         step = await sequence.events.get()
 
 
-async def _until_gone(receive: Any) -> None:
+async def _until_gone(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 
@@ -94,16 +97,16 @@ async def _watching(request: Request, sequence: Sequence, work: Awaitable[T]) ->
 def _count(sequence: Sequence) -> None:
     """The access log's tokens in and out."""
     if (record := current_request.get()) is not None:
-        record.prompt_tokens, record.completion_tokens = len(sequence.request.prompt), sequence.generated
+        record.prompt_tokens, record.completion_tokens = len(sequence.job.prompt), sequence.generated
 
 
-def _finished(reason: str, generator: Generator) -> str:
-    """The finish reason of an answer, or the refusal it stands for."""
-    if reason == "error":
+def _finished(reason: FinishReason, generator: TextGenerator) -> FinishReason:
+    """The finish reason of an answer (`stop` or `length`), or the refusal it stands for."""
+    if reason == FinishReason.ERROR:
         raise RequestError("generation failed on the server; the log has the traceback", 500)
-    if reason == CANCELLED:
+    if reason == FinishReason.CANCELLED:
         raise RequestError("the client closed the connection before the answer was ready", CLIENT_GONE)
-    if reason == TIMEOUT:
+    if reason == FinishReason.TIMEOUT:
         settings = generator.engine.settings
         raise Unavailable(
             f"the request waited {settings.wait_s:g}s (--timeout) for a place beside the sequences being generated "
@@ -113,12 +116,12 @@ def _finished(reason: str, generator: Generator) -> str:
     return reason
 
 
-async def _first(request: Request, sequence: Sequence, generator: Generator) -> Event:
+async def _first(request: Request, sequence: Sequence, generator: TextGenerator) -> Event:
     """A stream's first event (its first token, or its end), before any header is sent: a refusal is still
     an ordinary answer with its status."""
     assert sequence.events is not None
     first = await _watching(request, sequence, sequence.events.get())
-    if first.finish in (CANCELLED, TIMEOUT):
+    if first.finish in (FinishReason.CANCELLED, FinishReason.TIMEOUT):
         _finished(first.finish, generator)
     return first
 
@@ -126,10 +129,12 @@ async def _first(request: Request, sequence: Sequence, generator: Generator) -> 
 class GenerationRoutes:
     """The handlers, over the server's repository (`repo()` gives it, or raises 503 while starting)."""
 
-    def __init__(self, repo: Callable[[], Any]) -> None:
+    def __init__(self, repo: Callable[[], Repository]) -> None:
         self._repo = repo
 
-    def _generator(self, name: Any, version: str | None = None, label: str | None = None) -> tuple[Any, Generator]:
+    def _generator(
+        self, name: object, version: str | None = None, label: str | None = None
+    ) -> tuple[LoadedVersion, TextGenerator]:
         if not isinstance(name, str):
             raise RequestError(f"model must be the name of a served model, got {name!r:.40}", param="model")
         try:
@@ -150,7 +155,7 @@ class GenerationRoutes:
         repo = self._repo()
         return sorted(n for n in repo.models if repo.get(n, None).generator is not None)
 
-    async def _submit(self, generator: Generator, prompt: str | list[int], chat: bool, params: Params) -> Sequence:
+    async def _submit(self, generator: TextGenerator, prompt: str | list[int], chat: bool, params: Params) -> Sequence:
         if isinstance(prompt, str):
             ids = await asyncio.to_thread(generator.encode, prompt, not chat)
         else:
@@ -199,7 +204,7 @@ class GenerationRoutes:
                 streaming = True
                 return Streaming(self._openai_stream(sequence, first, answer, usage_asked), sequence.cancel)
             text, finish = await _watching(request, sequence, _text(sequence))
-            use = openai_api.usage(len(sequence.request.prompt), sequence.generated)
+            use = openai_api.usage(len(sequence.job.prompt), sequence.generated)
             return json_response(answer.whole(text, _finished(finish, generator), use))
         except RequestError as exc:
             return openai_api.error(exc)
@@ -215,15 +220,15 @@ class GenerationRoutes:
             if answer.chat:  # the assistant's role first, as OpenAI streams a chat
                 yield event(answer.chunk(None, first=True))
             async for step in _steps(sequence, first):
-                if step.finish == CANCELLED:
+                if step.finish == FinishReason.CANCELLED:
                     return
-                if step.finish == "error":
+                if step.finish == FinishReason.ERROR:
                     yield event({"error": {"message": "generation failed on the server", "type": "server_error"}})
                     return
                 if step.text or step.finish:
                     yield event(answer.chunk(step.text, step.finish))
             if usage_asked:
-                yield event(answer.usage_chunk(openai_api.usage(len(sequence.request.prompt), sequence.generated)))
+                yield event(answer.usage_chunk(openai_api.usage(len(sequence.job.prompt), sequence.generated)))
             yield DONE
         finally:
             sequence.cancel()
@@ -283,7 +288,7 @@ class GenerationRoutes:
                 **head,
                 "text_output": answer,
                 "finish_reason": _finished(finish, generator),
-                "prompt_tokens": len(sequence.request.prompt),
+                "prompt_tokens": len(sequence.job.prompt),
                 "completion_tokens": sequence.generated,
             }
         )
@@ -294,15 +299,15 @@ class GenerationRoutes:
     async def _triton_stream(self, sequence: Sequence, first: Event, head: dict[str, str]) -> AsyncIterator[bytes]:
         try:
             async for step in _steps(sequence, first):
-                if step.finish == CANCELLED:
+                if step.finish == FinishReason.CANCELLED:
                     return
-                if step.finish == "error":
+                if step.finish == FinishReason.ERROR:
                     yield event({"error": "generation failed on the server; the log has the traceback"})
                     return
                 if step.text or step.finish:
                     answer = {**head, "text_output": step.text}
                     if step.finish is not None:
-                        answer.update(finish_reason=step.finish, prompt_tokens=len(sequence.request.prompt),
+                        answer.update(finish_reason=step.finish, prompt_tokens=len(sequence.job.prompt),
                                       completion_tokens=sequence.generated)  # fmt: skip
                     yield event(answer)
                 if step.finish is not None:

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from pipeline.serve.errors import RequestError
+from pipeline.serve.generation.sequence import FinishReason
 from pipeline.serve.request_id import current_id
 from pipeline.serve.responses import JSON_HEADERS, Response
 
@@ -133,12 +134,12 @@ class Answer:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": [choice]}
 
-    def whole(self, text: str, finish: str, use: dict[str, int]) -> dict[str, Any]:
+    def whole(self, text: str, finish: FinishReason, use: dict[str, int]) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
         choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
         return {**self._wrap(choice, chunk=False), "usage": use}
 
-    def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> dict[str, Any]:
+    def chunk(self, text: str | None, finish: FinishReason | None = None, first: bool = False) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}

@@ -44,15 +44,17 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.artifact.generation import LOGITS_FROM, PRESENT_NEW_ONLY, CacheLayout
+from pipeline.artifact.generation import LOGITS_FROM, PRESENT_NEW_ONLY
 from pipeline.serve.generation.batch_cache import BatchCache
+from pipeline.serve.generation.features import GraphFeatures
 from pipeline.serve.generation.kv_pool import KVPool, PoolFull
-from pipeline.serve.generation.sequence import CANCELLED, TIMEOUT, Event, Sequence
+from pipeline.serve.generation.sequence import Event, FinishReason, Sequence
+from pipeline.serve.generation.settings import GenerationSettings
 
 log = logging.getLogger("pipe.serve")
 
@@ -85,38 +87,38 @@ class StepReport:
 
 
 class Scheduler:
-    """The sequences of one model version: waiting, prefilling and running."""
+    """The sequences of one model version: waiting, prefilling and running. The graph is called through `run`,
+    or, for one whose `graph.decode_in_place`, through `run_in_place`."""
 
     def __init__(
         self,
-        run: Run,
-        cache: CacheLayout,
+        *,
         pool: KVPool,
-        eos_ids: list[int],
-        max_sequences: int,
-        prefill_chunk: int,
-        wait_s: float = float("inf"),
-        burst_chunk: int | None = None,
-        last_logits: bool = False,
-        new_presents: bool = False,
+        settings: GenerationSettings,
+        graph: GraphFeatures,
+        eos_ids: Iterable[int],
+        run: Run,
         run_in_place: RunInPlace | None = None,
     ) -> None:
+        if graph.decode_in_place and run_in_place is None:
+            raise ValueError("a graph that decodes in place is called through run_in_place")
         self._run = run
-        self._run_in_place = run_in_place  # a written decoder served in place: every call writes into its pasts
-        self._last_logits = last_logits  # the graph takes `logits_from`: a prefill asks for its last column's only
-        self._new_presents = new_presents  # the graph takes `present_new_only`: every call asks for the new only
-        self.cache = cache
-        self._past_names = cache.past_names()  # (made once: 60 str.format calls were 0.1 ms of every step)
+        self._run_in_place = run_in_place if graph.decode_in_place else None  # every call writes into its pasts
+        self._last_logits = graph.logits_from  # a prefill asks for its last column's logits only
+        self._new_presents = graph.feeds_present_new_only  # every call asks for the new keys and values only
+        self.cache = pool.cache
+        self._past_names = self.cache.past_names()  # (made once: 60 str.format calls were 0.1 ms of every step)
         self.pool = pool
         self._eos = frozenset(eos_ids)
-        self.max_sequences = max_sequences
-        self.prefill_chunk = prefill_chunk
-        self.burst_chunk = burst_chunk or prefill_chunk  # the prefill budget when the joining outnumber the running
-        self.wait_s = wait_s  # the longest a sequence may wait for a place (perf_counter seconds since submitted)
+        self.max_sequences = settings.max_sequences
+        self.prefill_chunk = settings.prefill_chunk
+        # the prefill budget when the joining outnumber the running
+        self.burst_chunk = burst_budget(settings.prefill_chunk, 0 if graph.logits_from else graph.vocab)
+        self.wait_s = settings.wait_s  # the longest a sequence may wait for a place (perf_counter s since submitted)
         self.waiting: collections.deque[Sequence] = collections.deque()  # extended between steps (engine.py)
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
-        self.batch = BatchCache(cache, max_sequences)  # the running rows' keys and values
+        self.batch = BatchCache(self.cache, settings.max_sequences)  # the running rows' keys and values
 
     @property
     def busy(self) -> bool:
@@ -145,33 +147,46 @@ class Scheduler:
             self.batch.clear()
         return StepReport(decoded, prefilled, events)
 
+    def abort_all(self, reason: FinishReason) -> list[tuple[Sequence, Event]]:
+        """Every sequence ends with `reason` (running, prefilling, then waiting), its blocks back in the pool, the
+        queues and the batch emptied; the event each is told by. After a step raised (engine.py), in the thread
+        that steps."""
+        ended = [*self.running, *self.prefilling, *self.waiting]
+        self.running, self.prefilling = [], []
+        self.waiting.clear()
+        self.batch.clear()
+        for seq in ended:
+            seq.finish = reason
+            self._free(seq)
+        return [(seq, Event("", seq.generated, reason)) for seq in ended]
+
     def _drop_cancelled(self, events: list[tuple[Sequence, Event]]) -> None:
         for group in (self.running, self.prefilling):
             for seq in group:
                 if seq.cancelled:
-                    seq.finish = CANCELLED
+                    seq.finish = FinishReason.CANCELLED
                     self._free(seq)
-                    events.append((seq, Event("", seq.generated, CANCELLED)))
+                    events.append((seq, Event("", seq.generated, FinishReason.CANCELLED)))
         self.running = [s for s in self.running if not s.cancelled]
         self.prefilling = [s for s in self.prefilling if not s.cancelled]
         for seq in [s for s in self.waiting if s.cancelled]:
             self.waiting.remove(seq)
-            seq.finish = CANCELLED
-            events.append((seq, Event("", 0, CANCELLED)))
+            seq.finish = FinishReason.CANCELLED
+            events.append((seq, Event("", 0, FinishReason.CANCELLED)))
 
     def _expire(self, events: list[tuple[Sequence, Event]]) -> None:
         """Waiting sequences past `wait_s` leave the queue (they hold no blocks yet)."""
         deadline = time.perf_counter() - self.wait_s
         for seq in [s for s in self.waiting if s.submitted < deadline]:
             self.waiting.remove(seq)
-            seq.finish = TIMEOUT
-            events.append((seq, Event("", 0, TIMEOUT)))
+            seq.finish = FinishReason.TIMEOUT
+            events.append((seq, Event("", 0, FinishReason.TIMEOUT)))
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) + len(self.prefilling) < self.max_sequences:
             seq = self.waiting[0]
             try:
-                seq.blocks = self.pool.reserve(len(seq.request.prompt) + seq.request.max_tokens)
+                seq.blocks = self.pool.reserve(len(seq.job.prompt) + seq.job.max_tokens)
             except PoolFull:
                 return
             self.waiting.popleft()
@@ -202,7 +217,7 @@ class Scheduler:
         for seq in self.prefilling:
             if budget <= 0:
                 break
-            take = min(budget, len(seq.request.prompt) - seq.stored)
+            take = min(budget, len(seq.job.prompt) - seq.stored)
             chunk.append((seq, take))
             budget -= take
         return chunk
@@ -225,7 +240,7 @@ class Scheduler:
         buffers = self.batch.scratch(len(rows), width)
         if start:
             self.pool.read(rows[0].blocks, start, buffers[:, 0])
-        feeds: Feeds = {"input_ids": np.array([s.request.prompt[start:width] for s in rows], dtype=np.int64),
+        feeds: Feeds = {"input_ids": np.array([s.job.prompt[start:width] for s in rows], dtype=np.int64),
                         "attention_mask": np.ones((len(rows), width), dtype=np.int64),
                         "position_ids": np.tile(np.arange(start, width, dtype=np.int64), (len(rows), 1))}  # fmt: skip
         feeds.update(zip(self._past_names, buffers, strict=True))
@@ -243,7 +258,7 @@ class Scheduler:
         mask = np.zeros((len(rows), width), dtype=np.int64)
         positions = np.zeros((len(rows), width), dtype=np.int64)
         for i, (seq, n) in enumerate(zip(rows, takes, strict=True)):
-            ids[i, width - n :] = seq.request.prompt[seq.stored : seq.stored + n]
+            ids[i, width - n :] = seq.job.prompt[seq.stored : seq.stored + n]
             mask[i, width - n :] = 1
             positions[i] = seq.stored + np.maximum(np.arange(width) - (width - n), 0)  # padding repeats a real one
         feeds = self._feeds(ids, mask, positions, self.pool.gather([s.blocks for s in rows], [s.stored for s in rows]))
@@ -261,7 +276,7 @@ class Scheduler:
         self.pool.write(seq.blocks, seq.stored, new)
         seq.stored += new.shape[2]
         if not seq.prefilling:
-            events.append((seq, seq.take(seq.sampler.choose(logits, seq.tokens, len(seq.request.prompt)), self._eos)))
+            events.append((seq, seq.take(seq.sampler.choose(logits, seq.tokens, len(seq.job.prompt)), self._eos)))
 
     def _decode(self, events: list[tuple[Sequence, Event]]) -> None:
         rows = self.running = self.batch.hold(self.running, self.pool)
@@ -276,7 +291,7 @@ class Scheduler:
             logits = out[0]
         for i, seq in enumerate(rows):
             seq.stored += 1
-            chosen = seq.sampler.choose(logits[i, -1], seq.tokens, len(seq.request.prompt))
+            chosen = seq.sampler.choose(logits[i, -1], seq.tokens, len(seq.job.prompt))
             events.append((seq, seq.take(chosen, self._eos)))
 
 

@@ -1,5 +1,6 @@
 """What a served text-generation version holds beside its session: the engine, the tokenizer and the
-chat template (`LoadedVersion.generator`), made from the artifact's manifest when the version loads."""
+chat template (`TextGenerator`, `LoadedVersion.generator`), made from the artifact's manifest when the version
+loads."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pipeline.artifact.generation import Generation
 from pipeline.artifact.manifest import Manifest
@@ -15,16 +16,22 @@ from pipeline.core.errors import ArtifactError
 from pipeline.serve.generation.chat import ChatTemplate
 from pipeline.serve.generation.engine import Engine
 from pipeline.serve.generation.settings import GenerationSettings
+from pipeline.serve.generation.stats import GenerationStats
 
-Starter = Callable[..., "Generator"]  # (settings, executor, stats) -> Generator
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession
+    from tokenizers import Tokenizer
+
+# the server's settings, its compute pool and the version's metrics (None: none) -> the version's generator
+Starter = Callable[[GenerationSettings, Executor | None, GenerationStats | None], "TextGenerator"]
 
 
 @dataclass
-class Generator:
+class TextGenerator:
     """A text-generation version's engine, tokenizer and chat template (None: the model has none)."""
 
     engine: Engine
-    tokenizer: Any  # tokenizers.Tokenizer
+    tokenizer: Tokenizer
     chat: ChatTemplate | None
     generation: Generation
     vocab_size: int  # the model's rows of logits: a prompt's ids must be below it
@@ -34,17 +41,17 @@ class Generator:
         cls,
         root: Path,
         manifest: Manifest,
-        session: Any,
+        session: InferenceSession,
         settings: GenerationSettings,
         executor: Executor | None,
-        stats: Any = None,
-    ) -> Generator | None:
+        stats: GenerationStats | None = None,
+    ) -> TextGenerator | None:
         """The generator of a text-generation version; None for any other task."""
         start = cls.prepare(root, manifest, session)
         return start(settings, executor, stats) if start is not None else None
 
     @classmethod
-    def prepare(cls, root: Path, manifest: Manifest, session: Any) -> Starter | None:
+    def prepare(cls, root: Path, manifest: Manifest, session: InferenceSession) -> Starter | None:
         """What loads with the session (in the repository's worker thread: the tokenizer and the chat template,
         an ArtifactError refusing the version when either does not load), and starts the engine once the
         server's settings are at hand; None for a model of another task."""
@@ -72,7 +79,9 @@ class Generator:
         limits = next((s.tokens for s in manifest.inputs if s.name == "input_ids" and s.tokens), None)
         vocab = limits.vocab_size if limits is not None and limits.vocab_size else tokenizer.get_vocab_size()
 
-        def start(settings: GenerationSettings, executor: Executor | None, stats: Any = None) -> Generator:
+        def start(
+            settings: GenerationSettings, executor: Executor | None, stats: GenerationStats | None
+        ) -> TextGenerator:
             return cls(Engine(session, record, tokenizer, settings, executor, stats), tokenizer, chat, record, vocab)
 
         return start

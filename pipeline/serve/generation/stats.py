@@ -9,7 +9,10 @@ the per-request counters of small models).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics import MetricWrapperBase
 
 # Seconds: a first token from 5 ms (a tiny model) to a minute (a long prompt queued behind others).
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -33,7 +36,7 @@ FAMILIES = {  # key -> (kind, name, help, buckets)
 class GenerationStats:
     """One model version's generation metrics."""
 
-    def __init__(self, families: dict[str, Any], name: str, version: int) -> None:
+    def __init__(self, families: dict[str, MetricWrapperBase], name: str, version: int) -> None:
         self._c = {key: families[key].labels(name, str(version)) for key in FAMILIES}
 
     def observe(self, what: str, seconds: float) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,9 @@ import orjson
 
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 DONE = b"data: [DONE]\n\n"
+Message = dict[str, Any]  # an ASGI message: {"type": "http.request" | "http.disconnect" | ..., ...}
+Receive = Callable[[], Awaitable[Message]]  # ASGI's receive: the next message from the client's side
+Send = Callable[[Message], Awaitable[None]]  # ASGI's send
 
 
 def event(data: Any) -> bytes:
@@ -36,7 +39,7 @@ class Streaming:
     headers: dict[str, str] = field(default_factory=lambda: dict(SSE_HEADERS))
     status: int = 200
 
-    async def send(self, send: Any, receive: Any) -> None:
+    async def send(self, send: Send, receive: Receive) -> None:
         raw = [(k.encode(), v.encode()) for k, v in self.headers.items()]
         await send({"type": "http.response.start", "status": self.status, "headers": raw})
         gone = asyncio.Event()

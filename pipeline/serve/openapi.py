@@ -1,4 +1,4 @@
-"""The OpenAPI 3 document of the HTTP API, written from the route table dispatch reads (`routes.py`).
+"""The OpenAPI 3 document of the HTTP API, written from the route table dispatch reads (`app.ROUTES`).
 
 `tests/serve/test_openapi_and_imports.py` checks that every documented operation answers, and
 `test_fuzz.py` sends generated requests to each one (none may get a 5xx). Model names are listed
@@ -9,10 +9,11 @@ the document reaches real models (`tests/serve/test_generation_fuzz.py`: a serve
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from pipeline import __version__
-from pipeline.serve.routes import BINARY, EVENTS, JSON, ROUTES, TEXT, Route, expand
+from pipeline.serve.routes import BINARY, EVENTS, JSON, TEXT, Route, expand
 from pipeline.serve.schemas import ERROR
 
 _ERRORS = {400: "bad request", 401: "missing or wrong API key (only with --api-key-env)",
@@ -58,9 +59,10 @@ def _operation(route: Route, model: dict[str, Any]) -> dict[str, Any]:
     return operation
 
 
-def document(models: list[str]) -> dict[str, Any]:
-    """The OpenAPI document, with model names (`model_name`, the OpenAI bodies' `model`) limited to the served
-    models."""
+def document(routes: Sequence[Route], models: list[str]) -> dict[str, Any]:
+    """The OpenAPI document of `routes`, with model names (`model_name`, the OpenAI bodies' `model`) limited to
+    the served models. The table is given, as Starlette's schema generator is given the app's routes: the
+    route answering with this document is in it."""
     model = {"type": "string", "enum": models or [""]}
     parameters = {
         "model_name": {"name": "model_name", "in": "path", "required": True, "schema": model},
@@ -70,7 +72,7 @@ def document(models: list[str]) -> dict[str, Any]:
                   "schema": {"type": "string", "pattern": "^[a-z][a-z0-9_-]{0,63}$"}},
     }  # fmt: skip
     paths: dict[str, Any] = {}
-    for route in ROUTES:
+    for route in routes:
         for path in expand(route.path):
             item = paths.setdefault(path, {})
             if names := re.findall(r"\{(\w+)\}", path):

@@ -1,9 +1,11 @@
-"""The route table: every HTTP route of `pipe serve` once, read by dispatch and by the OpenAPI document.
+"""What a route is and how a request finds one: `Route`, the `Request` its handler reads, and `Router`.
 
-A `Route` is a method, a path template, the name of the `ServeApp` method answering it, and what
-the document says of it. Templates are OpenAPI's `{parameter}` (one path segment) plus `[...]` for
-an optional part, whose alternatives `|` separates: `/v2/models/{model_name}[/versions/{version}|
-/labels/{label}]/infer` is one pattern and three documented paths.
+A `Route` is a method, a path template, the handler answering it (a function `(state, request)`,
+held as Starlette's `Route(path, endpoint)` holds its endpoint), and what the OpenAPI document says
+of it; the table of every route is `app.ROUTES`, read by dispatch and by `openapi.py`. Templates
+are OpenAPI's `{parameter}` (one path segment) plus `[...]` for an optional part, whose
+alternatives `|` separates: `/v2/models/{model_name}[/versions/{version}|/labels/{label}]/infer`
+is one pattern and three documented paths.
 
 `Router` finds a request's handler. Trailing slashes are ignored. Templates that differ only in
 their literal tail (`/ready`, `/infer`) share one compiled pattern that captures the tail, so a
@@ -22,20 +24,14 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from pipeline.serve.errors import NotFound, RequestError
+from pipeline.serve.generation.stream import Streaming
 from pipeline.serve.responses import Response
-from pipeline.serve.schemas import (
-    CHAT_REQUEST,
-    CLASSIFY_REQUEST,
-    COMPLETION_REQUEST,
-    GENERATE_REQUEST,
-    INDEX,
-    INDEX_REQUEST,
-    INFER_REQUEST,
-    PREDICT_REQUEST,
-)
+
+if TYPE_CHECKING:  # the state holds the generation handlers, which read `Request` from here
+    from pipeline.serve.state import ServeState
 
 JSON = "application/json"
 BINARY = "application/octet-stream"
@@ -45,11 +41,11 @@ EVENTS = "text/event-stream"  # Server-Sent Events: a generation streamed
 
 @dataclass(frozen=True)
 class Route:
-    """One operation: `method path`, answered by the app's method named `handler`, and its OpenAPI entry."""
+    """One operation: `method path`, answered by `handler`, and its OpenAPI entry."""
 
     method: str
     path: str  # a template: {model_name} and {version} are one path segment each, [...] is optional
-    handler: str  # the ServeApp method answering it
+    handler: Handler  # the function answering it, given the server's state and the request
     summary: str
     ok: str  # what a 200 answer holds
     errors: tuple[int, ...] = ()  # the refusals the document declares, by status
@@ -59,52 +55,6 @@ class Route:
     public: bool = False  # answered without the API key (the health probes)
     returns: dict[str, Any] | None = None  # the 200 JSON body's schema when it is not an object
 
-
-_V2_MODEL = "/v2/models/{model_name}[/versions/{version}|/labels/{label}]"
-_TF_MODEL = "/v1/models/{model_name}[/versions/{version}|/labels/{label}]"
-_BODY_ERRORS = (400, 404, 408, 413, 503)  # a body is read under --read-timeout and --max-body-mb; queues fill
-
-# The document lists the paths in this order, and a 404 under a model the actions valid there.
-ROUTES = (
-    Route("GET", "/v2", "server_metadata", "Server metadata: name, version, supported extensions", "server metadata"),
-    Route("GET", "/v2/health/live", "health_live", "Liveness", "live", public=True),
-    Route("GET", "/v2/health/ready", "health_ready", "Readiness: a model version served and not shutting down",
-          "ready", (400,), public=True),
-    Route("GET", "/metrics", "prometheus_metrics", "Prometheus metrics", "text exposition format", answers=(TEXT,)),
-    Route("GET", "/openapi.json", "openapi_document", "This document", "OpenAPI document"),
-    Route("GET", "/v2/models/stats", "every_model_stats", "Triton statistics of every served model version",
-          "statistics"),
-    Route("POST", "/v2/repository/index", "repository_index",
-          "Triton repository index: every version found, READY or UNAVAILABLE with the reason", "index",
-          _BODY_ERRORS, INDEX_REQUEST, body_required=False, returns=INDEX),
-    Route("GET", _V2_MODEL, "model_metadata", "V2 model metadata", "model metadata", (400, 404)),
-    Route("GET", f"{_V2_MODEL}/ready", "model_ready", "V2 model readiness", "ready", (400, 404)),
-    Route("GET", f"{_V2_MODEL}/config", "model_config", "Triton model configuration (JSON)", "model config",
-          (400, 404)),
-    Route("GET", f"{_V2_MODEL}/stats", "model_stats", "Triton statistics of the model's versions", "statistics",
-          (400, 404)),
-    Route("POST", f"{_V2_MODEL}/infer", "model_infer",
-          "V2 inference (JSON, or binary tensors with Inference-Header-Content-Length)", "outputs", _BODY_ERRORS,
-          INFER_REQUEST, answers=(JSON, BINARY)),
-    Route("POST", f"{_V2_MODEL}/generate", "triton_generate",
-          "Triton generate: text_input in, text_output (JSON, or SSE with stream: true)", "generated text",
-          _BODY_ERRORS, GENERATE_REQUEST, answers=(JSON, EVENTS)),
-    Route("POST", f"{_V2_MODEL}/generate_stream", "triton_generate_stream",
-          "Triton generate_stream: text_output pieces as Server-Sent Events", "events", _BODY_ERRORS,
-          GENERATE_REQUEST, answers=(EVENTS,)),
-    Route("POST", f"{_TF_MODEL}:predict", "tf_predict", "TF Serving predict (instances or inputs)", "outputs",
-          _BODY_ERRORS, PREDICT_REQUEST),
-    Route("POST", f"{_TF_MODEL}:classify", "tf_classify", "TF Serving classify: [label, score] per class",
-          "outputs", _BODY_ERRORS, CLASSIFY_REQUEST),
-    Route("GET", f"{_TF_MODEL}/metadata", "tf_metadata", "TF Serving model metadata", "signature", (400, 404)),
-    Route("GET", _TF_MODEL, "tf_status", "TF Serving model status", "version states", (400, 404)),
-    Route("POST", "/v1/chat/completions", "openai_chat", "OpenAI chat completion (stream: true for SSE chunks)",
-          "chat completion", _BODY_ERRORS, CHAT_REQUEST, answers=(JSON, EVENTS)),
-    Route("POST", "/v1/completions", "openai_completions", "OpenAI text completion (stream: true for SSE chunks)",
-          "completion", _BODY_ERRORS, COMPLETION_REQUEST, answers=(JSON, EVENTS)),
-    Route("GET", "/v1/models", "openai_models", "OpenAI model list: the served text-generation models", "models"),
-)  # fmt: skip
-PUBLIC_PATHS = frozenset(route.path for route in ROUTES if route.public)
 
 _KNOWN_PATHS = 10_000  # paths remembered with their route; past it, new ones are matched every time
 
@@ -126,7 +76,8 @@ class Request:
     receive: Any = None  # ASGI receive, after the body: a handler that waits long watches it for the client leaving
 
 
-Handler = Callable[[Request], Awaitable[Response]]
+# A route's handler: the server's state and the request in, the answer out (a stream for a generation).
+Handler: TypeAlias = "Callable[[ServeState, Request], Awaitable[Response | Streaming]]"
 
 
 def expand(template: str) -> list[str]:
@@ -165,18 +116,17 @@ def _pattern(head: str, tails: Sequence[str]) -> re.Pattern[str]:
 
 
 class Router:
-    """Dispatch over a route table: each route's handler is the method of `app` it names."""
+    """Dispatch over a route table: a request's path and method find the route's handler."""
 
-    def __init__(self, routes: Sequence[Route], app: object) -> None:
+    def __init__(self, routes: Sequence[Route]) -> None:
         fixed: dict[str, dict[str, Handler]] = {}
         by_head: dict[str, dict[str, dict[str, Handler]]] = {}  # head -> tail -> method -> handler
         for route in routes:
-            handler = getattr(app, route.handler)
             if "{" in route.path:
                 head, tail = _split(route.path)
-                by_head.setdefault(head, {}).setdefault(tail, {})[route.method] = handler
+                by_head.setdefault(head, {}).setdefault(tail, {})[route.method] = route.handler
             else:
-                fixed.setdefault(route.path, {})[route.method] = handler
+                fixed.setdefault(route.path, {})[route.method] = route.handler
         # path -> (method -> handler, the path's parameters): the fixed paths, then each path matched
         self._known: dict[str, tuple[dict[str, Handler], dict[str, str | None]]] = {
             path: (methods, {}) for path, methods in fixed.items()

@@ -11,6 +11,9 @@ learn the batch size and the inputs):
 - `POST /v2/repository/index`: every model version found, READY or UNAVAILABLE with the reason.
 Loading and unloading through the API (`/v2/repository/models/{m}/load`) is not offered: the
 repository on disk is the one source of what is served (hot reload, `pipe promote`).
+
+The handlers are functions `(state, request)` that the route table (`app.ROUTES`) holds; below them,
+the JSON each one writes.
 """
 
 from __future__ import annotations
@@ -18,9 +21,61 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.serve.batching import BatchSettings
+from pipeline.serve.errors import RequestError
+from pipeline.serve.protocols import v2
 from pipeline.serve.protocols.datatypes import IOSpec
+from pipeline.serve.responses import Response, json_response
+from pipeline.serve.routes import Request
+from pipeline.serve.state import ServeState
 
 _NS = 1e9
+
+
+async def model_config(state: ServeState, request: Request) -> Response:
+    model = state.repo().get(request.model_name, request.version, request.label)
+    kind = "KIND_GPU" if "CUDAExecutionProvider" in model.session.providers else "KIND_CPU"
+    config = _config(
+        model.name, model.session.inputs, model.session.outputs, model.session.batchable, state.config.batching,
+        model.file, state.config.repository.latest, kind,
+    )  # fmt: skip
+    return json_response(config)
+
+
+async def model_stats(state: ServeState, request: Request) -> Response:
+    repo, name = state.repo(), request.model_name
+    assert name is not None
+    if request.version is None and request.label is None:
+        versions = sorted(repo.get_all(name))
+    else:
+        versions = [repo.get(name, request.version, request.label).version]
+    return _stats(state, {name: versions})
+
+
+async def every_model_stats(state: ServeState, request: Request) -> Response:
+    return _stats(state, {name: sorted(versions) for name, versions in sorted(state.repo().models.items())})
+
+
+def _stats(state: ServeState, versions: dict[str, list[int]]) -> Response:
+    totals = state.metrics.totals()
+    entries = [_version_stats(name, v, totals.get((name, v), {})) for name, vs in versions.items() for v in vs]
+    return json_response({"model_stats": entries})
+
+
+async def repository_index(state: ServeState, request: Request) -> Response:
+    asked = v2.parse_json(request.body, "the repository index request") if request.body.strip() else {}
+    if not isinstance(asked, dict) or not isinstance(asked.get("ready", False), bool):
+        raise RequestError(f'the repository index request must be {{}} or {{"ready": true|false}}, got {asked!r:.80}')
+    repo = state.repo()
+    entries = [
+        _index_entry(name, version, served, reason)
+        for name in sorted(repo.names())
+        for version, (served, reason) in sorted(repo.states(name).items())
+        if served or not asked.get("ready", False)
+    ]
+    return json_response(entries)
+
+
+# -- the JSON answers --------------------------------------------------------------------------------
 
 
 def _data_type(datatype: str) -> str:
@@ -28,7 +83,7 @@ def _data_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
 
 
-def model_config(
+def _config(
     name: str,
     inputs: list[IOSpec],
     outputs: list[IOSpec],
@@ -75,7 +130,7 @@ def _duration(count: float, seconds: float) -> dict[str, int]:
     return {"count": int(count), "ns": int(seconds * _NS)}
 
 
-def model_stats(name: str, version: int, totals: dict[str, float]) -> dict[str, Any]:
+def _version_stats(name: str, version: int, totals: dict[str, float]) -> dict[str, Any]:
     """One version's entry in Triton's statistics, from `Metrics.totals` (every worker's counts)."""
     get = totals.get
     zero = _duration(0, 0)
@@ -99,7 +154,7 @@ def model_stats(name: str, version: int, totals: dict[str, float]) -> dict[str, 
     }
 
 
-def index_entry(name: str, version: int, served: bool, reason: str) -> dict[str, str]:
+def _index_entry(name: str, version: int, served: bool, reason: str) -> dict[str, str]:
     """One model version in the repository index."""
     entry = {"name": name, "version": str(version), "state": "READY" if served else "UNAVAILABLE"}
     if reason:

@@ -66,8 +66,8 @@ from pipeline.serve.repository import RepositorySettings
 async def main():
     app = ServeApp(ServeConfig(RepositorySettings((Path(sys.argv[1]),), poll_s=0)))
     await app._start()  # load and verify every model, as the server's startup does
-    assert app.repository.models, "nothing loaded"
-    await app.repository.stop()
+    assert app.state.repository.models, "nothing loaded"
+    await app.state.repository.stop()
 
 asyncio.run(main())
 import pipeline.cli, pipeline.serve.server, uvicorn, uvloop, httptools  # what `pipe serve` runs on
@@ -94,9 +94,10 @@ def test_serve_help_lists_the_options() -> None:
 def test_the_document_declares_every_answer_the_inference_routes_give() -> None:
     """Every POST reads its body under --read-timeout (408 on any of them), and V2 infer answers binary
     outputs as application/octet-stream, as a conformance checker reading the document must expect."""
+    from pipeline.serve.app import ROUTES
     from pipeline.serve.openapi import document
 
-    paths = document(["m"])["paths"]
+    paths = document(ROUTES, ["m"])["paths"]
     posts = {path: item["post"] for path, item in paths.items() if "post" in item}
     assert any(path.endswith(":classify") for path in posts)
     for path, operation in posts.items():

@@ -3,35 +3,37 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import orjson
 import pytest
 
+from pipeline.serve.app import PUBLIC_PATHS, ROUTES
 from pipeline.serve.auth import ApiKey
 from pipeline.serve.body import BodyLimit
 from pipeline.serve.errors import RequestError
 from pipeline.serve.metrics import CountResponses
 from pipeline.serve.openapi import document
-from pipeline.serve.routes import PUBLIC_PATHS, ROUTES, Request, Router, expand
+from pipeline.serve.routes import Request, Route, Router, expand
 
 
-class Handlers:
-    """Every handler the table names, answering with its own name and the path's parameters."""
+def answering_its_name(route: Route) -> Route:
+    """`route` with its handler replaced by one answering the handler's name and the path's parameters."""
+    name = route.handler.__name__
 
-    def __getattr__(self, name: str) -> Any:
-        async def handler(request: Request) -> tuple[int, bytes, dict[str, str]]:
-            return 200, orjson.dumps([name, request.model_name, request.version]), {}
+    async def handler(state: Any, request: Request) -> tuple[int, bytes, dict[str, str]]:
+        return 200, orjson.dumps([name, request.model_name, request.version]), {}
 
-        return handler
+    return dataclasses.replace(route, handler=handler)
 
 
-ROUTER = Router(ROUTES, Handlers())
+ROUTER = Router([answering_its_name(route) for route in ROUTES])
 
 
 def answered(method: str, path: str) -> list[str | None]:
     handler, params = ROUTER.match(method, path)
-    _, body, _ = asyncio.run(handler(Request({}, b"", **params)))
+    _, body, _ = asyncio.run(handler(None, Request({}, b"", **params)))
     return orjson.loads(body)
 
 
@@ -54,6 +56,16 @@ def answered(method: str, path: str) -> list[str | None]:
 )
 def test_dispatch(method: str, path: str, expected: list[str | None]) -> None:
     assert answered(method, path) == expected
+
+
+def test_a_route_holds_its_handler_and_dispatch_finds_that_function() -> None:
+    """Starlette's `Route(path, endpoint)`: the table holds each handler itself, not a name looked up later."""
+    router = Router(ROUTES)
+    for route in ROUTES:
+        assert callable(route.handler) and not isinstance(route.handler, str), route
+        for path in expand(route.path):
+            concrete = path.replace("{model_name}", "m").replace("{version}", "2").replace("{label}", "stable")
+            assert router.match(route.method, concrete)[0] is route.handler, (route.method, concrete)
 
 
 @pytest.mark.parametrize(
@@ -102,7 +114,7 @@ def test_a_path_no_route_matches_is_404_saying_what_was_wrong(path: str, message
 
 
 def test_the_document_lists_every_route_of_the_table() -> None:
-    paths = document(["m"])["paths"]
+    paths = document(ROUTES, ["m"])["paths"]
     listed = {(method.upper(), path) for path, item in paths.items() for method in item if method != "parameters"}
     assert listed == {(route.method, path) for route in ROUTES for path in expand(route.path)}
     assert PUBLIC_PATHS == {"/v2/health/live", "/v2/health/ready"}
@@ -111,7 +123,7 @@ def test_the_document_lists_every_route_of_the_table() -> None:
 def test_the_document_declares_401_405_415_retry_after_and_b64() -> None:
     """What the server really answers besides the route's own errors: 401 where a key is needed, 405 for
     another method, 415 for a compressed body, Retry-After on every 503; and b64 pictures in a body."""
-    doc = document(["m"])
+    doc = document(ROUTES, ["m"])
     for path, item in doc["paths"].items():
         for method, operation in item.items():
             if method == "parameters":

@@ -1,6 +1,6 @@
 """The JSON Schemas of request bodies and of the error body, as the OpenAPI document states them.
 
-The route table (`routes.py`) names each route's request body schema; `openapi.py` writes them into
+The route table (`app.ROUTES`) names each route's request body schema; `openapi.py` writes them into
 the document. They describe what the protocols accept; the protocols themselves check every field.
 """
 

@@ -43,15 +43,15 @@ from pipeline.artifact.golden import Golden, save_golden
 from pipeline.artifact.manifest import Lineage, Manifest, check_name
 from pipeline.artifact.records import ImportRecord, Reading
 from pipeline.artifact.tokens import TokenLimits, hf_limits, limits_reading, read_tokenizer, write_tokenizer
-from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
+from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError, first_line
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset
-from pipeline.runtime.external_data import model_bytes
 from pipeline.runtime.generate import decoder_specs, first_step, greedy, stitch
 from pipeline.runtime.runners import ort_runner, torch_runner
 from pipeline.runtime.text import TextEncoder
+from pipeline.stagekit.model_record import record_model
 from pipeline.verify.gate import compare, structural_checks
 from pipeline.verify.generation import greedy_rows
 from pipeline.verify.policies import Exact
@@ -194,20 +194,7 @@ def import_causal_lm(
             read=read,
             notes=[took, *([result.fallback_reason] if result.fallback_reason else [])],
         )
-        for rel in external_files(graph):  # a model past 2 GB: its weights beside the graph, hashed
-            artifact.add_file(rel)
-        artifact.add_variant(
-            FP32,
-            Variant(
-                file=MODEL_FILE,
-                precision="fp32",
-                format="onnx",
-                stage="import",
-                parent=digest,
-                parity=report.summary(),
-                size=model_bytes(artifact.path(MODEL_FILE)),  # with its external data
-            ),
-        )
+        record_model(artifact, stage="import", parent=digest, parity=report.summary())
         artifact.save()
         return artifact
     except BaseException:
@@ -216,13 +203,6 @@ def import_causal_lm(
             with contextlib.suppress(OSError):
                 directory.rmdir()
         raise
-
-
-def external_files(graph: onnx.ModelProto) -> list[str]:
-    """The external data files the exported graph's weights are in (relative to its directory)."""
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-
-    return sorted({ExternalDataInfo(t).location for t in graph.graph.initializer if uses_external_data(t)})
 
 
 def load_causal_lm(source: Path) -> torch.nn.Module:

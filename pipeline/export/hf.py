@@ -39,7 +39,7 @@ from pipeline.artifact.tokens import (
     read_tokenizer,
     write_tokenizer,
 )
-from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
+from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.errors import InputError
 from pipeline.export.metadata import stamp
 from pipeline.export.opset import default_opset
@@ -47,6 +47,7 @@ from pipeline.runtime.pretrained import source_digest
 from pipeline.runtime.runners import ort_runner, torch_runner
 from pipeline.runtime.text import TextEncoder
 from pipeline.samples.evaluation import EvaluationSet
+from pipeline.stagekit.model_record import record_model
 from pipeline.verify.choose import GateSettings, hop_policy
 from pipeline.verify.gate import verify
 
@@ -307,11 +308,6 @@ def _build(
         read=read,
         notes=[*notes, f"loaded in {loaded_s:.1f} s, exported in {export_s:.1f} s ({result.exporter})"],
     )
-    artifact.add_variant(
-        FP32,
-        Variant(
-            file=MODEL_FILE, precision="fp32", format="onnx", stage="import", parent=digest, parity=report.summary()
-        ),
-    )
+    record_model(artifact, stage="import", parent=digest, parity=report.summary())
     artifact.save()
     return artifact

@@ -30,7 +30,7 @@ from pipeline.artifact.manifest import TASKS, Lineage, Manifest, ModelSpec, chec
 from pipeline.artifact.records import ImportRecord, Reading
 from pipeline.artifact.tensors import PinnedInput, TensorSpec
 from pipeline.artifact.tokens import limits_reading, write_tokenizer
-from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
+from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import ArtifactError, CheckFailed, InputError, first_line
 from pipeline.core.fsutil import sha256_file
@@ -46,10 +46,11 @@ from pipeline.export.readings import Readings, decide
 from pipeline.export.recognizer import target_classes
 from pipeline.export.shapes import GENERATED_BATCH, Probe, choose_sizes, generated_inputs, guessed_sizes, write_dims
 from pipeline.export.token_graph import TokenModel, TokenOptions, token_model
-from pipeline.runtime.external_data import external_files, model_bytes
+from pipeline.runtime.external_data import external_files
 from pipeline.runtime.runners import Candidate, OrtRunner, Runner, ort_runner, run_chunked
 from pipeline.runtime.sample_axes import SampleAxes, sample_leading
 from pipeline.samples.evaluation import EvaluationSet
+from pipeline.stagekit.model_record import record_model
 from pipeline.verify.choose import GateSettings, hop_policy
 from pipeline.verify.gate import LARGE_BATCH, verify
 from pipeline.verify.metrics import task_metric, text_metrics
@@ -286,8 +287,6 @@ def _build(
             raise CheckFailed(f"{exc}\n{VARY_ADVICE}") from None
         raise
     save_golden(artifact, Golden(samples, golden_out, target))
-    for rel in [MODEL_FILE, *imported.extra]:
-        artifact.add_file(rel)
     if target is not None and outputs and (metric := _metric(task, golden_out[outputs[0].name], target)):
         manifest.metrics.update(metric)
     source_sha256 = sha256_file(source)
@@ -308,19 +307,8 @@ def _build(
         read=readings.read,
         notes=[*readings.notes, *imported.notes],
     )
-    artifact.add_variant(
-        FP32,
-        Variant(
-            file=MODEL_FILE,
-            precision=_precision(outputs),
-            format="onnx",
-            stage="import",
-            parent=source_sha256,
-            metrics=dict(manifest.metrics),
-            parity=report.summary(),
-            size=model_bytes(artifact.path(MODEL_FILE)),  # with its external data
-        ),
-    )
+    record_model(artifact, stage="import", parent=source_sha256, parity=report.summary(), precision=_precision(outputs),
+                 metrics=manifest.metrics)  # fmt: skip
     artifact.save()
     return artifact
 

@@ -18,14 +18,14 @@ from pathlib import Path
 from pipeline.artifact.directory import Artifact, resolve_artifact
 from pipeline.artifact.records import ExportRecord, settings_digest
 from pipeline.artifact.stagewrite import StageWrite
-from pipeline.artifact.variants import FP32, MODEL_FILE, Variant
+from pipeline.artifact.variants import FP32, MODEL_FILE
 from pipeline.export.metadata import stamp
 from pipeline.export.onnx_export import ExportResult, export_module
 from pipeline.recipe.current import current_recipe, section_settings, train_record
 from pipeline.runtime.backends import backend_for, trained_onnx
-from pipeline.runtime.external_data import model_bytes
 from pipeline.samples.evaluation import evaluation_set
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
+from pipeline.stagekit.model_record import record_model
 from pipeline.verify.choose import GateSettings, hop_policy
 from pipeline.verify.gate import verify
 from pipeline.verify.report import GateReport
@@ -107,21 +107,13 @@ def export_artifact(
                 parity=report.to_dict(),
                 metric=report.metric,
             )
-            if not result.external_data:
-                fresh.remove_file(EXPORTED_FILES[1])  # a re-export that no longer needs it
-            fresh.add_variant(
-                FP32,
-                Variant(
-                    file=MODEL_FILE,
-                    precision="fp32",
-                    format="onnx",
-                    stage="export",
-                    parent=fresh.manifest.files[weights].sha256,
-                    settings={"exporter": result.exporter, "opset": result.opset},
-                    metrics={report.metric["name"]: report.metric["onnx"]} if report.metric else {},
-                    parity=report.summary(),
-                    size=model_bytes(fresh.path(MODEL_FILE)),  # with its external data
-                ),
+            record_model(
+                fresh,
+                stage="export",
+                parent=fresh.manifest.files[weights].sha256,
+                parity=report.summary(),
+                settings={"exporter": result.exporter, "opset": result.opset},
+                metrics={report.metric["name"]: report.metric["onnx"]} if report.metric else {},
             )
 
         artifact = write.commit(files, record)

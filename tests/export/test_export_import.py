@@ -123,6 +123,23 @@ def external_weights(tmp_path: Path, location: str) -> Path:
     return path
 
 
+def test_weights_beside_an_imported_graph_are_hashed_and_counted_in_its_size(tmp_path: Path) -> None:
+    path = external_weights(tmp_path, "weights.bin")
+    (path.parent / "weights.bin").write_bytes(W.tobytes())
+    repo = tmp_path / "artifacts"
+    result = invoke("import", str(path), "--name", "linear", "--repository", str(repo))
+    assert result.exit_code == 0, result.output
+    artifact = Artifact.load(repo / "linear" / "1")  # verifies every listed file's hash
+    files = artifact.manifest.files
+    assert set(files) == {"model.onnx", "weights.bin", "golden.npz"}
+    variant = artifact.manifest.variants["fp32"]
+    assert (
+        variant.size
+        == files["model.onnx"].size + files["weights.bin"].size
+        == artifact.path("model.onnx").stat().st_size + W.nbytes
+    )
+
+
 @pytest.mark.parametrize("location", ["../secrets.bin", "/etc/passwd"])
 def test_external_data_escaping_the_model_directory_is_refused(tmp_path: Path, location: str) -> None:
     (tmp_path / "secrets.bin").write_bytes(W.tobytes())

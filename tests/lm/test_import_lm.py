@@ -61,6 +61,17 @@ def test_a_causal_lm_imports_with_no_flags_as_text_generation(llama: tuple[Path,
     assert m.stages.import_ is not None and m.stages.import_.read["task"].source.startswith("config.json")
 
 
+@pytest.mark.slow  # shares one import of a tiny Llama
+def test_the_fp32_variant_counts_the_weights_beside_the_graph(llama: tuple[Path, Artifact]) -> None:
+    from pipeline.runtime.external_data import external_files, graph_only
+
+    _, artifact = llama
+    files = artifact.manifest.files
+    data = external_files(graph_only(artifact.path("model.onnx")), artifact.root)
+    assert set(data) <= set(files)
+    assert artifact.manifest.variants["fp32"].size == sum(files[rel].size for rel in [*data, "model.onnx"])
+
+
 @pytest.mark.slow  # shares one import of a tiny Llama (about 15 s of CPU)
 def test_the_gate_generated_greedy_tokens_at_three_batch_sizes(llama: tuple[Path, Artifact]) -> None:
     _, artifact = llama

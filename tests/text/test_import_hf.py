@@ -4,15 +4,19 @@ against transformers in torch, labels from id2label, the tokenizer and its limit
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 from click.testing import CliRunner
 
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.tokens import TOKENIZER_FILE, TokenLimits
 from pipeline.cli.group import main
+from pipeline.core.fsutil import sha256_file
 from pipeline.runtime.text import TextEncoder
 
 TEXTS = ["a cat sat in the park", "dogs", "the bird sang a song in the tree by the window all day"]
@@ -113,3 +117,39 @@ def test_cls_pooling_takes_the_first_token(bert_dir: Path) -> None:
     torch.testing.assert_close(cls, hidden[:, 0])
     want = torch.nn.functional.normalize(hidden[:, :4].mean(dim=1), dim=1)  # the padded position left out
     torch.testing.assert_close(mean, want)
+
+
+def test_an_encoder_exported_with_external_data_records_and_hashes_it(
+    bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An encoder past the protobuf limit is exported with its weights beside the graph: the import lists each
+    data file with its sha256, and the fp32 variant's size counts them (it once recorded model.onnx alone;
+    issue 44). The export writes a small encoder the way it writes a 2 GB one instead of making one."""
+    import onnx
+
+    from pipeline.export import onnx_export
+    from pipeline.export.hf import HFSettings, import_hf
+    from pipeline.runtime.external_data import external_files, graph_only, save_model
+
+    export = onnx_export.export_module
+
+    def export_beside(*args: Any, **kwargs: Any) -> onnx_export.ExportResult:
+        result = export(*args, **kwargs)
+        path = Path(args[4])
+        save_model(onnx.load(str(path)), path, external=True)  # what a model past the limit is written as
+        return replace(result, external_data=True)
+
+    monkeypatch.setattr(onnx_export, "export_module", export_beside)
+    artifact = import_hf(bert_dir, "big", tmp_path / "artifacts", HFSettings("embedding"))
+    data = external_files(graph_only(artifact.path("model.onnx")), artifact.root)
+    assert data == ["model.onnx.data"]
+    files = artifact.manifest.files
+    assert files["model.onnx.data"].sha256 == sha256_file(artifact.path("model.onnx.data"))
+    variant = artifact.manifest.variants["fp32"]
+    assert variant.size == files["model.onnx"].size + files["model.onnx.data"].size
+    Artifact.load(artifact.root)  # verifies every listed file
+
+
+def test_the_fp32_variant_records_the_size_of_model_onnx(embed_artifact: Artifact) -> None:
+    variant = embed_artifact.manifest.variants["fp32"]
+    assert variant.size == embed_artifact.path("model.onnx").stat().st_size > 0

@@ -21,9 +21,7 @@ torch and transformers are imported inside the functions only.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
-import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import onnx
 
-from pipeline.artifact.directory import Artifact, allocate_version
+from pipeline.artifact.directory import Artifact
 from pipeline.artifact.generation import (
     CacheLayout,
     Generation,
@@ -47,6 +45,7 @@ from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError, first_line
 from pipeline.export.metadata import stamp
+from pipeline.export.new_version import new_version
 from pipeline.export.opset import default_opset
 from pipeline.runtime.generate import decoder_specs, first_step, greedy, stitch
 from pipeline.runtime.runners import ort_runner, torch_runner
@@ -140,10 +139,7 @@ def import_causal_lm(
     started = time.perf_counter()
     model = load_causal_lm(source)
     loaded_s = time.perf_counter() - started
-    model_root = Path(repository) / name
-    made = [d for d in (model_root, model_root.parent) if not d.exists()]
-    root = allocate_version(model_root)
-    try:
+    with new_version(repository, name) as root:
         manifest = Manifest(
             name=root.parent.name,
             version=int(root.name),
@@ -165,44 +161,54 @@ def import_causal_lm(
         report.raise_on_failure(f"the ONNX export of {source}")
         save_golden(artifact, golden)
         digest = source_digest(source)
-        graph = onnx.load(str(root / MODEL_FILE), load_external_data=False)
         assert manifest.generation is not None  # set by export_gated
+        took = f"loaded in {loaded_s:.1f} s, exported and gated in {export_s:.1f} s ({result.exporter})"
         read = {
             "task": Reading(value=TASK, source=f"config.json architectures ({architecture})"),
             "tokens": Reading(value=limits_reading(limits), source="config.json and the tokenizer"),
             "generation": Reading(value=_generation_reading(manifest.generation), source=_generation_source(source)),
         }
-        took = f"loaded in {loaded_s:.1f} s, exported and gated in {export_s:.1f} s ({result.exporter})"
-        manifest.stages.import_ = ImportRecord(
-            settings={
-                "task": TASK,
-                "exporter": result.exporter,
-                "gate_steps": gate.steps,
-                "gate_batches": list(gate.batches),
-                "atol": gate.atol,
-                "rtol": gate.rtol,
-            },
-            inputs={"source": digest},
-            source=str(source),
-            source_sha256=digest,
-            producer=f"transformers {importlib.metadata.version('transformers')} ({config.get('model_type')})",
-            ir_version=graph.ir_version,
-            opset=default_opset(graph),
-            golden="generated",
-            parity=report.to_dict(),
-            convention="Hugging Face",
-            read=read,
-            notes=[took, *([result.fallback_reason] if result.fallback_reason else [])],
-        )
+        graph = onnx.load(str(root / MODEL_FILE), load_external_data=False)
+        manifest.stages.import_ = _import_record(source, digest, graph, config, gate, result, report, read, took)
         record_model(artifact, stage="import", parent=digest, parity=report.summary())
         artifact.save()
         return artifact
-    except BaseException:
-        shutil.rmtree(root, ignore_errors=True)  # nothing half-written
-        for directory in made:
-            with contextlib.suppress(OSError):
-                directory.rmdir()
-        raise
+
+
+def _import_record(
+    source: Path,
+    digest: str,
+    graph: onnx.ModelProto,
+    config: dict[str, Any],
+    gate: DecoderGate,
+    result: ExportResult,
+    report: GateReport,
+    read: dict[str, Reading],
+    took: str,
+) -> ImportRecord:
+    """stages.import of a causal LM: the exporter and the gate's settings, what was read, the report, and the
+    fallback's reason when the graph written with fused kernels failed and a traced one was kept."""
+    return ImportRecord(
+        settings={
+            "task": TASK,
+            "exporter": result.exporter,
+            "gate_steps": gate.steps,
+            "gate_batches": list(gate.batches),
+            "atol": gate.atol,
+            "rtol": gate.rtol,
+        },
+        inputs={"source": digest},
+        source=str(source),
+        source_sha256=digest,
+        producer=f"transformers {importlib.metadata.version('transformers')} ({config.get('model_type')})",
+        ir_version=graph.ir_version,
+        opset=default_opset(graph),
+        golden="generated",
+        parity=report.to_dict(),
+        convention="Hugging Face",
+        read=read,
+        notes=[took, *([result.fallback_reason] if result.fallback_reason else [])],
+    )
 
 
 def load_causal_lm(source: Path) -> torch.nn.Module:

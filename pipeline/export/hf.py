@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import json
-import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from pipeline.artifact.directory import Artifact, allocate_version
+from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import Golden, save_golden
 from pipeline.artifact.manifest import Lineage, Manifest, ModelSpec, check_name, label_problem
 from pipeline.artifact.records import ImportRecord, Reading
@@ -42,6 +41,7 @@ from pipeline.artifact.tokens import (
 from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.errors import InputError
 from pipeline.export.metadata import stamp
+from pipeline.export.new_version import new_version
 from pipeline.export.opset import default_opset
 from pipeline.runtime.pretrained import source_digest
 from pipeline.runtime.runners import ort_runner, torch_runner
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
     import torch
 
     from pipeline.export.hf_texts import Texts
+    from pipeline.export.onnx_export import ExportResult
+    from pipeline.verify.report import GateReport
 
 HF_TASKS = ("classification", "embedding")
 POOLINGS = ("mean", "cls")
@@ -137,19 +139,9 @@ def import_hf(
     width = len(labels) if settings.task == "classification" else int(config_obj.hidden_size)
     output = "logits" if settings.task == "classification" else "embedding"
     outputs = [TensorSpec(output, "float32", ["batch", width])]
-    model_root = Path(repository) / name
-    made = [d for d in (model_root, model_root.parent) if not d.exists()]
-    root = allocate_version(model_root)
-    try:
-        return _build(
-            root, source, module, inputs, outputs, labels, limits, tokenizer, settings, config, loaded_s, notes, texts
-        )
-    except BaseException:
-        shutil.rmtree(root, ignore_errors=True)  # nothing half-written
-        for directory in made:
-            with contextlib.suppress(OSError):
-                directory.rmdir()
-        raise
+    read = _Read(source, module, inputs, outputs, labels, limits, tokenizer, settings, config, loaded_s, notes, texts)
+    with new_version(repository, name) as root:
+        return _build(root, read)
 
 
 def read_config(source: Path) -> dict[str, Any]:
@@ -226,36 +218,42 @@ def _labels(config: Any) -> list[str]:
     return labels
 
 
-def _build(
-    root: Path,
-    source: Path,
-    module: torch.nn.Module,
-    inputs: list[TensorSpec],
-    outputs: list[TensorSpec],
-    labels: list[str],
-    limits: TokenLimits,
-    tokenizer: TokenizerSource,
-    settings: HFSettings,
-    config: dict[str, Any],
-    loaded_s: float,
-    notes: list[str],
-    texts: Texts | None,
-) -> Artifact:
+@dataclass(frozen=True)
+class _Read:
+    """The transformers directory as read: the wrapped module, its specs and labels, the token limits and
+    tokenizer, config.json, how long loading took, notes so far, and the user's evaluation texts."""
+
+    source: Path
+    module: torch.nn.Module
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    labels: list[str]
+    limits: TokenLimits
+    tokenizer: TokenizerSource
+    settings: HFSettings
+    config: dict[str, Any]
+    loaded_s: float
+    notes: list[str]
+    texts: Texts | None
+
+
+def _build(root: Path, read: _Read) -> Artifact:
     import torch
 
     from pipeline.export.onnx_export import export_module
 
+    inputs, outputs, settings, texts = read.inputs, read.outputs, read.settings, read.texts
     manifest = Manifest(
         name=root.parent.name,
         version=int(root.name),
         task=settings.task,  # type: ignore[arg-type]  # checked against HF_TASKS
         inputs=inputs,
         outputs=outputs,
-        labels=labels,
+        labels=read.labels,
         lineage=Lineage(backend="import"),
     )
     artifact = Artifact(root, manifest)
-    manifest.tokenizer, written = write_tokenizer(root, tokenizer)
+    manifest.tokenizer, written = write_tokenizer(root, read.tokenizer)
     for rel in written:
         artifact.add_file(rel)
     encoder = TextEncoder.of(root, manifest)
@@ -264,12 +262,13 @@ def _build(
     example = tuple(torch.from_numpy(samples[s.name]) for s in inputs)  # padded rows: the mask path is traced
     path = root / MODEL_FILE
     started = time.perf_counter()
-    result = export_module(module, example, inputs, outputs, path, opset=OPSET, exporter="torchscript")
+    result = export_module(read.module, example, inputs, outputs, path, opset=OPSET, exporter="torchscript")
     export_s = time.perf_counter() - started
     stamp(path, manifest)
-    reference = torch_runner(module, inputs, outputs)
+    reference = torch_runner(read.module, inputs, outputs)
     run = ort_runner(path)
     spec = ModelSpec(inputs, outputs, settings.task)
+    notes = read.notes
     if texts is not None:  # the user's texts: the gate, golden.npz and every later hop are judged on them
         samples = encoder.encode(texts.texts)
         if texts.skipped:
@@ -278,17 +277,30 @@ def _build(
     given = EvaluationSet.of(samples, source=f"{len(samples[inputs[0].name])} tokenized texts")
     policy = hop_policy("import", "fp32", settings.task, False, GateSettings.read(settings.gate))
     report = verify(path, reference, given, spec, policy, session=run.session)
-    report.raise_on_failure(f"the ONNX export of {source}")
+    report.raise_on_failure(f"the ONNX export of {read.source}")
     save_golden(artifact, Golden(samples, reference(samples)))
-    digest = source_digest(source)
+    digest = source_digest(read.source)
+    notes = [*notes, f"loaded in {read.loaded_s:.1f} s, exported in {export_s:.1f} s ({result.exporter})"]
     graph = onnx.load(str(path), load_external_data=False)
-    read = {
+    manifest.stages.import_ = _import_record(read, digest, graph, result, report, notes)
+    record_model(artifact, stage="import", parent=digest, parity=report.summary())
+    artifact.save()
+    return artifact
+
+
+def _import_record(
+    read: _Read, digest: str, graph: onnx.ModelProto, result: ExportResult, report: GateReport, notes: list[str]
+) -> ImportRecord:
+    """stages.import of a transformers directory: the settings and exporter, what config.json and the tokenizer
+    said, the texts the gate ran on, its report."""
+    settings, texts = read.settings, read.texts
+    readings = {
         "task": Reading(value=settings.task, source="--task"),
-        "tokens": Reading(value=limits_reading(limits), source="config.json and the tokenizer"),
+        "tokens": Reading(value=limits_reading(read.limits), source="config.json and the tokenizer"),
     }
-    if labels:
-        read["labels"] = Reading(value=len(labels), source="config.json id2label")
-    manifest.stages.import_ = ImportRecord(
+    if read.labels:
+        readings["labels"] = Reading(value=len(read.labels), source="config.json id2label")
+    return ImportRecord(
         settings={
             "task": settings.task,
             **({"pooling": settings.pooling, "normalize": settings.normalize} if settings.task == "embedding" else {}),
@@ -296,18 +308,15 @@ def _build(
             **settings.gate,
         },
         inputs={"source": digest, **({"eval_data": texts.digest} if texts is not None else {})},
-        source=str(source),
+        source=str(read.source),
         source_sha256=digest,
-        producer=f"transformers {importlib.metadata.version('transformers')} ({config.get('model_type')})",
+        producer=f"transformers {importlib.metadata.version('transformers')} ({read.config.get('model_type')})",
         ir_version=graph.ir_version,
         opset=default_opset(graph),
         golden="eval-data" if texts is not None else "generated",
         eval_data=str(texts.path) if texts is not None else None,
         parity=report.to_dict(),
         convention="Hugging Face",
-        read=read,
-        notes=[*notes, f"loaded in {loaded_s:.1f} s, exported in {export_s:.1f} s ({result.exporter})"],
+        read=readings,
+        notes=notes,
     )
-    record_model(artifact, stage="import", parent=digest, parity=report.summary())
-    artifact.save()
-    return artifact

@@ -14,7 +14,6 @@ repository directories when this import made them.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 import onnx
 
 from pipeline.artifact.dims import Shapes, apply_input_shapes
-from pipeline.artifact.directory import Artifact, allocate_version
+from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import Golden, save_golden
 from pipeline.artifact.manifest import TASKS, Lineage, Manifest, ModelSpec, check_name
 from pipeline.artifact.records import ImportRecord, Reading
@@ -40,6 +39,7 @@ from pipeline.export.conventions import Found, read_conventions
 from pipeline.export.evaldata import EvalData, read_eval_data
 from pipeline.export.graph import check_specs, graph_specs, load_graph
 from pipeline.export.metadata import stamp
+from pipeline.export.new_version import new_version
 from pipeline.export.opset import default_opset, missing_operators, opset_advice
 from pipeline.export.pins import pin_inputs
 from pipeline.export.readings import Readings, decide
@@ -54,6 +54,7 @@ from pipeline.stagekit.model_record import record_model
 from pipeline.verify.choose import GateSettings, hop_policy
 from pipeline.verify.gate import LARGE_BATCH, verify
 from pipeline.verify.metrics import task_metric, text_metrics
+from pipeline.verify.report import GateReport
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -132,12 +133,39 @@ def import_onnx(
     readings = decide(found, inputs, outputs, task, labels, image_preprocessing, detection)
     evaluation = None
     if eval_data is not None:
-        evaluation = read_eval_data(eval_data, inputs, readings.labels, readings.task, eval_limit)
-        if readings.ctc is not None:  # a recognizer's target texts, as class sequences
-            evaluation = target_classes(evaluation, readings.labels, readings.ctc, eval_data)
-        if evaluation.labels != readings.labels:  # a model without labels takes its class folders' names
-            readings.labels = evaluation.labels
-            readings.read["labels"] = Reading(value=len(evaluation.labels), source=f"--eval-data {eval_data} folders")
+        evaluation = _evaluation(eval_data, inputs, readings, eval_limit)
+    settings = _settings(input_shapes, graph, pinned, gate, tokens)
+    if (limits := text.limits) is not None:
+        flags = [f"--{k.replace('_', '-')}" for k, v in vars(tokens).items() if v is not None]
+        readings.read["tokens"] = Reading(
+            value=limits_reading(limits),
+            source=", ".join(["the graph's embedding tables", *flags]),
+        )  # fmt: skip
+    imported = _Imported(source, model, extra, evaluation, eval_data, settings, text, pinned, graph, shape_notes)
+    with new_version(repository, name) as root:
+        return _build(root, imported, inputs, outputs, readings, found)
+
+
+def _evaluation(eval_data: Path, inputs: list[TensorSpec], readings: Readings, eval_limit: int) -> EvalData:
+    """The user's evaluation data as the graph's inputs; a recognizer's target texts as class sequences, and a
+    model without labels takes the names of the pictures' class folders."""
+    evaluation = read_eval_data(eval_data, inputs, readings.labels, readings.task, eval_limit)
+    if readings.ctc is not None:  # a recognizer's target texts, as class sequences
+        evaluation = target_classes(evaluation, readings.labels, readings.ctc, eval_data)
+    if evaluation.labels != readings.labels:  # a model without labels takes its class folders' names
+        readings.labels = evaluation.labels
+        readings.read["labels"] = Reading(value=len(evaluation.labels), source=f"--eval-data {eval_data} folders")
+    return evaluation
+
+
+def _settings(
+    input_shapes: Shapes | None,
+    graph: GraphOptions,
+    pinned: list[PinnedInput],
+    gate: dict[str, Any] | None,
+    tokens: TokenOptions,
+) -> dict[str, object]:
+    """stages.import.settings: the flags given, as the record keeps them (paths as text)."""
     settings: dict[str, object] = {"input_shapes": input_shapes} if input_shapes else {}
     if graph.values:
         settings["input_values"] = {p.name: p.value for p in pinned}
@@ -146,24 +174,7 @@ def import_onnx(
     settings.update(gate or {})
     if tokens.given:
         settings["tokens"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(tokens).items() if v is not None}
-    if (limits := text.limits) is not None:
-        flags = [f"--{k.replace('_', '-')}" for k, v in vars(tokens).items() if v is not None]
-        readings.read["tokens"] = Reading(
-            value=limits_reading(limits),
-            source=", ".join(["the graph's embedding tables", *flags]),
-        )  # fmt: skip
-    model_root = Path(repository) / name
-    made = [d for d in (model_root, model_root.parent) if not d.exists()]  # removed again if the import fails
-    root = allocate_version(model_root)
-    try:
-        imported = _Imported(source, model, extra, evaluation, eval_data, settings, text, pinned, graph, shape_notes)
-        return _build(root, imported, inputs, outputs, readings, found)
-    except BaseException:
-        shutil.rmtree(root, ignore_errors=True)  # nothing half-written
-        for directory in made:  # nor a model or repository directory this import made, unless another filled it
-            with contextlib.suppress(OSError):
-                directory.rmdir()
-        raise
+    return settings
 
 
 def _refuse_heavy_batches(samples: Arrays, readings: Readings, eval_data: Path | None) -> None:
@@ -208,35 +219,18 @@ def _build(
     readings: Readings,
     found: Found,
 ) -> Artifact:
-    source, model, eval_data, evaluation = imported.source, imported.model, imported.eval_data, imported.evaluation
-    task, path = readings.task, root / MODEL_FILE
-    if write_dims(model, inputs, outputs) or imported.pinned:  # the graph says what it holds
-        onnx.save(model, str(path))
-    else:
-        shutil.copyfile(source, path)
-    for rel in imported.extra:
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source.parent / rel, root / rel)
+    source, evaluation = imported.source, imported.evaluation
+    path = _place(root, imported, inputs, outputs)
     try:
         loaded = ort_runner(path, SampleAxes())
     except ArtifactError as exc:  # the model does not load
         raise InputError(f"onnxruntime cannot load {source}: {first_line(exc.__cause__ or exc)}") from exc
-    if evaluation is not None:
-        samples, target = evaluation.inputs, evaluation.target
-        if all(spec.shape and isinstance(spec.shape[spec.sample_axis], str) for spec in inputs):
-            _refuse_heavy_batches(samples, readings, eval_data)
-    else:
-        ranges = imported.text.ranges
-        sizes = choose_sizes(inputs, _probe(loaded.session), str(source), readings.hints, ranges)
-        imported.notes.extend(guessed_sizes(inputs, sizes, readings.hints))
-        generated = generated_inputs(inputs, sizes, GENERATED_BATCH, ranges=ranges)
-        samples, target = {s.name: sample_leading(s, generated[s.name]) for s in inputs}, None
-    feeding = SampleAxes.of_specs(inputs, [])
+    samples, target = _samples(imported, loaded.session, inputs, readings)
     try:  # outputs as computed, and where their samples are
-        outputs[:] = computed_outputs(OrtRunner(loaded.session, feeding), samples, inputs, outputs,
-                                      imported.graph.batch_axes, imported.notes)  # fmt: skip
-        if write_dims(model, inputs, outputs):  # the outputs as computed, written where the graph declared others
-            onnx.save(model, str(path))
+        outputs[:] = computed_outputs(OrtRunner(loaded.session, SampleAxes.of_specs(inputs, [])), samples, inputs,
+                                      outputs, imported.graph.batch_axes, imported.notes)  # fmt: skip
+        if write_dims(imported.model, inputs, outputs):  # the outputs as computed, where the graph declared others
+            onnx.save(imported.model, str(path))
             loaded = ort_runner(path, SampleAxes())
     except InputError:
         raise
@@ -248,19 +242,11 @@ def _build(
         golden_out = run_chunked(run, samples, chunk=GOLDEN_CHUNK) if batched else run(samples)
     except Exception as exc:  # the model loads but does not run on inputs of its declared shape
         raise InputError(f"onnxruntime cannot run {source} on inputs shaped like its graph inputs: {exc}") from exc
-    try:
-        readings.check_labels(outputs, golden_out)
-    except InputError as exc:
-        if evaluation is None or evaluation.pictures is None or not readings.read["labels"].source.endswith("folders"):
-            raise
-        raise InputError(  # the labels came from the class folders
-            f"--eval-data {eval_data}: its class folders became the labels, but {exc}; give the model's labels in "
-            "output order with --labels or --labels-file, and the folders are matched to them by name"
-        ) from None
+    _check_labels(readings, outputs, golden_out, imported)
     manifest = Manifest(
         name=root.parent.name,
         version=int(root.name),
-        task=task,
+        task=readings.task,
         inputs=inputs,
         outputs=outputs,
         labels=readings.labels,
@@ -275,25 +261,88 @@ def _build(
         for rel in written:
             artifact.add_file(rel)
     stamp(path, manifest)  # the session above read the same graph and weights; stamping adds metadata only
-    reference = _one_at_a_time(run, inputs)
-    given = EvaluationSet.of(samples, source="the import's samples")
-    policy = hop_policy("import", "fp32", task, False, GateSettings.read(imported.settings))
-    candidate = Candidate(run, "ONNX", "onnxruntime", path)  # fed as the specs say: batch axes, a fixed batch
-    report = verify(candidate, reference, given, ModelSpec(inputs, outputs, task), policy)
+    report = _gate(run, path, samples, manifest.spec, imported)
+    save_golden(artifact, Golden(samples, golden_out, target))
+    if target is not None and outputs and (metric := _metric(readings.task, golden_out[outputs[0].name], target)):
+        manifest.metrics.update(metric)
+    source_sha256 = sha256_file(source)
+    manifest.stages.import_ = _import_record(imported, source_sha256, report, readings, found)
+    record_model(artifact, stage="import", parent=source_sha256, parity=report.summary(), precision=_precision(outputs),
+                 metrics=manifest.metrics)  # fmt: skip
+    artifact.save()
+    return artifact
+
+
+def _place(root: Path, imported: _Imported, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> Path:
+    """model.onnx written into the version (the source copied, or rewritten when its dims or pins changed) with
+    its external data files beside it; returns its path."""
+    source, path = imported.source, root / MODEL_FILE
+    if write_dims(imported.model, inputs, outputs) or imported.pinned:  # the graph says what it holds
+        onnx.save(imported.model, str(path))
+    else:
+        shutil.copyfile(source, path)
+    for rel in imported.extra:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source.parent / rel, root / rel)
+    return path
+
+
+def _samples(
+    imported: _Imported, session: ort.InferenceSession, inputs: list[TensorSpec], readings: Readings
+) -> tuple[Arrays, np.ndarray | None]:
+    """The golden inputs and their target: the user's evaluation data, or inputs generated at sizes the model
+    was seen to run (the sizes guessed are noted)."""
+    evaluation = imported.evaluation
+    if evaluation is not None:
+        if all(spec.shape and isinstance(spec.shape[spec.sample_axis], str) for spec in inputs):
+            _refuse_heavy_batches(evaluation.inputs, readings, imported.eval_data)
+        return evaluation.inputs, evaluation.target
+    ranges = imported.text.ranges
+    sizes = choose_sizes(inputs, _probe(session), str(imported.source), readings.hints, ranges)
+    imported.notes.extend(guessed_sizes(inputs, sizes, readings.hints))
+    generated = generated_inputs(inputs, sizes, GENERATED_BATCH, ranges=ranges)
+    return {s.name: sample_leading(s, generated[s.name]) for s in inputs}, None
+
+
+def _check_labels(readings: Readings, outputs: list[TensorSpec], golden_out: Arrays, imported: _Imported) -> None:
+    """The labels fit the outputs as computed; labels taken from class folders say so and how to give them."""
+    evaluation = imported.evaluation
     try:
-        report.raise_on_failure(f"imported model {source}")
+        readings.check_labels(outputs, golden_out)
+    except InputError as exc:
+        if evaluation is None or evaluation.pictures is None or not readings.read["labels"].source.endswith("folders"):
+            raise
+        raise InputError(  # the labels came from the class folders
+            f"--eval-data {imported.eval_data}: its class folders became the labels, but {exc}; give the model's "
+            "labels in output order with --labels or --labels-file, and the folders are matched to them by name"
+        ) from None
+
+
+def _gate(run: OrtRunner, path: Path, samples: Arrays, spec: ModelSpec, imported: _Imported) -> GateReport:
+    """The import's parity gate: structure, and batched runs equal to each sample run alone; raises on failure,
+    with the --input-shape advice when onnxruntime refused a size the graph declares free."""
+    policy = hop_policy("import", "fp32", spec.task, False, GateSettings.read(imported.settings))
+    candidate = Candidate(run, "ONNX", "onnxruntime", path)  # fed as the specs say: batch axes, a fixed batch
+    given = EvaluationSet.of(samples, source="the import's samples")
+    report = verify(candidate, _one_at_a_time(run, spec.inputs), given, spec, policy)
+    try:
+        report.raise_on_failure(f"imported model {imported.source}")
     except CheckFailed as exc:
         if any("refused the input" in row.detail or "reference failed" in row.detail for row in report.failures):
             raise CheckFailed(f"{exc}\n{VARY_ADVICE}") from None
         raise
-    save_golden(artifact, Golden(samples, golden_out, target))
-    if target is not None and outputs and (metric := _metric(task, golden_out[outputs[0].name], target)):
-        manifest.metrics.update(metric)
-    source_sha256 = sha256_file(source)
-    manifest.stages.import_ = ImportRecord(
+    return report
+
+
+def _import_record(
+    imported: _Imported, source_sha256: str, report: GateReport, readings: Readings, found: Found
+) -> ImportRecord:
+    """stages.import: the source and what was read of it, the settings, how the golden outputs were made, the gate."""
+    model, evaluation, eval_data = imported.model, imported.evaluation, imported.eval_data
+    return ImportRecord(
         settings=imported.settings,
         inputs={"source": source_sha256, **({"eval_data": evaluation.digest} if evaluation is not None else {})},
-        source=str(source),
+        source=str(imported.source),
         source_sha256=source_sha256,
         producer=f"{model.producer_name} {model.producer_version}".strip(),
         ir_version=model.ir_version,
@@ -307,10 +356,6 @@ def _build(
         read=readings.read,
         notes=[*readings.notes, *imported.notes],
     )
-    record_model(artifact, stage="import", parent=source_sha256, parity=report.summary(), precision=_precision(outputs),
-                 metrics=manifest.metrics)  # fmt: skip
-    artifact.save()
-    return artifact
 
 
 def _probe(session: ort.InferenceSession) -> Probe:

@@ -22,6 +22,7 @@ from pipeline.artifact.variants import FP32, MODEL_FILE
 from pipeline.export.metadata import stamp
 from pipeline.export.onnx_export import ExportResult, export_module
 from pipeline.recipe.current import current_recipe, section_settings, train_record
+from pipeline.recipe.schema import ExportSpec
 from pipeline.runtime.backends import backend_for, trained_onnx
 from pipeline.samples.evaluation import evaluation_set
 from pipeline.stagekit.contract import Context, Overrides, Progress, Stage
@@ -54,7 +55,7 @@ def export_artifact(
     manifest = artifact.manifest
     train = train_record(artifact)
     recipe, notes = current_recipe(artifact, recipe_path)
-    settings = section_settings(recipe, "export", dict(overrides or {}))
+    settings: ExportSpec = section_settings(recipe, "export", dict(overrides or {}))
     exporter = "dynamo" if settings.dynamo else "torchscript"
     tol = hop_policy("export", "fp32", manifest.task, False, GateSettings.read(settings.model_dump()))
     backend = backend_for(artifact)
@@ -96,21 +97,12 @@ def export_artifact(
         files = list(EXPORTED_FILES[::-1]) if result.external_data else [MODEL_FILE]  # weights, then the graph
 
         def record(fresh: Artifact) -> None:
-            fresh.manifest.stages.export = ExportRecord(
-                settings=settings.model_dump(mode="json"),
-                inputs={weights: fresh.manifest.files[weights].sha256},
-                exporter=result.exporter,
-                opset=result.opset,
-                requested_opset=settings.opset,
-                external_data=result.external_data,
-                fallback_reason=result.fallback_reason,
-                parity=report.to_dict(),
-                metric=report.metric,
-            )
+            parent = fresh.manifest.files[weights].sha256
+            fresh.manifest.stages.export = _export_record(settings, weights, parent, result, report)
             record_model(
                 fresh,
                 stage="export",
-                parent=fresh.manifest.files[weights].sha256,
+                parent=parent,
                 parity=report.summary(),
                 settings={"exporter": result.exporter, "opset": result.opset},
                 metrics={report.metric["name"]: report.metric["onnx"]} if report.metric else {},
@@ -118,6 +110,24 @@ def export_artifact(
 
         artifact = write.commit(files, record)
     return ExportOutcome(artifact, result, report, notes)
+
+
+def _export_record(
+    settings: ExportSpec, weights: str, parent: str, result: ExportResult, report: GateReport
+) -> ExportRecord:
+    """stages.export: the settings, the weights it was made from (`parent`, their sha256), the exporter and
+    opset used, why the preferred exporter was not, and the gate's report."""
+    return ExportRecord(
+        settings=settings.model_dump(mode="json"),
+        inputs={weights: parent},
+        exporter=result.exporter,
+        opset=result.opset,
+        requested_opset=settings.opset,
+        external_data=result.external_data,
+        fallback_reason=result.fallback_reason,
+        parity=report.to_dict(),
+        metric=report.metric,
+    )
 
 
 def copy_trained(trained: Path, candidate: Path, backend: str) -> ExportResult:

@@ -146,11 +146,7 @@ def convert_in_turn(
     started = time.monotonic()
     for n, attempt in enumerate(attempts, 1):
         left = settings.timeout_s - (time.monotonic() - started)
-        record = ConvertAttempt(name=attempt.name, options=dict(attempt.options), slim=attempt.slim)
-        dims = settings.input_dims
-        if attempt.batch_one:  # the dims device_specs left free are the batch (and axes named like it)
-            dims = {name: [1 if isinstance(d, str) else d for d in shape] for name, shape in dims.items()}
-            record.options = {**record.options, "fixed_batch": 1}  # pipe's own, on the copy: not an onnx2tf option
+        record, dims = _attempt_record(attempt, settings)
         tried.append(record)
         if attempt.replacement and replacement is None:
             record.reason = "skipped: no earlier attempt left a parameter-replacement file"
@@ -171,10 +167,7 @@ def convert_in_turn(
             made = convert(onnx_path, workspace, tuned, calibration, progress)
         except CheckFailed as exc:
             record.seconds = round(time.monotonic() - begun, 1)
-            record.reason = re.sub(r"(; | \()log: [^)]*\)?$", "", str(exc).splitlines()[0])  # the scratch log goes away
-            if record.reason.startswith("onnx2tf did not finish"):
-                share = "the time left of" if limit < settings.timeout_s * ATTEMPT_SHARE else "a third of"
-                record.reason += f" ({share} edge.timeout_s, {settings.timeout_s:g} s): {TIMEOUT_ADVICE}"
+            record.reason = _refusal(exc, limit, settings)
             log = workspace / "onnx2tf" / LOG
             if (guess := workspace / "onnx2tf" / "out" / f"{Path(COPY).stem}{AUTO_JSON}").is_file():
                 replacement = guess
@@ -185,12 +178,8 @@ def convert_in_turn(
             converted.fixed_batch = 1
         try:
             judged = judge(made)
-        except ArtifactError as exc:  # a file LiteRT cannot load: TensorFlow's Select ops (Flex), which devices lack
-            flex = sorted({op.decode() for c in made for op in re.findall(FLEX, c.path.read_bytes())})
-            record.reason = first_line(exc)
-            if flex:
-                record.reason = (f"LiteRT cannot load what onnx2tf wrote: it needs TensorFlow's Select ops "
-                                 f"({', '.join(flex)}), which device interpreters do not have")  # fmt: skip
+        except ArtifactError as exc:  # a file LiteRT cannot load
+            record.reason = _unloadable(exc, made)
             say(f"onnx2tf attempt {n} converted but was left: {record.reason[:300]}")
             continue
         why = judged.failure
@@ -209,6 +198,37 @@ def convert_in_turn(
         return first, tried
     last = next((r.reason for r in reversed(tried) if not r.reason.startswith("skipped")), "no attempt ran")
     raise NotConverted(f"{last}\n{attempts_text(tried)}", tried, log)
+
+
+def _attempt_record(attempt: Attempt, settings: EdgeSettings) -> tuple[ConvertAttempt, dict[str, list[int | str]]]:
+    """The record of `attempt` before it runs, and the input dims its copy takes (the batch fixed at 1 for
+    BATCH_ONE: the dims device_specs left free are the batch, and axes named like it)."""
+    record = ConvertAttempt(name=attempt.name, options=dict(attempt.options), slim=attempt.slim)
+    dims = settings.input_dims
+    if attempt.batch_one:
+        dims = {name: [1 if isinstance(d, str) else d for d in shape] for name, shape in dims.items()}
+        record.options = {**record.options, "fixed_batch": 1}  # pipe's own, on the copy: not an onnx2tf option
+    return record, dims
+
+
+def _refusal(exc: CheckFailed, limit: float, settings: EdgeSettings) -> str:
+    """Why onnx2tf failed, as the record keeps it: its first line without the scratch log (which goes away), and
+    for a run stopped on time the share of edge.timeout_s it had and the setting that gives more."""
+    reason = re.sub(r"(; | \()log: [^)]*\)?$", "", str(exc).splitlines()[0])
+    if reason.startswith("onnx2tf did not finish"):
+        share = "the time left of" if limit < settings.timeout_s * ATTEMPT_SHARE else "a third of"
+        reason += f" ({share} edge.timeout_s, {settings.timeout_s:g} s): {TIMEOUT_ADVICE}"
+    return reason
+
+
+def _unloadable(exc: ArtifactError, made: list[Converted]) -> str:
+    """Why LiteRT cannot load what onnx2tf wrote: TensorFlow's Select ops (Flex), which devices lack, named when
+    the files hold them; else LiteRT's own first line."""
+    flex = sorted({op.decode() for c in made for op in re.findall(FLEX, c.path.read_bytes())})
+    if flex:
+        return (f"LiteRT cannot load what onnx2tf wrote: it needs TensorFlow's Select ops ({', '.join(flex)}), "
+                "which device interpreters do not have")  # fmt: skip
+    return first_line(exc)
 
 
 def attempts_text(tried: list[ConvertAttempt]) -> str:

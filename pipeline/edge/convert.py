@@ -116,8 +116,6 @@ def convert(
     failed to quantize) is missing from the list and every returned model's `warnings` says why.
     A model onnx2tf cannot convert raises CheckFailed with onnx2tf's own reason.
     """
-    import onnx
-
     say = progress or (lambda _message: None)
     unknown = [p for p in settings.precisions if p not in PRECISIONS]
     if unknown or not settings.precisions:
@@ -127,6 +125,63 @@ def convert(
     workdir = Path(workdir)
     scratch = workdir / "onnx2tf"
     scratch.mkdir(parents=True, exist_ok=True)
+    copy = _prepare_copy(onnx_path, scratch, settings, calibration, say)
+    precisions = _precisions(settings, copy)
+    (scratch / "convert.json").write_text(json.dumps(_onnx2tf_options(scratch, settings, copy, precisions)))
+
+    images = f"; image inputs {settings.layout.upper()}" if any(len(d) == 4 for _, _, d in copy.inputs) else ""
+    say(f"onnx2tf: converting {onnx_path.name} ({', '.join(precisions)}{images})")
+    started = time.time()
+    run_onnx2tf(scratch, settings.timeout_s, {v: k for k, v in copy.renamed.items()})
+    made: list[Converted] = []
+    previous = started
+    for precision in precisions:
+        suffix = INT8_SUFFIX[settings.int8_io] if precision == "int8" else SUFFIX[precision]
+        produced = scratch / "out" / f"{Path(COPY).stem}_{suffix}.tflite"
+        if not produced.is_file():
+            if precision != "int8":
+                raise CheckFailed(f"onnx2tf finished but wrote no {precision} model: {reason(scratch / LOG, {})}")
+            copy.warnings.append(f"int8 not made: onnx2tf could not quantize the model: {reason(scratch / LOG, {})}")
+            continue
+        finished = produced.stat().st_mtime
+        target = workdir / f"model.{precision}.tflite"
+        produced.replace(target)
+        made.append(_describe(precision, target, copy.inputs, copy.outputs, copy.renamed, settings.layout,
+                              round(max(finished - previous, 0.0), 2)))  # fmt: skip
+        previous = max(previous, finished)
+        if precision == "int8":
+            made[-1].int8_io = settings.int8_io
+        for entry in made[-1].inputs:
+            if entry["name"] in copy.normalized:
+                entry["normalize"] = copy.normalized[entry["name"]]
+        for entry in made[-1].outputs:
+            if entry["name"] in copy.boxed:
+                entry["boxes_normalized_by"] = copy.boxed[entry["name"]]
+    for converted in made:
+        converted.warnings = list(copy.warnings) + converted.warnings
+    say(f"onnx2tf: {', '.join(f'{c.precision} {c.seconds:.1f} s' for c in made)} (total {time.time() - started:.1f} s)")
+    return made
+
+
+@dataclass
+class _Copy:
+    """The copy onnx2tf converts, as written in the scratch directory, and what writing it changed."""
+
+    inputs: Inputs  # model.onnx's inputs, their free dims fixed as `EdgeSettings.input_dims` says
+    outputs: list[tuple[str, list[int | str]]]
+    renamed: dict[str, str]  # model.onnx's name -> the copy's, where onnx2tf would reject the name
+    normalized: dict[str, dict[str, list[float]]]  # input -> the mean and std taken out of the copy
+    boxed: dict[str, list[int]]  # detector output -> [width, height] its boxes were divided by
+    calibration: dict[str, np.ndarray] | None  # the caller's samples, normalized where the copy no longer is
+    warnings: list[str]  # for every model made: what was asked for and not done, and why
+
+
+def _prepare_copy(
+    onnx_path: Path, scratch: Path, settings: EdgeSettings, calibration: dict[str, np.ndarray] | None, say: Progress
+) -> _Copy:
+    """Write the copy of `onnx_path` onnx2tf converts: its weights inline, its input dims fixed, the
+    normalization and box scaling int8 cannot hold taken out (scaling.py), names onnx2tf rejects rewritten."""
+    import onnx
 
     model = onnx.load(str(onnx_path))  # external data, if any, is read here and saved inline in the copy
     write_input_dims(model.graph, settings.input_dims)
@@ -151,19 +206,29 @@ def convert(
         say(f"edge: {name}'s boxes divided by the image size {width}x{height} ({where}); the runner multiplies back")
     renamed = sanitize(model.graph)
     onnx.save(model, str(scratch / COPY))
+    return _Copy(inputs, outputs, renamed, normalized, boxed, calibration, warnings)
 
+
+def _precisions(settings: EdgeSettings, copy: _Copy) -> list[str]:
+    """The precisions to make: int8 left out (and why, in the warnings) for a model fed integers."""
     precisions = list(dict.fromkeys(settings.precisions))
-    if "int8" in precisions and (ints := [name for name, kind, _ in inputs if kind not in FLOAT_TYPES]):
+    if "int8" in precisions and (ints := [name for name, kind, _ in copy.inputs if kind not in FLOAT_TYPES]):
         precisions.remove("int8")
-        warnings.append(
+        copy.warnings.append(
             f"int8 not made: full-integer int8 calibrates float inputs only, and {ints} hold integers (token ids); "
             "use fp16 for this model"
         )
         if not precisions:
-            raise InputError(f"{warnings[-1]}; ask for fp32 or fp16")
-    if "int8" in precisions and calibration is None:
+            raise InputError(f"{copy.warnings[-1]}; ask for fp32 or fp16")
+    if "int8" in precisions and copy.calibration is None:
         raise InputError("int8 needs real calibration samples (calibration=None was given); or leave int8 out")
+    return precisions
 
+
+def _onnx2tf_options(scratch: Path, settings: EdgeSettings, copy: _Copy, precisions: list[str]) -> dict[str, Any]:
+    """onnx2tf.convert's keyword arguments, with the sample-image and calibration files they name written beside
+    the copy: layouts kept or transposed, onnxslim, the caller's own options, int8 calibrated on its samples."""
+    inputs, renamed, calibration = copy.inputs, copy.renamed, copy.calibration
     # onnx2tf transposes every 3-D, 4-D and 5-D input to channels-last; only 4-D images may change layout
     nhwc = {n for n, _, dims in inputs if len(dims) == 4 and settings.layout == "nhwc"}
     kept = [renamed.get(n, n) for n, _, dims in inputs if len(dims) in (3, 4, 5) and n not in nhwc]
@@ -180,40 +245,7 @@ def convert(
     if "int8" in precisions and calibration is not None:
         kwargs["output_integer_quantized_tflite"] = True
         kwargs["custom_input_op_name_np_data_path"] = _calibration_files(scratch, inputs, renamed, nhwc, calibration)
-    (scratch / "convert.json").write_text(json.dumps(kwargs))
-
-    images = f"; image inputs {settings.layout.upper()}" if any(len(d) == 4 for _, _, d in inputs) else ""
-    say(f"onnx2tf: converting {onnx_path.name} ({', '.join(precisions)}{images})")
-    started = time.time()
-    run_onnx2tf(scratch, settings.timeout_s, {v: k for k, v in renamed.items()})
-    made: list[Converted] = []
-    previous = started
-    for precision in precisions:
-        suffix = INT8_SUFFIX[settings.int8_io] if precision == "int8" else SUFFIX[precision]
-        produced = scratch / "out" / f"{Path(COPY).stem}_{suffix}.tflite"
-        if not produced.is_file():
-            if precision != "int8":
-                raise CheckFailed(f"onnx2tf finished but wrote no {precision} model: {reason(scratch / LOG, {})}")
-            warnings.append(f"int8 not made: onnx2tf could not quantize the model: {reason(scratch / LOG, {})}")
-            continue
-        finished = produced.stat().st_mtime
-        target = workdir / f"model.{precision}.tflite"
-        produced.replace(target)
-        made.append(_describe(precision, target, inputs, outputs, renamed, settings.layout,
-                              round(max(finished - previous, 0.0), 2)))  # fmt: skip
-        previous = max(previous, finished)
-        if precision == "int8":
-            made[-1].int8_io = settings.int8_io
-        for entry in made[-1].inputs:
-            if entry["name"] in normalized:
-                entry["normalize"] = normalized[entry["name"]]
-        for entry in made[-1].outputs:
-            if entry["name"] in boxed:
-                entry["boxes_normalized_by"] = boxed[entry["name"]]
-    for converted in made:
-        converted.warnings = list(warnings) + converted.warnings
-    say(f"onnx2tf: {', '.join(f'{c.precision} {c.seconds:.1f} s' for c in made)} (total {time.time() - started:.1f} s)")
-    return made
+    return kwargs
 
 
 def _sample_images(inputs: Inputs, calibration: dict[str, np.ndarray] | None) -> np.ndarray:

@@ -131,9 +131,7 @@ def import_onnx(
         inputs = text.limits.apply(inputs)
     found = read_conventions(model)
     readings = decide(found, inputs, outputs, task, labels, image_preprocessing, detection)
-    evaluation = None
-    if eval_data is not None:
-        evaluation = _evaluation(eval_data, inputs, readings, eval_limit)
+    evaluation = _evaluation(eval_data, inputs, readings, eval_limit) if eval_data is not None else None
     settings = _settings(input_shapes, graph, pinned, gate, tokens)
     if (limits := text.limits) is not None:
         flags = [f"--{k.replace('_', '-')}" for k, v in vars(tokens).items() if v is not None]

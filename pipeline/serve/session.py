@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -25,6 +25,9 @@ from pipeline.runtime.session import create_session
 from pipeline.serve.errors import RequestError
 from pipeline.serve.protocols.datatypes import IOSpec, v2_datatype
 from pipeline.serve.protocols.keyed import SHOWN
+
+if TYPE_CHECKING:
+    from pipeline.serve.generation.served import Starter
 
 _state = ort.capi.onnxruntime_pybind11_state
 # What onnxruntime raises for an input it cannot run (none share a base); a device failure such as
@@ -90,7 +93,7 @@ class ModelSession:
         self.batch_off = f"off (the batch is not the first axis of {moved})" if moved else "off (fixed batch dim)"
         self.batchable = self.batchable and not moved
         self.padding = _padding(self.inputs, self.outputs) if self.batchable else None
-        self.generator: Any = None  # a text-generation model's engine starter (generation/served.py), set on load
+        self.generator: Starter | None = None  # a text-generation model's engine starter, set on load
 
     def check_inputs(self, feeds: dict[str, np.ndarray]) -> int:
         """Refuse inputs that do not match the model (name, dtype, shape); return the batch size.

@@ -27,6 +27,8 @@ from pipeline.artifact.tokens import TokenizerRecord, TokenLimits
 from pipeline.core.errors import ArtifactError, InputError
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from pipeline.artifact.manifest import Manifest
 
 Row = dict[str, np.ndarray]  # input name -> one text's values, [length]
@@ -38,7 +40,7 @@ MAX_CHARS = 1_000_000  # characters kept of a text for a model that records no m
 class TextEncoder:
     """A loaded tokenizer and where its ids, mask and token types go."""
 
-    tokenizer: Any  # tokenizers.Tokenizer, truncation set, padding off (rows are padded per batch)
+    tokenizer: Tokenizer  # truncation set, padding off (rows are padded per batch)
     limits: TokenLimits
     padding_side: str = "right"
 

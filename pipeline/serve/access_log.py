@@ -14,10 +14,10 @@ from __future__ import annotations
 import datetime
 import os
 import time
-from typing import Any
 
 import orjson
 
+from pipeline.serve.asgi import App, Message, Receive, Scope, Send
 from pipeline.serve.request_id import current_id
 from pipeline.serve.timing import RequestRecord, current_request
 
@@ -31,12 +31,12 @@ def _ms(seconds: float | None) -> float | None:
 class AccessLog:
     """An ASGI wrapper writing the access log line of every HTTP request the wrapped app answers."""
 
-    def __init__(self, app: Any, target: str) -> None:
+    def __init__(self, app: App, target: str) -> None:
         self.app = app
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
         self._fd = 1 if target == STDOUT else os.open(target, flags, 0o644)
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -44,7 +44,7 @@ class AccessLog:
         token = current_request.set(record)
         started = time.perf_counter()
 
-        async def send_status(message: dict[str, Any]) -> None:
+        async def send_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]

@@ -21,6 +21,7 @@ from typing import Any
 
 from pipeline.serve import logs, triton
 from pipeline.serve.access_log import AccessLog
+from pipeline.serve.asgi import Receive, Scope, Send
 from pipeline.serve.auth import ApiKey
 from pipeline.serve.body import BODY_METHODS, BodyLimit, read_body
 from pipeline.serve.config import ServeConfig
@@ -157,7 +158,7 @@ class ServeApp:
         self.state = ServeState(config)
         self._router = Router(ROUTES)
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "http":
@@ -167,7 +168,7 @@ class ServeApp:
             else:
                 await send_response(send, response)
 
-    async def _lifespan(self, receive: Any, send: Any) -> None:
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
@@ -201,7 +202,7 @@ class ServeApp:
         log.info("serving %s on http://%s:%d", served or "no models yet", c.http.host, c.http.port)
         state.ready = True
 
-    async def _handle(self, scope: dict[str, Any], receive: Any) -> Response | Streaming:
+    async def _handle(self, scope: Scope, receive: Receive) -> Response | Streaming:
         method: str = scope["method"]
         try:
             # ASGI servers lower-case header names (uvicorn does), as the wrappers also rely on

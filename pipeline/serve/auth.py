@@ -11,9 +11,9 @@ from __future__ import annotations
 import hmac
 import os
 from collections.abc import Set
-from typing import Any
 
 from pipeline.core.errors import InputError
+from pipeline.serve.asgi import App, Receive, Scope, Send
 from pipeline.serve.errors import RequestError
 from pipeline.serve.responses import error_response, send_response
 
@@ -25,13 +25,13 @@ _REFUSED = RequestError(
 class ApiKey:
     """An ASGI wrapper answering 401 to an HTTP request without the bearer token, unless its path is public."""
 
-    def __init__(self, app: Any, token: str, public: Set[str]) -> None:
+    def __init__(self, app: App, token: str, public: Set[str]) -> None:
         self.app = app
         self._expected = f"Bearer {token}".encode()
         self._public = public
 
     @classmethod
-    def from_env(cls, app: Any, name: str, public: Set[str]) -> ApiKey:
+    def from_env(cls, app: App, name: str, public: Set[str]) -> ApiKey:
         token = os.environ.get(name, "")
         if not token:
             raise InputError(
@@ -40,7 +40,7 @@ class ApiKey:
             )
         return cls(app, token, public)
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in self._public:
             given = b""
             for key, value in scope["headers"]:  # ASGI header names are lower-case; the last one counts

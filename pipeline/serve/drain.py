@@ -24,9 +24,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
+
+from pipeline.serve.asgi import App, Message, Receive, Scope, Send
 
 log = logging.getLogger("pipe.serve")
 
@@ -89,17 +91,17 @@ class Drain:
 class CloseWhileDraining:
     """An ASGI wrapper adding `Connection: close` to every response while the drain runs."""
 
-    def __init__(self, app: Any, drain: Drain) -> None:
+    def __init__(self, app: App, drain: Drain) -> None:
         self.app = app
         self.drain = drain
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         drain = self.drain
 
-        def closing(message: dict[str, Any]) -> Any:  # send's own awaitable: no coroutine of its own
+        def closing(message: Message) -> Awaitable[None]:  # send's own awaitable: no coroutine of its own
             if drain.draining and message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
             return send(message)

@@ -29,6 +29,7 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pipeline.serve.asgi import App, Message, Receive, Scope, Send
 from pipeline.serve.generation.stats import FAMILIES as GENERATION_FAMILIES
 from pipeline.serve.generation.stats import GenerationStats
 
@@ -285,17 +286,17 @@ class CountResponses:
     """An ASGI wrapper counting every HTTP answer by status (`pipe_http_responses_total`), whichever layer gave it,
     and the requests being answered (`pipe_requests_in_flight`)."""
 
-    def __init__(self, app: Any, metrics: Metrics) -> None:
+    def __init__(self, app: App, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         count = self.metrics.count_response
 
-        def counted(message: dict[str, Any]) -> Awaitable[None]:  # send's own awaitable: no coroutine of its own
+        def counted(message: Message) -> Awaitable[None]:  # send's own awaitable: no coroutine of its own
             if message["type"] == "http.response.start":
                 count(message["status"])
             return send(message)

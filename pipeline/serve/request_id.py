@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextvars
 import itertools
 import os
-from typing import Any
+from collections.abc import Awaitable
+
+from pipeline.serve.asgi import App, Message, Receive, Scope, Send
 
 HEADER = "x-request-id"
 MAX_LENGTH = 128
@@ -56,10 +58,10 @@ def incoming(headers: list[tuple[bytes, bytes]]) -> str:
 class RequestId:
     """An ASGI wrapper giving each HTTP request its id (`current_id`) and echoing it in `X-Request-ID`."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: App) -> None:
         self.app = app
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -67,7 +69,7 @@ class RequestId:
         header = (b"x-request-id", request_id.encode())
         token = current_id.set(request_id)
 
-        def echoing(message: dict[str, Any]) -> Any:  # send's own awaitable: no coroutine of its own
+        def echoing(message: Message) -> Awaitable[None]:  # send's own awaitable: no coroutine of its own
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", ()), header]}
             return send(message)

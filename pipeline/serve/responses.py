@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from pipeline.serve.asgi import Send
 from pipeline.serve.errors import RequestError
 from pipeline.serve.request_id import current_id
 
@@ -34,7 +35,7 @@ def error_body(message: str, status: int, headers: dict[str, str] | None = None)
     return status, orjson.dumps(body), {**JSON_HEADERS, **(headers or {})}
 
 
-async def send_response(send: Any, response: Response) -> None:
+async def send_response(send: Send, response: Response) -> None:
     status, body, headers = response
     raw_headers = [(k.encode(), v.encode()) for k, v in headers.items()]
     raw_headers.append((b"content-length", str(len(body)).encode()))

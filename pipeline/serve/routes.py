@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from pipeline.serve.asgi import Receive
 from pipeline.serve.errors import NotFound, RequestError
 from pipeline.serve.generation.stream import Streaming
 from pipeline.serve.responses import Response
@@ -73,7 +74,8 @@ class Request:
     model_name: str | None = None  # {model_name}; None on routes without one
     version: str | None = None  # {version} as sent; None: not in the path (the default version)
     label: str | None = None  # {label} as sent (/labels/{label}): the version a label names
-    receive: Any = None  # ASGI receive, after the body: a handler that waits long watches it for the client leaving
+    # ASGI receive, after the body: a handler that waits long watches it for the client leaving
+    receive: Receive | None = None
 
 
 # A route's handler: the server's state and the request in, the answer out (a stream for a generation).

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from pipeline.serve.asgi import Receive, Send
+
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 DONE = b"data: [DONE]\n\n"
-Message = dict[str, Any]  # an ASGI message: {"type": "http.request" | "http.disconnect" | ..., ...}
-Receive = Callable[[], Awaitable[Message]]  # ASGI's receive: the next message from the client's side
-Send = Callable[[Message], Awaitable[None]]  # ASGI's send
 
 
 def event(data: Any) -> bytes:

@@ -1,4 +1,9 @@
-"""Which way each metric an artifact records improves: what `pipe check`, the recipe's budgets and the reports judge."""
+"""Which way each metric improves: what `pipe check`, the recipe's budgets, the reports and `train.monitor` judge.
+
+The one table of directions: recipe/schema.py's `MONITORS` is derived from it, and the copy in
+pipeline/train/ort_worker.py (which may import nothing of pipe) is held equal to that by
+tests/train/test_ort_worker_copies.py.
+"""
 
 from __future__ import annotations
 

@@ -136,7 +136,7 @@ def _torch_decoder(artifact: Artifact, row: Row, threads: int) -> Runner:
 def _probe(run: Runner, name: str, cache: Any, ids: np.ndarray, mask: np.ndarray) -> None:
     """One prefill and one decode step before any timing: a row that cannot run is listed, not timed."""
     try:
-        measure_lm({name: run}, cache, ids, mask, 1, seconds=0.0, warmup=0, min_runs=1, max_runs=1)
+        measure_lm({name: run}, cache, ids, mask, 1, warmup=0, min_runs=1, max_runs=1)
     except PipelineError:
         raise
     except Exception as exc:  # torch and onnxruntime raise their own types

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, ValidationError, model_validator
 
+from pipeline.artifact.directions import HIGHER_IS_BETTER
 from pipeline.artifact.manifest import NAME as MODEL_NAME
 from pipeline.core.errors import RecipeError
 from pipeline.recipe.architectures import HFSpec, LoraSpec, ModelSpec
@@ -97,14 +98,10 @@ class DataSpec(Strict):
 
 
 # What `train.monitor` may name: the validation figure that picks the kept epoch and drives early
-# stopping, and whether higher is better. `val_loss` is the training loss on the validation split.
+# stopping, and whether higher is better: `val_<metric>` is <metric> on the validation split, judged the
+# way artifact/directions.py's HIGHER_IS_BETTER judges it. `val_loss` is the training loss there.
 MONITORS: dict[str, bool] = {
-    "val_loss": False,
-    "val_accuracy": True,
-    "val_mae": False,
-    "val_rmse": False,
-    "val_r2": True,
-    "val_perplexity": False,
+    f"val_{metric}": HIGHER_IS_BETTER[metric] for metric in ("loss", "accuracy", "mae", "rmse", "r2", "perplexity")
 }
 TASK_MONITORS = {
     "classification": ("val_loss", "val_accuracy"),

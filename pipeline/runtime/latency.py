@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipeline.core.errors import ArtifactError, InputError, first_line
-from pipeline.runtime.rounds import interleaved
+from pipeline.runtime.rounds import interleaved, timing_problems
 from pipeline.runtime.sample_axes import SampleAxes
 from pipeline.runtime.session import create_session
 
@@ -323,14 +323,7 @@ def _check_settings(
         problems.append("no models to time")
     if not batches or any(not isinstance(b, int) or b < 1 for b in batches):
         problems.append(f"batches {batches!r} must be positive integers")
-    if threads < 1:
-        problems.append(f"threads is {threads}; give 1 or more (0 would let the timing depend on the machine)")
-    if not seconds > 0:
-        problems.append(f"seconds is {seconds}; give a positive duration")
-    if warmup < 0:
-        problems.append(f"warmup is {warmup}; give 0 or more runs")
-    if not 1 <= min_runs <= max_runs:
-        problems.append(f"min_runs {min_runs} and max_runs {max_runs} need 1 <= min_runs <= max_runs")
+    problems += timing_problems(threads, seconds, warmup, min_runs, max_runs)
     empty = [name for name, array in inputs.items() if np.ndim(array) == 0 or len(array) == 0]
     if empty:
         problems.append(f"inputs {empty} hold no samples (a batch dimension of at least 1 row is needed)")

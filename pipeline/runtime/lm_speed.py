@@ -31,7 +31,7 @@ import numpy as np
 from pipeline.artifact.generation import CacheLayout
 from pipeline.core.errors import ArtifactError, InputError, first_line
 from pipeline.runtime.generate import first_step
-from pipeline.runtime.rounds import interleaved
+from pipeline.runtime.rounds import interleaved, timing_problems
 from pipeline.runtime.runners import OrtRunner, Runner
 from pipeline.runtime.session import create_session
 
@@ -79,7 +79,7 @@ def measure_lm(
 ) -> dict[str, LmSpeed]:
     """Prefill and decode speed of each decoder on one left-padded prompt batch (ids, mask [B, T] int64),
     all timed side by side; see the module doc. `threads` is recorded (the caller made the runners)."""
-    _check(models, input_ids, attention_mask, new_tokens, seconds, warmup, min_runs, max_runs)
+    _check(models, input_ids, attention_mask, new_tokens, threads, seconds, warmup, min_runs, max_runs)
     say = progress or (lambda _message: None)
     ids, mask = np.ascontiguousarray(input_ids, dtype=np.int64), np.ascontiguousarray(attention_mask, dtype=np.int64)
     names = list(models)
@@ -145,6 +145,7 @@ def _check(
     ids: np.ndarray,
     mask: np.ndarray,
     new_tokens: int,
+    threads: int,
     seconds: float,
     warmup: int,
     min_runs: int,
@@ -160,9 +161,6 @@ def _check(
         )
     if new_tokens < 1:
         problems.append(f"new_tokens is {new_tokens}; give 1 or more (decode is timed on them)")
-    if seconds < 0 or warmup < 0:
-        problems.append(f"seconds {seconds} and warmup {warmup} must not be negative")
-    if min_runs < 1 or max_runs < min_runs:
-        problems.append(f"min_runs {min_runs} and max_runs {max_runs}: give 1 <= min_runs <= max_runs")
+    problems += timing_problems(threads, seconds, warmup, min_runs, max_runs)
     if problems:
         raise InputError("lm speed: " + "; ".join(problems))

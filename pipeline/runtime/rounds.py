@@ -4,7 +4,7 @@ A fixed rotation put each model behind the same neighbour in (n-1)/n of rounds, 
 machine whose caches and clocks one model leaves to the next; each round's order is drawn at random from
 one seed instead, so it is the same on every run. Garbage collection is off while timing. Latency
 (`latency.py`, one `session.run` a sample) and decoder speed (`lm_speed.py`, one greedy generation a sample)
-both time through `interleaved`.
+both time through `interleaved`, and both check their settings with `timing_problems`.
 """
 
 from __future__ import annotations
@@ -49,3 +49,21 @@ def interleaved(
         if was_enabled:
             gc.enable()
     return runs
+
+
+def timing_problems(threads: int, seconds: float, warmup: int, min_runs: int, max_runs: int) -> list[str]:
+    """What is wrong with the settings of a side-by-side timing, each with its fix (empty: nothing), so
+    latency.py and lm_speed.py refuse the same values in the same words, every problem at once.
+
+    `seconds` must be positive, as `pipe benchmark --seconds` and `pipe check --latency-seconds` say:
+    a fixed number of runs is `min_runs == max_runs`, whatever the seconds."""
+    problems = []
+    if threads < 1:
+        problems.append(f"threads is {threads}; give 1 or more (0 would let the timing depend on the machine)")
+    if not seconds > 0:
+        problems.append(f"seconds is {seconds}; give a positive duration")
+    if warmup < 0:
+        problems.append(f"warmup is {warmup}; give 0 or more runs")
+    if not 1 <= min_runs <= max_runs:
+        problems.append(f"min_runs {min_runs} and max_runs {max_runs} need 1 <= min_runs <= max_runs")
+    return problems

@@ -29,8 +29,8 @@ from pipeline.core.errors import InputError
 from pipeline.data import Split, Splits
 from pipeline.recipe.schema import Recipe
 from pipeline.runtime.external_data import external_files
+from pipeline.train.ort_worker import MAX_IR_VERSION  # what the worker's onnxruntime-training loads
 
-MAX_IR_VERSION = 10
 FLOAT_TYPES = (1, 10, 11, 16)  # onnx TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16: what a gradient can update
 
 

@@ -38,10 +38,10 @@ from pipeline.core.errors import InputError
 from pipeline.data import Splits
 from pipeline.recipe.schema import Recipe
 from pipeline.train.ort_runtime import run_worker, runtime_dir
+from pipeline.train.ort_worker import CHECKPOINT_PREFIX  # the worker's name for a checkpoint directory
 
 JOB_DIR = ".ort-job"
 ARTIFACTS_DIR = "checkpoint/ort"
-CHECKPOINT_PREFIX = "ort-step-"  # the worker's name for a checkpoint directory
 TRAINED_MODEL = "checkpoint/model.onnx"
 START_MODEL = "checkpoint/start.onnx"  # the model training starts from (IR <= 10)
 FAULT_ENV = "PIPE_TRAIN_FAULT_STEP"  # test-only fault injection, as in the torch loop (docs/training.md)

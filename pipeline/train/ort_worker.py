@@ -39,10 +39,14 @@ from typing import Any
 
 import numpy as np
 
+# What this script copies from pipe (it may import none of it), held equal to the originals by
+# tests/train/test_ort_worker_copies.py: these tables, `lr_at`, `improves` and `evaluate`'s figures.
+# pipe's side reads MAX_IR_VERSION and CHECKPOINT_PREFIX from here (ort_start.py, ort_train.py).
 MAX_IR_VERSION = 10  # onnxruntime-training 1.19 loads IR version 10 at most; onnx >= 1.18 writes 11 and up
-CHECKPOINT_PREFIX = "ort-step-"
-EVAL_BATCH = 512
-HIGHER_IS_BETTER = {"val_loss": False, "val_accuracy": True, "val_mae": False, "val_rmse": False, "val_r2": True}
+CHECKPOINT_PREFIX = "ort-step-"  # a checkpoint directory: ort-step-NNNNNN, the optimizer steps done
+EVAL_BATCH = 512  # pipeline/train/objective.py's EVAL_BATCH
+MONITORS = {"val_loss": False, "val_accuracy": True, "val_mae": False, "val_rmse": False, "val_r2": True,
+            "val_perplexity": False}  # fmt: skip  # pipeline/recipe/schema.py's: train.monitor -> higher is better
 
 
 def main(argv: list[str]) -> int:
@@ -153,7 +157,7 @@ def improves(monitor: str, record: dict[str, float], progress: dict[str, Any]) -
     if progress["best_epoch"] < 0:
         return True
     if value != progress["best_metric"]:
-        return value > progress["best_metric"] if HIGHER_IS_BETTER[monitor] else value < progress["best_metric"]
+        return value > progress["best_metric"] if MONITORS[monitor] else value < progress["best_metric"]
     return loss < progress["best_loss"]
 
 
@@ -194,10 +198,9 @@ def _targets(y: np.ndarray, regression: bool) -> np.ndarray:
 
 
 def train(job: dict[str, Any], artifacts: Path, generate_s: float) -> None:
+    """The loop: batches -> loss and gradients -> step, each epoch evaluated, checkpointed, maybe stopped early;
+    then the kept epoch's weights exported with their test outputs and the run's figures."""
     started = time.perf_counter()
-    from onnxruntime import SessionOptions
-    from onnxruntime.training.api import CheckpointState, Module, Optimizer
-
     cfg = job["train"]
     data = np.load(job["data"])
     regression = job["loss"] == "mse"
@@ -207,55 +210,18 @@ def train(job: dict[str, Any], artifacts: Path, generate_s: float) -> None:
     checkpoints.mkdir(parents=True, exist_ok=True)
 
     resume_from = latest_checkpoint(checkpoints) if job["resume"] else None
-    state = CheckpointState.load_checkpoint(resume_from / "state" if resume_from else artifacts / "checkpoint")
-    options = SessionOptions()
-    options.intra_op_num_threads = cfg["threads"]
-    options.inter_op_num_threads = 1
-    options.use_deterministic_compute = True  # the same arithmetic every run: a resumed run replays it
-    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", "cpu", options)
-    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
+    state, module, optimizer = open_training(artifacts, resume_from, cfg["threads"])
     trainable = job["trainable"]
     sessions_s = time.perf_counter() - started  # loading the training runtime and its three graphs
 
     batches_per_epoch = math.ceil(len(y_train) / cfg["batch_size"])
     total_steps = cfg["epochs"] * batches_per_epoch
-    progress: dict[str, Any] = {
-        "step": 0, "epoch": 0, "batch": 0, "best_metric": math.nan, "best_loss": math.inf, "best_epoch": -1,
-        "stale_epochs": 0, "stopped_early": False, "history": [],
-    }  # fmt: skip
-    best: dict[str, np.ndarray] = {}
+    progress, best = new_progress(), {}
     if resume_from is not None:
-        saved = json.loads((resume_from / "progress.json").read_text())
-        progress = saved["progress"]
-        if progress["best_epoch"] >= 0:
-            with np.load(resume_from / "best.npz") as kept:
-                best = {name: kept[name] for name in trainable}
-        emit(message=f"resumed from {resume_from} at step {progress['step']}")
+        progress, best = resume(resume_from, trainable)
 
     def checkpoint() -> None:
-        """ORT state (weights and optimizer moments), the kept weights and the progress, renamed into place whole."""
-        final = checkpoints / f"{CHECKPOINT_PREFIX}{progress['step']:06d}"
-        partial = checkpoints / f".{final.name}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
-        CheckpointState.save_checkpoint(state, partial / "state", include_optimizer_state=True)
-        np.savez(partial / "best.npz", **(best or {n: state.parameters[n].data for n in trainable}))
-        saved = {"recipe_digest": job["recipe_digest"], "epochs": cfg["epochs"], "progress": progress}
-        (partial / "progress.json").write_text(json.dumps(saved))
-        for path in partial.rglob("*"):
-            if path.is_file():
-                with open(path, "rb") as f:
-                    os.fsync(f.fileno())
-        # pipe writes metrics.jsonl up to this step and answers; only then does the checkpoint count, so a
-        # kill at any moment never leaves a checkpoint covering steps whose metrics are not on disk.
-        emit(checkpoint=progress["step"])
-        if sys.stdin.readline().strip() != "ok":
-            sys.exit(5)  # pipe is gone
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(partial, final)
-        for older in checkpoints.glob(f"{CHECKPOINT_PREFIX}[0-9]*"):
-            if older != final:
-                shutil.rmtree(older, ignore_errors=True)
+        save_checkpoint(job, checkpoints / f"{CHECKPOINT_PREFIX}{progress['step']:06d}", state, progress, best)
 
     fault_step = int(job.get("fault_step") or 0)
     samples, first_step, t0, cpu0 = 0, progress["step"], time.perf_counter(), time.process_time()
@@ -295,23 +261,8 @@ def train(job: dict[str, Any], artifacts: Path, generate_s: float) -> None:
                 os.kill(os.getppid(), signal.SIGKILL)
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        figures, _ = evaluate(module, x_val, y_val, regression)
-        record = {"epoch": progress["epoch"] + 1, **figures}
-        progress["history"].append(record)
-        emit(log={"kind": "val", "step": progress["step"], **record})
-        shown = " ".join(f"{k} {v:.4f}" for k, v in figures.items())
-        emit(message=f"epoch {progress['epoch'] + 1}/{cfg['epochs']}: val {shown}")
-        monitor = cfg["monitor"]
-        if improves(monitor, record, progress):
-            progress["best_metric"], progress["best_loss"] = record[monitor.removeprefix("val_")], record["loss"]
-            progress["best_epoch"], progress["stale_epochs"] = progress["epoch"] + 1, 0
+        if end_epoch(module, x_val, y_val, regression, cfg, progress):  # the best epoch so far: keep its weights
             best = {n: np.array(state.parameters[n].data, copy=True) for n in trainable}
-        else:
-            progress["stale_epochs"] += 1
-        progress["epoch"], progress["batch"] = progress["epoch"] + 1, 0
-        if cfg["early_stopping"] is not None and progress["stale_epochs"] >= cfg["early_stopping"]:
-            progress["stopped_early"] = True
-            emit(message=f"early stop: {cfg['early_stopping']} epochs without a better {monitor}")
         checkpoint()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
 
@@ -326,6 +277,94 @@ def train(job: dict[str, Any], artifacts: Path, generate_s: float) -> None:
               "samples_per_s": samples / max(wall, 1e-9), "runtime": f"onnxruntime-training {_version()}",
               "generate_s": generate_s, "sessions_s": sessions_s}  # fmt: skip
     Path(job["result_out"]).write_text(json.dumps(result))
+
+
+def open_training(artifacts: Path, resume_from: Path | None, threads: int) -> tuple[Any, Any, Any]:
+    """The checkpoint state (the first one, or `resume_from`'s), the training module and its optimizer."""
+    from onnxruntime import SessionOptions
+    from onnxruntime.training.api import CheckpointState, Module, Optimizer
+
+    state = CheckpointState.load_checkpoint(resume_from / "state" if resume_from else artifacts / "checkpoint")
+    options = SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.use_deterministic_compute = True  # the same arithmetic every run: a resumed run replays it
+    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", "cpu", options)
+    return state, module, Optimizer(artifacts / "optimizer_model.onnx", module)
+
+
+def new_progress() -> dict[str, Any]:
+    """Where a new run is (pipeline/train/loop.py's Progress, as JSON); saved in every checkpoint."""
+    return {
+        "step": 0, "epoch": 0, "batch": 0, "best_metric": math.nan, "best_loss": math.inf, "best_epoch": -1,
+        "stale_epochs": 0, "stopped_early": False, "history": [],
+    }  # fmt: skip
+
+
+def resume(checkpoint: Path, trainable: list[str]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The progress saved in `checkpoint`, and the kept epoch's weights (none before the first evaluation)."""
+    progress = json.loads((checkpoint / "progress.json").read_text())["progress"]
+    best: dict[str, np.ndarray] = {}
+    if progress["best_epoch"] >= 0:
+        with np.load(checkpoint / "best.npz") as kept:
+            best = {name: kept[name] for name in trainable}
+    emit(message=f"resumed from {checkpoint} at step {progress['step']}")
+    return progress, best
+
+
+def save_checkpoint(
+    job: dict[str, Any], final: Path, state: Any, progress: dict[str, Any], best: dict[str, np.ndarray]
+) -> None:
+    """ORT state (weights and optimizer moments), the kept weights and the progress, renamed into place whole
+    as `final`, once pipe has the metrics up to this step on disk; older checkpoints are then removed."""
+    from onnxruntime.training.api import CheckpointState
+
+    partial = final.with_name(f".{final.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    CheckpointState.save_checkpoint(state, partial / "state", include_optimizer_state=True)
+    np.savez(partial / "best.npz", **(best or {n: state.parameters[n].data for n in job["trainable"]}))
+    saved = {"recipe_digest": job["recipe_digest"], "epochs": job["train"]["epochs"], "progress": progress}
+    (partial / "progress.json").write_text(json.dumps(saved))
+    for path in partial.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    # pipe writes metrics.jsonl up to this step and answers; only then does the checkpoint count, so a
+    # kill at any moment never leaves a checkpoint covering steps whose metrics are not on disk.
+    emit(checkpoint=progress["step"])
+    if sys.stdin.readline().strip() != "ok":
+        sys.exit(5)  # pipe is gone
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(partial, final)
+    for older in final.parent.glob(f"{CHECKPOINT_PREFIX}[0-9]*"):
+        if older != final:
+            shutil.rmtree(older, ignore_errors=True)
+
+
+def end_epoch(
+    module: Any, x_val: np.ndarray, y_val: np.ndarray, regression: bool, cfg: dict[str, Any], progress: dict[str, Any]
+) -> bool:
+    """Evaluate the epoch on the validation split and move `progress` past it (the kept epoch by `monitor`,
+    early stopping on the same figure); whether this epoch is now the kept one, whose weights the caller keeps."""
+    figures, _ = evaluate(module, x_val, y_val, regression)
+    record = {"epoch": progress["epoch"] + 1, **figures}
+    progress["history"].append(record)
+    emit(log={"kind": "val", "step": progress["step"], **record})
+    shown = " ".join(f"{k} {v:.4f}" for k, v in figures.items())
+    emit(message=f"epoch {progress['epoch'] + 1}/{cfg['epochs']}: val {shown}")
+    monitor = cfg["monitor"]
+    kept = improves(monitor, record, progress)
+    if kept:
+        progress["best_metric"], progress["best_loss"] = record[monitor.removeprefix("val_")], record["loss"]
+        progress["best_epoch"], progress["stale_epochs"] = progress["epoch"] + 1, 0
+    else:
+        progress["stale_epochs"] += 1
+    progress["epoch"], progress["batch"] = progress["epoch"] + 1, 0
+    if cfg["early_stopping"] is not None and progress["stale_epochs"] >= cfg["early_stopping"]:
+        progress["stopped_early"] = True
+        emit(message=f"early stop: {cfg['early_stopping']} epochs without a better {monitor}")
+    return kept
 
 
 def _version() -> str:

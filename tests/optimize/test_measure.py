@@ -7,6 +7,7 @@ chained MatMuls are much slower than one, a gap far wider than any noise.
 from __future__ import annotations
 
 import gc
+import re
 from pathlib import Path
 
 import numpy as np
@@ -233,3 +234,39 @@ def test_a_state_whose_batch_is_axis_1_is_timed_at_every_batch(tmp_path: Path) -
     assert latency.fixed_batch is None and set(latency.batches) == {1, 3}, latency
     feed = measure_module._feed("vad", ort.InferenceSession(str(path)), inputs, 3)
     assert feed["state"].shape == (2, 3, 4) and np.array_equal(feed["state"][:, 1], inputs["state"][1])
+
+
+@pytest.mark.parametrize(
+    ("settings", "refused"),
+    [
+        ({}, ""),
+        ({"threads": 0}, "threads is 0; give 1 or more"),
+        ({"seconds": 0}, "seconds is 0; give a positive duration"),
+        ({"seconds": 0.0}, "seconds is 0.0; give a positive duration"),
+        ({"seconds": -1.0}, "seconds is -1.0; give a positive duration"),
+        ({"seconds": 1e-9}, ""),
+        ({"warmup": -1}, "warmup is -1; give 0 or more runs"),
+        ({"min_runs": 0}, "min_runs 0 and max_runs 5 need 1 <= min_runs <= max_runs"),
+        ({"min_runs": 1, "max_runs": 1}, ""),
+        ({"min_runs": 20, "max_runs": 10}, "min_runs 20 and max_runs 10 need"),
+        ({"threads": 0, "seconds": 0, "warmup": -1}, "threads is 0.*; seconds is 0;.*; warmup is -1;"),
+    ],
+)
+def test_latency_and_lm_speed_judge_the_timing_settings_alike(settings: dict, refused: str) -> None:
+    """One rule for the settings both side-by-side timings take (runtime/rounds.py `timing_problems`):
+    a value one refuses the other refuses, in the same words, and 0 seconds is refused by both. With no
+    models both always refuse, so the words after "no models to time" are the timing settings' verdict."""
+    from pipeline.runtime.lm_speed import measure_lm
+
+    full = {"threads": 1, "seconds": 1.0, "warmup": 0, "min_runs": 1, "max_runs": 5} | settings
+    ids = np.ones((1, 4), dtype=np.int64)
+    with pytest.raises(InputError) as latency:
+        measure({}, samples(), **full)
+    with pytest.raises(InputError) as lm_speed:
+        measure_lm({}, None, ids, ids, 1, **full)  # type: ignore[arg-type]  # refused before the cache is read
+    verdict = str(latency.value).removeprefix("cannot measure latency: no models to time")
+    assert str(lm_speed.value) == "lm speed: no models to time" + verdict
+    if refused:
+        assert re.match(f"; {refused}", verdict), verdict
+    else:
+        assert verdict == ""

@@ -8,7 +8,6 @@ outputs are what `restore.load_trained_model` reproduces. The manifest is saved 
 from __future__ import annotations
 
 import json
-import platform
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +18,18 @@ from safetensors.torch import save_file
 from pipeline.artifact.directory import Artifact
 from pipeline.artifact.golden import Golden, save_golden
 from pipeline.artifact.manifest import Lineage, Manifest
-from pipeline.artifact.records import CheckpointRecord, GoldenRecord, TrainRecord
+from pipeline.artifact.records import CheckpointRecord, GoldenRecord
 from pipeline.artifact.tensors import Feature, TensorSpec, TokenInput
 from pipeline.artifact.tokens import TokenLimits, write_tokenizer
 from pipeline.core.fsutil import atomic_path
 from pipeline.data import DataInfo, Splits
 from pipeline.data.splits import TEXT_IDS, TEXT_MASK
-from pipeline.recipe.schema import Recipe, recipe_location, stage_settings
+from pipeline.recipe.schema import Recipe, recipe_location
 from pipeline.train.checkpoint import CHECKPOINT_DIR, FINAL_WEIGHTS
 from pipeline.train.loop import FitResult
-from pipeline.train.objective import evaluate, kept_reason, objective_for
+from pipeline.train.objective import evaluate, objective_for
+from pipeline.train.record import Outcome, golden_record
 from pipeline.train.zoo import build_model, inference_model
-
-GOLDEN_WHOLE_SPLIT_MAX = 1000  # test splits up to this size go into golden.npz whole
-GOLDEN_SAMPLES = 512  # otherwise the first this many test samples
 
 
 def output_spec(task: str, info: DataInfo) -> TensorSpec:
@@ -43,6 +40,7 @@ def output_spec(task: str, info: DataInfo) -> TensorSpec:
 
 
 def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResult, *, plan: Any, world: Any) -> None:
+    """Write the kept weights, golden.npz, reports/train.json and, last, the manifest of the trained version."""
     info = splits.info
     weights_rel = f"{CHECKPOINT_DIR}/{FINAL_WEIGHTS}"
     with atomic_path(root / weights_rel) as tmp:
@@ -54,6 +52,7 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
     model = inference_model(model).float().eval()  # LoRA: the adapters merged, as restore rebuilds it for export
     test_x = {name: torch.from_numpy(splits.test.inputs[name]) for name in info.input_names}
     test = evaluate(model, test_x, torch.from_numpy(splits.test.target), objective_for(recipe, info))
+    outcome = Outcome(result.progress, test, result.wall_s, result.cpu_s, result.samples_per_s)
 
     model_dir = recipe.model_dir()
     lm = None
@@ -84,11 +83,11 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
         for rel in lm.tokenizer_files:
             artifact.add_file(rel)
         save_golden(artifact, lm.golden)
-        whole, count = False, len(lm.golden)
+        golden = GoldenRecord(split="test", samples=len(lm.golden), whole_split=False, split_size=len(splits.test))
     else:
         # golden.npz: real test inputs, this model's outputs on them, and the targets.
-        whole = len(splits.test) <= GOLDEN_WHOLE_SPLIT_MAX
-        count = len(splits.test) if whole else GOLDEN_SAMPLES
+        golden = golden_record(len(splits.test))
+        count = golden.samples
         with torch.no_grad():
             outputs = model(*(t[:count] for t in test_x.values())).numpy()
         golden_inputs = {name: splits.test.inputs[name][:count] for name in info.input_names}
@@ -99,57 +98,30 @@ def finish_artifact(root: Path, recipe: Recipe, splits: Splits, result: FitResul
         golden_outputs = {manifest.outputs[0].name: outputs.astype(np.float32)}
         save_golden(artifact, Golden(golden_inputs, golden_outputs, splits.test.target[:count]))
 
-    p, monitor = result.progress, recipe.train.monitor
-    kept = kept_reason(monitor, p, recipe.train.epochs, recipe.train.early_stopping)
-    summary = {
-        "test": test,
-        "best_epoch": p.best_epoch,
-        "monitor": monitor,  # the validation figure that chose best_epoch (ties: the lower val_loss)
-        f"best_{monitor}": p.best_metric,
-        "best_val_loss": p.best_loss,
-        "kept": kept,
-        "epochs_run": p.epoch,
-        "steps": p.step,
-        "stopped_early": p.stopped_early,
-        "wall_s": result.wall_s,
-        "cpu_s": result.cpu_s,
-        "samples_per_s": result.samples_per_s,
-        "history": p.history,
-        "parameters": parameters,  # trainable and total: a LoRA run trains a few percent
-    }
+    summary = outcome.summary(recipe, {}) | {"parameters": parameters}  # trainable and total: LoRA trains a few %
     artifact.write_file("reports/train.json", (json.dumps(summary, indent=2) + "\n").encode())
     for path in sorted(q for q in (root / CHECKPOINT_DIR).rglob("*") if q.is_file()):
         artifact.add_file(path.relative_to(root).as_posix())
     for path in sorted(q for q in (root / "reports").rglob("*") if q.is_file()):
         artifact.add_file(path.relative_to(root).as_posix())
 
-    manifest.stages.train = TrainRecord(
-        settings=stage_settings(recipe, "train"),  # the sections as trained: enough to rebuild the model
+    manifest.stages.train = outcome.record(
+        recipe,
+        splits,
         inputs={"recipe": recipe.digest, "data": splits.fingerprint}
         | ({"base_model": base.digest} if base is not None else {}),  # what the adapters build on, as tokenized
-        recipe_path=recipe_location(Path(plan.recipe_path), root),  # where `pipe export` reads its section now
-        data=info.to_dict(),  # the data-shape record build_model takes
+        recipe_path=recipe_location(Path(plan.recipe_path), root),
         checkpoint=CheckpointRecord(
             weights=weights_rel,  # final weights: the best validation epoch
             state=result.checkpoint.relative_to(root).as_posix() if result.checkpoint else None,
         ),
-        golden=GoldenRecord(split="test", samples=count, whole_split=whole, split_size=len(splits.test)),
-        splits={"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
+        golden=golden,
         backend="torch",
         device=plan.device,
         precision=plan.precision,
+        framework=f"torch {torch.__version__}",
         world_size=world.size,
         strategy=recipe.train.strategy if world.size > 1 else "single",
-        framework=f"torch {torch.__version__}",
-        python=platform.python_version(),
-        best_epoch=p.best_epoch,
-        kept=kept,
-        epochs_run=p.epoch,
-        steps=p.step,
-        stopped_early=p.stopped_early,
-        wall_s=result.wall_s,
-        cpu_s=result.cpu_s,
-        samples_per_s=result.samples_per_s,
         parameters=parameters,
     )
     artifact.save()

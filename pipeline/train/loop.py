@@ -1,6 +1,8 @@
 """The training loop, top to bottom: batches -> loss -> backward -> clip -> step -> evaluate -> checkpoint.
 
-One function, `fit`, in the style of nanoGPT's train.py. The whole dataset lives on the device as
+One function, `fit`, in the style of nanoGPT's train.py; its phases that are a unit of their own are
+named functions beside it: `resume`, `optimizer_step` (clip and step), `end_epoch` (the validation
+record, the kept epoch, early stopping) and `save_checkpoint`. The whole dataset lives on the device as
 tensors (these datasets are small), so a batch is an index into them: no DataLoader workers, and
 the data order is a pure function of (seed, epoch), which is what makes resuming exact.
 
@@ -79,6 +81,8 @@ class FitResult:
 
 
 def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
+    """Train `model` on `splits` as `run.recipe.train` says, from scratch or from `run.resume_from`: the kept
+    epoch's weights, the run's progress and figures, the last checkpoint."""
     cfg, world, device = run.recipe.train, run.world, run.device
     # The dataset on the device: each model input x [N, ...] by name, in the order forward takes them
     # (one for the zoo's models; input_ids and attention_mask [N, T] for a text model), and y [N].
@@ -109,36 +113,14 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
     total_steps = cfg.epochs * steps_per_epoch
 
     progress = Progress()
-    best_weights: dict[str, torch.Tensor] = {}
+    best_weights: dict[str, torch.Tensor] = {}  # the kept epoch's weights, on the CPU
     if run.resume_from is not None:
-        weights, best_weights, state = load_checkpoint(run.resume_from)
-        dist_.load_full_state(model, optimizer, weights, state["optimizer"], cfg.strategy, world)
-        if state["scaler"]:
-            scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng"][world.rank])
-        progress = Progress(**state["progress"])
-        if progress.best_epoch < 0:
-            best_weights = {}  # saved before the first evaluation: there is no best yet
-        run.monitor.message(f"resumed from {run.resume_from} at step {progress.step}")
+        progress, best_weights = resume(run, run.resume_from, model, optimizer, scaler)
 
     writer = CheckpointWriter(run.root)
 
     def checkpoint() -> None:
-        """Every rank takes part (FSDP gathers shards, RNG states are collected); rank 0 writes."""
-        weights, optim_state = dist_.full_state(model, optimizer, cfg.strategy, world)
-        rngs = _gather(world, rng_state())
-        if not world.main:
-            return
-        state = {
-            "recipe_digest": run.recipe.digest,  # resume refuses another recipe
-            "epochs": cfg.epochs,
-            "progress": asdict(progress),
-            "optimizer": optim_state,
-            "scaler": scaler.state_dict(),
-            "rng": rngs,
-        }
-        run.monitor.flush()  # the metrics of every step this checkpoint covers are on disk first
-        writer.submit(progress.step, weights, best_weights or weights, state)  # written in the background
+        save_checkpoint(run, writer, model, optimizer, scaler, progress, best_weights)
 
     fault_step = int(os.environ.get(FAULT_ENV, "0"))
     samples, first_step, t0, cpu0 = 0, progress.step, time.perf_counter(), time.process_time()
@@ -172,14 +154,7 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
                     continue
 
                 lr = lr_at(progress.step, cfg, total_steps)  # warmup, then cosine decay
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                if cfg.grad_clip is not None:
-                    scaler.unscale_(optimizer)
-                    nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
+                optimizer_step(model, optimizer, scaler, lr, cfg.grad_clip)
                 progress.step += 1
                 progress.batch = b + 1
 
@@ -199,22 +174,9 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
             # End of epoch: evaluate on the validation split, keep the weights of the epoch best on
             # train.monitor (ties: the lower validation loss), maybe stop early on the same figure.
             figures = evaluate(dist_.unwrap(model) if cfg.strategy == "ddp" else model, x_val, y_val, objective)
-            record = {"epoch": progress.epoch + 1, **figures}
-            progress.history.append(record)
-            run.monitor.log({"kind": "val", "step": progress.step, **record})
-            shown = " ".join(f"{k} {v:.4f}" for k, v in figures.items())
-            run.monitor.message(f"epoch {progress.epoch + 1}/{cfg.epochs}: val {shown}")
-            if improves(cfg.monitor, record, progress):
-                progress.best_metric, progress.best_loss = record[cfg.monitor.removeprefix("val_")], record["loss"]
-                progress.best_epoch, progress.stale_epochs = progress.epoch + 1, 0
+            if end_epoch(run, figures, progress):  # the best epoch so far: keep its weights
                 best = dist_.full_weights(model, cfg.strategy, world)  # not the optimizer state: FSDP gathers
                 best_weights = {k: v.detach().to("cpu").clone() for k, v in best.items()}
-            else:
-                progress.stale_epochs += 1
-            progress.epoch, progress.batch = progress.epoch + 1, 0
-            if cfg.early_stopping is not None and progress.stale_epochs >= cfg.early_stopping:
-                progress.stopped_early = True
-                run.monitor.message(f"early stop: {cfg.early_stopping} epochs without a better {cfg.monitor}")
             checkpoint()
     finally:
         last = writer.wait() or run.resume_from  # every checkpoint on disk before returning or raising
@@ -223,6 +185,87 @@ def fit(run: Run, model: nn.Module, splits: Splits) -> FitResult:
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0  # all threads of this process: writer threads count too
     return FitResult(best_weights, progress, wall, cpu, samples * world.size / max(wall, 1e-9), last)
+
+
+def resume(
+    run: Run, checkpoint: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler
+) -> tuple[Progress, dict[str, torch.Tensor]]:
+    """Load `checkpoint` into the model, optimizer, scaler and this rank's RNGs; the progress it saved and
+    the kept epoch's weights (none when it was saved before the first evaluation)."""
+    cfg, world = run.recipe.train, run.world
+    weights, best_weights, state = load_checkpoint(checkpoint)
+    dist_.load_full_state(model, optimizer, weights, state["optimizer"], cfg.strategy, world)
+    if state["scaler"]:
+        scaler.load_state_dict(state["scaler"])
+    set_rng_state(state["rng"][world.rank])
+    progress = Progress(**state["progress"])
+    if progress.best_epoch < 0:
+        best_weights = {}  # saved before the first evaluation: there is no best yet
+    run.monitor.message(f"resumed from {checkpoint} at step {progress.step}")
+    return progress, best_weights
+
+
+def save_checkpoint(
+    run: Run,
+    writer: CheckpointWriter,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    progress: Progress,
+    best_weights: dict[str, torch.Tensor],
+) -> None:
+    """Every rank takes part (FSDP gathers shards, RNG states are collected); rank 0 writes, in the background."""
+    cfg, world = run.recipe.train, run.world
+    weights, optim_state = dist_.full_state(model, optimizer, cfg.strategy, world)
+    rngs = _gather(world, rng_state())
+    if not world.main:
+        return
+    state = {
+        "recipe_digest": run.recipe.digest,  # resume refuses another recipe
+        "epochs": cfg.epochs,
+        "progress": asdict(progress),
+        "optimizer": optim_state,
+        "scaler": scaler.state_dict(),
+        "rng": rngs,
+    }
+    run.monitor.flush()  # the metrics of every step this checkpoint covers are on disk first
+    writer.submit(progress.step, weights, best_weights or weights, state)
+
+
+def optimizer_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, lr: float, clip: float | None
+) -> None:
+    """One optimizer step on the accumulated gradients at learning rate `lr`, clipped to a global norm of `clip`."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    if clip is not None:
+        scaler.unscale_(optimizer)  # clip the true gradients, not the fp16 loss-scaled ones
+        nn.utils.clip_grad_norm_(model.parameters(), clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def end_epoch(run: Run, figures: dict[str, float], progress: Progress) -> bool:
+    """Record the epoch's validation `figures` and move `progress` past the epoch: the kept epoch by
+    train.monitor, early stopping on the same figure. Whether this epoch is now the kept one."""
+    cfg = run.recipe.train
+    record = {"epoch": progress.epoch + 1, **figures}
+    progress.history.append(record)
+    run.monitor.log({"kind": "val", "step": progress.step, **record})
+    shown = " ".join(f"{k} {v:.4f}" for k, v in figures.items())
+    run.monitor.message(f"epoch {progress.epoch + 1}/{cfg.epochs}: val {shown}")
+    kept = improves(cfg.monitor, record, progress)
+    if kept:
+        progress.best_metric, progress.best_loss = record[cfg.monitor.removeprefix("val_")], record["loss"]
+        progress.best_epoch, progress.stale_epochs = progress.epoch + 1, 0
+    else:
+        progress.stale_epochs += 1
+    progress.epoch, progress.batch = progress.epoch + 1, 0
+    if cfg.early_stopping is not None and progress.stale_epochs >= cfg.early_stopping:
+        progress.stopped_early = True
+        run.monitor.message(f"early stop: {cfg.early_stopping} epochs without a better {cfg.monitor}")
+    return kept
 
 
 def on_device(inputs: dict[str, Any], names: list[str], device: torch.device) -> dict[str, torch.Tensor]:

@@ -228,13 +228,7 @@ class Quantizer(Kind[QuantSettings]):
         model.CopyFrom(original)
         named = name_nodes(model)
         names = {node.name for node in model.graph.node}
-        unknown = [n for n in settings.nodes_to_exclude if n not in names]
-        if unknown:
-            known = quantizable_nodes(src, settings.mode)
-            raise InputError(
-                f"nodes_to_exclude names nodes the model does not have: {unknown}; "
-                f"its {settings.mode} candidates are {known[:20]}{' ...' if len(known) > 20 else ''}"
-            )
+        _check_exclusions(src, settings, names)
         samples = check_calibration(model, dict(calibration)) if calibration is not None and self.needs_samples else 0
         scratch.mkdir(parents=True, exist_ok=True)
         named_path = scratch / "named.onnx"
@@ -248,24 +242,8 @@ class Quantizer(Kind[QuantSettings]):
         out = scratch / "quantized.onnx"  # dst is written only once it checks out
         step = Conversion(source, load(source), out, settings, excluded, calibration if samples else None, samples,
                           progress, cache, warnings, [], samples, sample_axes(original), big)  # fmt: skip
-        try:
-            self.convert(step)
-        except PipelineError:
-            raise
-        except Exception as exc:  # onnxruntime's tools raise bare Exception/ValueError/KeyError as they go
-            line = error_line(exc)
-            raise ArtifactError(
-                f"onnxruntime could not quantize {source.name} ({settings.describe()}): "
-                f"{type(exc).__name__}: {line}; {_fix(step.model, line, names)}"
-            ) from exc
-        result = load(out)
-        sort_nodes(result.graph)  # an If branch pre-processing inlined can follow the If that reads it (order.py)
-        keep_dim_names(result, original)
-        check_output(original, result, out, settings, names)
-        keep_metadata(result, original)
-        stripped = strip_debug_info(result)
-        onnx.save(result, str(out))  # beside its data, where it was read from
-        move_model(out, Path(dst))
+        self._convert(step, names)
+        result, stripped = _write_checked(out, Path(dst), original, settings, names)
         left_out = [*excluded, *step.tail]
         quantized, left_float = quantized_nodes(step.model, result, settings.mode, left_out)
         return QuantReport(
@@ -284,6 +262,46 @@ class Quantizer(Kind[QuantSettings]):
             stripped,
             step.tail,
         )
+
+    def _convert(self, step: Conversion, names: set[str]) -> None:
+        """The kind's conversion, onnxruntime's bare exceptions turned into one ArtifactError with the fix."""
+        try:
+            self.convert(step)
+        except PipelineError:
+            raise
+        except Exception as exc:  # onnxruntime's tools raise bare Exception/ValueError/KeyError as they go
+            line = error_line(exc)
+            raise ArtifactError(
+                f"onnxruntime could not quantize {step.source.name} ({step.settings.describe()}): "
+                f"{type(exc).__name__}: {line}; {_fix(step.model, line, names)}"
+            ) from exc
+
+
+def _check_exclusions(src: Path, settings: QuantSettings, names: set[str]) -> None:
+    """Refuse a `nodes_to_exclude` naming a node the model does not have, with the nodes it could name."""
+    unknown = [n for n in settings.nodes_to_exclude if n not in names]
+    if unknown:
+        known = quantizable_nodes(src, settings.mode)
+        raise InputError(
+            f"nodes_to_exclude names nodes the model does not have: {unknown}; "
+            f"its {settings.mode} candidates are {known[:20]}{' ...' if len(known) > 20 else ''}"
+        )
+
+
+def _write_checked(
+    out: Path, dst: Path, original: onnx.ModelProto, settings: QuantSettings, names: set[str]
+) -> tuple[onnx.ModelProto, int]:
+    """The converted model at `out`, put in order, checked against `original` and moved to `dst` with the
+    original's dimension names and metadata; it and the debug attributes stripped from it."""
+    result = load(out)
+    sort_nodes(result.graph)  # an If branch pre-processing inlined can follow the If that reads it (order.py)
+    keep_dim_names(result, original)
+    check_output(original, result, out, settings, names)
+    keep_metadata(result, original)
+    stripped = strip_debug_info(result)
+    onnx.save(result, str(out))  # beside its data, where it was read from
+    move_model(out, dst)
+    return result, stripped
 
 
 def int8_options(settings: QuantSettings, excluded: list[str]) -> dict[str, object]:

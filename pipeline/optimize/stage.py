@@ -105,32 +105,13 @@ def optimize_artifact(
         made = _make_variants(kinds, job, settings, manifest.task, notes)
         written = [m for m in made if m.written]
         files = {FP32: source, **{m.name: write.scratch / m.file for m in written}}
-        if generating:
-            progress(f"[optimize] timing model.onnx and {len(written)} variant(s) side by side: prefill and decode "
-                     f"tokens/s, batch 1 ({settings.threads} thread)")  # fmt: skip
-            speeds = time_decoders(artifact, files, settings.threads, progress)
-            base, batches = speeds[FP32].to_dict(), []
-            for m in written:
-                m.latency, m.size = speeds[m.name].to_dict(), model_bytes(write.scratch / m.file)
-                m.note = " ".join(filter(None, [m.note, speed_words(speeds[m.name], speeds[FP32])]))
+        if generating:  # prefill and decode tokens/s; --quantize auto keeps the smallest that passed
+            base, batches = _time_decoders(artifact, files, made, settings, progress), []
             if "auto" in settings.quantize:
-                made, why = keep_smallest(made, {k.name for k in kinds if k.precision != "fp32"})
-                for m in [m for m in written if m not in made]:
-                    (write.scratch / m.file).unlink()
-                written = [m for m in made if m.written]
-                if why:
-                    notes.append(why)
-                    progress(f"[optimize] {why}")
+                made = _keep_smallest(made, kinds, write.scratch, notes, progress)
         else:
-            batches = affordable_batches(source, evaluation.samples, threads=settings.threads)
-            progress(f"[optimize] timing model.onnx and {len(written)} variant(s) side by side at batch "
-                     f"{', '.join(map(str, batches))} ({settings.threads} thread)")  # fmt: skip
-            timed = measure(files, evaluation.samples, batches=batches, threads=settings.threads, progress=progress)
-            base = timed[FP32].to_dict()
-            batches = sorted(timed[FP32].batches)  # 1 and 32, or the one batch a model with a fixed batch takes
-            for m in written:
-                m.latency = timed[m.name].to_dict()
-                m.size = model_bytes(write.scratch / m.file)  # with its external data
+            base, batches = _time_models(files, made, evaluation.samples, settings.threads, progress)
+        written = [m for m in made if m.written]
         placed = {m.name: _files(write.scratch, m.file) for m in written}  # a variant and its external data
         summary = _summary(artifact, settings, policy.to_dict(), judged_on, calibration, made, base, batches,
                            model_bytes(source))  # fmt: skip
@@ -143,29 +124,10 @@ def optimize_artifact(
         moved = [rel for m in written for rel in placed[m.name]]  # each variant's data before its graph
         stale = [rel for rel in rewritten if rel not in {*moved, REPORT_JSON, REPORT_MD}]
 
-        def record(fresh: Artifact) -> None:
-            for rel in stale:  # variants of an earlier run that this run did not make again
-                fresh.remove_file(rel)
-                for name in [k for k, v in fresh.manifest.variants.items() if v.file == rel]:
-                    del fresh.manifest.variants[name]
-            for m in made:
-                if m.written:
-                    fresh.add_variant(m.name, _variant(m, m.parent or parent, fresh))
-                else:  # failed before it had a file: recorded with why, nothing listed
-                    fresh.manifest.variants[m.name] = _variant(m, m.parent or parent, fresh)
-            if FP32 in fresh.manifest.variants:  # timed beside the variants: what `--variant best` compares
-                fresh.manifest.variants[FP32].latency = base
-            fresh.manifest.stages.optimize = OptimizeRecord(
-                settings=settings.model_dump(mode="json"),
-                inputs={MODEL_FILE: parent},
-                parent=parent,
-                policy=policy.to_dict(),
-                variants=[m.name for m in made],
-                failed=[m.name for m in made if not m.verdict.passed],
-                report=REPORT_JSON,
-            )
-
-        artifact = write.commit([*moved, REPORT_JSON, REPORT_MD], record)
+        artifact = write.commit(
+            [*moved, REPORT_JSON, REPORT_MD],
+            lambda fresh: _record(fresh, made, stale, parent, base, settings, policy.to_dict()),
+        )
     progress(f"[optimize] done in {seconds:.1f} s, peak memory {peak / 2**30:.2f} GiB (maximum resident set)")
     failed = [m.name for m in made if not m.verdict.passed]
     if failed and settings.strict:
@@ -221,6 +183,84 @@ def _make_variants(
             made[-1].parent = parent
             job.say(f"{kind.name}: FAILED, not made: {made[-1].verdict.detail}")
     return made
+
+
+def _time_decoders(
+    artifact: Artifact, files: dict[str, Path], made: list[Made], settings: OptimizeSpec, progress: Progress
+) -> dict[str, float]:
+    """Time model.onnx and each written decoder variant side by side (prefill and decode tokens/s, batch 1):
+    each variant's latency, size and words on its speed set; model.onnx's figures returned."""
+    written = [m for m in made if m.written]
+    progress(f"[optimize] timing model.onnx and {len(written)} variant(s) side by side: prefill and decode "
+             f"tokens/s, batch 1 ({settings.threads} thread)")  # fmt: skip
+    speeds = time_decoders(artifact, files, settings.threads, progress)
+    for m in written:
+        m.latency, m.size = speeds[m.name].to_dict(), model_bytes(files[m.name])
+        m.note = " ".join(filter(None, [m.note, speed_words(speeds[m.name], speeds[FP32])]))
+    return speeds[FP32].to_dict()
+
+
+def _keep_smallest(
+    made: list[Made], kinds: list[Kind], scratch: Path, notes: list[str], progress: Progress
+) -> list[Made]:
+    """`--quantize auto` on a decoder: the smallest weight-only variant that passed, the other files removed."""
+    kept, why = keep_smallest(made, {k.name for k in kinds if k.precision != "fp32"})
+    for m in [m for m in made if m.written and m not in kept]:
+        (scratch / m.file).unlink()
+    if why:
+        notes.append(why)
+        progress(f"[optimize] {why}")
+    return kept
+
+
+def _time_models(
+    files: dict[str, Path], made: list[Made], samples: dict[str, Any], threads: int, progress: Progress
+) -> tuple[dict[str, float], list[int]]:
+    """Time model.onnx and each written variant side by side at the batches the machine affords (1 and 32, or
+    the one a model with a fixed batch takes): each variant's latency and size set; model.onnx's latency and
+    the batches returned."""
+    written = [m for m in made if m.written]
+    batches = affordable_batches(files[FP32], samples, threads=threads)
+    progress(f"[optimize] timing model.onnx and {len(written)} variant(s) side by side at batch "
+             f"{', '.join(map(str, batches))} ({threads} thread)")  # fmt: skip
+    timed = measure(files, samples, batches=batches, threads=threads, progress=progress)
+    for m in written:
+        m.latency = timed[m.name].to_dict()
+        m.size = model_bytes(files[m.name])  # with its external data
+    return timed[FP32].to_dict(), sorted(timed[FP32].batches)
+
+
+def _record(
+    fresh: Artifact,
+    made: list[Made],
+    stale: list[str],
+    parent: str,
+    base: dict[str, float],
+    settings: OptimizeSpec,
+    policy: dict[str, Any],
+) -> None:
+    """The run into the freshly read manifest: earlier variants this run did not make again removed, each
+    variant recorded (passed, or failed with why), model.onnx's timing beside them, the stage record."""
+    for rel in stale:  # variants of an earlier run that this run did not make again
+        fresh.remove_file(rel)
+        for name in [k for k, v in fresh.manifest.variants.items() if v.file == rel]:
+            del fresh.manifest.variants[name]
+    for m in made:
+        if m.written:
+            fresh.add_variant(m.name, _variant(m, m.parent or parent, fresh))
+        else:  # failed before it had a file: recorded with why, nothing listed
+            fresh.manifest.variants[m.name] = _variant(m, m.parent or parent, fresh)
+    if FP32 in fresh.manifest.variants:  # timed beside the variants: what `--variant best` compares
+        fresh.manifest.variants[FP32].latency = base
+    fresh.manifest.stages.optimize = OptimizeRecord(
+        settings=settings.model_dump(mode="json"),
+        inputs={MODEL_FILE: parent},
+        parent=parent,
+        policy=policy,
+        variants=[m.name for m in made],
+        failed=[m.name for m in made if not m.verdict.passed],
+        report=REPORT_JSON,
+    )
 
 
 def _files(scratch: Path, rel: str) -> list[str]:

@@ -71,6 +71,33 @@ def read_csv(
 
     `max_line`: the longest line read, in characters (a longer one is refused, not read whole).
     """
+    delimiter, rows = _rows(path, delimiter, max_line)
+    header, body = [h.strip() for h in rows[0][1]], rows[1:]
+    shown = _shown(delimiter)
+    exclude = exclude or []
+    features = feature_columns or [h for h in header if h != label_column and h not in exclude]
+    _check_header(path, header, label_column, features, categorical or [], exclude, shown)
+    cells = _cells(path, header, body, [*features, label_column], shown)
+    decimal_comma = delimiter != ","
+    x = np.empty((len(body), len(features)), dtype=np.float32)
+    described = []
+    for j, name in enumerate(features):
+        values, categories = _column(path, name, cells[name], decimal_comma, name in (categorical or []))
+        if categories is not None and feature_columns is None and name not in (categorical or []):
+            _refuse_identifier(path, name, cells[name], len(categories))
+        x[:, j] = values
+        described.append({"name": name, "categories": categories} if categories is not None else {"name": name})
+    labels = np.array([cell for _, cell in cells[label_column]])
+    try:
+        labels = labels.astype(np.float64)  # numeric labels sort numerically
+    except ValueError:
+        pass
+    return Table(x, labels, described, delimiter, [c for c in header if c in exclude])
+
+
+def _rows(path: Path, delimiter: str | None, max_line: int) -> tuple[str, list[tuple[int, list[str]]]]:
+    """The delimiter (given, or found from the file's start) and the non-blank rows with their line numbers,
+    the header first; a file that is not UTF-8 text, not a CSV, or empty is refused."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
             delimiter = delimiter or sniff_delimiter(f.read(SAMPLE_BYTES))
@@ -83,16 +110,26 @@ def read_csv(
         raise InputError(f"{path} is not a readable CSV file ({exc}); data.path must name a text file") from None
     if not rows:
         raise InputError(f"{path} is empty; a CSV needs a header row and data rows")
-    header, body = [h.strip() for h in rows[0][1]], rows[1:]
-    shown = _shown(delimiter)
+    return delimiter, rows
+
+
+def _check_header(
+    path: Path,
+    header: list[str],
+    label_column: str,
+    features: list[str],
+    categorical: list[str],
+    exclude: list[str],
+    shown: str,
+) -> None:
+    """Refuse columns the data section names that the header lacks, names twice, or leaves unnamed, and a label
+    column also used as a feature or excluded."""
     if label_column not in header:
         raise InputError(
             f"label column {label_column!r} is not in {path}; its columns are {header}. Set data.label_column "
             f"to one of them (columns split on {shown}: set data.delimiter if the file uses another)"
         )
-    exclude = exclude or []
-    features = feature_columns or [h for h in header if h != label_column and h not in exclude]
-    unknown = [c for c in [*features, *(categorical or []), *exclude] if c not in header]
+    unknown = [c for c in [*features, *categorical, *exclude] if c not in header]
     if unknown:
         raise InputError(f"column(s) {unknown} named in data are not in {path}; its columns are {header}")
     if label_column in features:
@@ -110,6 +147,13 @@ def read_csv(
             f"{path}: header column {header.index('') + 1} has no name; name it in the header, or list the "
             "columns to use in data.feature_columns"
         )
+
+
+def _cells(
+    path: Path, header: list[str], body: list[tuple[int, list[str]]], names: list[str], shown: str
+) -> dict[str, list[tuple[int, str]]]:
+    """Each named column's stripped cells with their line numbers; a file with no data rows, a row with another
+    number of fields than the header, or an empty cell is refused."""
     if not body:
         raise InputError(f"{path} has a header but no data rows")
     for line, row in body:
@@ -118,9 +162,7 @@ def read_csv(
                 f"{path} line {line}: {len(row)} fields split on {shown}, the header has {len(header)}; "
                 "fix the line (a field holding the delimiter must be quoted)"
             )
-    cells = {
-        name: [(line, row[header.index(name)].strip()) for line, row in body] for name in [*features, label_column]
-    }
+    cells = {name: [(line, row[header.index(name)].strip()) for line, row in body] for name in names}
     for name, column in cells.items():
         for line, cell in column:
             if cell.lower() in MISSING:
@@ -128,21 +170,7 @@ def read_csv(
                     f"{path} line {line}: column {name!r} is empty ({cell!r}); fill it (e.g. with the column's "
                     "mean or most common value) or drop the row"
                 )
-    decimal_comma = delimiter != ","
-    x = np.empty((len(body), len(features)), dtype=np.float32)
-    described = []
-    for j, name in enumerate(features):
-        values, categories = _column(path, name, cells[name], decimal_comma, name in (categorical or []))
-        if categories is not None and feature_columns is None and name not in (categorical or []):
-            _refuse_identifier(path, name, cells[name], len(categories))
-        x[:, j] = values
-        described.append({"name": name, "categories": categories} if categories is not None else {"name": name})
-    labels = np.array([cell for _, cell in cells[label_column]])
-    try:
-        labels = labels.astype(np.float64)  # numeric labels sort numerically
-    except ValueError:
-        pass
-    return Table(x, labels, described, delimiter, [c for c in header if c in exclude])
+    return cells
 
 
 def sniff_delimiter(sample: str) -> str:

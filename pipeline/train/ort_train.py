@@ -28,7 +28,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from pipeline.data import Splits
 from pipeline.recipe.schema import Recipe
 from pipeline.train.ort_runtime import run_worker, runtime_dir
 from pipeline.train.ort_worker import CHECKPOINT_PREFIX  # the worker's name for a checkpoint directory
+
+if TYPE_CHECKING:
+    from pipeline.train.ort_start import Start
 
 JOB_DIR = ".ort-job"
 ARTIFACTS_DIR = "checkpoint/ort"
@@ -100,15 +103,48 @@ def train_ort(plan: Any, recipe: Recipe, splits: Splits, model_root: Path, *, re
             with contextlib.suppress(OSError):
                 model_root.rmdir()
         raise
+    write_splits(job_dir / "data.npz", splits)
+    job = job_file(root, job_dir, recipe, splits, start, resume=resume)
+    (job_dir / "job.json").write_text(json.dumps(job, indent=1))
+    start_s, started = time.perf_counter() - started, time.perf_counter()
+    resumed_step = _checkpoint_step(root) if resume else 0
+    monitor = Monitor(root, enabled=True, resume_step=resumed_step, quiet=plan.quiet)
+    try:
+        run_worker(job_dir / "job.json", lambda event: _route(event, monitor), job_dir / "worker.log")
+    finally:
+        monitor.close()
+    result = json.loads((job_dir / "result.json").read_text())
+    # Where the time went: the starting model, the worker's graphs and sessions, its loop (wall_s), the rest
+    result["timings"] = {"start_model_s": start_s, "worker_s": time.perf_counter() - started,
+                         "generate_s": result.pop("generate_s"), "sessions_s": result.pop("sessions_s")}  # fmt: skip
+    with np.load(job_dir / "test.npz") as test:
+        outputs = test["outputs"]
+    last = _checkpoints(root)
+    finish_ort(
+        root, recipe, splits, start, result, outputs, plan=plan, weights=TRAINED_MODEL, state=last[-1] if last else None
+    )
+    shutil.rmtree(job_dir, ignore_errors=True)
+    return root
+
+
+def write_splits(path: Path, splits: Splits) -> None:
+    """The three splits as the worker reads them: one NPZ of train_x, train_y, val_x, ..., test_y."""
     name = splits.info.input_name
     np.savez(
-        job_dir / "data.npz",
+        path,
         train_x=splits.train.inputs[name], train_y=splits.train.target,
         val_x=splits.val.inputs[name], val_y=splits.val.target,
         test_x=splits.test.inputs[name], test_y=splits.test.target,
     )  # fmt: skip
+
+
+def job_file(
+    root: Path, job_dir: Path, recipe: Recipe, splits: Splits, start: Start, *, resume: bool
+) -> dict[str, Any]:
+    """job.json, what the worker is told (ort_worker.py's doc): where its inputs and outputs are, and the
+    recipe's train settings it honours."""
     cfg = recipe.train
-    job = {
+    return {
         "start": str(start.path),
         "artifacts": str(root / ARTIFACTS_DIR),
         "trainable": start.trainable,
@@ -139,26 +175,6 @@ def train_ort(plan: Any, recipe: Recipe, splits: Splits, model_root: Path, *, re
             "threads": cfg.threads or os.cpu_count() or 1,
         },
     }
-    (job_dir / "job.json").write_text(json.dumps(job, indent=1))
-    start_s, started = time.perf_counter() - started, time.perf_counter()
-    resumed_step = _checkpoint_step(root) if resume else 0
-    monitor = Monitor(root, enabled=True, resume_step=resumed_step, quiet=plan.quiet)
-    try:
-        run_worker(job_dir / "job.json", lambda event: _route(event, monitor), job_dir / "worker.log")
-    finally:
-        monitor.close()
-    result = json.loads((job_dir / "result.json").read_text())
-    # Where the time went: the starting model, the worker's graphs and sessions, its loop (wall_s), the rest
-    result["timings"] = {"start_model_s": start_s, "worker_s": time.perf_counter() - started,
-                         "generate_s": result.pop("generate_s"), "sessions_s": result.pop("sessions_s")}  # fmt: skip
-    with np.load(job_dir / "test.npz") as test:
-        outputs = test["outputs"]
-    last = _checkpoints(root)
-    finish_ort(
-        root, recipe, splits, start, result, outputs, plan=plan, weights=TRAINED_MODEL, state=last[-1] if last else None
-    )
-    shutil.rmtree(job_dir, ignore_errors=True)
-    return root
 
 
 def _route(event: dict[str, Any], monitor: Any) -> None:

@@ -92,28 +92,32 @@ def test_the_contract_table_states_pyprojects_layers() -> None:
     assert drawn == [{name.strip() for name in layer.split("|")} for layer in packages]
 
 
-def cited_texts() -> Iterator[tuple[str, int, str]]:
+def cited_texts() -> list[tuple[str, int, str]]:
     """Every doc line, Makefile line, and comment or string of our Python: (file, line, text)."""
+    texts = []
     for path in [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md", ROOT / "Makefile"]:
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            yield str(path.relative_to(ROOT)), number, line
-    for folder in ("pipeline", "tests", "bench"):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
-                if token.type in (tokenize.COMMENT, tokenize.STRING):
-                    yield str(path.relative_to(ROOT)), token.start[0], token.string
+        texts += [(str(path.relative_to(ROOT)), n, line) for n, line in enumerate(path.read_text().splitlines(), 1)]
+    for path in sorted(path for folder in ("pipeline", "tests", "bench") for path in (ROOT / folder).rglob("*.py")):
+        for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            if token.type in (tokenize.COMMENT, tokenize.STRING):
+                texts.append((str(path.relative_to(ROOT)), token.start[0], token.string))
+    return texts
 
 
 def test_every_path_the_docs_makefile_and_comments_cite_exists() -> None:
+    texts = cited_texts()
     pages = {path.name for path in (ROOT / "docs").rglob("*.md")} | {"README.md"}
-    modules = {path.name for folder in ("pipeline", "tests", "bench") for path in (ROOT / folder).rglob("*.py")}
+    sources: dict[str, list[Path]] = {}  # a module's file name -> where it is
+    for folder in ("pipeline", "tests", "bench"):
+        for path in (ROOT / folder).rglob("*.py"):
+            sources.setdefault(path.name, []).append(path)
     written = {  # the Markdown files pipe itself writes (reports/model-card.md, ...): a string that is a path
         Path(literal.strip("\"'")).name
-        for where, _, literal in cited_texts()
+        for where, _, literal in texts
         if where.startswith("pipeline/") and re.fullmatch(r"[\"'][\w/.-]+\.md[\"']", literal)
     }
     wrong = []
-    for where, number, text in cited_texts():
+    for where, number, text in texts:
         for match in PATH.finditer(text):
             cited = match.group(1)
             placeholder = re.search(r"/(NAME|PKG|N)[./]", cited)
@@ -123,7 +127,7 @@ def test_every_path_the_docs_makefile_and_comments_cite_exists() -> None:
                 wrong.append(f"{where}:{number}: {cited}")
         for match in PATH_NAME.finditer(text):
             file, name = match.groups()
-            found = [path for path in ROOT.glob(f"**/{file}") if ".venv" not in path.parts]
+            found = [path for path in sources.get(Path(file).name, []) if path.as_posix().endswith(file)]
             if found and not any(re.search(rf"\b{name}\b", path.read_text()) for path in found):
                 wrong.append(f"{where}:{number}: {file}:{name}")
         if where.startswith(("pipeline/", "docs/", "README", "Makefile")):
@@ -131,5 +135,5 @@ def test_every_path_the_docs_makefile_and_comments_cite_exists() -> None:
             # a bare page or module name: a page of docs/ (or a file pipe writes), a module of pipeline/
             wrong += [f"{where}:{number}: {m}" for m in BARE_DOC.findall(text) if m not in pages | written]
             if where.startswith("pipeline/"):
-                wrong += [f"{where}:{number}: {m}" for m in BARE_MODULE.findall(text) if m not in modules]
+                wrong += [f"{where}:{number}: {m}" for m in BARE_MODULE.findall(text) if m not in sources]
     assert not wrong, "cited but not in this repository:\n" + "\n".join(wrong)

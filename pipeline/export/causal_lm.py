@@ -44,17 +44,18 @@ from pipeline.artifact.tokens import TokenLimits, hf_limits, limits_reading, rea
 from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError, first_line
+from pipeline.export.length_gate import across_window_rows, gate_length, long_text, teacher_forced_row
 from pipeline.export.metadata import stamp
 from pipeline.export.new_version import new_version
 from pipeline.export.opset import default_opset
 from pipeline.runtime.generate import decoder_specs, first_step, greedy, stitch
-from pipeline.runtime.runners import ort_runner, torch_runner
+from pipeline.runtime.runners import Runner, ort_runner, torch_runner
 from pipeline.runtime.text import TextEncoder
 from pipeline.stagekit.model_record import record_model
 from pipeline.verify.gate import compare, structural_checks
 from pipeline.verify.generation import greedy_rows
 from pipeline.verify.policies import Exact
-from pipeline.verify.report import GateReport
+from pipeline.verify.report import GateReport, Row
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -336,7 +337,27 @@ def decoder_gate(
                 for i in range(batch)
             ]
             report.rows += greedy_rows(f"batch {batch} = rows alone", stitch(alone, pad), got, gate.atol, gate.rtol)
+    report.rows += long_rows(run, model, generation, encoder, gate)
     return report, Golden(first, reference)
+
+
+def long_rows(
+    run: Runner, model: torch.nn.Module, generation: Generation, encoder: TextEncoder, gate: DecoderGate
+) -> list[Row]:
+    """The cases at the lengths users send (length_gate.py): teacher-forced past every window and prefill chunk,
+    and greedy across the smallest window, on the gate's prompts' tokens repeated."""
+    from pipeline.runtime.decoder import sliding_windows
+
+    windows = sliding_windows(model.config)
+    window = windows.size if windows else None
+    prompts = encoder.encode(list(PROMPTS))
+    length = gate_length(generation.context_length, window)
+    text = long_text(prompts["input_ids"][prompts["attention_mask"] == 1].tolist(), length)
+    cache, eos, pad = generation.cache, generation.eos_token_ids, generation.padding_id
+    return [
+        teacher_forced_row(run, model, cache, text, gate.atol, gate.rtol),
+        *across_window_rows(run, model, cache, text, window, gate.steps, eos, pad, gate.atol, gate.rtol),
+    ]
 
 
 def prefill(encoder: TextEncoder, cache: CacheLayout, texts: list[str]) -> Arrays:

@@ -1,7 +1,7 @@
 """Tiny causal LMs made in the test, nothing downloaded: a byte-level BPE tokenizer trained with the
 `tokenizers` library on a few lines (BOS/EOS/pad specials and a chat template, saved the way transformers
-saves a fast tokenizer), and random-init Llama and GPT-2 models of 2 layers, hidden 64, saved with
-save_pretrained. Random weights judge parity only (never quantization: their top logits are near ties)."""
+saves a fast tokenizer), and random-init Llama and GPT-2 models of 2 layers, hidden 64, and one of each
+family in FAMILIES, saved with save_pretrained. Random weights judge parity only (never quantization: their top logits are near ties)."""
 
 from __future__ import annotations
 
@@ -82,6 +82,41 @@ def save_gpt2(directory: Path, seed: int = 0) -> Path:
         vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128, bos_token_id=1, eos_token_id=2
     )
     GPT2LMHeadModel(config).eval().save_pretrained(directory)
+    return directory
+
+
+WINDOW = 8  # the tiny families' sliding window: the gate's 18-token prompts and every serving test pass it
+# A tiny random decoder of each family pipe traces, as config.json would say it: (config class, model class,
+# what the family adds to the shared settings). Sliding windows on some layers (Gemma 2 and 3, Qwen2's
+# use_sliding_window with max_window_layers) or all (Mistral, Phi-3); Gemma 2's soft-capped attention and
+# logits; Gemma 3's local rope base on its windowed layers; Qwen3's query and key norms.
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(num_hidden_layers=3, num_key_value_heads=1, head_dim=16,
+               sliding_window=WINDOW, layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(num_hidden_layers=2, num_key_value_heads=2, head_dim=16,
+               sliding_window=WINDOW, attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(num_hidden_layers=2, num_key_value_heads=2,
+                sliding_window=WINDOW)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_hidden_layers=2, num_key_value_heads=2,
+              use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_hidden_layers=2, num_key_value_heads=2, head_dim=16)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_hidden_layers=2, num_key_value_heads=2,
+             sliding_window=WINDOW)),
+}  # fmt: skip
+
+
+def save_family(directory: Path, family: str, seed: int = 0, **config: Any) -> Path:
+    """A tiny random decoder of `family` (FAMILIES: hidden 64, 4 query heads, 256 positions) with the tokenizer."""
+    import torch
+    import transformers
+
+    config_class, model_class, adds = FAMILIES[family]
+    save_bpe_tokenizer(directory)
+    torch.manual_seed(seed)
+    settings = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                    max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    made = getattr(transformers, config_class)(**(settings | adds | config))
+    getattr(transformers, model_class)(made).eval().save_pretrained(directory)
     return directory
 
 

@@ -1,0 +1,107 @@
+"""Every decoder family right past its sliding window: a tiny random model of each (tests/lm/lm_models.py:
+FAMILIES, an 8-token window) through `pipe import`, whose gate now tries the lengths users send, then served
+by pipe serve's engine at prompts past the window with decodes across it, each answer equal to transformers'
+greedy generate. Random weights judge parity only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.artifact.directory import Artifact
+from pipeline.cli.group import main
+from pipeline.serve.generation.sampler import Sampling
+from pipeline.serve.generation.sequence import Job
+from pipeline.serve.generation.served import TextGenerator
+from pipeline.serve.generation.settings import GenerationSettings
+from pipeline.serve.session import ModelSession, SessionOptions
+from tests.lm.lm_models import FAMILIES, WINDOW, save_family
+
+pytestmark = pytest.mark.slow  # an import of a tiny model, about 12 s of CPU, per family
+
+NEW_TOKENS = 30  # each decode crosses the window three times
+PROMPT_LENGTHS = (6, 3 * WINDOW + 1, 90)  # inside the window, past it, past it many times over
+
+
+def imported(tmp_path: Path, family: str, **config: Any) -> tuple[Path, Any]:
+    """`pipe import` of a tiny `family` model: the source directory and the CLI's result."""
+    source = save_family(tmp_path / family, family, **config)
+    result = CliRunner().invoke(main, ["import", str(source), "--name", family, "--repository", str(tmp_path / "repo")])
+    return source, result
+
+
+def served_greedy(version: Path, prompts: list[list[int]], steps: int) -> list[list[int]]:
+    """The prompts submitted together to pipe serve's engine (prefill chunks of 16: rows join while others
+    decode, and the batch cache holds holes between a row's tokens and its new one); each one's new tokens."""
+    manifest = Artifact.load(version).manifest
+    session = ModelSession(version / "model.onnx", SessionOptions("cpu", 1, 1, False), manifest).session
+    made = TextGenerator.of(version, manifest, session, GenerationSettings(prefill_chunk=16), None)
+    assert made is not None
+
+    async def run() -> list[list[int]]:
+        seqs = [made.engine.submit(Job(ids, steps, Sampling(temperature=0))) for ids in prompts]
+        for seq in seqs:
+            assert seq.events is not None
+            while (await seq.events.get()).finish is None:
+                pass
+        return [seq.tokens[len(seq.job.prompt) :] for seq in seqs]
+
+    answers = asyncio.run(run())
+    assert made.engine.pool.used_blocks == 0
+    return answers
+
+
+def transformers_greedy(source: Path, ids: list[int], steps: int) -> list[int]:
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="eager").eval()
+    config = GenerationConfig(do_sample=False, max_new_tokens=steps, eos_token_id=2, pad_token_id=0)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
+                             generation_config=config)  # fmt: skip
+    made = out[0, len(ids) :].tolist()
+    return made[: made.index(2) + 1] if 2 in made else made
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_family_imports_gated_at_length_and_serves_past_its_window_as_transformers(
+    tmp_path: Path, family: str
+) -> None:
+    source, result = imported(tmp_path, family)
+    assert result.exit_code == 0, result.output
+    version = tmp_path / "repo" / family / "1"
+    parity = json.loads((version / "manifest.json").read_text())["stages"]["import"]["parity"]
+    rows = {row["check"]: row for row in parity["rows"]}
+    assert rows["teacher-forced 256 tokens"]["passed"]  # the context (256) is shorter than LONG_TOKENS
+    assert any(check.startswith("greedy across the window") or check.startswith("greedy long") for check in rows)
+
+    prompts = [[1, *range(10, 9 + n)] for n in PROMPT_LENGTHS]
+    served = served_greedy(version, prompts, NEW_TOKENS)
+    for ids, answer in zip(prompts, served, strict=True):
+        assert answer == transformers_greedy(source, ids, NEW_TOKENS), (family, len(ids))
+
+
+def test_a_graph_that_ignores_its_window_is_refused_at_the_token_it_first_differs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window of 64 that the graph leaves out: right for the gate's short prompts (18 tokens and 16 new ones),
+    wrong from token 65 on. The long cases refuse it and name that token."""
+    import pipeline.runtime.decoder as decoder
+
+    window_masks = decoder.window_masks
+
+    def unwindowed(mask: Any, positions: Any, sequence: int, windows: Any, dtype: Any) -> Any:
+        return window_masks(mask, positions, sequence, decoder.Windows(10**9, windows.by_layer_type), dtype)
+
+    monkeypatch.setattr(decoder, "window_masks", unwindowed)
+    _, result = imported(tmp_path, "mistral", sliding_window=64)
+    assert result.exit_code == 1, result.output
+    assert "first differs at token 65 of 256" in result.output
+    assert "greedy batch" not in result.output and "first step" not in result.output  # only failures are listed
+    assert not (tmp_path / "repo" / "mistral").exists()  # nothing half-written

@@ -33,8 +33,15 @@ that layout a step is level with onnxruntime-genai's builder graph, the same ker
 within 1-3% either way (bench/bench_decode_in_place.py, bench/bench_decode_step_parts.py;
 docs/language-models.md). It runs on onnxruntime only (com.microsoft kernels; on CUDA, GroupQueryAttention
 has fp16 and bf16 kernels only, so the fp32 in-place branch has none there); the export gate then
-compares it with the model run eagerly, as for any export. Families `refusal` names (another MLP,
-sliding-window attention, dynamic rope scaling, soft-capped logits...) are traced as before.
+compares it with the model run eagerly, as for any export.
+
+Sliding windows (Mistral's `sliding_window` on every layer, Qwen2's `use_sliding_window` on the layers its
+`layer_types` name, from `max_window_layers` on) are measured in positions, as the traced graph's
+(pipeline/runtime/decoder.py `window_masks`): every layer keeps its whole past, and a windowed layer's query
+sees the keys of the last `window` positions, its own included. The grouped products add that to the mask's
+bias (a key's position the count of held columns before it, so holes in a server's cache do not move the
+window); `GroupQueryAttention` takes it as `local_window_size`, its rows' columns being positions. Families
+`refusal` names (another MLP, dynamic rope scaling, soft-capped logits...) are traced as before.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.artifact.generation import DECODE_IN_PLACE, LOGITS_FROM, PRESENT_NEW_ONLY, CacheLayout
+from pipeline.runtime.decoder import sliding_windows
 from pipeline.runtime.external_data import SMALL_TENSOR, data_file
 
 FAMILIES = frozenset({"llama", "mistral", "qwen2"})  # pre-norm decoders: RMSNorm, rotary attention, SiLU-gated MLP
@@ -66,9 +74,6 @@ def refusal(model: torch.nn.Module) -> str | None:
         return f"model type {family!r} is not one of {sorted(FAMILIES)}"
     if getattr(config, "hidden_act", None) != "silu":
         return f"its MLP activation is {config.hidden_act!r}, not silu"
-    window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
-        return f"its attention slides over {window} tokens"
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     kind = getattr(rotary, "rope_type", None)
     if kind not in STATIC_ROPE:
@@ -144,7 +149,8 @@ def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, 
     attention = model.model.layers[0].self_attn
     heads, kv, size = config.num_attention_heads, layout.kv_heads, int(attention.head_dim)
     _rotary_tables(g, model, size)
-    _mask_bias(g, heads // kv)
+    windows = _layer_windows(config)
+    _mask_bias(g, heads // kv, next((w for w in windows if w), None))
     _row_lengths(g)
     eps = float(config.rms_norm_eps)
     g.node("Gather", [g.weight("embed_tokens", weights["model.embed_tokens.weight"]), "input_ids"], ["h0"], axis=0)
@@ -152,7 +158,9 @@ def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, 
     residual = "h0"
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
-        x_mlp, residual = _attention(g, i, x, residual, weights, p, heads, kv, size, float(attention.scaling), eps)
+        x_mlp, residual = _attention(
+            g, i, x, residual, weights, p, heads, kv, size, float(attention.scaling), eps, windows[i]
+        )
         following = f"model.layers.{i + 1}.input_layernorm.weight"
         norm = weights[following] if following in weights else weights["model.norm.weight"]
         x, residual = _mlp(g, i, x_mlp, residual, weights, p, norm, eps)
@@ -200,10 +208,26 @@ def _rotary_tables(g: _Graph, model: torch.nn.Module, size: int) -> None:
     g.weight("sin_cache", sin[0, :, : size // 2].float().numpy())
 
 
-def _mask_bias(g: _Graph, group: int) -> None:
+def _layer_windows(config: Any) -> list[int | None]:
+    """Each layer's sliding window in positions (None: the whole past), as pipeline/runtime/decoder.py reads the
+    config: every layer's when `sliding_window` is set (Mistral, Phi-3), else those `layer_types` names
+    `sliding_attention` (Qwen2 and Qwen3 with `use_sliding_window`, from `max_window_layers` on)."""
+    windows = sliding_windows(config)
+    layers = int(config.num_hidden_layers)
+    if windows is None:
+        return [None] * layers
+    if not windows.by_layer_type:
+        return [windows.size] * layers
+    return [windows.size if kind == "sliding_attention" else None for kind in config.layer_types[:layers]]
+
+
+def _mask_bias(g: _Graph, group: int, window: int | None) -> None:
     """`bias` [batch, 1, group x sequence, total]: 0 where a query may attend (the column is in its row's mask and
     not after the query's own column), the float minimum elsewhere, as eager attention's mask; the query heads
-    of a KV head stacked along the sequence (the attention's layout below)."""
+    of a KV head stacked along the sequence (the attention's layout below). With a `window`, `bias_windowed`
+    too, for the windowed layers: a key is seen only when the query's position less the key's is under the
+    window, a key's position being the count of held columns before it (pipeline/runtime/decoder.py
+    `window_masks`: a cache with holes between a row's tokens is windowed by positions, not columns)."""
     i64 = np.int64
     g.weight("zero", np.array(0, i64))
     g.weight("one", np.array(1, i64))
@@ -225,6 +249,18 @@ def _mask_bias(g: _Graph, group: int) -> None:
     minimum = g.weight("float_min", np.array(np.finfo(np.float32).min, np.float32))
     g.node("Where", ["allowed", g.weight("float_zero", np.array(0, np.float32)), minimum], ["bias_1"])
     g.node("Tile", ["bias_1", g.weight("group_tiles", np.array([1, 1, group, 1], i64))], ["bias"])
+    if window is None:
+        return
+    g.node("CumSum", ["attention_mask", g.weight("axis_1_scalar", np.array(1, i64))], ["held_before"])
+    g.node("Sub", ["held_before", "one"], ["key_position"])  # [batch, total]
+    g.node("Unsqueeze", ["key_position", "axis_1"], ["key_position_3d"])  # [batch, 1, total]
+    g.node("Unsqueeze", ["position_ids", g.weight("axis_2", np.array([2], i64))], ["query_position"])
+    g.node("Sub", ["query_position", "key_position_3d"], ["behind"])  # [batch, sequence, total]
+    g.node("Less", ["behind", g.weight("window", np.array(window, i64))], ["within"])
+    g.node("Unsqueeze", ["within", "axis_1"], ["within_4d"])  # [batch, 1, sequence, total]
+    g.node("And", ["allowed", "within_4d"], ["allowed_windowed"])
+    g.node("Where", ["allowed_windowed", "float_zero", minimum], ["bias_windowed_1"])
+    g.node("Tile", ["bias_windowed_1", "group_tiles"], ["bias_windowed"])
 
 
 def _rms_norm(g: _Graph, x: str, weight: np.ndarray, eps: float) -> str:
@@ -265,23 +301,29 @@ def _row_lengths(g: _Graph) -> None:
 
 def _attention(
     g: _Graph, i: int, x: str, residual: str, weights: dict[str, np.ndarray], p: str,
-    heads: int, kv: int, size: int, scaling: float, eps: float,
+    heads: int, kv: int, size: int, scaling: float, eps: float, window: int | None,
 ) -> tuple[str, str]:  # fmt: skip
     """Layer i's attention on the normed `x`, added to `residual`, then normed for the MLP: (normed, residual).
 
     One If on `decode_in_place` gives the attention's output and the layer's presents: fed True,
     GroupQueryAttention reads each row's cache where it lies in the past buffers and writes the new keys and
     values after the row's last token (in place when the presents are bound to the pasts' memory), one kernel
-    for what is otherwise some twenty nodes; else the grouped products of `_grouped`."""
+    for what is otherwise some twenty nodes; else the grouped products of `_grouped`. A layer with a sliding
+    `window` (in positions) sees only the keys of the last `window` positions, its own included: the kernel's
+    `local_window_size` is that window (onnxruntime 1.32's CPU kernel counts the query's own key in it: with
+    window - 1 a row decoded in place differed from the model), its columns positions as a row's tokens sit
+    from column 0; the grouped products take `bias_windowed`."""
     n = f"layer{i}."
     attn = p + "self_attn."
     qkv = _linear(g, x, n + "qkv", weights, [attn + "q_proj", attn + "k_proj", attn + "v_proj"])
     past = [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
 
+    local = {} if window is None else {"local_window_size": window}
+
     def in_place() -> list[str]:  # queries, keys and values packed; the rotation at each row's length, inside
         return g.node("GroupQueryAttention", [qkv, "", "", *past, "seqlens", "total_tokens", "cos_cache", "sin_cache"],
                       [n + "gqa_out", n + "gqa_key", n + "gqa_value"], domain=MS, num_heads=heads, kv_num_heads=kv,
-                      scale=scaling, do_rotary=1)  # fmt: skip
+                      scale=scaling, do_rotary=1, **local)  # fmt: skip
 
     def grouped() -> list[str]:
         split = g.weight(n + "qkv_split", np.array([heads * size, kv * size, kv * size], np.int64))
@@ -289,7 +331,7 @@ def _attention(
         rotary = ["position_ids", "cos_cache", "sin_cache"]
         q = g.node("RotaryEmbedding", [q, *rotary], [n + "q_rotated"], domain=MS, num_heads=heads)[0]
         k = g.node("RotaryEmbedding", [k, *rotary], [n + "k_rotated"], domain=MS, num_heads=kv)[0]
-        return _grouped(g, n, q, k, v, past, heads, kv, size, scaling)
+        return _grouped(g, n, q, k, v, past, heads, kv, size, scaling, "bias" if window is None else "bias_windowed")
 
     g.node("If", [DECODE_IN_PLACE], [n + "attention", f"present.{i}.key", f"present.{i}.value"],
            then_branch=g.branch(n + "in_place", in_place), else_branch=g.branch(n + "grouped", grouped))  # fmt: skip
@@ -301,8 +343,9 @@ def _attention(
 
 
 def _grouped(
-    g: _Graph, n: str, q: str, k: str, v: str, past: list[str], heads: int, kv: int, size: int, scaling: float
-) -> list[str]:
+    g: _Graph, n: str, q: str, k: str, v: str, past: list[str], heads: int, kv: int, size: int, scaling: float,
+    bias: str,
+) -> list[str]:  # fmt: skip
     """The attention as grouped matrix products over the past and the new keys apart, and the layer's presents:
     [output, present key, present value]."""
     group = heads // kv
@@ -320,7 +363,7 @@ def _grouped(
         g.node("MatMul", [queries, n + part + "_keys_t"], [n + part + "_scores"])
     g.node("Concat", [n + "past_scores", n + "new_scores"], [n + "scores"], axis=-1)
     g.node("Mul", [n + "scores", g.weight(n + "scaling", np.array(scaling, np.float32))], [n + "scaled"])
-    g.node("Add", [n + "scaled", "bias"], [n + "masked"])
+    g.node("Add", [n + "scaled", bias], [n + "masked"])
     g.node("Softmax", [n + "masked"], [n + "weights"], axis=-1)
     g.node("Split", [n + "weights", "past_and_new"], [n + "past_weights", n + "new_weights"], axis=-1)
     g.node("MatMul", [n + "past_weights", past[1]], [n + "past_context"])

@@ -26,6 +26,10 @@ pytestmark = pytest.mark.slow  # an import of a tiny model, about 12 s of CPU, p
 
 NEW_TOKENS = 30  # each decode crosses the window three times
 PROMPT_LENGTHS = (6, 3 * WINDOW + 1, 90)  # inside the window, past it, past it many times over
+# The families pipeline/export/fused_decoder.py writes (exporter "fused"), the others traced ("dynamo"). A
+# written graph that failed the gate would be traced instead (causal_lm.py `_export_judged`) and pass: the
+# exporter is asserted so that fallback cannot hide a fault in the writer.
+WRITTEN = frozenset({"mistral", "qwen2"})
 
 
 def imported(tmp_path: Path, family: str, **config: Any) -> tuple[Path, Any]:
@@ -76,7 +80,9 @@ def test_each_family_imports_gated_at_length_and_serves_past_its_window_as_trans
     source, result = imported(tmp_path, family)
     assert result.exit_code == 0, result.output
     version = tmp_path / "repo" / family / "1"
-    parity = json.loads((version / "manifest.json").read_text())["stages"]["import"]["parity"]
+    record = json.loads((version / "manifest.json").read_text())["stages"]["import"]
+    assert record["settings"]["exporter"] == ("fused" if family in WRITTEN else "dynamo"), record["notes"]
+    parity = record["parity"]
     rows = {row["check"]: row for row in parity["rows"]}
     assert rows["teacher-forced 256 tokens"]["passed"]  # the context (256) is shorter than LONG_TOKENS
     assert any(check.startswith("greedy across the window") or check.startswith("greedy long") for check in rows)
@@ -90,8 +96,10 @@ def test_each_family_imports_gated_at_length_and_serves_past_its_window_as_trans
 def test_a_graph_that_ignores_its_window_is_refused_at_the_token_it_first_differs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A window of 64 that the graph leaves out: right for the gate's short prompts (18 tokens and 16 new ones),
-    wrong from token 65 on. The long cases refuse it and name that token."""
+    """A window of 64 that the traced graph leaves out (Mistral traced here: the writer's own window is the test
+    below): right for the gate's short prompts (18 tokens and 16 new ones), wrong from token 65 on. The long
+    cases refuse it and name that token."""
+    import pipeline.export.lm_module as lm_module
     import pipeline.runtime.decoder as decoder
 
     window_masks = decoder.window_masks
@@ -100,8 +108,25 @@ def test_a_graph_that_ignores_its_window_is_refused_at_the_token_it_first_differ
         return window_masks(mask, positions, sequence, decoder.Windows(10**9, windows.by_layer_type), dtype)
 
     monkeypatch.setattr(decoder, "window_masks", unwindowed)
+    monkeypatch.setattr(lm_module, "refusal", lambda model: "traced for this test")
     _, result = imported(tmp_path, "mistral", sliding_window=64)
     assert result.exit_code == 1, result.output
     assert "first differs at token 65 of 256" in result.output
     assert "greedy batch" not in result.output and "first step" not in result.output  # only failures are listed
     assert not (tmp_path / "repo" / "mistral").exists()  # nothing half-written
+
+
+def test_a_written_graph_that_ignores_its_window_is_traced_instead_naming_the_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer (pipeline/export/fused_decoder.py) made to leave Mistral's window of 64 out: the long case
+    fails the written graph at token 65, and the import keeps the traced one, saying why."""
+    import pipeline.export.fused_decoder as fused
+
+    monkeypatch.setattr(fused, "_layer_windows", lambda config: [None] * config.num_hidden_layers)
+    _, result = imported(tmp_path, "mistral", sliding_window=64)
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "repo" / "mistral" / "1" / "manifest.json").read_text())["stages"]["import"]
+    assert record["settings"]["exporter"] == "dynamo" and record["parity"]["passed"]
+    failed = [note for note in record["notes"] if "fused kernels failed" in note]
+    assert failed and "first differs at token 65 of 256" in failed[0]

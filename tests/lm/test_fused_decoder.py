@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.lm.lm_models import graph_nodes, save_llama
+from tests.lm.lm_models import graph_nodes, save_family, save_llama
 
 
 def _qwen2(directory: Path) -> Path:
@@ -43,6 +43,10 @@ SOURCES = {
     ),
     "llama-one-kv-head-per-query": lambda d: save_llama(d, num_key_value_heads=4),
     "qwen2-biases-tied": _qwen2,
+    # windows of 3 positions, shorter than the cases' rows and pasts (and the holes in them): every layer's
+    # (Mistral), the second layer's only (Qwen2: max_window_layers 1)
+    "mistral-window-3": lambda d: save_family(d, "mistral", sliding_window=3),
+    "qwen2-window-3-second-layer": lambda d: save_family(d, "qwen2", sliding_window=3),
 }
 
 

@@ -40,7 +40,10 @@ Sliding windows (Mistral's `sliding_window` on every layer, Qwen2's `use_sliding
 (pipeline/runtime/decoder.py `window_masks`): every layer keeps its whole past, and a windowed layer's query
 sees the keys of the last `window` positions, its own included. The grouped products add that to the mask's
 bias (a key's position the count of held columns before it, so holes in a server's cache do not move the
-window); `GroupQueryAttention` takes it as `local_window_size`, its rows' columns being positions. Families
+window); `GroupQueryAttention` takes it as `local_window_size`, its rows' columns being positions. Qwen3's
+query and key norms (an RMSNorm of each head's vector, before the rotation) are written in standard ops on
+the split projection, before the If: onnxruntime's CPU `GroupQueryAttention` rejects its own `q_norm_weight`,
+so the in-place kernel takes the normed queries, keys and values apart and still rotates them. Families
 `refusal` names (another MLP, dynamic rope scaling, soft-capped logits...) are traced as before.
 """
 
@@ -60,7 +63,8 @@ from pipeline.artifact.generation import DECODE_IN_PLACE, LOGITS_FROM, PRESENT_N
 from pipeline.runtime.decoder import sliding_windows
 from pipeline.runtime.external_data import SMALL_TENSOR, data_file
 
-FAMILIES = frozenset({"llama", "mistral", "qwen2"})  # pre-norm decoders: RMSNorm, rotary attention, SiLU-gated MLP
+# pre-norm decoders: RMSNorm, rotary attention, SiLU-gated MLP
+FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})  # tables fixed by position: computed once here
 MS = "com.microsoft"
 EXTERNAL_BYTES = 1_800_000_000  # past this the weights go beside the graph (protobuf's 2 GB limit)
@@ -112,6 +116,12 @@ class _Graph:
         for key, v in (("location", self.location), ("offset", offset), ("length", contiguous.nbytes)):
             tensor.external_data.add(key=key, value=str(v))
         self.weights.append(tensor)
+        return name
+
+    def shared(self, name: str, value: np.ndarray) -> str:
+        """A small constant several nodes read, added the first time it is named."""
+        if not any(w.name == name for w in self.weights):
+            self.weight(name, value)
         return name
 
     def node(self, op: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs: Any) -> list[str]:
@@ -263,14 +273,15 @@ def _mask_bias(g: _Graph, group: int, window: int | None) -> None:
     g.node("Tile", ["bias_windowed_1", "group_tiles"], ["bias_windowed"])
 
 
-def _rms_norm(g: _Graph, x: str, weight: np.ndarray, eps: float) -> str:
-    """The first layer's RMSNorm in standard ops (onnxruntime fuses them; the fused op is not ONNX's)."""
-    g.node("Mul", [x, x], ["norm0_squares"])
-    g.node("ReduceMean", ["norm0_squares", g.weight("axis_last", np.array([-1], np.int64))], ["norm0_mean"])
-    g.node("Add", ["norm0_mean", g.weight("norm0_eps", np.array(eps, np.float32))], ["norm0_var"])
-    g.node("Sqrt", ["norm0_var"], ["norm0_rms"])
-    g.node("Div", [x, "norm0_rms"], ["norm0_unit"])
-    return g.node("Mul", ["norm0_unit", g.weight("norm0_weight", weight)], ["x0"])[0]
+def _rms_norm(g: _Graph, x: str, weight: np.ndarray, eps: float, name: str = "norm0", out: str = "x0") -> str:
+    """RMSNorm over the last axis in standard ops (onnxruntime fuses them into its SimplifiedLayerNormalization,
+    which is not ONNX's: the checker refuses it): the first layer's, and Qwen3's per head."""
+    g.node("Mul", [x, x], [name + "_squares"])
+    g.node("ReduceMean", [name + "_squares", g.shared("axis_last", np.array([-1], np.int64))], [name + "_mean"])
+    g.node("Add", [name + "_mean", g.weight(name + "_eps", np.array(eps, np.float32))], [name + "_var"])
+    g.node("Sqrt", [name + "_var"], [name + "_rms"])
+    g.node("Div", [x, name + "_rms"], [name + "_unit"])
+    return g.node("Mul", [name + "_unit", g.weight(name + "_weight", weight)], [out])[0]
 
 
 def _reshape(g: _Graph, x: str, name: str, shape: list[int]) -> str:
@@ -317,17 +328,30 @@ def _attention(
     attn = p + "self_attn."
     qkv = _linear(g, x, n + "qkv", weights, [attn + "q_proj", attn + "k_proj", attn + "v_proj"])
     past = [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
-
     local = {} if window is None else {"local_window_size": window}
 
-    def in_place() -> list[str]:  # queries, keys and values packed; the rotation at each row's length, inside
-        return g.node("GroupQueryAttention", [qkv, "", "", *past, "seqlens", "total_tokens", "cos_cache", "sin_cache"],
+    def split() -> list[str]:
+        sizes = g.weight(n + "qkv_split", np.array([heads * size, kv * size, kv * size], np.int64))
+        return g.node("Split", [qkv, sizes], [n + "q", n + "k", n + "v"], axis=-1)
+
+    # Qwen3: each head's queries and keys RMS-normed before the rotation, for both branches (onnxruntime's CPU
+    # kernel rejects GroupQueryAttention's own q_norm_weight input); the kernel then takes them apart, not packed
+    head_normed = attn + "q_norm.weight" in weights
+    if head_normed:
+        q, k, v = split()
+        q = _head_norm(g, q, n + "q", weights[attn + "q_norm.weight"], heads, size, eps)
+        k = _head_norm(g, k, n + "k", weights[attn + "k_norm.weight"], kv, size, eps)
+        projected = [q, k, v]
+    else:
+        projected = [qkv, "", ""]
+
+    def in_place() -> list[str]:  # queries, keys and values (packed but for Qwen3); rotated at each row's length
+        return g.node("GroupQueryAttention", [*projected, *past, "seqlens", "total_tokens", "cos_cache", "sin_cache"],
                       [n + "gqa_out", n + "gqa_key", n + "gqa_value"], domain=MS, num_heads=heads, kv_num_heads=kv,
                       scale=scaling, do_rotary=1, **local)  # fmt: skip
 
     def grouped() -> list[str]:
-        split = g.weight(n + "qkv_split", np.array([heads * size, kv * size, kv * size], np.int64))
-        q, k, v = g.node("Split", [qkv, split], [n + "q", n + "k", n + "v"], axis=-1)
+        q, k, v = projected if head_normed else split()
         rotary = ["position_ids", "cos_cache", "sin_cache"]
         q = g.node("RotaryEmbedding", [q, *rotary], [n + "q_rotated"], domain=MS, num_heads=heads)[0]
         k = g.node("RotaryEmbedding", [k, *rotary], [n + "k_rotated"], domain=MS, num_heads=kv)[0]
@@ -340,6 +364,14 @@ def _attention(
     normed, _, _, summed = g.node("SkipSimplifiedLayerNormalization", [out, residual, norm],
                                   [n + "mlp_in", "", "", n + "attended"], domain=MS, epsilon=eps)  # fmt: skip
     return normed, summed
+
+
+def _head_norm(g: _Graph, x: str, name: str, weight: np.ndarray, heads: int, size: int, eps: float) -> str:
+    """`x` [batch, sequence, heads x size] with each head's vector RMS-normed by `weight` [size] (Qwen3's q_norm and
+    k_norm): Reshape, the norm, Reshape, as onnxruntime's fusions expect the pattern."""
+    heads_apart = _reshape(g, x, name + "_heads", [0, 0, heads, size])
+    normed = _rms_norm(g, heads_apart, weight, eps, name + "_norm", name + "_normed_heads")
+    return _reshape(g, normed, name + "_normed", [0, 0, heads * size])
 
 
 def _grouped(

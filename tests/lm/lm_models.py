@@ -88,8 +88,8 @@ def save_gpt2(directory: Path, seed: int = 0) -> Path:
 
 WINDOW = 8  # the tiny families' sliding window: the gate's 18-token prompts and every serving test pass it
 # A tiny random decoder of each family pipe traces, as config.json would say it: (config class, model class,
-# what the family adds to the shared settings). Sliding windows on some layers (Gemma 2 and 3, Qwen2's
-# use_sliding_window with max_window_layers) or all (Mistral, Phi-3); Gemma 2's soft-capped attention and
+# what the family adds to the shared settings). Sliding windows on some layers (Gemma 2 and 3, Qwen2's and
+# Qwen3's use_sliding_window with max_window_layers) or all (Mistral, Phi-3); Gemma 2's soft-capped attention and
 # logits; Gemma 3's local rope base on its windowed layers; Qwen3's query and key norms.
 FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(num_hidden_layers=3, num_key_value_heads=1, head_dim=16,
@@ -100,7 +100,8 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
                 sliding_window=WINDOW)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_hidden_layers=2, num_key_value_heads=2,
               use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_hidden_layers=2, num_key_value_heads=2, head_dim=16)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_hidden_layers=2, num_key_value_heads=2, head_dim=16,
+              use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_hidden_layers=2, num_key_value_heads=2,
              sliding_window=WINDOW)),
 }  # fmt: skip

@@ -34,6 +34,22 @@ def _qwen2(directory: Path) -> Path:
     return directory
 
 
+def _qwen3(directory: Path) -> Path:
+    """Qwen3 with query and key norms that count (ones at init: made random), heads wider than hidden / heads (32
+    against 16, as real Qwen3's 128 against 64) and a window of 3 on its second layer."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    save_family(directory, "qwen3", head_dim=32, use_sliding_window=True, sliding_window=3, max_window_layers=1)
+    model = AutoModelForCausalLM.from_pretrained(directory).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.uniform_(0.5, 1.5)
+    model.save_pretrained(directory)
+    return directory
+
+
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 32, "rope_theta": 10000.0}  # fmt: skip
 SOURCES = {
@@ -47,6 +63,7 @@ SOURCES = {
     # (Mistral), the second layer's only (Qwen2: max_window_layers 1)
     "mistral-window-3": lambda d: save_family(d, "mistral", sliding_window=3),
     "qwen2-window-3-second-layer": lambda d: save_family(d, "qwen2", sliding_window=3),
+    "qwen3-head-norms-wide-heads-window-3": _qwen3,
 }
 
 

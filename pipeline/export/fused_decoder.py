@@ -1,5 +1,7 @@
 """A Llama-family decoder written straight to ONNX with onnxruntime's fused kernels; the cache contract unchanged.
 
+Written: Llama, Mistral, Qwen2, Qwen3 and Phi-3 (FAMILIES; `refusal` names why any other model is traced).
+
 The traced export (lm_module.py) writes each layer as the dozens of small ops eager PyTorch runs: RMSNorm as
 Pow, ReduceMean, Add, Sqrt, Reciprocal and two Muls, rotary embeddings as Slices, Negs, Concats and Muls, three
 projections for queries, keys and values and two for the MLP. At one sequence a decode step is a few
@@ -35,16 +37,20 @@ docs/language-models.md). It runs on onnxruntime only (com.microsoft kernels; on
 has fp16 and bf16 kernels only, so the fp32 in-place branch has none there); the export gate then
 compares it with the model run eagerly, as for any export.
 
-Sliding windows (Mistral's `sliding_window` on every layer, Qwen2's `use_sliding_window` on the layers its
-`layer_types` name, from `max_window_layers` on) are measured in positions, as the traced graph's
-(pipeline/runtime/decoder.py `window_masks`): every layer keeps its whole past, and a windowed layer's query
-sees the keys of the last `window` positions, its own included. The grouped products add that to the mask's
-bias (a key's position the count of held columns before it, so holes in a server's cache do not move the
-window); `GroupQueryAttention` takes it as `local_window_size`, its rows' columns being positions. Qwen3's
-query and key norms (an RMSNorm of each head's vector, before the rotation) are written in standard ops on
-the split projection, before the If: onnxruntime's CPU `GroupQueryAttention` rejects its own `q_norm_weight`,
-so the in-place kernel takes the normed queries, keys and values apart and still rotates them. Families
-`refusal` names (another MLP, dynamic rope scaling, soft-capped logits...) are traced as before.
+Sliding windows (Mistral's and Phi-3's `sliding_window` on every layer, Qwen2's and Qwen3's
+`use_sliding_window` on the layers their `layer_types` name, from `max_window_layers` on) are measured in
+positions, as the traced graph's (pipeline/runtime/decoder.py `window_masks`): every layer keeps its whole
+past, and a windowed layer's query sees the keys of the last `window` positions, its own included. The
+grouped products add that to the mask's bias (a key's position the count of held columns before it, so holes
+in a server's cache do not move the window); `GroupQueryAttention` takes it as `local_window_size`, its
+rows' columns being positions. Qwen3's query and key norms (an RMSNorm of each head's vector, before the
+rotation) are written in standard ops on the split projection, before the If: onnxruntime's CPU
+`GroupQueryAttention` rejects its own `q_norm_weight`, so the in-place kernel takes the normed queries, keys
+and values apart and still rotates them. Phi-3's packed `qkv_proj` and `gate_up_proj` are split as the
+weights are read, so it is written as a Llama; its long-context models' longrope (`su` in older configs) is
+not a table fixed by position and is refused by name, as a rotary turning only part of each head is.
+Families `refusal` names (another MLP, Gemma's norms and soft-capped logits, dynamic rope scaling...) are
+traced as before.
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ from pipeline.runtime.decoder import sliding_windows
 from pipeline.runtime.external_data import SMALL_TENSOR, data_file
 
 # pre-norm decoders: RMSNorm, rotary attention, SiLU-gated MLP
-FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+FAMILIES = frozenset({"llama", "mistral", "phi3", "qwen2", "qwen3"})
 STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})  # tables fixed by position: computed once here
 MS = "com.microsoft"
 EXTERNAL_BYTES = 1_800_000_000  # past this the weights go beside the graph (protobuf's 2 GB limit)
@@ -86,6 +92,9 @@ def refusal(model: torch.nn.Module) -> str | None:
     attention = getattr(layers[0], "self_attn", None) if layers else None
     if attention is None or not hasattr(attention, "scaling") or not hasattr(attention, "head_dim"):
         return "its attention module is not transformers' Llama-style one"
+    frequencies = getattr(rotary, "inv_freq", None)
+    if frequencies is None or 2 * frequencies.numel() != attention.head_dim:
+        return "its rotary embedding does not turn the whole of each head"  # a partial_rotary_factor (Phi-4-mini)
     if config.num_attention_heads % config.num_key_value_heads:
         return "its query heads are not a multiple of its KV heads"
     return None
@@ -158,6 +167,7 @@ def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, 
     head = model.get_output_embeddings().weight.detach().float().numpy()
     attention = model.model.layers[0].self_attn
     heads, kv, size = config.num_attention_heads, layout.kv_heads, int(attention.head_dim)
+    _unpack(weights, [heads * size, kv * size, kv * size])
     _rotary_tables(g, model, size)
     windows = _layer_windows(config)
     _mask_bias(g, heads // kv, next((w for w in windows if w), None))
@@ -190,6 +200,20 @@ def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, 
     proto.producer_name = "pipe"
     onnx.save(proto, str(path))  # the weights already in `g.data` when there is one
     return g.data is not None
+
+
+def _unpack(weights: dict[str, np.ndarray], qkv_rows: list[int]) -> None:
+    """Phi-3's packed projections as the other families name them (views of the same arrays): `qkv_proj` split
+    into `q_proj`, `k_proj` and `v_proj` by `qkv_rows`, `gate_up_proj` into `gate_proj` and `up_proj` halves."""
+    bounds = np.cumsum(qkv_rows)[:-1]
+    for name in [k for k in weights if k.endswith((".qkv_proj.weight", ".qkv_proj.bias"))]:
+        base, kind = name.rsplit(".qkv_proj.", 1)
+        for part, value in zip(("q_proj", "k_proj", "v_proj"), np.split(weights.pop(name), bounds), strict=True):
+            weights[f"{base}.{part}.{kind}"] = value
+    for name in [k for k in weights if k.endswith((".gate_up_proj.weight", ".gate_up_proj.bias"))]:
+        base, kind = name.rsplit(".gate_up_proj.", 1)
+        gate, up = np.split(weights.pop(name), 2)  # the first half gates (Phi3MLP: gate, up = chunk(2))
+        weights[f"{base}.gate_proj.{kind}"], weights[f"{base}.up_proj.{kind}"] = gate, up
 
 
 def _inputs(layout: CacheLayout) -> list[onnx.ValueInfoProto]:

@@ -64,6 +64,7 @@ SOURCES = {
     "mistral-window-3": lambda d: save_family(d, "mistral", sliding_window=3),
     "qwen2-window-3-second-layer": lambda d: save_family(d, "qwen2", sliding_window=3),
     "qwen3-head-norms-wide-heads-window-3": _qwen3,
+    "phi3-packed-window-3": lambda d: save_family(d, "phi3", sliding_window=3),
 }
 
 
@@ -193,6 +194,14 @@ def test_families_it_cannot_write_are_traced(tmp_path: Path) -> None:
     assert "rope scaling 'dynamic'" in (refusal(dynamic) or "")
     gelu = _load(save_llama(tmp_path / "gelu", hidden_act="gelu"))
     assert "not silu" in (refusal(gelu) or "")
+    longrope = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8, "rope_theta": 10000.0,
+                "original_max_position_embeddings": 64}  # fmt: skip
+    phi3_longrope = _load(save_family(tmp_path / "longrope", "phi3", rope_parameters=longrope))
+    assert "rope scaling 'longrope'" in (refusal(phi3_longrope) or "")
+    partial = _load(save_family(tmp_path / "partial", "phi3", partial_rotary_factor=0.5))
+    assert "does not turn the whole of each head" in (refusal(partial) or "")
+    for family, model_type in (("gemma2", "gemma2"), ("gemma3", "gemma3_text")):
+        assert f"model type {model_type!r}" in (refusal(_load(save_family(tmp_path / family, family))) or "")
 
 
 @pytest.mark.slow  # two exports and two gates of the tiny Llama (about 30 s)

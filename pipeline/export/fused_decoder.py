@@ -297,10 +297,17 @@ def _mask_bias(g: _Graph, group: int, window: int | None) -> None:
     g.node("Tile", ["bias_windowed_1", "group_tiles"], ["bias_windowed"])
 
 
-def _rms_norm(g: _Graph, x: str, weight: np.ndarray, eps: float, name: str = "norm0", out: str = "x0") -> str:
-    """RMSNorm over the last axis in standard ops (onnxruntime fuses them into its SimplifiedLayerNormalization,
-    which is not ONNX's: the checker refuses it): the first layer's, and Qwen3's per head."""
-    g.node("Mul", [x, x], [name + "_squares"])
+def _rms_norm(
+    g: _Graph, x: str, weight: np.ndarray, eps: float, name: str = "norm0", out: str = "x0", fusable: bool = False
+) -> str:
+    """RMSNorm over the last axis in standard ops (onnxruntime's SimplifiedLayerNormalization is not ONNX's: the
+    checker refuses it): the first layer's, and Qwen3's per head. `fusable` squares by Pow(x, 2), the pattern
+    onnxruntime's optimizer fuses into its kernel (Qwen3's head norms, two a layer); the first layer's squares by
+    Mul(x, x), which it leaves as six nodes, once a graph (kept so: the written Llama graph is unchanged)."""
+    if fusable:
+        g.node("Pow", [x, g.shared("float_two", np.array(2, np.float32))], [name + "_squares"])
+    else:
+        g.node("Mul", [x, x], [name + "_squares"])
     g.node("ReduceMean", [name + "_squares", g.shared("axis_last", np.array([-1], np.int64))], [name + "_mean"])
     g.node("Add", [name + "_mean", g.weight(name + "_eps", np.array(eps, np.float32))], [name + "_var"])
     g.node("Sqrt", [name + "_var"], [name + "_rms"])
@@ -392,9 +399,9 @@ def _attention(
 
 def _head_norm(g: _Graph, x: str, name: str, weight: np.ndarray, heads: int, size: int, eps: float) -> str:
     """`x` [batch, sequence, heads x size] with each head's vector RMS-normed by `weight` [size] (Qwen3's q_norm and
-    k_norm): Reshape, the norm, Reshape, as onnxruntime's fusions expect the pattern."""
+    k_norm): Reshape, the norm, Reshape, which onnxruntime's optimizer makes one SimplifiedLayerNormalization."""
     heads_apart = _reshape(g, x, name + "_heads", [0, 0, heads, size])
-    normed = _rms_norm(g, heads_apart, weight, eps, name + "_norm", name + "_normed_heads")
+    normed = _rms_norm(g, heads_apart, weight, eps, name + "_norm", name + "_normed_heads", fusable=True)
     return _reshape(g, normed, name + "_normed", [0, 0, heads * size])
 
 

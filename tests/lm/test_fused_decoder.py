@@ -108,7 +108,9 @@ def test_the_fused_graph_gives_the_models_logits_and_presents(tmp_path: Path, fa
     assert export_decoder(decoder, layout, path, 18).exporter == "fused"
     ops = {node.op_type for node in graph_nodes(onnx.load(str(path)).graph)}
     assert {"SkipSimplifiedLayerNormalization", "RotaryEmbedding", "GroupQueryAttention"} <= ops
-    assert not {"Pow", "Neg", "Expand"} & ops
+    # no traced rotation or repeated keys; no traced RMSNorm but Qwen3's head norms, squared by Pow as the pattern
+    # onnxruntime fuses into its SimplifiedLayerNormalization
+    assert not ({"Neg", "Expand"} if family.startswith("qwen3") else {"Pow", "Neg", "Expand"}) & ops
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for feeds in _cases(layout.layers, layout.kv_heads, layout.head_size):
         got = session.run(None, feeds)

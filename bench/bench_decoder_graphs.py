@@ -5,7 +5,12 @@ for Llama, pipeline/export/fused_decoder.py), each also with int4 weights: decod
     .venv/bin/python bench/bench_decoder_graphs.py [--dir /tmp/lm-serve-bench] [--batches 1 16]
         [--past 128] [--steps 24] [--rounds 3] [--threads 2] [--out bench/results/decoder_graphs.json]
 
-The model is bench/lm_serve_model.py's (a random Llama of SmolLM-135M's shape: 9 query heads on 3 KV heads).
+The model is bench/lm_serve_model.py's (a random Llama of SmolLM-135M's shape: 9 query heads on 3 KV heads),
+or with `--family` a random model of another family the writer writes at that shape (`--layers` fewer to
+export faster; Qwen3's query and key norms drawn from U(0.5, 1.5), not ones), saved under DIR/FAMILY:
+
+    .venv/bin/python bench/bench_decoder_graphs.py --family qwen3 --layers 8 --out /tmp/qwen3_graphs.json
+
 Every graph is made from it by pipe's own export (`export_decoder`, its switches set) and, for the int4
 ones, pipe's int4-weights conversion at its defaults (block 32, accuracy level 4); each round times
 `--steps` decode steps of each graph in turn after a `--past`-token prefill, feeding each step's presents
@@ -62,6 +67,32 @@ def export_all(source: Path, directory: Path) -> dict[str, Path]:
     return paths
 
 
+FAMILIES = ("llama", "mistral", "phi3", "qwen2", "qwen3")  # --family: a config class each, below
+
+
+def family_source(directory: Path, family: str, layers: int) -> Path:
+    """A random `family` model of the Llama's shape (bench/lm_serve_model.py) saved in `directory`, once."""
+    if (directory / "config.json").exists():
+        return directory
+    import torch
+    import transformers
+
+    config_class = {"llama": "LlamaConfig", "mistral": "MistralConfig", "phi3": "Phi3Config", "qwen2": "Qwen2Config",
+                    "qwen3": "Qwen3Config"}[family]  # fmt: skip
+    config = getattr(transformers, config_class)(
+        vocab_size=VOCAB, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, max_position_embeddings=2048, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.uniform_(0.5, 1.5)
+    model.save_pretrained(directory)
+    return directory
+
+
 def decode(session: Any, batch: int, past: int, steps: int) -> tuple[list[float], np.ndarray]:
     """Step times after a prefill of `past` tokens, and the greedy tokens."""
     names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values")]
@@ -94,9 +125,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "decoder_graphs.json")
+    parser.add_argument("--family", choices=FAMILIES, help="a random model of this family (default: the served Llama)")
+    parser.add_argument("--layers", type=int, default=30, help="with --family: its layers")
     args = parser.parse_args()
-    source, _ = prepare(args.dir)
-    paths = export_all(source, args.dir / "graphs")
+    if args.family is None:
+        source, graphs = prepare(args.dir)[0], args.dir / "graphs"
+    else:
+        named = args.dir / f"{args.family}-{args.layers}"
+        source, graphs = family_source(named / "source", args.family, args.layers), named / "graphs"
+    paths = export_all(source, graphs)
     from pipeline.runtime.session import create_session
 
     sessions = {name: create_session(path, "cpu", args.threads, 1, True) for name, path in paths.items()}
@@ -119,7 +156,8 @@ def main() -> None:
         print(f"batch {batch}: {cells}; fp32 greedy tokens agree: {row['same_greedy_tokens']} "
               f"(load {row['load_average']:.1f})", flush=True)  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=1))
+    made = {"family": args.family, "layers": args.layers} if args.family else {}
+    args.out.write_text(json.dumps({"threads": args.threads, **made, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

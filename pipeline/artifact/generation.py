@@ -78,6 +78,14 @@ def defaults_problems(defaults: dict[str, Any]) -> list[str]:
             if key in DEFAULT_CHECKS and (expected := DEFAULT_CHECKS[key](value))]  # fmt: skip
 
 
+def _windows_problem(windows: list[int] | None) -> str | None:
+    if windows is None:
+        return None
+    if any(w < 0 for w in windows) or not any(windows):
+        return f"expected each layer's window >= 0 and at least one above 0 (absent when none slides), got {windows}"
+    return None
+
+
 @dataclass(frozen=True)
 class CacheLayout:
     """The KV cache of a decoder graph: one key and one value tensor per layer, [batch, kv_heads, length, head_size]."""
@@ -88,6 +96,9 @@ class CacheLayout:
     dtype: str = field(default="float32", metadata={"check": one_of(CACHE_DTYPES)})
     past: str = PAST  # input name pattern ({layer}, {kind})
     present: str = PRESENT  # output name pattern
+    # Each layer's sliding window in positions, 0 where a layer attends to its whole past; absent when no layer
+    # slides. The window is the graph's attention mask's: every layer's cache holds its whole past all the same.
+    windows: list[int] | None = field(default=None, metadata={"omit_none": True, "check": _windows_problem})
 
     def past_names(self) -> list[str]:
         """The past inputs in graph order: layer 0 key, layer 0 value, layer 1 key, ..."""
@@ -96,6 +107,17 @@ class CacheLayout:
     def present_names(self) -> list[str]:
         """The present outputs in graph order, each the past input of the same place one step later."""
         return [self.present.format(layer=i, kind=k) for i in range(self.layers) for k in KINDS]
+
+    def smallest_window(self) -> int | None:
+        """The narrowest sliding window of any layer (None: no layer slides)."""
+        return min((w for w in self.windows or [] if w), default=None)
+
+    def windows_said(self) -> str:
+        """The sliding windows in words ("" when no layer slides): `sliding windows of 512 on 5 of 6 layers`."""
+        if not self.windows:
+            return ""
+        sizes = ", ".join(str(w) for w in sorted({w for w in self.windows if w}))
+        return f"sliding windows of {sizes} on {sum(1 for w in self.windows if w)} of {self.layers} layers"
 
     def bytes_per_token(self) -> int:
         """Cache bytes one token of one row takes (keys and values of every layer)."""
@@ -218,6 +240,10 @@ def generation_problems(
     if task != "text-generation":
         return [f"generation: recorded for task {task!r}; it belongs to task 'text-generation' alone"]
     problems = []
+    if record.cache.windows is not None and len(record.cache.windows) != record.cache.layers:
+        problems.append(
+            f"generation.cache.windows: {len(record.cache.windows)} windows for {record.cache.layers} layers"
+        )
     if missing := [n for n in record.cache.past_names() if n not in input_names]:
         problems.append(f"generation.cache: past inputs {missing[:2]} are not inputs of the model")
     if missing := [n for n in record.cache.present_names() if n not in output_names]:

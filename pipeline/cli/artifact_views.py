@@ -86,6 +86,11 @@ def generation_lines(g: Generation) -> list[str]:
     lines = [
         f"  generation cache {cache.layers} layers x {heads} x {cache.head_size} ({cache.dtype}): "
         f"{size(cache.bytes_per_token())} per token of context per row",
+        *(
+            [f"            {cache.windows_said()} (in the mask: every layer keeps its whole past)"]
+            if cache.windows
+            else []
+        ),
         f"            inputs {cache.past.format(layer='N', kind='key|value')} -> outputs "
         f"{cache.present.format(layer='N', kind='key|value')}",
         f"            stops at EOS {', '.join(map(str, g.eos_token_ids))}; pads prompts on the left with "

@@ -44,7 +44,7 @@ from pipeline.artifact.tokens import TokenLimits, hf_limits, limits_reading, rea
 from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError, first_line
-from pipeline.export.length_gate import across_window_rows, gate_length, long_text, teacher_forced_row
+from pipeline.export.length_gate import across_window_rows, teacher_forced_row
 from pipeline.export.metadata import stamp
 from pipeline.export.new_version import new_version
 from pipeline.export.opset import default_opset
@@ -54,6 +54,7 @@ from pipeline.runtime.text import TextEncoder
 from pipeline.stagekit.model_record import record_model
 from pipeline.verify.gate import compare, structural_checks
 from pipeline.verify.generation import greedy_rows
+from pipeline.verify.lm_judge import long_length, long_text
 from pipeline.verify.policies import Exact
 from pipeline.verify.report import GateReport, Row
 
@@ -346,17 +347,15 @@ def long_rows(
 ) -> list[Row]:
     """The cases at the lengths users send (length_gate.py): teacher-forced past every window and prefill chunk,
     and greedy across the smallest window, on the gate's prompts' tokens repeated."""
-    from pipeline.runtime.decoder import sliding_windows
-
-    windows = sliding_windows(model.config)
-    window = windows.size if windows else None
-    prompts = encoder.encode(list(PROMPTS))
-    length = gate_length(generation.context_length, window)
-    text = long_text(prompts["input_ids"][prompts["attention_mask"] == 1].tolist(), length)
     cache, eos, pad = generation.cache, generation.eos_token_ids, generation.padding_id
+    prompts = encoder.encode(list(PROMPTS))
+    held = prompts["input_ids"][prompts["attention_mask"] == 1]
+    text = long_text(held, long_length(cache, generation.context_length))
     return [
         teacher_forced_row(run, model, cache, text, gate.atol, gate.rtol),
-        *across_window_rows(run, model, cache, text, window, gate.steps, eos, pad, gate.atol, gate.rtol),
+        *across_window_rows(
+            run, model, cache, text, cache.smallest_window(), gate.steps, eos, pad, gate.atol, gate.rtol
+        ),
     ]
 
 
@@ -377,7 +376,8 @@ def _generation_record(artifact: Artifact, layout: CacheLayout, source: Generati
 def _generation_reading(record: Generation) -> dict[str, Any]:
     c = record.cache
     return {
-        "cache": f"{c.layers} layers x {c.kv_heads} kv heads x {c.head_size} ({c.dtype})",
+        "cache": f"{c.layers} layers x {c.kv_heads} kv heads x {c.head_size} ({c.dtype})"
+        + (f", {c.windows_said()}" if c.windows else ""),
         "eos_token_ids": record.eos_token_ids,
         "padding_id": record.padding_id,
         "context_length": record.context_length,

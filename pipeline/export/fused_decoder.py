@@ -38,7 +38,8 @@ has fp16 and bf16 kernels only, so the fp32 in-place branch has none there); the
 compares it with the model run eagerly, as for any export.
 
 Sliding windows (Mistral's and Phi-3's `sliding_window` on every layer, Qwen2's and Qwen3's
-`use_sliding_window` on the layers their `layer_types` name, from `max_window_layers` on) are measured in
+`use_sliding_window` on the layers their `layer_types` name, from `max_window_layers` on: the cache record's
+`windows`, pipeline/artifact/generation.py, which pipeline/runtime/decoder.py reads) are measured in
 positions, as the traced graph's (pipeline/runtime/decoder.py `window_masks`): every layer keeps its whole
 past, and a windowed layer's query sees the keys of the last `window` positions, its own included. The
 grouped products add that to the mask's bias (a key's position the count of held columns before it, so holes
@@ -66,7 +67,6 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.artifact.generation import DECODE_IN_PLACE, LOGITS_FROM, PRESENT_NEW_ONLY, CacheLayout
-from pipeline.runtime.decoder import sliding_windows
 from pipeline.runtime.external_data import SMALL_TENSOR, data_file
 
 # pre-norm decoders: RMSNorm, rotary attention, SiLU-gated MLP
@@ -169,8 +169,9 @@ def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, 
     heads, kv, size = config.num_attention_heads, layout.kv_heads, int(attention.head_dim)
     _unpack(weights, [heads * size, kv * size, kv * size])
     _rotary_tables(g, model, size)
-    windows = _layer_windows(config)
-    _mask_bias(g, heads // kv, next((w for w in windows if w), None))
+    # each layer's sliding window in positions (None: the whole past), as the cache record keeps them
+    windows = [w or None for w in layout.windows] if layout.windows else [None] * layout.layers
+    _mask_bias(g, heads // kv, sorted({w for w in windows if w}))
     _row_lengths(g)
     eps = float(config.rms_norm_eps)
     g.node("Gather", [g.weight("embed_tokens", weights["model.embed_tokens.weight"]), "input_ids"], ["h0"], axis=0)
@@ -242,26 +243,14 @@ def _rotary_tables(g: _Graph, model: torch.nn.Module, size: int) -> None:
     g.weight("sin_cache", sin[0, :, : size // 2].float().numpy())
 
 
-def _layer_windows(config: Any) -> list[int | None]:
-    """Each layer's sliding window in positions (None: the whole past), as pipeline/runtime/decoder.py reads the
-    config: every layer's when `sliding_window` is set (Mistral, Phi-3), else those `layer_types` names
-    `sliding_attention` (Qwen2 and Qwen3 with `use_sliding_window`, from `max_window_layers` on)."""
-    windows = sliding_windows(config)
-    layers = int(config.num_hidden_layers)
-    if windows is None:
-        return [None] * layers
-    if not windows.by_layer_type:
-        return [windows.size] * layers
-    return [windows.size if kind == "sliding_attention" else None for kind in config.layer_types[:layers]]
-
-
-def _mask_bias(g: _Graph, group: int, window: int | None) -> None:
+def _mask_bias(g: _Graph, group: int, windows: list[int]) -> None:
     """`bias` [batch, 1, group x sequence, total]: 0 where a query may attend (the column is in its row's mask and
     not after the query's own column), the float minimum elsewhere, as eager attention's mask; the query heads
-    of a KV head stacked along the sequence (the attention's layout below). With a `window`, `bias_windowed`
-    too, for the windowed layers: a key is seen only when the query's position less the key's is under the
-    window, a key's position being the count of held columns before it (pipeline/runtime/decoder.py
-    `window_masks`: a cache with holes between a row's tokens is windowed by positions, not columns)."""
+    of a KV head stacked along the sequence (the attention's layout below). For each of the `windows`,
+    `bias_window_<size>` too, for the layers of that window: a key is seen only when the query's position less
+    the key's is under the window, a key's position being the count of held columns before it
+    (pipeline/runtime/decoder.py `window_masks`: a cache with holes between a row's tokens is windowed by
+    positions, not columns)."""
     i64 = np.int64
     g.weight("zero", np.array(0, i64))
     g.weight("one", np.array(1, i64))
@@ -283,18 +272,20 @@ def _mask_bias(g: _Graph, group: int, window: int | None) -> None:
     minimum = g.weight("float_min", np.array(np.finfo(np.float32).min, np.float32))
     g.node("Where", ["allowed", g.weight("float_zero", np.array(0, np.float32)), minimum], ["bias_1"])
     g.node("Tile", ["bias_1", g.weight("group_tiles", np.array([1, 1, group, 1], i64))], ["bias"])
-    if window is None:
+    if not windows:
         return
     g.node("CumSum", ["attention_mask", g.weight("axis_1_scalar", np.array(1, i64))], ["held_before"])
     g.node("Sub", ["held_before", "one"], ["key_position"])  # [batch, total]
     g.node("Unsqueeze", ["key_position", "axis_1"], ["key_position_3d"])  # [batch, 1, total]
     g.node("Unsqueeze", ["position_ids", g.weight("axis_2", np.array([2], i64))], ["query_position"])
     g.node("Sub", ["query_position", "key_position_3d"], ["behind"])  # [batch, sequence, total]
-    g.node("Less", ["behind", g.weight("window", np.array(window, i64))], ["within"])
-    g.node("Unsqueeze", ["within", "axis_1"], ["within_4d"])  # [batch, 1, sequence, total]
-    g.node("And", ["allowed", "within_4d"], ["allowed_windowed"])
-    g.node("Where", ["allowed_windowed", "float_zero", minimum], ["bias_windowed_1"])
-    g.node("Tile", ["bias_windowed_1", "group_tiles"], ["bias_windowed"])
+    g.node("Unsqueeze", ["behind", "axis_1"], ["behind_4d"])  # [batch, 1, sequence, total]
+    for window in windows:
+        w = f"window_{window}"
+        g.node("Less", ["behind_4d", g.weight(w, np.array(window, i64))], [w + "_within"])
+        g.node("And", ["allowed", w + "_within"], [w + "_allowed"])
+        g.node("Where", [w + "_allowed", "float_zero", minimum], [w + "_bias_1"])
+        g.node("Tile", [w + "_bias_1", "group_tiles"], ["bias_" + w])
 
 
 def _rms_norm(
@@ -354,7 +345,7 @@ def _attention(
     `window` (in positions) sees only the keys of the last `window` positions, its own included: the kernel's
     `local_window_size` is that window (onnxruntime 1.32's CPU kernel counts the query's own key in it: with
     window - 1 a row decoded in place differed from the model), its columns positions as a row's tokens sit
-    from column 0; the grouped products take `bias_windowed`."""
+    from column 0; the grouped products take its `bias_window_<size>`."""
     n = f"layer{i}."
     attn = p + "self_attn."
     qkv = _linear(g, x, n + "qkv", weights, [attn + "q_proj", attn + "k_proj", attn + "v_proj"])
@@ -386,7 +377,8 @@ def _attention(
         rotary = ["position_ids", "cos_cache", "sin_cache"]
         q = g.node("RotaryEmbedding", [q, *rotary], [n + "q_rotated"], domain=MS, num_heads=heads)[0]
         k = g.node("RotaryEmbedding", [k, *rotary], [n + "k_rotated"], domain=MS, num_heads=kv)[0]
-        return _grouped(g, n, q, k, v, past, heads, kv, size, scaling, "bias" if window is None else "bias_windowed")
+        bias = "bias" if window is None else f"bias_window_{window}"
+        return _grouped(g, n, q, k, v, past, heads, kv, size, scaling, bias)
 
     g.node("If", [DECODE_IN_PLACE], [n + "attention", f"present.{i}.key", f"present.{i}.value"],
            then_branch=g.branch(n + "in_place", in_place), else_branch=g.branch(n + "grouped", grouped))  # fmt: skip

@@ -3,9 +3,10 @@
 The short cases of the decoder gate (causal_lm.py: eight prompts of about 18 tokens, 16 new tokens) cannot
 see a graph that is right for short texts and wrong past a window: a real Gemma 3 (a 512-token window on
 5 of every 6 layers) passed them and then answered every prompt past 512 tokens wrongly. These cases reach
-`gate_length(...)` tokens: twice the smallest window, at least LONG_TOKENS, at most the context.
+`long_length(...)` tokens (pipeline/verify/lm_judge.py): twice the smallest window, at least 1,024, at most
+the context; optimize reads every variant at that length too (pipeline/optimize/decoder.py).
 
-- `teacher-forced N tokens`: one text of N tokens fed to the graph in chunks of CHUNK tokens with its past
+- `teacher-forced N tokens`: one text of N tokens fed to the graph in 256-token chunks with its past
   growing, as pipe serve prefills, every position's logits against the model's own forward pass over the
   whole text. A failure names the first position past tolerance: where the graph starts to differ.
 - `greedy across the window`: a left-padded batch of two prompts, one ending just before the smallest
@@ -22,48 +23,27 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipeline.artifact.generation import CacheLayout
-from pipeline.core.arrays import Arrays
-from pipeline.runtime.generate import empty_past, greedy
+from pipeline.runtime.generate import greedy
 from pipeline.runtime.runners import Runner
 from pipeline.verify.generation import greedy_rows
+from pipeline.verify.lm_judge import read_in_chunks
 from pipeline.verify.report import Row
 
 if TYPE_CHECKING:
     import torch
 
-LONG_TOKENS = 1024  # the length every decoder is tried at (less when its context is shorter)
-CHUNK = 256  # tokens fed per call when teacher-forced: pipe serve's default prefill chunk (serve/generation)
-
-
-def gate_length(context: int | None, window: int | None) -> int:
-    """How far the long cases reach: twice the smallest window, at least LONG_TOKENS, at most the context."""
-    length = max(LONG_TOKENS, 2 * window if window else 0)
-    return min(length, context) if context else length
-
-
-def long_text(ids: list[int], length: int) -> np.ndarray:
-    """`ids` (a real text's tokens) repeated to `length` tokens, [length] int64."""
-    return np.resize(np.asarray(ids, dtype=np.int64), length)
-
 
 def teacher_forced_row(
     run: Runner, model: torch.nn.Module, cache: CacheLayout, text: np.ndarray, atol: float, rtol: float
 ) -> Row:
-    """The graph's logits for `text` fed CHUNK tokens a call against the model's over the whole text at once."""
+    """The graph's logits for `text` fed in chunks against the model's over the whole text at once."""
     import torch
 
     length = len(text)
     with torch.no_grad():
         ids = torch.from_numpy(text[None])
         want = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float().numpy()
-    got = np.empty_like(want)
-    past: Arrays = empty_past(cache, 1)
-    for start in range(0, length, CHUNK):
-        end = min(start + CHUNK, length)
-        out = run({"input_ids": text[None, start:end], "attention_mask": np.ones((1, end), dtype=np.int64),
-                   "position_ids": np.arange(start, end, dtype=np.int64)[None], **past})  # fmt: skip
-        got[start:end] = out["logits"][0]
-        past = dict(zip(cache.past_names(), (out[n] for n in cache.present_names()), strict=True))
+    got = read_in_chunks(run, cache, text)
     case = f"teacher-forced {length} tokens"
     if not (np.isfinite(want).all() and np.isfinite(got).all()):
         return Row(case, "logits", False, "NaN or Inf in the logits")

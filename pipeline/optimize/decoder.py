@@ -27,9 +27,18 @@ from pipeline.optimize.judge import Verdict
 from pipeline.optimize.kind import Made, Say
 from pipeline.optimize.trial import NOISE
 from pipeline.runtime.lm_speed import LmSpeed, measure_lm, ort_decoders
-from pipeline.runtime.runners import ort_runner
+from pipeline.runtime.runners import Runner, ort_runner
 from pipeline.verify.gate import structural_checks
-from pipeline.verify.lm_judge import TokenAgreement, held_out_blocks, scored, teacher_forced, text_figures
+from pipeline.verify.lm_judge import (
+    TokenAgreement,
+    held_out_blocks,
+    long_length,
+    long_text,
+    read_in_chunks,
+    scored,
+    teacher_forced,
+    text_figures,
+)
 from pipeline.verify.policies import Policy
 from pipeline.verify.report import GateReport, Row
 
@@ -48,7 +57,11 @@ class DecoderJudge:
         self.policy, self.lossless = policy, lossless
         self.ids, self.mask = held_out_blocks(data)
         self.where = scored(self.mask)
-        self.want = teacher_forced(ort_runner(reference), self.cache, self.ids, self.mask)
+        run = ort_runner(reference)
+        self.want = teacher_forced(run, self.cache, self.ids, self.mask)
+        # the held-out text repeated past every window and prefill chunk, read as pipe serve prefills it
+        self.long = long_text(self.ids[self.mask == 1], long_length(self.cache, generation.context_length))
+        self.want_long = read_in_chunks(run, self.cache, self.long)
 
     @property
     def source(self) -> str:
@@ -80,6 +93,7 @@ class DecoderJudge:
         detail = f"{detail}; perplexity {figures.perplexity:.3f} (fp32 {figures.reference_perplexity:.3f})"
         rows.append(Row("teacher-forced next tokens", "logits", judged.passed, judged.detail or detail,
                         judged.max_abs, judged.max_rel, judged.share, judged.worst))  # fmt: skip
+        rows.append(self._long_row(runner, policy, got[self.where]))
         rows.append(Row("perplexity (reported)", "-", True, f"{figures.perplexity:.4f}, fp32 "
                         f"{figures.reference_perplexity:.4f}, over {figures.tokens} next tokens"))  # fmt: skip
         metric = {
@@ -95,6 +109,25 @@ class DecoderJudge:
         if not passed and judged.passed:
             detail = next(f"{r.check}: {r.detail}" for r in rows if not r.passed)
         return Verdict(passed, figure, margin, detail, GateReport(rows, metric))
+
+    def _long_row(self, runner: Runner, policy: Policy, short: np.ndarray) -> Row:
+        """The candidate on the long text against model.onnx: a variant right on short blocks and wrong past a
+        window or a prefill chunk fails here. A lossy budget (token agreement) judges every next token read, the
+        held-out blocks' (`short`, the candidate's logits there) and the long text's together: a few hundred
+        positions of one repeated text alone are too few for its bound; a lossless one the long text's logits."""
+        case = f"teacher-forced {len(self.long)} tokens"
+        got = read_in_chunks(runner, self.cache, self.long)
+        if not np.isfinite(got).all():
+            return Row(case, "logits", False, f"{int((~np.isfinite(got)).sum())} NaN/Inf logits")
+        if isinstance(policy, TokenAgreement):
+            judged = policy.compare(
+                np.concatenate([short, got]), np.concatenate([self.want[self.where], self.want_long])
+            )
+            detail = f"{judged.detail}, with the held-out blocks' {len(short)} next tokens"
+        else:
+            judged = policy.compare(got.astype(np.float64), self.want_long.astype(np.float64))
+            detail = judged.detail or f"logits within tolerance over {len(self.long)} positions"
+        return Row(case, "logits", judged.passed, detail, judged.max_abs, judged.max_rel, judged.share, judged.worst)
 
 
 def time_decoders(artifact: Artifact, models: dict[str, Path], threads: int, progress: Say) -> dict[str, LmSpeed]:

@@ -110,12 +110,30 @@ def window_masks(
 
 
 def cache_layout(decoder: CachedDecoder) -> CacheLayout:
-    """The cache as the model really makes it: one step on a 1-token prompt, the presents' shapes read."""
+    """The cache as the model really makes it: one step on a 1-token prompt, the presents' shapes read; each
+    layer's window as its config says."""
     ids = torch.zeros((1, 1), dtype=torch.int64)
     with torch.no_grad():
         out = decoder(ids, torch.ones_like(ids), torch.zeros_like(ids))
     keys = out[1]  # [1, kv_heads, 1, head_size]
     dtype = str(keys.dtype).removeprefix("torch.")
+    layers = (len(out) - 1) // 2
     return CacheLayout(
-        layers=(len(out) - 1) // 2, kv_heads=int(keys.shape[1]), head_size=int(keys.shape[3]), dtype=dtype
+        layers=layers,
+        kv_heads=int(keys.shape[1]),
+        head_size=int(keys.shape[3]),
+        dtype=dtype,
+        windows=layer_windows(decoder.model.config, layers),
     )
+
+
+def layer_windows(config: Any, layers: int) -> list[int] | None:
+    """Each layer's sliding window (0: the whole past), as the manifest's cache record keeps them; None when
+    no layer slides."""
+    windows = sliding_windows(config)
+    if windows is None:
+        return None
+    types = getattr(config, "layer_types", None) if windows.by_layer_type else None
+    if types is None:
+        return [windows.size] * layers
+    return [windows.size if kind == "sliding_attention" else 0 for kind in types[:layers]]

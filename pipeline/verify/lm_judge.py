@@ -26,7 +26,7 @@ import numpy as np
 from pipeline.artifact.generation import CacheLayout
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import ArtifactError, InputError
-from pipeline.runtime.generate import first_step
+from pipeline.runtime.generate import empty_past, first_step
 from pipeline.runtime.runners import Runner
 from pipeline.verify.policies import Judgement, Policy
 
@@ -37,6 +37,9 @@ DEFAULT_MIN_TOKEN_AGREEMENT = 0.90  # at most 1 next token in 10 chosen otherwis
 DEFAULT_MAX_KL = 0.05  # nats per token: the candidate's next-token distribution stays close to the reference's
 JUDGE_BLOCKS = 32  # held-out blocks read at most (golden.npz keeps a trained model's first 16)
 ROWS_PER_CALL = 4  # blocks per teacher-forced call: [4, 128, vocab] float32 logits at a time
+# A long text read past every sliding window and prefill chunk: a graph right on short texts may not be there
+LONG_TOKENS = 1024  # the length every decoder is read at (less where its context is shorter)
+CHUNK = 256  # tokens fed per call when a long text is read: pipe serve's default prefill chunk
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,33 @@ def teacher_forced(run: Runner, cache: CacheLayout, ids: np.ndarray, mask: np.nd
         for i in range(0, len(ids), ROWS_PER_CALL)
     ]
     return np.concatenate(parts)
+
+
+def long_length(cache: CacheLayout, context: int | None) -> int:
+    """How long a text every decoder is read at: twice its smallest window, at least LONG_TOKENS, at most its
+    context."""
+    window = cache.smallest_window()
+    length = max(LONG_TOKENS, 2 * window if window else 0)
+    return min(length, context) if context else length
+
+
+def long_text(ids: np.ndarray, length: int) -> np.ndarray:
+    """`ids` (a real text's tokens) repeated to `length` tokens, [length] int64."""
+    return np.resize(np.asarray(ids, dtype=np.int64), length)
+
+
+def read_in_chunks(run: Runner, cache: CacheLayout, text: np.ndarray) -> np.ndarray:
+    """The logits [length, vocab] of one text fed CHUNK tokens a call, the past growing, as pipe serve prefills."""
+    length = len(text)
+    logits: list[np.ndarray] = []
+    past: Arrays = empty_past(cache, 1)
+    for start in range(0, length, CHUNK):
+        end = min(start + CHUNK, length)
+        out = run({"input_ids": text[None, start:end], "attention_mask": np.ones((1, end), dtype=np.int64),
+                   "position_ids": np.arange(start, end, dtype=np.int64)[None], **past})  # fmt: skip
+        logits.append(out["logits"][0].astype(np.float32))
+        past = dict(zip(cache.past_names(), (out[n] for n in cache.present_names()), strict=True))
+    return np.concatenate(logits)
 
 
 def scored(mask: np.ndarray) -> np.ndarray:

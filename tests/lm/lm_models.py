@@ -1,8 +1,8 @@
 """Tiny causal LMs made in the test, nothing downloaded: a byte-level BPE tokenizer trained with the
 `tokenizers` library on a few lines (BOS/EOS/pad specials and a chat template, saved the way transformers
 saves a fast tokenizer), and random-init Llama and GPT-2 models of 2 layers, hidden 64, and one of each
-family in FAMILIES, saved with save_pretrained. Random weights judge parity only (never quantization: their top
-logits are near ties)."""
+family in FAMILIES, saved with save_pretrained. Random weights judge parity only (never quantization: their
+top logits are near ties)."""
 
 from __future__ import annotations
 

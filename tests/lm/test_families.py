@@ -85,6 +85,15 @@ def test_each_family_imports_gated_at_length_and_serves_past_its_window_as_trans
     parity = record["parity"]
     rows = {row["check"]: row for row in parity["rows"]}
     assert rows["teacher-forced 256 tokens"]["passed"]  # the context (256) is shorter than LONG_TOKENS
+    windows = {
+        "gemma3": [8, 8, 0],
+        "gemma2": [8, 0],
+        "mistral": [8, 8],
+        "qwen2": [0, 8],
+        "qwen3": [0, 8],
+        "phi3": [8, 8],
+    }
+    assert Artifact.load(version).manifest.generation.cache.windows == windows.get(family)
     assert any(check.startswith("greedy across the window") or check.startswith("greedy long") for check in rows)
 
     prompts = [[1, *range(10, 9 + n)] for n in PROMPT_LENGTHS]
@@ -96,9 +105,8 @@ def test_each_family_imports_gated_at_length_and_serves_past_its_window_as_trans
 def test_a_graph_that_ignores_its_window_is_refused_at_the_token_it_first_differs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A window of 64 that the traced graph leaves out (Mistral traced here: the writer's own window is the test
-    below): right for the gate's short prompts (18 tokens and 16 new ones), wrong from token 65 on. The long
-    cases refuse it and name that token."""
+    """A window of 64 that the graph leaves out: right for the gate's short prompts (18 tokens and 16 new ones),
+    wrong from token 65 on. The long cases refuse it and name that token."""
     import pipeline.export.lm_module as lm_module
     import pipeline.runtime.decoder as decoder
 
@@ -108,7 +116,7 @@ def test_a_graph_that_ignores_its_window_is_refused_at_the_token_it_first_differ
         return window_masks(mask, positions, sequence, decoder.Windows(10**9, windows.by_layer_type), dtype)
 
     monkeypatch.setattr(decoder, "window_masks", unwindowed)
-    monkeypatch.setattr(lm_module, "refusal", lambda model: "traced for this test")
+    monkeypatch.setattr(lm_module, "refusal", lambda model: "traced here: the window is the mask's")
     _, result = imported(tmp_path, "mistral", sliding_window=64)
     assert result.exit_code == 1, result.output
     assert "first differs at token 65 of 256" in result.output
@@ -121,12 +129,51 @@ def test_a_written_graph_that_ignores_its_window_is_traced_instead_naming_the_to
 ) -> None:
     """The writer (pipeline/export/fused_decoder.py) made to leave Mistral's window of 64 out: the long case
     fails the written graph at token 65, and the import keeps the traced one, saying why."""
-    import pipeline.export.fused_decoder as fused
+    from dataclasses import replace
 
-    monkeypatch.setattr(fused, "_layer_windows", lambda config: [None] * config.num_hidden_layers)
+    import pipeline.export.lm_module as lm_module
+
+    written = lm_module.write_decoder
+
+    def unwindowed(model: Any, layout: Any, path: Path, opset: int) -> bool:
+        return written(model, replace(layout, windows=None), path, opset)
+
+    monkeypatch.setattr(lm_module, "write_decoder", unwindowed)
     _, result = imported(tmp_path, "mistral", sliding_window=64)
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "repo" / "mistral" / "1" / "manifest.json").read_text())["stages"]["import"]
     assert record["settings"]["exporter"] == "dynamo" and record["parity"]["passed"]
     failed = [note for note in record["notes"] if "fused kernels failed" in note]
     assert failed and "first differs at token 65 of 256" in failed[0]
+
+
+def test_a_variant_broken_past_the_window_fails_optimizes_long_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pipe optimize's judge reads every variant at the gate's length too: a graph of the same weights that
+    leaves a 64-token window out equals model.onnx on the held-out prompts (all shorter than the window) and
+    fails the long text, by the lossless policy a graph-only variant is held to."""
+    import pipeline.runtime.decoder as decoder
+    from pipeline.artifact.golden import load_golden
+    from pipeline.export.lm_module import export_decoder
+    from pipeline.optimize.decoder import DecoderJudge
+    from pipeline.verify.policies import Exact
+
+    source, result = imported(tmp_path, "mistral", sliding_window=64)
+    assert result.exit_code == 0, result.output
+    version = tmp_path / "repo" / "mistral" / "1"
+    artifact = Artifact.load(version)
+    window_masks = decoder.window_masks
+    monkeypatch.setattr(decoder, "window_masks", lambda mask, positions, sequence, windows, dtype: window_masks(
+        mask, positions, sequence, decoder.Windows(10**9, windows.by_layer_type), dtype))  # fmt: skip
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="eager").float().eval()
+    broken = tmp_path / "broken.onnx"
+    cache = artifact.manifest.generation.cache
+    export_decoder(decoder.CachedDecoder(model).eval(), cache, broken, 18, fused=False)  # traced: the mask's window
+    judge = DecoderJudge(artifact, version / "model.onnx", load_golden(artifact).inputs, Exact(), Exact())
+    rows = {row.check: row for row in judge(broken, Exact(), tmp_path).report.rows}
+    assert rows["teacher-forced next tokens"].passed  # the held-out prompts: within the window
+    assert not rows["teacher-forced 256 tokens"].passed, rows["teacher-forced 256 tokens"]
+    assert rows["teacher-forced 256 tokens"].share  # a share of its logits out of tolerance

@@ -161,6 +161,9 @@ def test_a_generation_record_must_name_the_graphs_cache(llama: tuple[Path, Artif
         (("eos_token_ids",), [2, -7], r"generation.eos_token_ids: token ids are >= 0, got \[-7\]"),
         (("eos_token_ids",), [2, 320], r"generation.eos_token_ids: \[320\] past the vocabulary \(ids 0..319\)"),
         (("padding_id",), 400, r"generation.padding_id: \[400\] past the vocabulary"),
+        (("cache", "windows"), [8], r"generation.cache.windows: 1 windows for 2 layers"),
+        (("cache", "windows"), [0, 0], r"generation.cache.windows: expected each layer's window >= 0 and at least one"),
+        (("cache", "windows"), [8, -1], r"generation.cache.windows: expected each layer's window >= 0"),
     ],
 )
 def test_a_generation_record_edited_out_of_range_is_refused(

@@ -1,0 +1,157 @@
+"""Every decoder family through import and serve, past its sliding window: the family table.
+
+    .venv/bin/python bench/bench_families.py [--families llama,mistral,...] [--json bench/results/families.json]
+
+For each family (tests/lm/lm_models.py FAMILIES, and Llama, the writer's first family) a small random model of
+one shape: hidden 256, 4 layers, 8 query heads over 2 KV heads (Gemma 3: 1), head size 32, 2,048 positions, a
+512-token window where the family slides (Gemma 2 and 3, Qwen2, on some layers; Mistral and Phi-3 on all).
+Each is imported by `pipe import` (its gate reads 1,024 tokens and decodes across the window), then served by
+pipe serve's engine in process (its session made as pipe serve makes it, 2 threads):
+
+- parity: a 1,500-token prompt and one ending 16 tokens before the window, each continued 32 tokens greedily,
+  against transformers' `generate` on the same weights;
+- speed: 1 and 16 streams of 128-token prompts, 64 new tokens each, all submitted at once: generated tokens
+  over the wall time, and the ratio to Llama's written graph at the same load.
+
+Random weights time the serving and judge parity only. The EOS is the vocabulary's last id, which the
+tokenizer never makes, so streams run to their length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchkit import ROOT, Out, pipe
+
+sys.path.insert(0, str(ROOT))
+
+WINDOW = 512
+SHAPE = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=2, head_dim=32, max_position_embeddings=2048, eos_token_id=319)  # fmt: skip
+WINDOWED = {  # what each family's window looks like at this shape
+    "gemma3": dict(num_key_value_heads=1, sliding_window=WINDOW,
+                   layer_types=["sliding_attention"] * 3 + ["full_attention"]),
+    "gemma2": dict(sliding_window=WINDOW),
+    "mistral": dict(sliding_window=WINDOW),
+    "qwen2": dict(sliding_window=WINDOW, max_window_layers=2),
+    "qwen3": dict(),
+    "phi3": dict(sliding_window=WINDOW),
+}  # fmt: skip
+PROMPT, NEW = 1500, 32  # the parity case's prompt and new tokens
+STREAM_PROMPT, STREAM_NEW = 128, 64
+
+
+def make(directory: Path, family: str) -> Path:
+    from tests.lm.lm_models import save_family, save_llama
+
+    if family == "llama":
+        shape = {k: v for k, v in SHAPE.items() if k != "head_dim"}
+        return save_llama(directory, **shape)
+    return save_family(directory, family, **(SHAPE | WINDOWED[family]))
+
+
+def generator(version: Path) -> Any:
+    from pipeline.artifact.directory import Artifact
+    from pipeline.serve.generation.served import TextGenerator
+    from pipeline.serve.generation.settings import GenerationSettings
+    from pipeline.serve.session import ModelSession, SessionOptions
+
+    manifest = Artifact.load(version).manifest
+    session = ModelSession(version / "model.onnx", SessionOptions("cpu", 2, 1, False), manifest).session
+    return TextGenerator.of(version, manifest, session, GenerationSettings(max_sequences=16), None)
+
+
+def served(gen: Any, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], float]:
+    """Every prompt submitted at once; each one's new tokens and the wall time until the last ended."""
+    from pipeline.serve.generation.sampler import Sampling
+    from pipeline.serve.generation.sequence import Job
+
+    async def run() -> list[list[int]]:
+        seqs = [gen.engine.submit(Job(ids, steps, Sampling(temperature=0))) for ids in prompts]
+        for seq in seqs:
+            while (await seq.events.get()).finish is None:
+                pass
+        return [seq.tokens[len(seq.job.prompt) :] for seq in seqs]
+
+    start = time.perf_counter()
+    answers = asyncio.run(run())
+    return answers, time.perf_counter() - start
+
+
+def reference(source: Path, ids: list[int], steps: int) -> list[int]:
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="eager").eval()
+    config = GenerationConfig(do_sample=False, max_new_tokens=steps, eos_token_id=319, pad_token_id=0)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
+                             generation_config=config)  # fmt: skip
+    return out[0, len(ids) :].tolist()
+
+
+def family_row(work: Path, family: str) -> dict[str, Any]:
+    import numpy as np
+
+    source = make(work / family, family)
+    start = time.perf_counter()
+    pipe("import", str(source), "--name", family, "--repository", str(work / "repo"))
+    imported_s = time.perf_counter() - start
+    version = work / "repo" / family / "1"
+    manifest = json.loads((version / "manifest.json").read_text())
+    record = manifest["stages"]["import"]
+    gen = generator(version)
+    rng = np.random.default_rng(0)
+    words = lambda n: [1, *rng.integers(3, 300, size=n - 1).tolist()]  # noqa: E731
+    cases = [words(PROMPT), words(WINDOW - 16)]
+    answers, _ = served(gen, cases, NEW)
+    equal = [answer == reference(source, ids, NEW) for ids, answer in zip(cases, answers, strict=True)]
+    speed = {}
+    for streams in (1, 16):
+        prompts = [words(STREAM_PROMPT) for _ in range(streams)]
+        made, seconds = served(gen, prompts, STREAM_NEW)
+        speed[streams] = sum(len(m) for m in made) / seconds
+    return {
+        "family": family,
+        "exporter": re.search(r"\((\w+)\)$", record["notes"][0]).group(1),  # "exported and gated in 8.3 s (fused)"
+        "notes": record["notes"][1:],  # a written graph traced instead says why
+        "windows": manifest["generation"]["cache"].get("windows"),
+        "import_s": round(imported_s, 1),
+        "gate_rows": len(record["parity"]["rows"]),
+        "parity_1500": equal[0],
+        "parity_across_window": equal[1],
+        "tokens_per_s": {str(k): round(v, 1) for k, v in speed.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--families", default="llama,mistral,qwen2,qwen3,phi3,gemma2,gemma3")
+    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "families.json")
+    args = parser.parse_args()
+    out = Out()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [family_row(Path(tmp), family) for family in args.families.split(",")]
+    base = next((r["tokens_per_s"] for r in rows if r["family"] == "llama"), None)
+    out(f"{'family':8s} {'graph':7s} {'windows':22s} {'1,500 tokens':12s} {'across':7s} "
+        f"{'tok/s 1':>8s} {'tok/s 16':>9s} {'vs llama 1':>10s} {'vs llama 16':>11s}")  # fmt: skip
+    for r in rows:
+        windows = "none" if not r["windows"] else f"{max(r['windows'])} on {sum(1 for w in r['windows'] if w)}/4"
+        ratio = [f"{r['tokens_per_s'][k] / base[k]:.2f}x" if base else "-" for k in ("1", "16")]
+        out(f"{r['family']:8s} {r['exporter']:7s} {windows:22s} {r['parity_1500']!s:12s} "
+            f"{r['parity_across_window']!s:7s} {r['tokens_per_s']['1']:8.1f} {r['tokens_per_s']['16']:9.1f} "
+            f"{ratio[0]:>10s} {ratio[1]:>11s}")  # fmt: skip
+    args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    out(f"written {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -48,8 +48,9 @@ rows' columns being positions. Qwen3's query and key norms (an RMSNorm of each h
 rotation) are written in standard ops on the split projection, before the If: onnxruntime's CPU
 `GroupQueryAttention` rejects its own `q_norm_weight`, so the in-place kernel takes the normed queries, keys
 and values apart and still rotates them. Phi-3's packed `qkv_proj` and `gate_up_proj` are split as the
-weights are read, so it is written as a Llama; its long-context models' longrope (`su` in older configs) is
-not a table fixed by position and is refused by name, as a rotary turning only part of each head is.
+weights are read, so it is written as a Llama, with the default rope only (transformers' Phi3Config takes no
+other but longrope); its long-context models' longrope (`su` in older configs) is not a table fixed by
+position and is refused by name, as a rotary turning only part of each head is.
 Families `refusal` names (another MLP, Gemma's norms and soft-capped logits, dynamic rope scaling...) are
 traced as before.
 """

@@ -4,14 +4,16 @@
 
 For each family (tests/lm/lm_models.py FAMILIES, and Llama, the writer's first family) a small random model of
 one shape: hidden 256, 4 layers, 8 query heads over 2 KV heads (Gemma 3: 1), head size 32, 2,048 positions, a
-512-token window where the family slides (Gemma 2 and 3, Qwen2, on some layers; Mistral and Phi-3 on all).
+512-token window where the family slides (Gemma 2 and 3, Qwen2 and 3, on some layers; Mistral and Phi-3 on all).
 Each is imported by `pipe import` (its gate reads 1,024 tokens and decodes across the window), then served by
 pipe serve's engine in process (its session made as pipe serve makes it, 2 threads):
 
 - parity: a 1,500-token prompt and one ending 16 tokens before the window, each continued 32 tokens greedily,
   against transformers' `generate` on the same weights;
-- speed: 1 and 16 streams of 128-token prompts, 64 new tokens each, all submitted at once: generated tokens
-  over the wall time, and the ratio to Llama's written graph at the same load.
+- speed: 1 and 16 streams of 128-token prompts, 128 new tokens each, all submitted at once: generated tokens
+  over the wall time, and the ratio to Llama's written graph at the same load. Every family is timed once a
+  round, in an order drawn from one seed each round (pipeline/runtime/rounds.py's reason: a fixed order puts
+  each one behind the same neighbour), ROUNDS rounds; the median is kept.
 
 Random weights time the serving and judge parity only. The EOS is the vocabulary's last id, which the
 tokenizer never makes, so streams run to their length.
@@ -42,11 +44,12 @@ WINDOWED = {  # what each family's window looks like at this shape
     "gemma2": dict(sliding_window=WINDOW),
     "mistral": dict(sliding_window=WINDOW),
     "qwen2": dict(sliding_window=WINDOW, max_window_layers=2),
-    "qwen3": dict(),
+    "qwen3": dict(sliding_window=WINDOW, max_window_layers=2),
     "phi3": dict(sliding_window=WINDOW),
 }  # fmt: skip
 PROMPT, NEW = 1500, 32  # the parity case's prompt and new tokens
-STREAM_PROMPT, STREAM_NEW = 128, 64
+STREAM_PROMPT, STREAM_NEW = 128, 128
+ROUNDS = 5
 
 
 def make(directory: Path, family: str) -> Path:
@@ -98,7 +101,8 @@ def reference(source: Path, ids: list[int], steps: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
-def family_row(work: Path, family: str) -> dict[str, Any]:
+def imported_row(work: Path, family: str) -> tuple[dict[str, Any], Any]:
+    """One family imported and checked for parity at length; its row and its served generator."""
     import numpy as np
 
     source = make(work / family, family)
@@ -109,27 +113,39 @@ def family_row(work: Path, family: str) -> dict[str, Any]:
     manifest = json.loads((version / "manifest.json").read_text())
     record = manifest["stages"]["import"]
     gen = generator(version)
-    rng = np.random.default_rng(0)
-    words = lambda n: [1, *rng.integers(3, 300, size=n - 1).tolist()]  # noqa: E731
+    words = _words(np.random.default_rng(0))
     cases = [words(PROMPT), words(WINDOW - 16)]
     answers, _ = served(gen, cases, NEW)
     equal = [answer == reference(source, ids, NEW) for ids, answer in zip(cases, answers, strict=True)]
-    speed = {}
-    for streams in (1, 16):
-        prompts = [words(STREAM_PROMPT) for _ in range(streams)]
-        made, seconds = served(gen, prompts, STREAM_NEW)
-        speed[streams] = sum(len(m) for m in made) / seconds
-    return {
+    row = {
         "family": family,
         "exporter": re.search(r"\((\w+)\)$", record["notes"][0]).group(1),  # "exported and gated in 8.3 s (fused)"
         "notes": record["notes"][1:],  # a written graph traced instead says why
         "windows": manifest["generation"]["cache"].get("windows"),
         "import_s": round(imported_s, 1),
-        "gate_rows": len(record["parity"]["rows"]),
         "parity_1500": equal[0],
         "parity_across_window": equal[1],
-        "tokens_per_s": {str(k): round(v, 1) for k, v in speed.items()},
     }
+    return row, gen
+
+
+def _words(rng: Any) -> Any:
+    return lambda n: [1, *rng.integers(3, 300, size=n - 1).tolist()]
+
+
+def timed_rounds(generators: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each family's tokens/s at 1 and 16 streams: the median of ROUNDS rounds, each in a seeded random order."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    words = _words(rng)
+    seen: dict[str, dict[int, list[float]]] = {name: {1: [], 16: []} for name in generators}
+    for _ in range(ROUNDS):
+        for name in rng.permutation(sorted(generators)):
+            for streams in (1, 16):
+                made, seconds = served(generators[name], [words(STREAM_PROMPT) for _ in range(streams)], STREAM_NEW)
+                seen[name][streams].append(sum(len(m) for m in made) / seconds)
+    return {name: {str(k): round(float(np.median(v)), 1) for k, v in runs.items()} for name, runs in seen.items()}
 
 
 def main() -> None:
@@ -139,7 +155,9 @@ def main() -> None:
     args = parser.parse_args()
     out = Out()
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [family_row(Path(tmp), family) for family in args.families.split(",")]
+        made = [imported_row(Path(tmp), family) for family in args.families.split(",")]
+        speeds = timed_rounds({row["family"]: gen for row, gen in made})
+    rows = [row | {"tokens_per_s": speeds[row["family"]]} for row, _ in made]
     base = next((r["tokens_per_s"] for r in rows if r["family"] == "llama"), None)
     out(f"{'family':8s} {'graph':7s} {'windows':22s} {'1,500 tokens':12s} {'across':7s} "
         f"{'tok/s 1':>8s} {'tok/s 16':>9s} {'vs llama 1':>10s} {'vs llama 16':>11s}")  # fmt: skip

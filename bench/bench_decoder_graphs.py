@@ -85,10 +85,9 @@ def family_source(directory: Path, family: str, layers: int) -> Path:
     )  # fmt: skip
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(("q_norm.weight", "k_norm.weight")):
-                param.uniform_(0.5, 1.5)
+    from tests.lm.lm_models import random_head_norms
+
+    random_head_norms(model)
     model.save_pretrained(directory)
     return directory
 

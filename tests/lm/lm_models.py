@@ -122,6 +122,16 @@ def save_family(directory: Path, family: str, seed: int = 0, **config: Any) -> P
     return directory
 
 
+def random_head_norms(model: Any) -> None:
+    """Qwen3's query and key norm weights drawn from [0.5, 1.5]: ones, as at init, would hide a norm left out."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.uniform_(0.5, 1.5)
+
+
 def graph_nodes(graph: Any) -> list[Any]:
     """An ONNX graph's nodes and those of its branches, depth first (a written decoder's attention is an If a layer)."""
     branches = [a.g for node in graph.node for a in node.attribute if a.type == a.GRAPH]

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.lm.lm_models import graph_nodes, save_family, save_llama
+from tests.lm.lm_models import graph_nodes, random_head_norms, save_family, save_llama
 
 
 def _qwen2(directory: Path) -> Path:
@@ -37,15 +37,11 @@ def _qwen2(directory: Path) -> Path:
 def _qwen3(directory: Path) -> Path:
     """Qwen3 with query and key norms that count (ones at init: made random), heads wider than hidden / heads (32
     against 16, as real Qwen3's 128 against 64) and a window of 3 on its second layer."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     save_family(directory, "qwen3", head_dim=32, use_sliding_window=True, sliding_window=3, max_window_layers=1)
     model = AutoModelForCausalLM.from_pretrained(directory).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(("q_norm.weight", "k_norm.weight")):
-                param.uniform_(0.5, 1.5)
+    random_head_norms(model)
     model.save_pretrained(directory)
     return directory
 

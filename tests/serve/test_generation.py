@@ -643,3 +643,53 @@ def test_metrics_count_tokens_and_time_them(server: Server, client: Any) -> None
     assert _metric(server, "pipe_time_to_first_token_seconds_count") > 0
     assert _metric(server, "pipe_time_per_output_token_seconds_count") > 0
     assert _metric(server, "pipe_decode_rows_total") >= _metric(server, "pipe_decode_steps_total") > 0
+
+
+def test_a_text_longer_than_the_context_can_hold_is_refused_before_it_is_read(imported: tuple[Path, Path]) -> None:
+    """A prompt, chat contents or Triton text_input of more characters than the context could hold in its
+    longest tokens is a 400 naming the field, and neither the tokenizer nor the chat template reads it: a
+    20 MB prompt once held the GIL for 20 s while it was tokenized, and kept 1.7 GB."""
+    gen = _generator(imported[1])
+    bound = gen.engine.context_length * gen.longest_token
+    read: list[str] = []
+
+    class Watched:  # the tokenizer and the template, each read recorded
+        def __init__(self, inner: Any, what: str) -> None:
+            self.inner, self.what = inner, what
+
+        def __getattr__(self, name: str) -> Any:
+            read.append(f"{self.what}.{name}")
+            return getattr(self.inner, name)
+
+    gen.tokenizer, gen.chat = Watched(gen.tokenizer, "tokenizer"), Watched(gen.chat, "template")  # type: ignore[assignment]
+
+    class Repo:
+        models: ClassVar[dict[str, dict[int, None]]] = {NAME: {1: None}}
+
+        def get(self, name: str, version: str | None, label: str | None = None) -> Any:
+            return type("Loaded", (), {"name": NAME, "version": 1, "task": "text-generation", "generator": gen})
+
+    routes = GenerationRoutes(Repo)
+    text = "a" * (bound + 1)
+    half = {"role": "user", "content": "a" * (bound // 2 + 1)}
+    cases = [
+        (routes.completions, {"model": NAME, "prompt": text, "max_tokens": 4}, "prompt"),
+        (routes.chat, {"model": NAME, "messages": [half, half], "max_tokens": 4}, "messages"),
+    ]
+    for route, body, field in cases:
+        status, answer, _ = asyncio.run(route(HttpRequest({}, json.dumps(body).encode())))
+        error = json.loads(answer)["error"]
+        assert status == 400 and error["param"] == field, error
+        assert (
+            f"the prompt is {bound + 1 if field == 'prompt' else 2 * (bound // 2 + 1):,} characters" in error["message"]
+        )
+    body = json.dumps({"text_input": text, "parameters": {"max_tokens": 4}}).encode()
+    with pytest.raises(RequestError, match="characters") as refused:  # the app answers it {"error"}, 400
+        asyncio.run(routes.generate(HttpRequest({}, body, model_name=NAME)))
+    assert refused.value.status == 400 and refused.value.param == "text_input"
+    assert read == []  # refused unread
+    # at the bound the text is read: refused by its tokens (there are far more than 512), not by its length
+    body = json.dumps({"model": NAME, "prompt": "a " * (bound // 2), "max_tokens": 4}).encode()
+    status, answer, _ = asyncio.run(routes.completions(HttpRequest({}, body)))
+    assert status == 400 and "tokens, and this model's context length is 512" in json.loads(answer)["error"]["message"]
+    assert "tokenizer.encode" in read

@@ -155,8 +155,12 @@ class GenerationRoutes:
         repo = self._repo()
         return sorted(n for n in repo.models if repo.get(n, None).generator is not None)
 
-    async def _submit(self, generator: TextGenerator, prompt: str | list[int], chat: bool, params: Params) -> Sequence:
+    async def _submit(
+        self, generator: TextGenerator, prompt: str | list[int], chat: bool, params: Params, field: str
+    ) -> Sequence:
+        """The prompt (`field` of the body: a refusal names it) tokenized, checked and handed to the engine."""
         if isinstance(prompt, str):
+            generator.refuse_unfitting(len(prompt), field)  # before the tokenizer reads it
             ids = await asyncio.to_thread(generator.encode, prompt, not chat)
         else:
             vocab = generator.vocab_size
@@ -190,10 +194,12 @@ class GenerationRoutes:
                         param="model",
                     )
                 messages, template = openai_api.messages(body), generator.chat
+                # the contents alone past the bound: refused before the template renders them
+                generator.refuse_unfitting(sum(len(m["content"]) for m in messages), "messages")
                 prompt: str | list[int] = await asyncio.to_thread(template.render, messages)
             else:
                 prompt = openai_api.prompt(body)
-            sequence = await self._submit(generator, prompt, chat, params)
+            sequence = await self._submit(generator, prompt, chat, params, "messages" if chat else "prompt")
         except RequestError as exc:
             return openai_api.error(exc)
         answer = Answer(chat, model.name)
@@ -268,7 +274,7 @@ class GenerationRoutes:
         params = read_params(merged, generator.generation.defaults)  # every given setting checked, stream too
         if stream:  # generate_stream streams whatever the body says
             params = dataclasses.replace(params, stream=True)
-        sequence = await self._submit(generator, text, False, params)
+        sequence = await self._submit(generator, text, False, params, "text_input")
         head = {"model_name": model.name, "model_version": str(model.version)}
         if params.stream:
             try:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from pipeline.artifact.generation import Generation
 from pipeline.artifact.manifest import Manifest
 from pipeline.core.errors import ArtifactError
+from pipeline.serve.errors import RequestError
 from pipeline.serve.generation.chat import ChatTemplate
 from pipeline.serve.generation.engine import Engine
 from pipeline.serve.generation.settings import GenerationSettings
@@ -35,6 +36,9 @@ class TextGenerator:
     chat: ChatTemplate | None
     generation: Generation
     vocab_size: int  # the model's rows of logits: a prompt's ids must be below it
+    # the longest token's characters: a text of more than context x this many cannot fit the context, however it
+    # tokenizes, and is refused unread (tokenizing 20 MB held the GIL for 20 s and kept 1.7 GB)
+    longest_token: int = 1
 
     @classmethod
     def of(
@@ -78,13 +82,29 @@ class TextGenerator:
         record = generation
         limits = next((s.tokens for s in manifest.inputs if s.name == "input_ids" and s.tokens), None)
         vocab = limits.vocab_size if limits is not None and limits.vocab_size else tokenizer.get_vocab_size()
+        longest = max((len(token) for token in tokenizer.get_vocab(with_added_tokens=True)), default=1)
 
         def start(
             settings: GenerationSettings, executor: Executor | None, stats: GenerationStats | None
         ) -> TextGenerator:
-            return cls(Engine(session, record, tokenizer, settings, executor, stats), tokenizer, chat, record, vocab)
+            engine = Engine(session, record, tokenizer, settings, executor, stats)
+            return cls(engine, tokenizer, chat, record, vocab, longest)
 
         return start
+
+    def refuse_unfitting(self, characters: int, field: str) -> None:
+        """A 400 for a text of `characters` too long for the context whatever its tokens, before anything reads it
+        (the tokenizer, the chat template): a token is at most `longest_token` characters (a byte-level token's
+        characters are its bytes, and a character is a byte or more), so a text past context x that many cannot
+        fit."""
+        context = self.engine.context_length
+        if context is None or characters <= context * self.longest_token:
+            return
+        raise RequestError(
+            f"the prompt is {characters:,} characters; this model's context of {context:,} tokens holds at most "
+            f"{context * self.longest_token:,} (its longest token is {self.longest_token} characters); shorten it",
+            param=field,
+        )
 
     def encode(self, text: str, special: bool) -> list[int]:
         """Token ids of a text: with the tokenizer's special tokens (a plain prompt), or as written (a prompt

@@ -1,6 +1,7 @@
 """A Llama-family decoder written straight to ONNX with onnxruntime's fused kernels; the cache contract unchanged.
 
-Written: Llama, Mistral, Qwen2, Qwen3 and Phi-3 (FAMILIES; `refusal` names why any other model is traced).
+Written: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 and Gemma 3 (FAMILIES; `refusal` names why any other model
+is traced).
 
 The traced export (lm_module.py) writes each layer as the dozens of small ops eager PyTorch runs: RMSNorm as
 Pow, ReduceMean, Add, Sqrt, Reciprocal and two Muls, rotary embeddings as Slices, Negs, Concats and Muls, three
@@ -51,8 +52,24 @@ and values apart and still rotates them. Phi-3's packed `qkv_proj` and `gate_up_
 weights are read, so it is written as a Llama, with the default rope only (transformers' Phi3Config takes no
 other but longrope); its long-context models' longrope (`su` in older configs) is not a table fixed by
 position and is refused by name, as a rotary turning only part of each head is.
-Families `refusal` names (another MLP, Gemma's norms and soft-capped logits, dynamic rope scaling...) are
-traced as before.
+
+Gemma 2 and 3 (GEMMA) are Llamas with four changes, each written from what transformers 5.24's modeling files
+do. Their RMSNorms scale by (1 + weight): the 1 is folded into every norm's weight as it is read. A layer has
+four: the attention's output is RMS-normed (`post_attention_layernorm`, in standard ops squared by Pow, the
+pattern onnxruntime fuses) before the residual add, whose SkipSimplifiedLayerNormalization norms by
+`pre_feedforward_layernorm`, and the MLP's output likewise by `post_feedforward_layernorm` before its add.
+The embeddings are scaled by sqrt(hidden) in the model's dtype (the embedding's `embed_scale`, folded into
+the table). The MLP's gate is GELU's tanh approximation (`gelu_pytorch_tanh`): onnxruntime's FastGelu, the same
+formula at any opset. Gemma 2's scores are soft-capped, cap x tanh(scores / cap) after the scaling
+(`query_pre_attn_scalar` ** -0.5, the attention's `scaling`) and before the mask, in standard ops on the
+grouped products and by GroupQueryAttention's `softcap`; Gemma 3's attention in transformers ignores its
+config's `attn_logit_softcapping`, and so does the graph. Both cap the logits by `final_logit_softcapping`.
+Gemma 3 norms each head's queries and keys as Qwen3 and rotates its sliding layers by the local base's tables
+(`cos_cache_sliding_attention`), its full layers by the global base's with its scaling
+(`cos_cache_full_attention`), for RotaryEmbedding and GroupQueryAttention alike. Bidirectional attention
+(`use_bidirectional_attention`) is refused by name.
+Families `refusal` names (another MLP, dynamic rope scaling, Gemma 3's multimodal model...) are traced as
+before.
 """
 
 from __future__ import annotations
@@ -70,8 +87,10 @@ from onnx import TensorProto, helper, numpy_helper
 from pipeline.artifact.generation import DECODE_IN_PLACE, LOGITS_FROM, PRESENT_NEW_ONLY, CacheLayout
 from pipeline.runtime.external_data import SMALL_TENSOR, data_file
 
-# pre-norm decoders: RMSNorm, rotary attention, SiLU-gated MLP
-FAMILIES = frozenset({"llama", "mistral", "phi3", "qwen2", "qwen3"})
+# pre-norm decoders: RMSNorm, rotary attention, a SiLU-gated MLP (Gemma's: tanh-GELU-gated)
+FAMILIES = frozenset({"gemma2", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3"})
+# (1 + weight) norms, four a layer, embeddings scaled by sqrt(hidden), soft-capped scores and logits
+GEMMA = frozenset({"gemma2", "gemma3_text"})
 STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})  # tables fixed by position: computed once here
 MS = "com.microsoft"
 EXTERNAL_BYTES = 1_800_000_000  # past this the weights go beside the graph (protobuf's 2 GB limit)
@@ -83,22 +102,40 @@ def refusal(model: torch.nn.Module) -> str | None:
     family = getattr(config, "model_type", None)
     if family not in FAMILIES:
         return f"model type {family!r} is not one of {sorted(FAMILIES)}"
-    if getattr(config, "hidden_act", None) != "silu":
-        return f"its MLP activation is {config.hidden_act!r}, not silu"
+    activation, wanted = (
+        (getattr(config, "hidden_activation", None), "gelu_pytorch_tanh")
+        if family in GEMMA
+        else (getattr(config, "hidden_act", None), "silu")
+    )
+    if activation != wanted:
+        return f"its MLP activation is {activation!r}, not {wanted}"
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
-    kind = getattr(rotary, "rope_type", None)
-    if kind not in STATIC_ROPE:
-        return f"its rope scaling {kind!r} is not one of {sorted(STATIC_ROPE)}"
+    kinds = _rope_types(rotary)
+    for kind in kinds.values():
+        if kind not in STATIC_ROPE:
+            return f"its rope scaling {kind!r} is not one of {sorted(STATIC_ROPE)}"
     layers = getattr(model.model, "layers", None)
     attention = getattr(layers[0], "self_attn", None) if layers else None
     if attention is None or not hasattr(attention, "scaling") or not hasattr(attention, "head_dim"):
         return "its attention module is not transformers' Llama-style one"
-    frequencies = getattr(rotary, "inv_freq", None)
-    if frequencies is None or 2 * frequencies.numel() != attention.head_dim:
-        return "its rotary embedding does not turn the whole of each head"  # a partial_rotary_factor (Phi-4-mini)
+    if None not in kinds and set(getattr(config, "layer_types", None) or ()) - set(kinds):
+        return "its rotary embedding has no table for some of its layer types"
+    for layer_type in kinds:
+        frequencies = getattr(rotary, "inv_freq" if layer_type is None else f"{layer_type}_inv_freq", None)
+        if frequencies is None or 2 * frequencies.numel() != attention.head_dim:
+            return "its rotary embedding does not turn the whole of each head"  # a partial_rotary_factor (Phi-4-mini)
+    if getattr(config, "use_bidirectional_attention", False):
+        return "its attention is bidirectional"
     if config.num_attention_heads % config.num_key_value_heads:
         return "its query heads are not a multiple of its KV heads"
     return None
+
+
+def _rope_types(rotary: torch.nn.Module | None) -> dict[str | None, str | None]:
+    """Each rotary table's rope type by the layer type it turns (Gemma 3's `rope_type` is a dict: its sliding
+    layers' local base and its full layers' global one); one table for every layer is under None."""
+    kind = getattr(rotary, "rope_type", None)
+    return dict(kind) if isinstance(kind, dict) else {None: kind}
 
 
 @dataclass
@@ -169,7 +206,17 @@ def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, 
     attention = model.model.layers[0].self_attn
     heads, kv, size = config.num_attention_heads, layout.kv_heads, int(attention.head_dim)
     _unpack(weights, [heads * size, kv * size, kv * size])
-    _rotary_tables(g, model, size)
+    gemma = config.model_type in GEMMA
+    if gemma:  # Gemma's RMSNorms scale by (1 + weight): the 1 folded in, for the kernels' plain weight
+        for name in [k for k in weights if k.endswith("norm.weight")]:
+            weights[name] = weights[name] + np.float32(1)
+        embedding = model.model.embed_tokens  # scaled by sqrt(hidden) in the model's dtype, as transformers does
+        scale = embedding.embed_scale.to(embedding.weight.dtype).float().numpy()
+        weights["model.embed_tokens.weight"] = weights["model.embed_tokens.weight"] * scale
+    tables = _rotary_tables(g, model, size)
+    layer_types = getattr(config, "layer_types", None)
+    # Gemma 2's scores soft-capped; Gemma 3's attention (transformers 5.24) ignores its config's attn_logit_softcapping
+    softcap = getattr(config, "attn_logit_softcapping", None) if config.model_type == "gemma2" else None
     # each layer's sliding window in positions (None: the whole past), as the cache record keeps them
     windows = [w or None for w in layout.windows] if layout.windows else [None] * layout.layers
     _mask_bias(g, heads // kv, sorted({w for w in windows if w}))
@@ -180,19 +227,24 @@ def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, 
     residual = "h0"
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
+        rotary = tables[None] if None in tables else tables[layer_types[i]]
         x_mlp, residual = _attention(
-            g, i, x, residual, weights, p, heads, kv, size, float(attention.scaling), eps, windows[i]
-        )
+            g, i, x, residual, weights, p, heads, kv, size, float(attention.scaling), eps, windows[i],
+            rotary, softcap,
+        )  # fmt: skip
         following = f"model.layers.{i + 1}.input_layernorm.weight"
         norm = weights[following] if following in weights else weights["model.norm.weight"]
-        x, residual = _mlp(g, i, x_mlp, residual, weights, p, norm, eps)
+        x, residual = _mlp(g, i, x_mlp, residual, weights, p, norm, eps, gemma)
     # logits from column `logits_from` on (a graph input with a default, 0: every position; -1: the last)
     g.weight(LOGITS_FROM, np.array(0, np.int64))
     g.weight(PRESENT_NEW_ONLY, np.array(False))
     g.weight(DECODE_IN_PLACE, np.array(False))
     g.node("Unsqueeze", [LOGITS_FROM, g.weight("axis_0", np.array([0], np.int64))], ["logits_start"])
     g.node("Slice", [x, "logits_start", g.weight("to_end", np.array([2**62], np.int64)), "axis_1"], ["logits_rows"])
-    g.node("MatMul", ["logits_rows", g.weight("lm_head", head.T)], ["logits"])
+    cap = getattr(config, "final_logit_softcapping", None) if gemma else None
+    g.node("MatMul", ["logits_rows", g.weight("lm_head", head.T)], ["logits_uncapped" if cap else "logits"])
+    if cap:  # Gemma: cap x tanh(logits / cap)
+        _soft_cap(g, "logits_uncapped", "logits_cap", cap, "logits")
     inputs = [*_inputs(layout), helper.make_tensor_value_info(LOGITS_FROM, TensorProto.INT64, []),
               helper.make_tensor_value_info(PRESENT_NEW_ONLY, TensorProto.BOOL, []),
               helper.make_tensor_value_info(DECODE_IN_PLACE, TensorProto.BOOL, [])]  # fmt: skip
@@ -235,13 +287,27 @@ def _outputs(layout: CacheLayout, vocab: int) -> list[onnx.ValueInfoProto]:
     return [logits] + [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in layout.present_names()]
 
 
-def _rotary_tables(g: _Graph, model: torch.nn.Module, size: int) -> None:
-    """cos and sin [max positions, head_size / 2] as the model's rotary module makes them (scaling included)."""
+def _rotary_tables(g: _Graph, model: torch.nn.Module, size: int) -> dict[str | None, list[str]]:
+    """cos and sin [max positions, head_size / 2] as the model's rotary module makes them (scaling included): their
+    names by the layer type they turn (`_rope_types`: Gemma 3's `cos_cache_<type>` for each; else `cos_cache`)."""
     positions = torch.arange(model.config.max_position_embeddings)[None]
-    with torch.no_grad():
-        cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=torch.float32), positions)
-    g.weight("cos_cache", cos[0, :, : size // 2].float().numpy())
-    g.weight("sin_cache", sin[0, :, : size // 2].float().numpy())
+    rotary = model.model.rotary_emb
+    tables: dict[str | None, list[str]] = {}
+    for layer_type in sorted(_rope_types(rotary), key=str):
+        by_type = () if layer_type is None else (layer_type,)
+        with torch.no_grad():
+            cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions, *by_type)
+        suffix = "" if layer_type is None else f"_{layer_type}"
+        tables[layer_type] = [g.weight("cos_cache" + suffix, cos[0, :, : size // 2].float().numpy()),
+                              g.weight("sin_cache" + suffix, sin[0, :, : size // 2].float().numpy())]  # fmt: skip
+    return tables
+
+
+def _soft_cap(g: _Graph, x: str, name: str, cap: float, out: str) -> str:
+    """cap x tanh(x / cap), Gemma's soft-capping of attention scores and logits."""
+    g.node("Div", [x, g.weight(name, np.array(cap, np.float32))], [name + "_scaled"])
+    g.node("Tanh", [name + "_scaled"], [name + "_tanh"])
+    return g.node("Mul", [name + "_tanh", name], [out])[0]
 
 
 def _mask_bias(g: _Graph, group: int, windows: list[int]) -> None:
@@ -335,9 +401,14 @@ def _row_lengths(g: _Graph) -> None:
 
 def _attention(
     g: _Graph, i: int, x: str, residual: str, weights: dict[str, np.ndarray], p: str,
-    heads: int, kv: int, size: int, scaling: float, eps: float, window: int | None,
+    heads: int, kv: int, size: int, scaling: float, eps: float, window: int | None, rotary: list[str],
+    softcap: float | None,
 ) -> tuple[str, str]:  # fmt: skip
     """Layer i's attention on the normed `x`, added to `residual`, then normed for the MLP: (normed, residual).
+    Its rotation by `rotary` (the cos and sin tables of its layer type); Gemma's scores soft-capped by `softcap`
+    (GroupQueryAttention's `softcap`: cap x tanh(scores / cap), after the scaling, before the mask), its output
+    RMS-normed by `post_attention_layernorm` before the residual add and the sum normed by
+    `pre_feedforward_layernorm`.
 
     One If on `decode_in_place` gives the attention's output and the layer's presents: fed True,
     GroupQueryAttention reads each row's cache where it lies in the past buffers and writes the new keys and
@@ -352,6 +423,8 @@ def _attention(
     qkv = _linear(g, x, n + "qkv", weights, [attn + "q_proj", attn + "k_proj", attn + "v_proj"])
     past = [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
     local = {} if window is None else {"local_window_size": window}
+    if softcap:
+        local["softcap"] = float(softcap)
 
     def split() -> list[str]:
         sizes = g.weight(n + "qkv_split", np.array([heads * size, kv * size, kv * size], np.int64))
@@ -369,22 +442,27 @@ def _attention(
         projected = [qkv, "", ""]
 
     def in_place() -> list[str]:  # queries, keys and values (packed but for Qwen3); rotated at each row's length
-        return g.node("GroupQueryAttention", [*projected, *past, "seqlens", "total_tokens", "cos_cache", "sin_cache"],
+        return g.node("GroupQueryAttention", [*projected, *past, "seqlens", "total_tokens", *rotary],
                       [n + "gqa_out", n + "gqa_key", n + "gqa_value"], domain=MS, num_heads=heads, kv_num_heads=kv,
                       scale=scaling, do_rotary=1, **local)  # fmt: skip
 
     def grouped() -> list[str]:
         q, k, v = projected if head_normed else split()
-        rotary = ["position_ids", "cos_cache", "sin_cache"]
-        q = g.node("RotaryEmbedding", [q, *rotary], [n + "q_rotated"], domain=MS, num_heads=heads)[0]
-        k = g.node("RotaryEmbedding", [k, *rotary], [n + "k_rotated"], domain=MS, num_heads=kv)[0]
+        tables = ["position_ids", *rotary]
+        q = g.node("RotaryEmbedding", [q, *tables], [n + "q_rotated"], domain=MS, num_heads=heads)[0]
+        k = g.node("RotaryEmbedding", [k, *tables], [n + "k_rotated"], domain=MS, num_heads=kv)[0]
         bias = "bias" if window is None else f"bias_window_{window}"
-        return _grouped(g, n, q, k, v, past, heads, kv, size, scaling, bias)
+        return _grouped(g, n, q, k, v, past, heads, kv, size, scaling, bias, softcap)
 
     g.node("If", [DECODE_IN_PLACE], [n + "attention", f"present.{i}.key", f"present.{i}.value"],
            then_branch=g.branch(n + "in_place", in_place), else_branch=g.branch(n + "grouped", grouped))  # fmt: skip
     out = _linear(g, n + "attention", n + "o", weights, [attn + "o_proj"])
-    norm = g.weight(n + "mlp_norm", weights[p + "post_attention_layernorm.weight"])
+    if p + "pre_feedforward_layernorm.weight" in weights:  # Gemma: the output normed, then the MLP's own norm
+        post = weights[p + "post_attention_layernorm.weight"]
+        out = _rms_norm(g, out, post, eps, n + "attention_norm", n + "attention_normed", fusable=True)
+        norm = g.weight(n + "mlp_norm", weights[p + "pre_feedforward_layernorm.weight"])
+    else:
+        norm = g.weight(n + "mlp_norm", weights[p + "post_attention_layernorm.weight"])
     normed, _, _, summed = g.node("SkipSimplifiedLayerNormalization", [out, residual, norm],
                                   [n + "mlp_in", "", "", n + "attended"], domain=MS, epsilon=eps)  # fmt: skip
     return normed, summed
@@ -400,7 +478,7 @@ def _head_norm(g: _Graph, x: str, name: str, weight: np.ndarray, heads: int, siz
 
 def _grouped(
     g: _Graph, n: str, q: str, k: str, v: str, past: list[str], heads: int, kv: int, size: int, scaling: float,
-    bias: str,
+    bias: str, softcap: float | None = None,
 ) -> list[str]:  # fmt: skip
     """The attention as grouped matrix products over the past and the new keys apart, and the layer's presents:
     [output, present key, present value]."""
@@ -418,8 +496,10 @@ def _grouped(
         g.node("Transpose", [keys], [n + part + "_keys_t"], perm=[0, 1, 3, 2])
         g.node("MatMul", [queries, n + part + "_keys_t"], [n + part + "_scores"])
     g.node("Concat", [n + "past_scores", n + "new_scores"], [n + "scores"], axis=-1)
-    g.node("Mul", [n + "scores", g.weight(n + "scaling", np.array(scaling, np.float32))], [n + "scaled"])
-    g.node("Add", [n + "scaled", bias], [n + "masked"])
+    scaled = g.node("Mul", [n + "scores", g.weight(n + "scaling", np.array(scaling, np.float32))], [n + "scaled"])[0]
+    if softcap:
+        scaled = _soft_cap(g, scaled, n + "softcap", softcap, n + "capped")
+    g.node("Add", [scaled, bias], [n + "masked"])
     g.node("Softmax", [n + "masked"], [n + "weights"], axis=-1)
     g.node("Split", [n + "weights", "past_and_new"], [n + "past_weights", n + "new_weights"], axis=-1)
     g.node("MatMul", [n + "past_weights", past[1]], [n + "past_context"])
@@ -443,17 +523,25 @@ def _grouped(
 
 
 def _mlp(
-    g: _Graph, i: int, x: str, residual: str, weights: dict[str, np.ndarray], p: str, norm: np.ndarray, eps: float
-) -> tuple[str, str]:
+    g: _Graph, i: int, x: str, residual: str, weights: dict[str, np.ndarray], p: str, norm: np.ndarray, eps: float,
+    gemma: bool = False,
+) -> tuple[str, str]:  # fmt: skip
     """Layer i's SiLU-gated MLP on the normed `x`, added to `residual`, then normed by the next layer's (or the
-    final) norm: (normed, residual)."""
+    final) norm: (normed, residual). Gemma's is gated by GELU's tanh approximation (onnxruntime's FastGelu, the
+    same formula at any opset) and its output RMS-normed by `post_feedforward_layernorm` before the add."""
     n = f"layer{i}."
     gate = _linear(g, x, n + "gate", weights, [p + "mlp.gate_proj"])
     up = _linear(g, x, n + "up", weights, [p + "mlp.up_proj"])
-    g.node("Sigmoid", [gate], [n + "gate_sigmoid"])
-    g.node("Mul", [gate, n + "gate_sigmoid"], [n + "gate_silu"])
-    g.node("Mul", [n + "gate_silu", up], [n + "gated"])
+    if gemma:
+        activated = g.node("FastGelu", [gate], [n + "gate_gelu"], domain=MS)[0]
+    else:
+        g.node("Sigmoid", [gate], [n + "gate_sigmoid"])
+        activated = g.node("Mul", [gate, n + "gate_sigmoid"], [n + "gate_silu"])[0]
+    g.node("Mul", [activated, up], [n + "gated"])
     out = _linear(g, n + "gated", n + "down", weights, [p + "mlp.down_proj"])
+    if gemma:
+        post = weights[p + "post_feedforward_layernorm.weight"]
+        out = _rms_norm(g, out, post, eps, n + "mlp_out_norm", n + "mlp_out_normed", fusable=True)
     normed, _, _, summed = g.node("SkipSimplifiedLayerNormalization", [out, residual, g.weight(n + "next_norm", norm)],
                                   [n + "out_normed", "", "", n + "out"], domain=MS, epsilon=eps)  # fmt: skip
     return normed, summed

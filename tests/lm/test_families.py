@@ -29,7 +29,7 @@ PROMPT_LENGTHS = (6, 3 * WINDOW + 1, 90)  # inside the window, past it, past it 
 # The families pipeline/export/fused_decoder.py writes (exporter "fused"), the others traced ("dynamo"). A
 # written graph that failed the gate would be traced instead (causal_lm.py `_export_judged`) and pass: the
 # exporter is asserted so that fallback cannot hide a fault in the writer.
-WRITTEN = frozenset({"mistral", "phi3", "qwen2", "qwen3"})
+WRITTEN = frozenset({"gemma2", "gemma3", "mistral", "phi3", "qwen2", "qwen3"})
 
 
 def imported(tmp_path: Path, family: str, **config: Any) -> tuple[Path, Any]:

@@ -46,6 +46,43 @@ def _qwen3(directory: Path) -> Path:
     return directory
 
 
+def _random_norms(directory: Path) -> Path:
+    """Gemma's (1 + weight) norms drawn from [-0.5, 0.5] (zeros, as at init, would hide a norm left out or its 1
+    not folded in) and its weights scaled up, so that the scores and logits reach the soft caps."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(-0.5, 0.5)
+            elif name.endswith(("q_proj.weight", "k_proj.weight", "embed_tokens.weight")):
+                param.mul_(4)
+    model.save_pretrained(directory)
+    return directory
+
+
+def _gemma2(directory: Path) -> Path:
+    """Gemma 2 with scores and logits soft-capped where they bite, its first layer's window of 3."""
+    save_family(directory, "gemma2", sliding_window=3, attn_logit_softcapping=0.5, final_logit_softcapping=1.0)
+    return _random_norms(directory)
+
+
+GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+               "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}  # fmt: skip
+
+
+def _gemma3(directory: Path) -> Path:
+    """Gemma 3 with head norms, windows of 3 on its first two layers, the local base there and the global one
+    scaled (linear) on the full layer, its logits soft-capped (its config's attn_logit_softcapping too, which its
+    attention ignores: the graph must as well)."""
+    save_family(directory, "gemma3", sliding_window=3, rope_parameters=GEMMA3_ROPE, attn_logit_softcapping=0.5,
+                final_logit_softcapping=1.0)  # fmt: skip
+    return _random_norms(directory)
+
+
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 32, "rope_theta": 10000.0}  # fmt: skip
 SOURCES = {
@@ -61,6 +98,8 @@ SOURCES = {
     "qwen2-window-3-second-layer": lambda d: save_family(d, "qwen2", sliding_window=3),
     "qwen3-head-norms-wide-heads-window-3": _qwen3,
     "phi3-packed-window-3": lambda d: save_family(d, "phi3", sliding_window=3),
+    "gemma2-softcaps-window-3": _gemma2,
+    "gemma3-head-norms-local-rope-softcaps-window-3": _gemma3,
 }
 
 
@@ -104,9 +143,9 @@ def test_the_fused_graph_gives_the_models_logits_and_presents(tmp_path: Path, fa
     assert export_decoder(decoder, layout, path, 18).exporter == "fused"
     ops = {node.op_type for node in graph_nodes(onnx.load(str(path)).graph)}
     assert {"SkipSimplifiedLayerNormalization", "RotaryEmbedding", "GroupQueryAttention"} <= ops
-    # no traced rotation or repeated keys; no traced RMSNorm but Qwen3's head norms, squared by Pow as the pattern
-    # onnxruntime fuses into its SimplifiedLayerNormalization
-    assert not ({"Neg", "Expand"} if family.startswith("qwen3") else {"Pow", "Neg", "Expand"}) & ops
+    # no traced rotation or repeated keys; no traced RMSNorm but Qwen3's and Gemma 3's head norms and Gemma's
+    # post-norms, squared by Pow as the pattern onnxruntime fuses into its SimplifiedLayerNormalization
+    assert not ({"Neg", "Expand"} if family.startswith(("qwen3", "gemma")) else {"Pow", "Neg", "Expand"}) & ops
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for feeds in _cases(layout.layers, layout.kv_heads, layout.head_size):
         got = session.run(None, feeds)
@@ -198,8 +237,10 @@ def test_families_it_cannot_write_are_traced(tmp_path: Path) -> None:
     assert "rope scaling 'longrope'" in (refusal(phi3_longrope) or "")
     partial = _load(save_family(tmp_path / "partial", "phi3", partial_rotary_factor=0.5))
     assert "does not turn the whole of each head" in (refusal(partial) or "")
-    for family, model_type in (("gemma2", "gemma2"), ("gemma3", "gemma3_text")):
-        assert f"model type {model_type!r}" in (refusal(_load(save_family(tmp_path / family, family))) or "")
+    gemma_gelu = _load(save_family(tmp_path / "gemma-gelu", "gemma2", hidden_activation="gelu"))
+    assert "'gelu', not gelu_pytorch_tanh" in (refusal(gemma_gelu) or "")
+    bidirectional = _load(save_family(tmp_path / "bidirectional", "gemma3", use_bidirectional_attention=True))
+    assert "bidirectional" in (refusal(bidirectional) or "")
 
 
 @pytest.mark.slow  # two exports and two gates of the tiny Llama (about 30 s)

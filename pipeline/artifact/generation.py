@@ -164,6 +164,8 @@ def read_generation(model_dir: Path, tokenizer_dir: Path | None = None) -> Gener
     config = _object(model_dir / "config.json")
     config = {**config, **config.get("text_config", {})} if isinstance(config.get("text_config"), dict) else config
     gen_path = model_dir / GENERATION_CONFIG_FILE
+    for copied in (gen_path, tokenizer_dir / "chat_template.jinja"):  # their bytes go into the version
+        _refuse_outside_link(copied, copied.parent)
     gen = _object(gen_path)
     eos = _ids(gen.get("eos_token_id", config.get("eos_token_id")), "eos_token_id", gen_path)
     if not eos:
@@ -183,6 +185,8 @@ def read_generation(model_dir: Path, tokenizer_dir: Path | None = None) -> Gener
     else:
         found = _object(tokenizer_dir / "tokenizer_config.json").get("chat_template")
         template = found if isinstance(found, str) and found else None
+    if template is not None and (problem := template_syntax_problem(template)):
+        raise InputError(f"{tokenizer_dir}: the chat template does not compile: {problem}; fix chat_template.jinja")
     return GenerationSource(
         eos_token_ids=eos,
         bos_token_id=bos[0] if bos else None,
@@ -192,6 +196,28 @@ def read_generation(model_dir: Path, tokenizer_dir: Path | None = None) -> Gener
         generation_config=gen_path if gen_path.is_file() else None,
         defaults=defaults,
     )
+
+
+def template_syntax_problem(text: str) -> str | None:
+    """Why jinja2 cannot compile the chat template (None: it compiles), as pipe serve compiles it: in the
+    sandbox, trim_blocks and lstrip_blocks (serve/generation/chat.py). jinja2 is imported here only."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        return f"line {exc.lineno}: {exc.message}"
+    return None
+
+
+def _refuse_outside_link(path: Path, directory: Path) -> None:
+    """A link that leads out of the model's directory (chat_template.jinja -> /etc/passwd) is refused: its
+    target would be copied into the version and read by every chat."""
+    if path.is_symlink() and directory.resolve() not in path.resolve().parents:
+        raise InputError(
+            f"{path} is a link to {path.resolve()}, outside {directory}; copy the file into the directory instead"
+        )
 
 
 def template_sha256(text: str) -> str:
@@ -259,6 +285,12 @@ def generation_problems(
     for key, rel in (("chat_template", record.chat_template), ("generation_config", record.generation_config)):
         if rel is not None and rel not in files:
             problems.append(f"generation.{key}: {rel!r} is not listed in files, so it cannot be verified")
+    listed = files.get(record.chat_template) if record.chat_template is not None else None
+    if listed is not None and record.chat_template_sha256 is not None and listed.sha256 != record.chat_template_sha256:
+        problems.append(
+            f"generation.chat_template_sha256: {record.chat_template_sha256[:12]}... is not the sha256 of "
+            f"{record.chat_template} ({listed.sha256[:12]}...): the template was changed after import; re-import"
+        )
     problems += [f"generation.defaults: {problem}" for problem in defaults_problems(record.defaults)]
     if (record.chat_template is None) != (record.chat_template_sha256 is None):
         problems.append("generation.chat_template_sha256: given with no chat_template, or missing for one")

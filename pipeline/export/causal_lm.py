@@ -237,9 +237,20 @@ def export_gated(
     from pipeline.runtime.decoder import CachedDecoder, cache_layout
 
     manifest, root = artifact.manifest, artifact.root
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    named = {
+        "eos_token_id": source.eos_token_ids,
+        "pad_token_id": [limits.padding_id],
+        "bos_token_id": [source.bos_token_id],
+    }
+    for key, ids in named.items():
+        if outside := [i for i in ids if i is not None and i >= vocab]:
+            raise InputError(
+                f"{key} {outside[:3]} is past the model's vocabulary (ids 0..{vocab - 1}); fix it in "
+                "generation_config.json or config.json"
+            )
     decoder = CachedDecoder(model).eval()
     layout = cache_layout(decoder)
-    vocab = int(model.get_output_embeddings().weight.shape[0])
     padding = limits.padding_id if limits.padding_id is not None else source.eos_token_ids[0]
     limits = replace(limits, padding_id=padding)
     manifest.inputs, manifest.outputs = decoder_specs(limits, layout, vocab)

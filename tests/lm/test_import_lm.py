@@ -118,7 +118,8 @@ def test_the_chat_template_and_eos_ids_are_in_the_identity(llama: tuple[Path, Ar
     data = artifact.manifest.to_dict()
     digest = Manifest.from_dict(data).identity_digest()
     other = json.loads(json.dumps(data))
-    other["generation"]["chat_template_sha256"] = "0" * 64
+    other["generation"]["chat_template_sha256"] = "0" * 64  # another template: the file's listed hash with it
+    other["files"]["tokenizer/chat_template.jinja"]["sha256"] = "0" * 64
     assert Manifest.from_dict(other).identity_digest() != digest
     other = json.loads(json.dumps(data))
     other["generation"]["eos_token_ids"] = [2, 3]

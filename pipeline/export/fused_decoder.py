@@ -74,25 +74,23 @@ before.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
 
 import numpy as np
 import onnx
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from pipeline.artifact.generation import DECODE_IN_PLACE, LOGITS_FROM, PRESENT_NEW_ONLY, CacheLayout
-from pipeline.runtime.external_data import SMALL_TENSOR, data_file
+from pipeline.export.fused_attention import layer_attention, mask_bias, row_lengths
+from pipeline.export.graph_writer import MS, Graph, linear, rms_norm, soft_cap
+from pipeline.runtime.external_data import data_file
 
 # pre-norm decoders: RMSNorm, rotary attention, a SiLU-gated MLP (Gemma's: tanh-GELU-gated)
 FAMILIES = frozenset({"gemma2", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3"})
 # (1 + weight) norms, four a layer, embeddings scaled by sqrt(hidden), soft-capped scores and logits
 GEMMA = frozenset({"gemma2", "gemma3_text"})
 STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})  # tables fixed by position: computed once here
-MS = "com.microsoft"
 EXTERNAL_BYTES = 1_800_000_000  # past this the weights go beside the graph (protobuf's 2 GB limit)
 
 
@@ -138,68 +136,17 @@ def _rope_types(rotary: torch.nn.Module | None) -> dict[str | None, str | None]:
     return dict(kind) if isinstance(kind, dict) else {None: kind}
 
 
-@dataclass
-class _Graph:
-    """Nodes and weights as they are added; with `data` (a model past EXTERNAL_BYTES), each weight of 1 KiB and more
-    is written to that file as it comes and the graph keeps only where it lies, so no second copy of the model
-    is held in memory."""
-
-    nodes: list[onnx.NodeProto]
-    weights: list[onnx.TensorProto]
-    data: BinaryIO | None = None
-    location: str = ""
-    made: int = 0  # nodes made so far, branches' included: each node's name is unique
-
-    def weight(self, name: str, value: np.ndarray) -> str:
-        contiguous = value if value.flags.c_contiguous else np.ascontiguousarray(value)  # which makes a scalar 1-D
-        if self.data is None or contiguous.nbytes < SMALL_TENSOR:
-            self.weights.append(numpy_helper.from_array(contiguous, name))
-            return name
-        tensor = onnx.TensorProto(name=name, dims=contiguous.shape,
-                                  data_type=helper.np_dtype_to_tensor_dtype(contiguous.dtype))  # fmt: skip
-        offset = self.data.tell()
-        contiguous.tofile(self.data)
-        tensor.data_location = onnx.TensorProto.EXTERNAL
-        for key, v in (("location", self.location), ("offset", offset), ("length", contiguous.nbytes)):
-            tensor.external_data.add(key=key, value=str(v))
-        self.weights.append(tensor)
-        return name
-
-    def shared(self, name: str, value: np.ndarray) -> str:
-        """A small constant several nodes read, added the first time it is named."""
-        if not any(w.name == name for w in self.weights):
-            self.weight(name, value)
-        return name
-
-    def node(self, op: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs: Any) -> list[str]:
-        self.nodes.append(helper.make_node(op, inputs, outputs, name=f"{op}_{self.made}", domain=domain, **attrs))
-        self.made += 1
-        return outputs
-
-    def branch(self, name: str, make: Callable[[], list[str]]) -> onnx.GraphProto:
-        """A subgraph of the nodes `make` adds (their weights stay in the graph), its outputs the names it returns."""
-        outer, self.nodes = self.nodes, []
-        try:
-            outputs = make()
-            made = self.nodes
-        finally:
-            self.nodes = outer
-        return helper.make_graph(
-            made, name, [], [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
-        )
-
-
 def write_decoder(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int) -> bool:
     """The decoder at `path` (weights beside it past 1.8 GB, as `<file>.data`); returns whether they went beside it."""
     data = data_file(path)
     data.unlink(missing_ok=True)
     if sum(t.numel() * t.element_size() for t in model.state_dict().values()) <= EXTERNAL_BYTES:
-        return _write(model, layout, path, opset, _Graph([], []))
+        return _write(model, layout, path, opset, Graph([], []))
     with data.open("wb") as file:
-        return _write(model, layout, path, opset, _Graph([], [], file, data.name))
+        return _write(model, layout, path, opset, Graph([], [], file, data.name))
 
 
-def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, g: _Graph) -> bool:
+def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, g: Graph) -> bool:
     config = model.config
     weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     head = model.get_output_embeddings().weight.detach().float().numpy()
@@ -219,16 +166,16 @@ def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, 
     softcap = getattr(config, "attn_logit_softcapping", None) if config.model_type == "gemma2" else None
     # each layer's sliding window in positions (None: the whole past), as the cache record keeps them
     windows = [w or None for w in layout.windows] if layout.windows else [None] * layout.layers
-    _mask_bias(g, heads // kv, sorted({w for w in windows if w}))
-    _row_lengths(g)
+    mask_bias(g, heads // kv, sorted({w for w in windows if w}))
+    row_lengths(g)
     eps = float(config.rms_norm_eps)
     g.node("Gather", [g.weight("embed_tokens", weights["model.embed_tokens.weight"]), "input_ids"], ["h0"], axis=0)
-    x = _rms_norm(g, "h0", weights["model.layers.0.input_layernorm.weight"], eps)
+    x = rms_norm(g, "h0", weights["model.layers.0.input_layernorm.weight"], eps)
     residual = "h0"
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
         rotary = tables[None] if None in tables else tables[layer_types[i]]
-        x_mlp, residual = _attention(
+        x_mlp, residual = layer_attention(
             g, i, x, residual, weights, p, heads, kv, size, float(attention.scaling), eps, windows[i],
             rotary, softcap,
         )  # fmt: skip
@@ -244,7 +191,7 @@ def _write(model: torch.nn.Module, layout: CacheLayout, path: Path, opset: int, 
     cap = getattr(config, "final_logit_softcapping", None) if gemma else None
     g.node("MatMul", ["logits_rows", g.weight("lm_head", head.T)], ["logits_uncapped" if cap else "logits"])
     if cap:  # Gemma: cap x tanh(logits / cap)
-        _soft_cap(g, "logits_uncapped", "logits_cap", cap, "logits")
+        soft_cap(g, "logits_uncapped", "logits_cap", cap, "logits")
     inputs = [*_inputs(layout), helper.make_tensor_value_info(LOGITS_FROM, TensorProto.INT64, []),
               helper.make_tensor_value_info(PRESENT_NEW_ONLY, TensorProto.BOOL, []),
               helper.make_tensor_value_info(DECODE_IN_PLACE, TensorProto.BOOL, [])]  # fmt: skip
@@ -287,7 +234,7 @@ def _outputs(layout: CacheLayout, vocab: int) -> list[onnx.ValueInfoProto]:
     return [logits] + [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in layout.present_names()]
 
 
-def _rotary_tables(g: _Graph, model: torch.nn.Module, size: int) -> dict[str | None, list[str]]:
+def _rotary_tables(g: Graph, model: torch.nn.Module, size: int) -> dict[str | None, list[str]]:
     """cos and sin [max positions, head_size / 2] as the model's rotary module makes them (scaling included): their
     names by the layer type they turn (`_rope_types`: Gemma 3's `cos_cache_<type>` for each; else `cos_cache`)."""
     positions = torch.arange(model.config.max_position_embeddings)[None]
@@ -303,245 +250,26 @@ def _rotary_tables(g: _Graph, model: torch.nn.Module, size: int) -> dict[str | N
     return tables
 
 
-def _soft_cap(g: _Graph, x: str, name: str, cap: float, out: str) -> str:
-    """cap x tanh(x / cap), Gemma's soft-capping of attention scores and logits."""
-    g.node("Div", [x, g.weight(name, np.array(cap, np.float32))], [name + "_scaled"])
-    g.node("Tanh", [name + "_scaled"], [name + "_tanh"])
-    return g.node("Mul", [name + "_tanh", name], [out])[0]
-
-
-def _mask_bias(g: _Graph, group: int, windows: list[int]) -> None:
-    """`bias` [batch, 1, group x sequence, total]: 0 where a query may attend (the column is in its row's mask and
-    not after the query's own column), the float minimum elsewhere, as eager attention's mask; the query heads
-    of a KV head stacked along the sequence (the attention's layout below). For each of the `windows`,
-    `bias_window_<size>` too, for the layers of that window: a key is seen only when the query's position less
-    the key's is under the window, a key's position being the count of held columns before it
-    (pipeline/runtime/decoder.py `window_masks`: a cache with holes between a row's tokens is windowed by
-    positions, not columns)."""
-    i64 = np.int64
-    g.weight("zero", np.array(0, i64))
-    g.weight("one", np.array(1, i64))
-    g.weight("axis_1", np.array([1], i64))
-    g.weight("axes_1_2", np.array([1, 2], i64))
-    g.node("Shape", ["attention_mask"], ["total_1d"], start=1, end=2)
-    g.node("Shape", ["input_ids"], ["sequence_1d"], start=1, end=2)
-    g.node("Squeeze", ["total_1d"], ["total"])
-    g.node("Sub", ["total_1d", "sequence_1d"], ["past_1d"])
-    g.node("Squeeze", ["past_1d"], ["past"])
-    g.node("Concat", ["past_1d", "sequence_1d"], ["past_and_new"], axis=0)  # the attention's split of its weights
-    g.node("Range", ["zero", "total", "one"], ["columns"])
-    g.node("Range", ["past", "total", "one"], ["query_columns"])
-    g.node("Unsqueeze", ["query_columns", "axis_1"], ["query_column"])
-    g.node("LessOrEqual", ["columns", "query_column"], ["causal"])  # [sequence, total]
-    g.node("Cast", ["attention_mask"], ["owned"], to=TensorProto.BOOL)
-    g.node("Unsqueeze", ["owned", "axes_1_2"], ["owned_4d"])  # [batch, 1, 1, total]
-    g.node("And", ["causal", "owned_4d"], ["allowed"])
-    minimum = g.weight("float_min", np.array(np.finfo(np.float32).min, np.float32))
-    g.node("Where", ["allowed", g.weight("float_zero", np.array(0, np.float32)), minimum], ["bias_1"])
-    g.node("Tile", ["bias_1", g.weight("group_tiles", np.array([1, 1, group, 1], i64))], ["bias"])
-    if not windows:
-        return
-    g.node("CumSum", ["attention_mask", g.weight("axis_1_scalar", np.array(1, i64))], ["held_before"])
-    g.node("Sub", ["held_before", "one"], ["key_position"])  # [batch, total]
-    g.node("Unsqueeze", ["key_position", "axis_1"], ["key_position_3d"])  # [batch, 1, total]
-    g.node("Unsqueeze", ["position_ids", g.weight("axis_2", np.array([2], i64))], ["query_position"])
-    g.node("Sub", ["query_position", "key_position_3d"], ["behind"])  # [batch, sequence, total]
-    g.node("Unsqueeze", ["behind", "axis_1"], ["behind_4d"])  # [batch, 1, sequence, total]
-    for window in windows:
-        w = f"window_{window}"
-        g.node("Less", ["behind_4d", g.weight(w, np.array(window, i64))], [w + "_within"])
-        g.node("And", ["allowed", w + "_within"], [w + "_allowed"])
-        g.node("Where", [w + "_allowed", "float_zero", minimum], [w + "_bias_1"])
-        g.node("Tile", [w + "_bias_1", "group_tiles"], ["bias_" + w])
-
-
-def _rms_norm(
-    g: _Graph, x: str, weight: np.ndarray, eps: float, name: str = "norm0", out: str = "x0", fusable: bool = False
-) -> str:
-    """RMSNorm over the last axis in standard ops (onnxruntime's SimplifiedLayerNormalization is not ONNX's: the
-    checker refuses it): the first layer's, and Qwen3's per head. `fusable` squares by Pow(x, 2), the pattern
-    onnxruntime's optimizer fuses into its kernel (Qwen3's head norms, two a layer); the first layer's squares by
-    Mul(x, x), which it leaves as six nodes, once a graph (kept so: the written Llama graph is unchanged)."""
-    if fusable:
-        g.node("Pow", [x, g.shared("float_two", np.array(2, np.float32))], [name + "_squares"])
-    else:
-        g.node("Mul", [x, x], [name + "_squares"])
-    g.node("ReduceMean", [name + "_squares", g.shared("axis_last", np.array([-1], np.int64))], [name + "_mean"])
-    g.node("Add", [name + "_mean", g.weight(name + "_eps", np.array(eps, np.float32))], [name + "_var"])
-    g.node("Sqrt", [name + "_var"], [name + "_rms"])
-    g.node("Div", [x, name + "_rms"], [name + "_unit"])
-    return g.node("Mul", [name + "_unit", g.weight(name + "_weight", weight)], [out])[0]
-
-
-def _reshape(g: _Graph, x: str, name: str, shape: list[int]) -> str:
-    return g.node("Reshape", [x, g.weight(name + "_shape", np.array(shape, np.int64))], [name])[0]
-
-
-def _linear(g: _Graph, x: str, name: str, weights: dict[str, np.ndarray], keys: list[str]) -> str:
-    """x @ the named projections' weights side by side, plus their biases when any has one (zeros for the rest)."""
-    matrices = [weights[k + ".weight"] for k in keys]
-    out = g.node("MatMul", [x, g.weight(name, np.concatenate(matrices).T)], [name + "_out"])[0]
-    if any(k + ".bias" in weights for k in keys):
-        zeros = [np.zeros(m.shape[0], np.float32) for m in matrices]
-        parts = [weights.get(k + ".bias", z) for k, z in zip(keys, zeros, strict=True)]
-        out = g.node("Add", [out, g.weight(name + "_bias", np.concatenate(parts))], [name + "_biased"])[0]
-    return out
-
-
-def _row_lengths(g: _Graph) -> None:
-    """For `decode_in_place`: each row's tokens before the new one (`seqlens`, int32 [batch]: its mask's count less
-    one, a row's tokens being its columns 0..) and the longest row with it (`total_tokens`, an int32 scalar), as
-    GroupQueryAttention takes them."""
-    g.node("ReduceSum", ["attention_mask", "axis_1"], ["row_tokens"], keepdims=0)
-    g.node("Sub", ["row_tokens", "one"], ["row_past"])
-    g.node("Cast", ["row_past"], ["seqlens"], to=TensorProto.INT32)
-    g.node("ReduceMax", ["row_tokens"], ["longest_row"], keepdims=0)
-    g.node("Cast", ["longest_row"], ["total_tokens"], to=TensorProto.INT32)
-
-
-def _attention(
-    g: _Graph, i: int, x: str, residual: str, weights: dict[str, np.ndarray], p: str,
-    heads: int, kv: int, size: int, scaling: float, eps: float, window: int | None, rotary: list[str],
-    softcap: float | None,
-) -> tuple[str, str]:  # fmt: skip
-    """Layer i's attention on the normed `x`, added to `residual`, then normed for the MLP: (normed, residual).
-    Its rotation by `rotary` (the cos and sin tables of its layer type); Gemma's scores soft-capped by `softcap`
-    (GroupQueryAttention's `softcap`: cap x tanh(scores / cap), after the scaling, before the mask), its output
-    RMS-normed by `post_attention_layernorm` before the residual add and the sum normed by
-    `pre_feedforward_layernorm`.
-
-    One If on `decode_in_place` gives the attention's output and the layer's presents: fed True,
-    GroupQueryAttention reads each row's cache where it lies in the past buffers and writes the new keys and
-    values after the row's last token (in place when the presents are bound to the pasts' memory), one kernel
-    for what is otherwise some twenty nodes; else the grouped products of `_grouped`. A layer with a sliding
-    `window` (in positions) sees only the keys of the last `window` positions, its own included: the kernel's
-    `local_window_size` is that window (onnxruntime 1.32's CPU kernel counts the query's own key in it: with
-    window - 1 a row decoded in place differed from the model), its columns positions as a row's tokens sit
-    from column 0; the grouped products take its `bias_window_<size>`."""
-    n = f"layer{i}."
-    attn = p + "self_attn."
-    qkv = _linear(g, x, n + "qkv", weights, [attn + "q_proj", attn + "k_proj", attn + "v_proj"])
-    past = [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
-    local = {} if window is None else {"local_window_size": window}
-    if softcap:
-        local["softcap"] = float(softcap)
-
-    def split() -> list[str]:
-        sizes = g.weight(n + "qkv_split", np.array([heads * size, kv * size, kv * size], np.int64))
-        return g.node("Split", [qkv, sizes], [n + "q", n + "k", n + "v"], axis=-1)
-
-    # Qwen3: each head's queries and keys RMS-normed before the rotation, for both branches (onnxruntime's CPU
-    # kernel rejects GroupQueryAttention's own q_norm_weight input); the kernel then takes them apart, not packed
-    head_normed = attn + "q_norm.weight" in weights
-    if head_normed:
-        q, k, v = split()
-        q = _head_norm(g, q, n + "q", weights[attn + "q_norm.weight"], heads, size, eps)
-        k = _head_norm(g, k, n + "k", weights[attn + "k_norm.weight"], kv, size, eps)
-        projected = [q, k, v]
-    else:
-        projected = [qkv, "", ""]
-
-    def in_place() -> list[str]:  # queries, keys and values (packed but for Qwen3); rotated at each row's length
-        return g.node("GroupQueryAttention", [*projected, *past, "seqlens", "total_tokens", *rotary],
-                      [n + "gqa_out", n + "gqa_key", n + "gqa_value"], domain=MS, num_heads=heads, kv_num_heads=kv,
-                      scale=scaling, do_rotary=1, **local)  # fmt: skip
-
-    def grouped() -> list[str]:
-        q, k, v = projected if head_normed else split()
-        tables = ["position_ids", *rotary]
-        q = g.node("RotaryEmbedding", [q, *tables], [n + "q_rotated"], domain=MS, num_heads=heads)[0]
-        k = g.node("RotaryEmbedding", [k, *tables], [n + "k_rotated"], domain=MS, num_heads=kv)[0]
-        bias = "bias" if window is None else f"bias_window_{window}"
-        return _grouped(g, n, q, k, v, past, heads, kv, size, scaling, bias, softcap)
-
-    g.node("If", [DECODE_IN_PLACE], [n + "attention", f"present.{i}.key", f"present.{i}.value"],
-           then_branch=g.branch(n + "in_place", in_place), else_branch=g.branch(n + "grouped", grouped))  # fmt: skip
-    out = _linear(g, n + "attention", n + "o", weights, [attn + "o_proj"])
-    if p + "pre_feedforward_layernorm.weight" in weights:  # Gemma: the output normed, then the MLP's own norm
-        post = weights[p + "post_attention_layernorm.weight"]
-        out = _rms_norm(g, out, post, eps, n + "attention_norm", n + "attention_normed", fusable=True)
-        norm = g.weight(n + "mlp_norm", weights[p + "pre_feedforward_layernorm.weight"])
-    else:
-        norm = g.weight(n + "mlp_norm", weights[p + "post_attention_layernorm.weight"])
-    normed, _, _, summed = g.node("SkipSimplifiedLayerNormalization", [out, residual, norm],
-                                  [n + "mlp_in", "", "", n + "attended"], domain=MS, epsilon=eps)  # fmt: skip
-    return normed, summed
-
-
-def _head_norm(g: _Graph, x: str, name: str, weight: np.ndarray, heads: int, size: int, eps: float) -> str:
-    """`x` [batch, sequence, heads x size] with each head's vector RMS-normed by `weight` [size] (Qwen3's q_norm and
-    k_norm): Reshape, the norm, Reshape, which onnxruntime's optimizer makes one SimplifiedLayerNormalization."""
-    heads_apart = _reshape(g, x, name + "_heads", [0, 0, heads, size])
-    normed = _rms_norm(g, heads_apart, weight, eps, name + "_norm", name + "_normed_heads", fusable=True)
-    return _reshape(g, normed, name + "_normed", [0, 0, heads * size])
-
-
-def _grouped(
-    g: _Graph, n: str, q: str, k: str, v: str, past: list[str], heads: int, kv: int, size: int, scaling: float,
-    bias: str, softcap: float | None = None,
-) -> list[str]:  # fmt: skip
-    """The attention as grouped matrix products over the past and the new keys apart, and the layer's presents:
-    [output, present key, present value]."""
-    group = heads // kv
-    # queries [batch, kv, group x sequence, size]: a KV head's query heads stacked, read against its keys once
-    g.node("Transpose", [_reshape(g, q, n + "q_5d", [0, 0, kv, group, size])], [n + "q_grouped"], perm=[0, 2, 3, 1, 4])
-    queries = _reshape(g, n + "q_grouped", n + "q_4d", [0, 0, -1, size])
-    news = []
-    for kind, new in (("key", k), ("value", v)):
-        heads_first = _reshape(g, new, n + kind + "_4d", [0, 0, kv, size])
-        news += g.node("Transpose", [heads_first], [n + kind + "_heads"], perm=[0, 2, 1, 3])
-    # the past and the new keys scored apart and the weights split again: the cache is read where it lies, never
-    # copied into a concatenation here (the presents are concatenated only when asked: below)
-    for part, keys in (("past", past[0]), ("new", news[0])):
-        g.node("Transpose", [keys], [n + part + "_keys_t"], perm=[0, 1, 3, 2])
-        g.node("MatMul", [queries, n + part + "_keys_t"], [n + part + "_scores"])
-    g.node("Concat", [n + "past_scores", n + "new_scores"], [n + "scores"], axis=-1)
-    scaled = g.node("Mul", [n + "scores", g.weight(n + "scaling", np.array(scaling, np.float32))], [n + "scaled"])[0]
-    if softcap:
-        scaled = _soft_cap(g, scaled, n + "softcap", softcap, n + "capped")
-    g.node("Add", [scaled, bias], [n + "masked"])
-    g.node("Softmax", [n + "masked"], [n + "weights"], axis=-1)
-    g.node("Split", [n + "weights", "past_and_new"], [n + "past_weights", n + "new_weights"], axis=-1)
-    g.node("MatMul", [n + "past_weights", past[1]], [n + "past_context"])
-    g.node("MatMul", [n + "new_weights", news[1]], [n + "new_context"])
-    g.node("Add", [n + "past_context", n + "new_context"], [n + "context"])
-    context = _reshape(g, n + "context", n + "c_5d", [0, 0, group, -1, size])
-    g.node("Transpose", [context], [n + "c_tokens"], perm=[0, 3, 1, 2, 4])
-    output = _reshape(g, n + "c_tokens", n + "c_3d", [0, 0, heads * size])
-
-    # the presents: past and new concatenated (the contract), or, with `present_new_only` fed True, the new only
-    def new_only() -> list[str]:
-        return [g.node("Identity", [new], [new + "_only"])[0] for new in news]
-
-    def whole() -> list[str]:
-        return [g.node("Concat", [old, new], [new + "_whole"], axis=2)[0] for old, new in zip(past, news, strict=True)]
-
-    presents = [n + "present_key", n + "present_value"]
-    g.node("If", [PRESENT_NEW_ONLY], presents,
-           then_branch=g.branch(n + "new", new_only), else_branch=g.branch(n + "whole", whole))  # fmt: skip
-    return [output, *presents]
-
-
 def _mlp(
-    g: _Graph, i: int, x: str, residual: str, weights: dict[str, np.ndarray], p: str, norm: np.ndarray, eps: float,
+    g: Graph, i: int, x: str, residual: str, weights: dict[str, np.ndarray], p: str, norm: np.ndarray, eps: float,
     gemma: bool = False,
 ) -> tuple[str, str]:  # fmt: skip
     """Layer i's SiLU-gated MLP on the normed `x`, added to `residual`, then normed by the next layer's (or the
     final) norm: (normed, residual). Gemma's is gated by GELU's tanh approximation (onnxruntime's FastGelu, the
     same formula at any opset) and its output RMS-normed by `post_feedforward_layernorm` before the add."""
     n = f"layer{i}."
-    gate = _linear(g, x, n + "gate", weights, [p + "mlp.gate_proj"])
-    up = _linear(g, x, n + "up", weights, [p + "mlp.up_proj"])
+    gate = linear(g, x, n + "gate", weights, [p + "mlp.gate_proj"])
+    up = linear(g, x, n + "up", weights, [p + "mlp.up_proj"])
     if gemma:
         activated = g.node("FastGelu", [gate], [n + "gate_gelu"], domain=MS)[0]
     else:
         g.node("Sigmoid", [gate], [n + "gate_sigmoid"])
         activated = g.node("Mul", [gate, n + "gate_sigmoid"], [n + "gate_silu"])[0]
     g.node("Mul", [activated, up], [n + "gated"])
-    out = _linear(g, n + "gated", n + "down", weights, [p + "mlp.down_proj"])
+    out = linear(g, n + "gated", n + "down", weights, [p + "mlp.down_proj"])
     if gemma:
         post = weights[p + "post_feedforward_layernorm.weight"]
-        out = _rms_norm(g, out, post, eps, n + "mlp_out_norm", n + "mlp_out_normed", fusable=True)
+        out = rms_norm(g, out, post, eps, n + "mlp_out_norm", n + "mlp_out_normed", fusable=True)
     normed, _, _, summed = g.node("SkipSimplifiedLayerNormalization", [out, residual, g.weight(n + "next_norm", norm)],
                                   [n + "out_normed", "", "", n + "out"], domain=MS, epsilon=eps)  # fmt: skip
     return normed, summed

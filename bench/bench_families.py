@@ -22,7 +22,6 @@ tokenizer never makes, so streams run to their length.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import re
 import sys
@@ -74,31 +73,11 @@ def generator(version: Path) -> Any:
 
 def served(gen: Any, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], float]:
     """Every prompt submitted at once; each one's new tokens and the wall time until the last ended."""
-    from pipeline.serve.generation.sampler import Sampling
-    from pipeline.serve.generation.sequence import Job
-
-    async def run() -> list[list[int]]:
-        seqs = [gen.engine.submit(Job(ids, steps, Sampling(temperature=0))) for ids in prompts]
-        for seq in seqs:
-            while (await seq.events.get()).finish is None:
-                pass
-        return [seq.tokens[len(seq.job.prompt) :] for seq in seqs]
+    from tests.lm.greedy_runs import engine_greedy
 
     start = time.perf_counter()
-    answers = asyncio.run(run())
+    answers = engine_greedy(gen, prompts, steps)
     return answers, time.perf_counter() - start
-
-
-def reference(source: Path, ids: list[int], steps: int) -> list[int]:
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="eager").eval()
-    config = GenerationConfig(do_sample=False, max_new_tokens=steps, eos_token_id=319, pad_token_id=0)
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
-                             generation_config=config)  # fmt: skip
-    return out[0, len(ids) :].tolist()
 
 
 def imported_row(work: Path, family: str) -> tuple[dict[str, Any], Any]:
@@ -113,10 +92,14 @@ def imported_row(work: Path, family: str) -> tuple[dict[str, Any], Any]:
     manifest = json.loads((version / "manifest.json").read_text())
     record = manifest["stages"]["import"]
     gen = generator(version)
+    from tests.lm.greedy_runs import transformers_greedy
+
     words = _words(np.random.default_rng(0))
     cases = [words(PROMPT), words(WINDOW - 16)]
     answers, _ = served(gen, cases, NEW)
-    equal = [answer == reference(source, ids, NEW) for ids, answer in zip(cases, answers, strict=True)]
+    equal = [
+        answer == transformers_greedy(source, ids, NEW, eos=319) for ids, answer in zip(cases, answers, strict=True)
+    ]
     row = {
         "family": family,
         "exporter": re.search(r"\((\w+)\)$", record["notes"][0]).group(1),  # "exported and gated in 8.3 s (fused)"

@@ -44,19 +44,18 @@ from pipeline.artifact.tokens import TokenLimits, hf_limits, limits_reading, rea
 from pipeline.artifact.variants import MODEL_FILE
 from pipeline.core.arrays import Arrays
 from pipeline.core.errors import InputError, first_line
-from pipeline.export.length_gate import across_window_rows, teacher_forced_row
+from pipeline.export.length_gate import long_rows
 from pipeline.export.metadata import stamp
 from pipeline.export.new_version import new_version
 from pipeline.export.opset import default_opset
 from pipeline.runtime.generate import decoder_specs, first_step, greedy, stitch
-from pipeline.runtime.runners import Runner, ort_runner, torch_runner
+from pipeline.runtime.runners import ort_runner, torch_runner
 from pipeline.runtime.text import TextEncoder
 from pipeline.stagekit.model_record import record_model
 from pipeline.verify.gate import compare, structural_checks
 from pipeline.verify.generation import greedy_rows
-from pipeline.verify.lm_judge import long_length, long_text
 from pipeline.verify.policies import Exact
-from pipeline.verify.report import GateReport, Row
+from pipeline.verify.report import GateReport
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -349,25 +348,10 @@ def decoder_gate(
                 for i in range(batch)
             ]
             report.rows += greedy_rows(f"batch {batch} = rows alone", stitch(alone, pad), got, gate.atol, gate.rtol)
-    report.rows += long_rows(run, model, generation, encoder, gate)
+    every = encoder.encode(list(PROMPTS))
+    held = every["input_ids"][every["attention_mask"] == 1]  # the prompts' tokens, repeated to the long text
+    report.rows += long_rows(run, model, generation, held, gate.steps, gate.atol, gate.rtol)
     return report, Golden(first, reference)
-
-
-def long_rows(
-    run: Runner, model: torch.nn.Module, generation: Generation, encoder: TextEncoder, gate: DecoderGate
-) -> list[Row]:
-    """The cases at the lengths users send (length_gate.py): teacher-forced past every window and prefill chunk,
-    and greedy across the smallest window, on the gate's prompts' tokens repeated."""
-    cache, eos, pad = generation.cache, generation.eos_token_ids, generation.padding_id
-    prompts = encoder.encode(list(PROMPTS))
-    held = prompts["input_ids"][prompts["attention_mask"] == 1]
-    text = long_text(held, long_length(cache, generation.context_length))
-    return [
-        teacher_forced_row(run, model, cache, text, gate.atol, gate.rtol),
-        *across_window_rows(
-            run, model, cache, text, cache.smallest_window(), gate.steps, eos, pad, gate.atol, gate.rtol
-        ),
-    ]
 
 
 def prefill(encoder: TextEncoder, cache: CacheLayout, texts: list[str]) -> Arrays:

@@ -22,15 +22,28 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.artifact.generation import CacheLayout
+from pipeline.artifact.generation import CacheLayout, Generation
 from pipeline.runtime.generate import greedy
 from pipeline.runtime.runners import Runner
 from pipeline.verify.generation import greedy_rows
-from pipeline.verify.lm_judge import read_in_chunks
+from pipeline.verify.lm_judge import long_length, long_text, read_in_chunks
 from pipeline.verify.report import Row
 
 if TYPE_CHECKING:
     import torch
+
+
+def long_rows(
+    run: Runner, model: torch.nn.Module, generation: Generation, ids: np.ndarray, steps: int, atol: float, rtol: float
+) -> list[Row]:
+    """Both cases on `ids` (a real text's tokens) repeated to `long_length` tokens."""
+    cache = generation.cache
+    text = long_text(ids, long_length(cache, generation.context_length))
+    window, eos, pad = cache.smallest_window(), generation.eos_token_ids, generation.padding_id
+    return [
+        teacher_forced_row(run, model, cache, text, atol, rtol),
+        *across_window_rows(run, model, cache, text, window, steps, eos, pad, atol, rtol),
+    ]
 
 
 def teacher_forced_row(

@@ -5,7 +5,6 @@ greedy generate. Random weights judge parity only."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -15,11 +14,10 @@ from click.testing import CliRunner
 
 from pipeline.artifact.directory import Artifact
 from pipeline.cli.group import main
-from pipeline.serve.generation.sampler import Sampling
-from pipeline.serve.generation.sequence import Job
 from pipeline.serve.generation.served import TextGenerator
 from pipeline.serve.generation.settings import GenerationSettings
 from pipeline.serve.session import ModelSession, SessionOptions
+from tests.lm.greedy_runs import engine_greedy, transformers_greedy
 from tests.lm.lm_models import FAMILIES, WINDOW, save_family
 
 pytestmark = pytest.mark.slow  # an import of a tiny model, about 12 s of CPU, per family
@@ -46,31 +44,9 @@ def served_greedy(version: Path, prompts: list[list[int]], steps: int) -> list[l
     session = ModelSession(version / "model.onnx", SessionOptions("cpu", 1, 1, False), manifest).session
     made = TextGenerator.of(version, manifest, session, GenerationSettings(prefill_chunk=16), None)
     assert made is not None
-
-    async def run() -> list[list[int]]:
-        seqs = [made.engine.submit(Job(ids, steps, Sampling(temperature=0))) for ids in prompts]
-        for seq in seqs:
-            assert seq.events is not None
-            while (await seq.events.get()).finish is None:
-                pass
-        return [seq.tokens[len(seq.job.prompt) :] for seq in seqs]
-
-    answers = asyncio.run(run())
+    answers = engine_greedy(made, prompts, steps)
     assert made.engine.pool.used_blocks == 0
     return answers
-
-
-def transformers_greedy(source: Path, ids: list[int], steps: int) -> list[int]:
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="eager").eval()
-    config = GenerationConfig(do_sample=False, max_new_tokens=steps, eos_token_id=2, pad_token_id=0)
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
-                             generation_config=config)  # fmt: skip
-    made = out[0, len(ids) :].tolist()
-    return made[: made.index(2) + 1] if 2 in made else made
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -99,7 +75,7 @@ def test_each_family_imports_gated_at_length_and_serves_past_its_window_as_trans
     prompts = [[1, *range(10, 9 + n)] for n in PROMPT_LENGTHS]
     served = served_greedy(version, prompts, NEW_TOKENS)
     for ids, answer in zip(prompts, served, strict=True):
-        assert answer == transformers_greedy(source, ids, NEW_TOKENS), (family, len(ids))
+        assert answer == transformers_greedy(source, ids, NEW_TOKENS, eos=2), (family, len(ids))
 
 
 def test_a_graph_that_ignores_its_window_is_refused_at_the_token_it_first_differs(
